@@ -1,0 +1,462 @@
+//! The chunk: one shard after conversion, as one self-describing blob.
+//!
+//! The same bytes sit in RAM, on SSD, on the wire and in the trainer's
+//! memory, so this format is the whole contract between the converter and
+//! every reader. Layout (all integers little-endian):
+//!
+//! ```text
+//! 0   magic "GRNCHNK\0"
+//! 8   format version (u32) = 1
+//! 12  header length H (u32)
+//! 16  xxh3-64 of the header bytes (u64)
+//! 24  total length of the chunk (u64)
+//! 32  header: rkyv archive of ChunkHeader, H bytes
+//! P = align64(32 + H): payload, one row-major tensor per view tensor, each
+//!     starting at a multiple of 64 bytes, gaps zero-filled, payload length
+//!     a multiple of 64; the header holds its xxh3-64 checksum.
+//! ```
+//!
+//! [`ChunkView::parse`] validates all of it before a single tensor byte is
+//! read: a chunk that came from disk, a peer or shared memory is never used
+//! unvalidated.
+
+use crate::dtype::DType;
+use crate::ids::{DatasetVersion, ShardId};
+use crate::view::TensorLayout;
+use thiserror::Error;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// First eight bytes of every chunk.
+pub const MAGIC: [u8; 8] = *b"GRNCHNK\0";
+/// The chunk format this crate writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes before the header.
+pub const PREFIX_LEN: usize = 32;
+/// Largest header accepted (bounds the work done on a hostile chunk).
+pub const MAX_HEADER_LEN: usize = 1 << 20;
+/// Tensor alignment inside a chunk.
+pub const ALIGN: usize = 64;
+
+/// One tensor's place in the payload.
+#[derive(Clone, PartialEq, Eq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct TensorMeta {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Per-row shape.
+    pub shape: Vec<u32>,
+    /// Offset from the start of the payload, a multiple of 64.
+    pub offset: u64,
+    /// Length in bytes: rows x per-row bytes.
+    pub len: u64,
+}
+
+impl TensorMeta {
+    /// Bytes per row (saturating: validation rejects overflow first).
+    pub fn row_bytes(&self) -> usize {
+        self.shape.iter().fold(self.dtype.size_bytes(), |acc, &d| acc.saturating_mul(d as usize))
+    }
+}
+
+/// What a chunk says about itself.
+#[derive(Clone, PartialEq, Eq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct ChunkHeader {
+    /// Must equal [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Dataset version the shard belongs to.
+    pub dataset_version: DatasetVersion,
+    /// The shard this chunk holds.
+    pub shard: ShardId,
+    /// Rows in the shard.
+    pub rows: u64,
+    /// Tensors in view order, with increasing offsets.
+    pub tensors: Vec<TensorMeta>,
+    /// Payload length in bytes, a multiple of 64.
+    pub payload_len: u64,
+    /// xxh3-64 of the payload.
+    pub payload_checksum: u64,
+}
+
+/// Why bytes are not a valid chunk.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ChunkError {
+    /// Fewer bytes than the fixed prefix.
+    #[error("chunk is {0} bytes, shorter than its {PREFIX_LEN}-byte prefix")]
+    TooShort(usize),
+    /// The magic bytes are wrong: not a chunk at all.
+    #[error("not a chunk (bad magic)")]
+    BadMagic,
+    /// Written by another format version.
+    #[error("chunk format {0} is not supported (this build reads {FORMAT_VERSION})")]
+    UnsupportedFormat(u32),
+    /// The header length or total length disagrees with the bytes.
+    #[error("chunk lengths are inconsistent: {0}")]
+    Length(String),
+    /// The header's checksum does not match.
+    #[error("chunk header checksum mismatch")]
+    HeaderChecksum,
+    /// The header is not a valid archive.
+    #[error("chunk header is not a valid archive: {0}")]
+    HeaderInvalid(String),
+    /// The header describes an impossible layout.
+    #[error("chunk layout is invalid: {0}")]
+    Layout(String),
+    /// The payload's checksum does not match the header.
+    #[error("chunk payload checksum mismatch (header {expected:016x}, payload {actual:016x})")]
+    PayloadChecksum {
+        /// Checksum recorded in the header.
+        expected: u64,
+        /// Checksum of the bytes present.
+        actual: u64,
+    },
+    /// A valid chunk, but not the one asked for.
+    #[error("chunk holds {got_version}/{got_shard}, expected {want_version}/{want_shard}")]
+    WrongShard {
+        /// Version found.
+        got_version: DatasetVersion,
+        /// Shard found.
+        got_shard: ShardId,
+        /// Version expected.
+        want_version: DatasetVersion,
+        /// Shard expected.
+        want_shard: ShardId,
+    },
+}
+
+const fn align_up(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Where everything goes in a chunk about to be written.
+///
+/// The writer asks for the layout, fills each tensor's byte range of a
+/// buffer of [`ChunkLayout::total_len`] bytes in place, then calls
+/// [`ChunkLayout::seal`]: the converter writes straight into the final bytes.
+#[derive(Clone, Debug)]
+pub struct ChunkLayout {
+    header: ChunkHeader,
+    header_len: usize,
+    payload_start: usize,
+    total_len: usize,
+}
+
+impl ChunkLayout {
+    /// Lays out a chunk of `rows` rows of `tensors`.
+    pub fn new(
+        dataset_version: DatasetVersion,
+        shard: ShardId,
+        rows: u64,
+        tensors: &[TensorLayout],
+    ) -> Result<Self, ChunkError> {
+        let mut metas = Vec::with_capacity(tensors.len());
+        let mut offset = 0usize;
+        for t in tensors {
+            let len = usize::try_from(rows)
+                .ok()
+                .and_then(|r| r.checked_mul(t.row_bytes()))
+                .ok_or_else(|| ChunkError::Layout(format!("tensor {:?} is too large", t.name)))?;
+            metas.push(TensorMeta {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                offset: offset as u64,
+                len: len as u64,
+            });
+            offset = align_up(offset + len);
+        }
+        let header = ChunkHeader {
+            format_version: FORMAT_VERSION,
+            dataset_version,
+            shard,
+            rows,
+            tensors: metas,
+            payload_len: offset as u64,
+            payload_checksum: 0,
+        };
+        let header_len = encode_header(&header)?.len();
+        let payload_start = align_up(PREFIX_LEN + header_len);
+        Ok(Self { header, header_len, payload_start, total_len: payload_start + offset })
+    }
+
+    /// Length of the whole chunk in bytes.
+    pub fn total_len(&self) -> usize {
+        self.total_len
+    }
+
+    /// Number of tensors.
+    pub fn tensor_count(&self) -> usize {
+        self.header.tensors.len()
+    }
+
+    /// Absolute byte range of tensor `i` within the chunk.
+    pub fn tensor_range(&self, i: usize) -> std::ops::Range<usize> {
+        let t = &self.header.tensors[i];
+        let start = self.payload_start + t.offset as usize;
+        start..start + t.len as usize
+    }
+
+    /// Zeroes the gaps, checksums the payload and writes prefix and header.
+    /// `buf` must be [`ChunkLayout::total_len`] bytes with every tensor range
+    /// filled.
+    pub fn seal(&self, buf: &mut [u8]) -> Result<(), ChunkError> {
+        if buf.len() != self.total_len {
+            return Err(ChunkError::Length(format!("buffer is {} bytes, layout needs {}", buf.len(), self.total_len)));
+        }
+        // Zero the padding so the checksum covers deterministic bytes.
+        let mut cursor = self.payload_start;
+        for i in 0..self.header.tensors.len() {
+            let r = self.tensor_range(i);
+            buf[cursor..r.start].fill(0);
+            cursor = r.end;
+        }
+        buf[cursor..].fill(0);
+        buf[PREFIX_LEN..self.payload_start].fill(0);
+        let mut header = self.header.clone();
+        header.payload_checksum = xxh3_64(&buf[self.payload_start..]);
+        let encoded = encode_header(&header)?;
+        if encoded.len() != self.header_len {
+            return Err(ChunkError::Length("header length changed while sealing".into()));
+        }
+        buf[0..8].copy_from_slice(&MAGIC);
+        buf[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        buf[12..16].copy_from_slice(&(self.header_len as u32).to_le_bytes());
+        buf[16..24].copy_from_slice(&xxh3_64(&encoded).to_le_bytes());
+        buf[24..32].copy_from_slice(&(self.total_len as u64).to_le_bytes());
+        buf[PREFIX_LEN..PREFIX_LEN + self.header_len].copy_from_slice(&encoded);
+        Ok(())
+    }
+}
+
+fn encode_header(h: &ChunkHeader) -> Result<rkyv::util::AlignedVec, ChunkError> {
+    rkyv::to_bytes::<rkyv::rancor::Error>(h).map_err(|e| ChunkError::HeaderInvalid(e.to_string()))
+}
+
+/// Whether [`ChunkView::parse`] also checksums the payload.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Verify {
+    /// Header, layout and payload checksum: for bytes whose payload has not
+    /// been verified by this process (disk, network).
+    Full,
+    /// Header and layout only: for bytes whose payload was verified when they
+    /// entered a store that cannot change them (a sealed memory file).
+    HeaderOnly,
+}
+
+/// A validated chunk borrowed from its bytes.
+#[derive(Debug)]
+pub struct ChunkView<'a> {
+    bytes: &'a [u8],
+    header: ChunkHeader,
+    payload_start: usize,
+}
+
+impl<'a> ChunkView<'a> {
+    /// Validates `bytes` as a chunk. Never panics, whatever the bytes.
+    pub fn parse(bytes: &'a [u8], verify: Verify) -> Result<Self, ChunkError> {
+        if bytes.len() < PREFIX_LEN {
+            return Err(ChunkError::TooShort(bytes.len()));
+        }
+        if bytes[0..8] != MAGIC {
+            return Err(ChunkError::BadMagic);
+        }
+        let format = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or_default());
+        if format != FORMAT_VERSION {
+            return Err(ChunkError::UnsupportedFormat(format));
+        }
+        let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap_or_default()) as usize;
+        let header_sum = u64::from_le_bytes(bytes[16..24].try_into().unwrap_or_default());
+        let total_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap_or_default());
+        if total_len != bytes.len() as u64 {
+            return Err(ChunkError::Length(format!("prefix says {total_len} bytes, have {}", bytes.len())));
+        }
+        if header_len > MAX_HEADER_LEN || PREFIX_LEN + header_len > bytes.len() {
+            return Err(ChunkError::Length(format!("header length {header_len} does not fit")));
+        }
+        let raw = &bytes[PREFIX_LEN..PREFIX_LEN + header_len];
+        if xxh3_64(raw) != header_sum {
+            return Err(ChunkError::HeaderChecksum);
+        }
+        let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(header_len);
+        aligned.extend_from_slice(raw);
+        let header = rkyv::from_bytes::<ChunkHeader, rkyv::rancor::Error>(&aligned)
+            .map_err(|e| ChunkError::HeaderInvalid(e.to_string()))?;
+        let payload_start = align_up(PREFIX_LEN + header_len);
+        check_layout(&header, payload_start, bytes.len())?;
+        if verify == Verify::Full {
+            let actual = xxh3_64(&bytes[payload_start..]);
+            if actual != header.payload_checksum {
+                return Err(ChunkError::PayloadChecksum { expected: header.payload_checksum, actual });
+            }
+        }
+        Ok(Self { bytes, header, payload_start })
+    }
+
+    /// Fails unless this chunk is `shard` of `version`.
+    pub fn expect_identity(&self, version: DatasetVersion, shard: ShardId) -> Result<(), ChunkError> {
+        if self.header.dataset_version == version && self.header.shard == shard {
+            Ok(())
+        } else {
+            Err(ChunkError::WrongShard {
+                got_version: self.header.dataset_version,
+                got_shard: self.header.shard,
+                want_version: version,
+                want_shard: shard,
+            })
+        }
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &ChunkHeader {
+        &self.header
+    }
+
+    /// Rows in the chunk.
+    pub fn rows(&self) -> u64 {
+        self.header.rows
+    }
+
+    /// The whole chunk.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Tensor `i` (view order): its metadata and bytes.
+    pub fn tensor_at(&self, i: usize) -> Option<(&TensorMeta, &'a [u8])> {
+        let t = self.header.tensors.get(i)?;
+        let start = self.payload_start + t.offset as usize;
+        Some((t, &self.bytes[start..start + t.len as usize]))
+    }
+
+    /// Tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<(&TensorMeta, &'a [u8])> {
+        let i = self.header.tensors.iter().position(|t| t.name == name)?;
+        self.tensor_at(i)
+    }
+}
+
+fn check_layout(h: &ChunkHeader, payload_start: usize, total: usize) -> Result<(), ChunkError> {
+    let bad = |m: String| Err(ChunkError::Layout(m));
+    if h.format_version != FORMAT_VERSION {
+        return Err(ChunkError::UnsupportedFormat(h.format_version));
+    }
+    if payload_start as u64 + h.payload_len != total as u64 || h.payload_len % ALIGN as u64 != 0 {
+        return bad(format!("payload of {} bytes does not end the {total}-byte chunk", h.payload_len));
+    }
+    let mut end = 0u64;
+    for (i, t) in h.tensors.iter().enumerate() {
+        if h.tensors[..i].iter().any(|o| o.name == t.name) {
+            return bad(format!("tensor {:?} appears twice", t.name));
+        }
+        let row_bytes = t.shape.iter().try_fold(t.dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(u64::from(d)));
+        let want = row_bytes.and_then(|rb| rb.checked_mul(h.rows));
+        if want != Some(t.len) {
+            return bad(format!(
+                "tensor {:?} has {} bytes, {} rows of shape {:?} need {want:?}",
+                t.name, t.len, h.rows, t.shape
+            ));
+        }
+        if t.offset % ALIGN as u64 != 0 || t.offset < end {
+            return bad(format!("tensor {:?} at offset {} is misaligned or overlaps", t.name, t.offset));
+        }
+        end = match t.offset.checked_add(t.len) {
+            Some(e) if e <= h.payload_len => e,
+            _ => return bad(format!("tensor {:?} runs past the payload", t.name)),
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn layouts() -> Vec<TensorLayout> {
+        vec![
+            TensorLayout { name: "dense".into(), dtype: DType::F32, shape: vec![3] },
+            TensorLayout { name: "id".into(), dtype: DType::I64, shape: vec![] },
+            TensorLayout { name: "flag".into(), dtype: DType::Bool, shape: vec![] },
+        ]
+    }
+
+    fn build(rows: u64, seed: u8) -> Vec<u8> {
+        let l =
+            ChunkLayout::new(DatasetVersion([seed; 16]), ShardId { file: 1, row_group: 2 }, rows, &layouts()).unwrap();
+        let mut buf = vec![0xAAu8; l.total_len()];
+        for i in 0..l.tensor_count() {
+            for (j, b) in buf[l.tensor_range(i)].iter_mut().enumerate() {
+                *b = (j as u8).wrapping_mul(seed).wrapping_add(i as u8);
+            }
+        }
+        l.seal(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn tensors_are_64_byte_aligned_and_round_trip() {
+        let buf = build(5, 3);
+        let v = ChunkView::parse(&buf, Verify::Full).unwrap();
+        assert_eq!(v.rows(), 5);
+        let (meta, dense) = v.tensor("dense").unwrap();
+        assert_eq!(meta.shape, vec![3]);
+        assert_eq!(dense.len(), 5 * 3 * 4);
+        assert_eq!(dense[7], 7u8.wrapping_mul(3));
+        for i in 0..3 {
+            let (m, _) = v.tensor_at(i).unwrap();
+            assert_eq!(m.offset % 64, 0);
+        }
+        v.expect_identity(DatasetVersion([3; 16]), ShardId { file: 1, row_group: 2 }).unwrap();
+        assert!(v.expect_identity(DatasetVersion([4; 16]), ShardId { file: 1, row_group: 2 }).is_err());
+    }
+
+    #[test]
+    fn a_flipped_payload_byte_fails_the_checksum() {
+        let mut buf = build(10, 5);
+        let last = buf.len() - 70;
+        buf[last] ^= 1;
+        assert!(matches!(ChunkView::parse(&buf, Verify::Full), Err(ChunkError::PayloadChecksum { .. })));
+        assert!(ChunkView::parse(&buf, Verify::HeaderOnly).is_ok());
+    }
+
+    #[test]
+    fn truncation_is_refused() {
+        let buf = build(10, 5);
+        for cut in [0, 10, 31, 32, 100, buf.len() - 1] {
+            assert!(ChunkView::parse(&buf[..cut], Verify::Full).is_err(), "cut at {cut}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(rows in 0u64..300, seed in any::<u8>()) {
+            let buf = build(rows, seed);
+            let v = ChunkView::parse(&buf, Verify::Full).unwrap();
+            prop_assert_eq!(v.rows(), rows);
+            prop_assert_eq!(v.header().dataset_version, DatasetVersion([seed; 16]));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = ChunkView::parse(&bytes, Verify::Full);
+        }
+
+        #[test]
+        fn any_single_flip_is_caught_or_harmless(pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let mut buf = build(7, 9);
+            let i = pos.index(buf.len());
+            buf[i] ^= 1 << bit;
+            // A flip anywhere is detected: in the prefix by magic/length
+            // checks, in the header by its checksum, in the payload (padding
+            // included) by the payload checksum. Only the zero gap between
+            // the header's end and the 64-byte-aligned payload is not read.
+            if ChunkView::parse(&buf, Verify::Full).is_ok() {
+                let orig = build(7, 9);
+                let header_len = u32::from_le_bytes(orig[12..16].try_into().unwrap()) as usize;
+                let v = ChunkView::parse(&orig, Verify::Full).unwrap();
+                let payload_start = orig.len() - v.header().payload_len as usize;
+                prop_assert!(i >= PREFIX_LEN + header_len && i < payload_start, "undetected flip at {}", i);
+            }
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! # granary-proto: the contract every Granary process computes identically
+//!
+//! This crate is pure: no I/O, no clock, no async runtime. Anything that two
+//! processes must agree on byte for byte lives here, once.
+//!
+//! ## Module map
+//! - [`ids`]: identifier newtypes ([`DatasetVersion`], [`ShardId`], [`NodeId`]).
+//! - [`dtype`]: the element types a tensor may have ([`DType`]).
+//! - [`view`]: which tensors to build from which Parquet columns ([`View`]).
+//! - [`manifest`]: what a dataset version contains, and the version hash.
+//! - [`chunk`]: the self-describing, 64-byte-aligned converted shard
+//!   ([`ChunkLayout`] writes one, [`ChunkView`] validates and reads one).
+//! - [`plan`]: the deterministic epoch plan ([`plan_rank`]).
+//! - [`wire`]: messages between a trainer and its local node.
+//! - [`rng`]: the seeded generator the plan uses; frozen, because changing it
+//!   would change every sample order ever published.
+//! - [`aligned`]: a 64-byte-aligned byte buffer.
+//!
+//! ## Data flow
+//! A node reads a [`manifest::Manifest`] and a [`View`], hashes them into a
+//! [`DatasetVersion`], converts each shard (a Parquet row group) into a chunk
+//! laid out by [`ChunkLayout`], and hands chunk bytes to trainers. A trainer
+//! validates them with [`ChunkView::parse`] and assembles batches in the order
+//! [`plan_rank`] gives, which depends only on the job's parameters.
+
+pub mod aligned;
+pub mod chunk;
+pub mod dtype;
+pub mod ids;
+pub mod manifest;
+pub mod plan;
+pub mod rng;
+pub mod view;
+pub mod wire;
+
+pub use aligned::AlignedBuf;
+pub use chunk::{ChunkError, ChunkHeader, ChunkLayout, ChunkView, TensorMeta};
+pub use dtype::DType;
+pub use ids::{DatasetVersion, NodeId, ShardId};
+pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
+pub use plan::{PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank};
+pub use view::{TensorLayout, TensorSpec, View, ViewError};

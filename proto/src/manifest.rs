@@ -1,0 +1,203 @@
+//! What one dataset version contains, and the hash that names it.
+//!
+//! The manifest is produced by listing the source and reading every Parquet
+//! footer. The [`DatasetVersion`] is a hash over a canonical encoding of the
+//! manifest and the view, written field by field here (not through a
+//! serialisation library) so that the version of a dataset never changes
+//! with a dependency upgrade.
+
+use crate::ids::{DatasetVersion, ShardId};
+use crate::view::{TensorLayout, View};
+use xxhash_rust::xxh3::Xxh3;
+
+/// One row group of a file.
+#[derive(
+    Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct RowGroupEntry {
+    /// Rows in the row group.
+    pub rows: u64,
+    /// Compressed bytes of the row group's column chunks.
+    pub compressed_bytes: u64,
+}
+
+/// One Parquet file of the dataset.
+#[derive(
+    Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct FileEntry {
+    /// Object path relative to the store root.
+    pub path: String,
+    /// Object size in bytes.
+    pub size_bytes: u64,
+    /// The store's version tag (ETag, or modification time); a changed
+    /// object gets a new tag and so a new dataset version.
+    pub version_tag: String,
+    /// Row groups in file order.
+    pub row_groups: Vec<RowGroupEntry>,
+}
+
+/// The files of a dataset version and the tensor layouts its view resolves to.
+#[derive(
+    Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct Manifest {
+    /// Source URL prefix.
+    pub source: String,
+    /// Files sorted by path.
+    pub files: Vec<FileEntry>,
+    /// The view resolved against the schema.
+    pub tensors: Vec<TensorLayout>,
+}
+
+/// A shard and its row count, in manifest order.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+pub struct ShardRows {
+    /// The shard.
+    pub shard: ShardId,
+    /// Rows in it.
+    pub rows: u64,
+}
+
+impl Manifest {
+    /// Every shard in manifest order: files by path, row groups in file order.
+    pub fn shards(&self) -> Vec<ShardRows> {
+        let mut out = Vec::new();
+        for (f, file) in self.files.iter().enumerate() {
+            for (g, rg) in file.row_groups.iter().enumerate() {
+                out.push(ShardRows { shard: ShardId { file: f as u32, row_group: g as u32 }, rows: rg.rows });
+            }
+        }
+        out
+    }
+
+    /// Total rows.
+    pub fn total_rows(&self) -> u64 {
+        self.files.iter().flat_map(|f| &f.row_groups).map(|g| g.rows).sum()
+    }
+
+    /// Total size of the source files in bytes.
+    pub fn total_file_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size_bytes).sum()
+    }
+
+    /// Bytes per converted row, over all tensors.
+    pub fn row_bytes(&self) -> usize {
+        self.tensors.iter().map(TensorLayout::row_bytes).sum()
+    }
+
+    /// The version of this manifest under `view`.
+    pub fn version(&self, view: &View) -> DatasetVersion {
+        let mut h = Canon(Xxh3::new());
+        h.str("granary-manifest-v1");
+        h.str(&self.source);
+        h.u64(self.files.len() as u64);
+        for f in &self.files {
+            h.str(&f.path);
+            h.u64(f.size_bytes);
+            h.str(&f.version_tag);
+            h.u64(f.row_groups.len() as u64);
+            for g in &f.row_groups {
+                h.u64(g.rows);
+                h.u64(g.compressed_bytes);
+            }
+        }
+        h.u64(self.tensors.len() as u64);
+        for t in &self.tensors {
+            h.str(&t.name);
+            h.str(t.dtype.name());
+            h.u64(t.shape.len() as u64);
+            for &d in &t.shape {
+                h.u64(u64::from(d));
+            }
+        }
+        h.u64(view.tensors.len() as u64);
+        for t in &view.tensors {
+            h.str(&t.name);
+            h.str(t.dtype.name());
+            h.u64(t.columns.len() as u64);
+            for c in &t.columns {
+                h.str(c);
+            }
+            h.u64(u64::from(t.cast));
+            match t.fill {
+                None => h.u64(0),
+                Some(v) => {
+                    h.u64(1);
+                    h.u64(v.to_bits());
+                }
+            }
+        }
+        DatasetVersion(h.0.digest128().to_le_bytes())
+    }
+}
+
+/// Length-prefixed, little-endian canonical encoder feeding a hasher.
+struct Canon(Xxh3);
+
+impl Canon {
+    fn u64(&mut self, v: u64) {
+        self.0.update(&v.to_le_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        self.u64(s.len() as u64);
+        self.0.update(s.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::view::TensorSpec;
+
+    fn manifest() -> (Manifest, View) {
+        let m = Manifest {
+            source: "file:///data".into(),
+            files: vec![FileEntry {
+                path: "a.parquet".into(),
+                size_bytes: 100,
+                version_tag: "t1".into(),
+                row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }],
+            }],
+            tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![] }],
+        };
+        let v = View {
+            tensors: vec![TensorSpec {
+                name: "x".into(),
+                dtype: DType::F32,
+                columns: vec!["x".into()],
+                cast: false,
+                fill: None,
+            }],
+        };
+        (m, v)
+    }
+
+    #[test]
+    fn version_changes_with_any_input_and_only_then() {
+        let (m, v) = manifest();
+        let base = m.version(&v);
+        assert_eq!(base, m.clone().version(&v.clone()));
+        let mut m2 = m.clone();
+        m2.files[0].version_tag = "t2".into();
+        assert_ne!(base, m2.version(&v));
+        let mut v2 = v.clone();
+        v2.tensors[0].fill = Some(0.0);
+        assert_ne!(base, m.version(&v2));
+        let mut m3 = m.clone();
+        m3.files[0].row_groups[0].rows = 11;
+        assert_ne!(base, m3.version(&v));
+    }
+}

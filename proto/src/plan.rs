@@ -1,0 +1,431 @@
+//! The epoch plan: which rows a rank sees, in which order, in which batches.
+//!
+//! A rank's plan is a pure function of (dataset version, seed, epoch, world
+//! size, rank, batch size, shuffle settings, drop_last) and the manifest's
+//! shard list. It does not depend on nodes, caches, threads or timing, so two
+//! runs with the same parameters deliver the same rows in the same batches.
+//!
+//! Construction, in order:
+//! 1. **Shard order.** With shuffle, the shards are permuted by a generator
+//!    seeded from (version, seed, epoch); without, manifest order.
+//! 2. **Rank split.** The rows of the ordered shards form one sequence of `N`
+//!    rows; rank `r` takes the contiguous range `[r*N/W, (r+1)*N/W)`, so
+//!    ranks differ by at most one row and each rank touches about `1/W` of
+//!    the shards (good locality for its node).
+//! 3. **Window shuffle.** With shuffle, the rank's rows are cut at shard
+//!    boundaries into windows of `window_shards` shard segments, and rows are
+//!    permuted inside each window, so at most a window of chunks is needed at
+//!    once.
+//! 4. **Batches.** Every rank gets the same number of batches `K`, so
+//!    data-parallel steps stay in lockstep. With `drop_last`, `K = floor(q/B)`
+//!    for `q = floor(N/W)` and every batch is full. Without it,
+//!    `K = ceil(max_rows/B)`; a rank fills batches greedily but keeps at
+//!    least one row for each remaining batch, so its last batches may be
+//!    short. Each row then appears exactly once per epoch, except where that
+//!    is impossible: when `N < W`, or when `B = 1` and `W` does not divide
+//!    `N`, a rank with fewer rows than `K` repeats its own first rows
+//!    (wrap-around padding) to keep the batch count equal.
+//!
+//! Resume state is the pair (epoch, batch index).
+
+use crate::ids::{DatasetVersion, ShardId};
+use crate::manifest::ShardRows;
+use crate::rng::{Rng, seed_of};
+use thiserror::Error;
+
+pub use shuffle_def::Shuffle;
+
+// rkyv derives undocumented resolver types for enums with fields.
+#[allow(missing_docs)]
+mod shuffle_def {
+
+    /// How rows are shuffled.
+    #[derive(
+        Clone,
+        Copy,
+        PartialEq,
+        Eq,
+        Debug,
+        serde::Serialize,
+        serde::Deserialize,
+        rkyv::Archive,
+        rkyv::Serialize,
+        rkyv::Deserialize,
+    )]
+    pub enum Shuffle {
+        /// Manifest order, no shuffling.
+        Off,
+        /// Shards permuted per epoch; rows shuffled within windows of this many
+        /// shard segments.
+        Windowed {
+            /// Shard segments per shuffle window (at least 1).
+            window_shards: u32,
+        },
+    }
+}
+
+/// Everything the plan depends on besides the shard list.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+pub struct PlanParams {
+    /// The job's seed.
+    pub seed: u64,
+    /// Epoch number, from 0.
+    pub epoch: u64,
+    /// Number of data-parallel ranks.
+    pub world_size: u32,
+    /// This rank, `0..world_size`.
+    pub rank: u32,
+    /// Rows per batch.
+    pub batch_size: u32,
+    /// Shuffle settings.
+    pub shuffle: Shuffle,
+    /// Drop rows that do not fill a whole batch on every rank.
+    pub drop_last: bool,
+}
+
+/// One row of the dataset, addressed by shard index (into the manifest's
+/// shard list) and row within the shard.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct RowRef {
+    /// Index into the manifest's shard list.
+    pub shard_index: u32,
+    /// Row within the shard.
+    pub row: u32,
+}
+
+/// Parameters that admit no plan.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// `world_size` is zero or `rank` is not below it.
+    #[error("rank {rank} is not in a world of {world_size}")]
+    BadRank {
+        /// The rank given.
+        rank: u32,
+        /// The world size given.
+        world_size: u32,
+    },
+    /// `batch_size` is zero.
+    #[error("batch size must be at least 1")]
+    ZeroBatch,
+    /// A shuffle window of zero shards.
+    #[error("shuffle window must be at least 1 shard")]
+    ZeroWindow,
+    /// A shard with more rows than a plan can address.
+    #[error("shard {0} has more than 2^32 rows")]
+    ShardTooLarge(ShardId),
+}
+
+/// A rank's plan for one epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankPlan {
+    params: PlanParams,
+    rows: Vec<RowRef>,
+    batch_ends: Vec<usize>,
+    shard_order: Vec<u32>,
+}
+
+impl RankPlan {
+    /// The parameters the plan was made from.
+    pub fn params(&self) -> &PlanParams {
+        &self.params
+    }
+
+    /// Number of batches (equal on every rank of the job).
+    pub fn num_batches(&self) -> usize {
+        self.batch_ends.len()
+    }
+
+    /// Rows of batch `i`, in order.
+    pub fn batch(&self, i: usize) -> &[RowRef] {
+        let start = if i == 0 { 0 } else { self.batch_ends[i - 1] };
+        &self.rows[start..self.batch_ends[i]]
+    }
+
+    /// Total rows delivered to this rank this epoch.
+    pub fn num_rows(&self) -> usize {
+        self.batch_ends.last().copied().unwrap_or(0)
+    }
+
+    /// Shard indices in the order the rank first needs them: the order a
+    /// node prefetches in.
+    pub fn shard_order(&self) -> &[u32] {
+        &self.shard_order
+    }
+
+    /// Index of the first batch that needs shard `shard_index`, if any.
+    pub fn first_batch_needing(&self, shard_index: u32) -> Option<usize> {
+        let pos = self.rows.iter().position(|r| r.shard_index == shard_index)?;
+        Some(self.batch_ends.partition_point(|&end| end <= pos))
+    }
+}
+
+/// Plans one rank's epoch. Pure: same inputs, same plan, byte for byte.
+pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> Result<RankPlan, PlanError> {
+    let w = u64::from(params.world_size);
+    if params.world_size == 0 || params.rank >= params.world_size {
+        return Err(PlanError::BadRank { rank: params.rank, world_size: params.world_size });
+    }
+    if params.batch_size == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    if let Shuffle::Windowed { window_shards: 0 } = params.shuffle {
+        return Err(PlanError::ZeroWindow);
+    }
+    if let Some(s) = shards.iter().find(|s| s.rows > u64::from(u32::MAX)) {
+        return Err(PlanError::ShardTooLarge(s.shard));
+    }
+
+    // 1. Shard order.
+    let mut order: Vec<u32> = (0..shards.len() as u32).collect();
+    if let Shuffle::Windowed { .. } = params.shuffle {
+        Rng::new(seed_of(&[version.prefix_u64(), params.seed, params.epoch, 0x5348_4152_4453])).shuffle(&mut order);
+    }
+
+    // 2. This rank's contiguous range of the ordered row sequence.
+    let total: u64 = shards.iter().map(|s| s.rows).sum();
+    let r = u64::from(params.rank);
+    let lo = (u128::from(total) * u128::from(r) / u128::from(w)) as u64;
+    let hi = (u128::from(total) * u128::from(r + 1) / u128::from(w)) as u64;
+    let mut segments: Vec<(u32, u32, u32)> = Vec::new(); // (shard index, first row, end row)
+    let mut pos = 0u64;
+    for &s in &order {
+        let rows = shards[s as usize].rows;
+        let (start, end) = (pos.max(lo), (pos + rows).min(hi));
+        if start < end {
+            segments.push((s, (start - pos) as u32, (end - pos) as u32));
+        }
+        pos += rows;
+        if pos >= hi {
+            break;
+        }
+    }
+
+    // 3. Rows, window by window.
+    let mut rows: Vec<RowRef> = Vec::with_capacity((hi - lo) as usize);
+    let window = match params.shuffle {
+        Shuffle::Off => segments.len().max(1),
+        Shuffle::Windowed { window_shards } => window_shards as usize,
+    };
+    for (wi, win) in segments.chunks(window).enumerate() {
+        let first = rows.len();
+        for &(s, a, b) in win {
+            rows.extend((a..b).map(|row| RowRef { shard_index: s, row }));
+        }
+        if let Shuffle::Windowed { .. } = params.shuffle {
+            let seed = seed_of(&[version.prefix_u64(), params.seed, params.epoch, w, r, wi as u64, 0x524f_5753]);
+            Rng::new(seed).shuffle(&mut rows[first..]);
+        }
+    }
+
+    // 4. Batches.
+    let b = u64::from(params.batch_size);
+    let q = total / w;
+    let max_rows = q + u64::from(total % w != 0);
+    let mut batch_ends = Vec::new();
+    if params.drop_last {
+        let k = q / b;
+        rows.truncate((k * b) as usize);
+        batch_ends.extend((1..=k).map(|i| (i * b) as usize));
+    } else if total > 0 {
+        let k = max_rows.div_ceil(b) as usize;
+        if rows.len() < k {
+            // Wrap-around padding: only when N < W, or B = 1 with W not
+            // dividing N. A rank with no rows of its own repeats a row of the
+            // global order so it still has a row to give.
+            if rows.is_empty() {
+                rows.push(global_row(&order, shards, r % total));
+            }
+            let have = rows.len();
+            for i in 0..k - have {
+                rows.push(rows[i % have]);
+            }
+        }
+        let mut left = rows.len();
+        let mut end = 0usize;
+        for i in 0..k {
+            let after = k - 1 - i;
+            let size = (b as usize).min(left - after);
+            end += size;
+            left -= size;
+            batch_ends.push(end);
+        }
+    }
+
+    let mut seen = vec![false; shards.len()];
+    let mut shard_order = Vec::new();
+    for row in &rows {
+        let s = row.shard_index as usize;
+        if !seen[s] {
+            seen[s] = true;
+            shard_order.push(row.shard_index);
+        }
+    }
+    Ok(RankPlan { params: *params, rows, batch_ends, shard_order })
+}
+
+/// The row at position `pos` of the ordered global sequence.
+fn global_row(order: &[u32], shards: &[ShardRows], mut pos: u64) -> RowRef {
+    for &s in order {
+        let rows = shards[s as usize].rows;
+        if pos < rows {
+            return RowRef { shard_index: s, row: pos as u32 };
+        }
+        pos -= rows;
+    }
+    // Callers pass pos < total, so the loop always returns.
+    RowRef { shard_index: order[0], row: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn shards(rows: &[u64]) -> Vec<ShardRows> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, &r)| ShardRows { shard: ShardId { file: i as u32 / 3, row_group: i as u32 % 3 }, rows: r })
+            .collect()
+    }
+
+    fn params(seed: u64, epoch: u64, w: u32, r: u32, b: u32, window: u32, drop_last: bool) -> PlanParams {
+        PlanParams {
+            seed,
+            epoch,
+            world_size: w,
+            rank: r,
+            batch_size: b,
+            shuffle: if window == 0 { Shuffle::Off } else { Shuffle::Windowed { window_shards: window } },
+            drop_last,
+        }
+    }
+
+    const V: DatasetVersion = DatasetVersion([7; 16]);
+
+    #[test]
+    fn without_shuffle_a_single_rank_reads_manifest_order() {
+        let s = shards(&[2, 3]);
+        let p = plan_rank(V, &s, &params(1, 0, 1, 0, 2, 0, false)).unwrap();
+        let flat: Vec<(u32, u32)> =
+            (0..p.num_batches()).flat_map(|i| p.batch(i).to_vec()).map(|r| (r.shard_index, r.row)).collect();
+        assert_eq!(flat, [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]);
+        assert_eq!(p.num_batches(), 3);
+    }
+
+    #[test]
+    fn epochs_and_seeds_change_the_order() {
+        let s = shards(&[50; 8]);
+        let a = plan_rank(V, &s, &params(1, 0, 2, 0, 8, 2, false)).unwrap();
+        let b = plan_rank(V, &s, &params(1, 1, 2, 0, 8, 2, false)).unwrap();
+        let c = plan_rank(V, &s, &params(2, 0, 2, 0, 8, 2, false)).unwrap();
+        assert_ne!(a.batch(0), b.batch(0));
+        assert_ne!(a.batch(0), c.batch(0));
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        let s = shards(&[5]);
+        assert_eq!(
+            plan_rank(V, &s, &params(0, 0, 2, 2, 1, 0, false)),
+            Err(PlanError::BadRank { rank: 2, world_size: 2 })
+        );
+        assert_eq!(plan_rank(V, &s, &params(0, 0, 1, 0, 0, 0, false)), Err(PlanError::ZeroBatch));
+    }
+
+    fn all_ranks(s: &[ShardRows], p: PlanParams) -> Vec<RankPlan> {
+        (0..p.world_size).map(|r| plan_rank(V, s, &PlanParams { rank: r, ..p }).unwrap()).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn same_inputs_same_plan(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
+                                 w in 1u32..5, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+            let s = shards(&rows);
+            for r in 0..w {
+                let p = params(seed, 3, w, r, b, window, drop_last);
+                prop_assert_eq!(plan_rank(V, &s, &p).unwrap(), plan_rank(V, &s.clone(), &p).unwrap());
+            }
+        }
+
+        #[test]
+        fn equal_batch_counts_and_bounded_batches(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
+                                                  w in 1u32..6, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+            let s = shards(&rows);
+            let plans = all_ranks(&s, params(seed, 1, w, 0, b, window, drop_last));
+            let k = plans[0].num_batches();
+            for p in &plans {
+                prop_assert_eq!(p.num_batches(), k);
+                for i in 0..k {
+                    let n = p.batch(i).len();
+                    prop_assert!(n >= 1 && n <= b as usize);
+                    if drop_last { prop_assert_eq!(n, b as usize); }
+                }
+            }
+        }
+
+        #[test]
+        fn each_row_exactly_once_when_drop_last_is_off(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
+                                                        w in 1u32..6, b in 2u32..9, window in 0u32..4) {
+            let s = shards(&rows);
+            let total: u64 = rows.iter().sum();
+            prop_assume!(total >= u64::from(w));
+            let plans = all_ranks(&s, params(seed, 2, w, 0, b, window, false));
+            let mut count: BTreeMap<RowRef, u32> = BTreeMap::new();
+            for p in &plans {
+                for i in 0..p.num_batches() {
+                    for r in p.batch(i) { *count.entry(*r).or_default() += 1; }
+                }
+            }
+            prop_assert_eq!(count.len() as u64, total);
+            prop_assert!(count.values().all(|&c| c == 1));
+            for (i, sh) in s.iter().enumerate() {
+                for row in 0..sh.rows {
+                    let key = RowRef { shard_index: i as u32, row: row as u32 };
+                    prop_assert!(count.contains_key(&key));
+                }
+            }
+        }
+
+        #[test]
+        fn padding_only_where_unavoidable(rows in prop::collection::vec(0u64..6, 1..4), w in 1u32..8) {
+            // batch size 1: padding happens iff W does not divide N (or N < W).
+            let s = shards(&rows);
+            let total: u64 = rows.iter().sum();
+            prop_assume!(total > 0);
+            let plans = all_ranks(&s, params(5, 0, w, 0, 1, 1, false));
+            let delivered: usize = plans.iter().map(RankPlan::num_rows).sum();
+            let k = total.div_ceil(u64::from(w));
+            prop_assert_eq!(delivered as u64, k * u64::from(w));
+        }
+
+        #[test]
+        fn windows_bound_the_shards_in_flight(rows in prop::collection::vec(1u64..30, 1..16), seed in any::<u64>(), window in 1u32..4) {
+            // Rows of window i never appear before rows of window i-1 end:
+            // the set of distinct shards in any run of consecutive rows that
+            // stays within one window is at most `window`.
+            let s = shards(&rows);
+            let p = plan_rank(V, &s, &params(seed, 0, 1, 0, 4, window, false)).unwrap();
+            let all: Vec<RowRef> = (0..p.num_batches()).flat_map(|i| p.batch(i).to_vec()).collect();
+            let per_window: Vec<_> = p.shard_order().chunks(window as usize).collect();
+            let mut cursor = 0;
+            for win in per_window {
+                let n: u64 = win.iter().map(|&i| s[i as usize].rows).sum();
+                let slice = &all[cursor..cursor + n as usize];
+                prop_assert!(slice.iter().all(|r| win.contains(&r.shard_index)));
+                cursor += n as usize;
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The view: which tensors to build from which Parquet columns.
+//!
+//! A view is declared by the user (TOML or JSON) and is part of the dataset
+//! version, so changing it never serves bytes converted under the old one.
+//! Each tensor is built from either
+//! - one scalar column: a per-row scalar, shape `[]`;
+//! - several scalar columns of one Arrow type, stacked: shape `[k]`;
+//! - one `FixedSizeList<T, k>` column: shape `[k]`.
+//!
+//! The shape is resolved against the Parquet schema by the node; this module
+//! checks what can be checked without the schema.
+
+use crate::dtype::DType;
+use thiserror::Error;
+
+/// A declared tensor.
+#[derive(
+    Clone, PartialEq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    /// Tensor name, unique within the view.
+    pub name: String,
+    /// Element type of the tensor.
+    pub dtype: DType,
+    /// Source columns. A column written `prefix{a..b}` expands to
+    /// `prefixa` .. `prefix(b-1)`.
+    pub columns: Vec<String>,
+    /// Allow converting a column whose Arrow type differs from `dtype`
+    /// (numeric casts; a value that does not fit is an error). Without it a
+    /// type mismatch is an error.
+    #[serde(default)]
+    pub cast: bool,
+    /// Value that replaces nulls. Without it a null is an error.
+    #[serde(default)]
+    pub fill: Option<f64>,
+}
+
+/// A dataset view: the tensors to build, in order.
+#[derive(
+    Clone, PartialEq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct View {
+    /// The tensors, in the order they appear in chunks and batches.
+    #[serde(rename = "tensor")]
+    pub tensors: Vec<TensorSpec>,
+}
+
+/// A tensor resolved against a schema: what every row of it looks like.
+#[derive(
+    Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct TensorLayout {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Per-row shape: `[]` for a scalar, `[k]` for a vector.
+    pub shape: Vec<u32>,
+}
+
+impl TensorLayout {
+    /// Elements per row.
+    pub fn row_elems(&self) -> usize {
+        self.shape.iter().map(|&d| d as usize).product()
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_elems() * self.dtype.size_bytes()
+    }
+}
+
+/// A view that cannot be used, whatever the data.
+#[derive(Debug, Error, PartialEq)]
+pub enum ViewError {
+    /// The view declares no tensor.
+    #[error("the view declares no tensor")]
+    Empty,
+    /// Two tensors share a name.
+    #[error("tensor {0:?} is declared twice")]
+    DuplicateTensor(String),
+    /// A tensor has no source column.
+    #[error("tensor {0:?} names no column")]
+    NoColumns(String),
+    /// A column pattern `prefix{a..b}` is malformed.
+    #[error("tensor {tensor:?}: column pattern {pattern:?} is malformed (expected prefix{{a..b}} with a < b)")]
+    BadPattern {
+        /// The tensor.
+        tensor: String,
+        /// The pattern as written.
+        pattern: String,
+    },
+    /// A fill value does not fit the tensor's dtype.
+    #[error("tensor {tensor:?}: fill value {fill} does not fit dtype {dtype}")]
+    BadFill {
+        /// The tensor.
+        tensor: String,
+        /// The fill value.
+        fill: f64,
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// The view text does not parse.
+    #[error("view does not parse: {0}")]
+    Parse(String),
+}
+
+impl View {
+    /// Expands column patterns and checks names and fill values.
+    pub fn validated(mut self) -> Result<View, ViewError> {
+        if self.tensors.is_empty() {
+            return Err(ViewError::Empty);
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for t in &mut self.tensors {
+            if !names.insert(t.name.clone()) {
+                return Err(ViewError::DuplicateTensor(t.name.clone()));
+            }
+            let mut cols = Vec::with_capacity(t.columns.len());
+            for c in &t.columns {
+                expand_pattern(&t.name, c, &mut cols)?;
+            }
+            if cols.is_empty() {
+                return Err(ViewError::NoColumns(t.name.clone()));
+            }
+            t.columns = cols;
+            if let Some(fill) = t.fill
+                && !fill_fits(fill, t.dtype)
+            {
+                return Err(ViewError::BadFill { tensor: t.name.clone(), fill, dtype: t.dtype });
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// True when `fill` is exactly representable as a value of `dtype` (or, for
+/// floats, is finite or NaN/inf which floats hold).
+pub fn fill_fits(fill: f64, dtype: DType) -> bool {
+    let int_range = |lo: f64, hi: f64| fill.fract() == 0.0 && fill >= lo && fill <= hi;
+    match dtype {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => true,
+        DType::I64 => int_range(-9_223_372_036_854_775_808.0, 9_223_372_036_854_774_784.0),
+        DType::I32 => int_range(i32::MIN as f64, i32::MAX as f64),
+        DType::I16 => int_range(i16::MIN as f64, i16::MAX as f64),
+        DType::I8 => int_range(i8::MIN as f64, i8::MAX as f64),
+        DType::U8 => int_range(0.0, 255.0),
+        DType::Bool => fill == 0.0 || fill == 1.0,
+    }
+}
+
+fn expand_pattern(tensor: &str, pattern: &str, out: &mut Vec<String>) -> Result<(), ViewError> {
+    let Some(open) = pattern.find('{') else {
+        out.push(pattern.to_string());
+        return Ok(());
+    };
+    let bad = || ViewError::BadPattern { tensor: tensor.to_string(), pattern: pattern.to_string() };
+    let close = pattern[open..].find('}').map(|i| i + open).ok_or_else(bad)?;
+    let (prefix, body, suffix) = (&pattern[..open], &pattern[open + 1..close], &pattern[close + 1..]);
+    let (a, b) = body.split_once("..").ok_or_else(bad)?;
+    let a: u32 = a.trim().parse().map_err(|_| bad())?;
+    let b: u32 = b.trim().parse().map_err(|_| bad())?;
+    if a >= b || suffix.contains('{') {
+        return Err(bad());
+    }
+    out.extend((a..b).map(|i| format!("{prefix}{i}{suffix}")));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, cols: &[&str]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype: DType::F32,
+            columns: cols.iter().map(|s| s.to_string()).collect(),
+            cast: false,
+            fill: None,
+        }
+    }
+
+    #[test]
+    fn patterns_expand_in_order() {
+        let v = View { tensors: vec![spec("dense", &["f{0..3}", "extra"])] }.validated().unwrap();
+        assert_eq!(v.tensors[0].columns, ["f0", "f1", "f2", "extra"]);
+    }
+
+    #[test]
+    fn bad_views_are_refused_with_the_tensor_named() {
+        assert_eq!(View { tensors: vec![] }.validated(), Err(ViewError::Empty));
+        let dup = View { tensors: vec![spec("a", &["x"]), spec("a", &["y"])] }.validated();
+        assert_eq!(dup, Err(ViewError::DuplicateTensor("a".into())));
+        let pat = View { tensors: vec![spec("a", &["f{3..1}"])] }.validated();
+        assert!(matches!(pat, Err(ViewError::BadPattern { .. })));
+        let mut s = spec("ids", &["id"]);
+        s.dtype = DType::U8;
+        s.fill = Some(-1.0);
+        assert!(matches!(View { tensors: vec![s] }.validated(), Err(ViewError::BadFill { .. })));
+    }
+}

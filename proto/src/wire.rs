@@ -1,0 +1,217 @@
+//! Messages between a trainer and the node on its host.
+//!
+//! The transport is a Unix stream socket. Every message is a frame: a u32
+//! little-endian length, then an rkyv archive of [`LocalRequest`] or
+//! [`LocalResponse`]. A [`LocalResponse::Chunk`] reply carries a sealed memory
+//! file descriptor alongside (SCM_RIGHTS) holding the chunk bytes, so the
+//! trainer maps the chunk instead of reading it through the socket.
+//!
+//! Frames from the other process are bounded by [`MAX_FRAME_LEN`] and
+//! validated (bytecheck) before use.
+
+use crate::ids::{DatasetVersion, ShardId};
+use crate::manifest::ShardRows;
+use crate::plan::PlanParams;
+use crate::view::TensorLayout;
+use thiserror::Error;
+
+/// Largest frame either side accepts.
+pub const MAX_FRAME_LEN: usize = 64 << 20;
+
+pub use request_def::LocalRequest;
+
+// rkyv derives undocumented resolver types for enums with fields.
+#[allow(missing_docs)]
+mod request_def {
+    use super::*;
+
+    /// A trainer's request.
+    #[derive(Clone, PartialEq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    pub enum LocalRequest {
+        /// Describe the current version of a dataset the node serves.
+        Describe {
+            /// Dataset name.
+            dataset: String,
+        },
+        /// The trainer is about to walk this plan: the node prefetches along it.
+        Follow {
+            /// Dataset version.
+            version: DatasetVersion,
+            /// The rank's plan parameters for the epoch.
+            params: PlanParams,
+        },
+        /// Hand over one chunk; the reply carries a memory file descriptor.
+        FetchChunk {
+            /// Dataset version.
+            version: DatasetVersion,
+            /// Shard.
+            shard: ShardId,
+        },
+        /// Report the node's counters.
+        Stats,
+    }
+}
+
+/// What a dataset looks like to a trainer.
+#[derive(Clone, PartialEq, Eq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct DatasetInfo {
+    /// Dataset name.
+    pub name: String,
+    /// Current version.
+    pub version: DatasetVersion,
+    /// Tensors in view order.
+    pub tensors: Vec<TensorLayout>,
+    /// Shards in manifest order.
+    pub shards: Vec<ShardRows>,
+    /// Source file paths, indexed by `ShardId::file`.
+    pub files: Vec<String>,
+    /// Total size of the source files in bytes.
+    pub source_bytes: u64,
+}
+
+/// Node counters, cumulative since start.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct NodeStats {
+    /// Bytes read from remote storage (footers and row groups).
+    pub remote_bytes: u64,
+    /// Requests made to remote storage.
+    pub remote_requests: u64,
+    /// Shards converted.
+    pub conversions: u64,
+    /// Converted bytes produced.
+    pub converted_bytes: u64,
+    /// Chunk requests answered from the RAM tier.
+    pub ram_hits: u64,
+    /// Chunk requests answered from the SSD tier.
+    pub ssd_hits: u64,
+    /// Chunk requests that had to read and convert.
+    pub misses: u64,
+    /// Cache entries found corrupt and re-read.
+    pub corrupt_entries: u64,
+    /// Chunks prefetched ahead of a request.
+    pub prefetched: u64,
+}
+
+/// Kinds of failure a trainer can act on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum ErrorKind {
+    /// The request was malformed or named something unknown; retrying the
+    /// same request cannot help.
+    BadRequest,
+    /// The source data is bad (corrupt file, schema mismatch, nulls...).
+    BadInput,
+    /// A transient failure; a retry may succeed.
+    Unavailable,
+}
+
+pub use response_def::LocalResponse;
+
+// rkyv derives undocumented resolver types for enums with fields.
+#[allow(missing_docs)]
+mod response_def {
+    use super::*;
+
+    /// The node's reply.
+    #[derive(Clone, PartialEq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    pub enum LocalResponse {
+        /// Reply to `Describe`.
+        Described(DatasetInfo),
+        /// Reply to `Follow`.
+        Following,
+        /// Reply to `FetchChunk`: a memory file of `len` bytes is attached.
+        Chunk {
+            /// Chunk length in bytes.
+            len: u64,
+        },
+        /// Reply to `Stats`.
+        Stats(NodeStats),
+        /// The request failed.
+        Failed {
+            /// What kind of failure.
+            kind: ErrorKind,
+            /// What failed, naming file, row group, column or request.
+            message: String,
+        },
+    }
+}
+
+/// A frame that cannot be decoded.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length prefix exceeds [`MAX_FRAME_LEN`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_LEN}-byte limit")]
+    TooLarge(usize),
+    /// The archive does not validate.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// Encodes a message as a frame body (without the length prefix).
+pub fn encode<T>(msg: &T) -> Vec<u8>
+where
+    T: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                rkyv::util::AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    // Serialising plain owned data into a growable buffer cannot fail; an
+    // empty frame would be refused by the receiver anyway.
+    rkyv::to_bytes::<rkyv::rancor::Error>(msg).map(|v| v.to_vec()).unwrap_or_default()
+}
+
+/// Validates and decodes a frame body.
+pub fn decode<T>(body: &[u8]) -> Result<T, FrameError>
+where
+    T: rkyv::Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+{
+    if body.len() > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(body.len());
+    aligned.extend_from_slice(body);
+    rkyv::from_bytes::<T, rkyv::rancor::Error>(&aligned).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Shuffle;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let reqs = [
+            LocalRequest::Describe { dataset: "ads".into() },
+            LocalRequest::FetchChunk { version: DatasetVersion([1; 16]), shard: ShardId { file: 3, row_group: 4 } },
+            LocalRequest::Follow {
+                version: DatasetVersion([2; 16]),
+                params: PlanParams {
+                    seed: 1,
+                    epoch: 2,
+                    world_size: 4,
+                    rank: 3,
+                    batch_size: 512,
+                    shuffle: Shuffle::Windowed { window_shards: 4 },
+                    drop_last: false,
+                },
+            },
+            LocalRequest::Stats,
+        ];
+        for r in reqs {
+            assert_eq!(decode::<LocalRequest>(&encode(&r)).unwrap(), r);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_frames_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode::<LocalRequest>(&bytes);
+            let _ = decode::<LocalResponse>(&bytes);
+        }
+    }
+}

@@ -340,7 +340,7 @@ fn check_layout(h: &ChunkHeader, payload_start: usize, total: usize) -> Result<(
     if h.format_version != FORMAT_VERSION {
         return Err(ChunkError::UnsupportedFormat(h.format_version));
     }
-    if payload_start as u64 + h.payload_len != total as u64 || h.payload_len % ALIGN as u64 != 0 {
+    if payload_start as u64 + h.payload_len != total as u64 || !h.payload_len.is_multiple_of(ALIGN as u64) {
         return bad(format!("payload of {} bytes does not end the {total}-byte chunk", h.payload_len));
     }
     let mut end = 0u64;
@@ -356,7 +356,7 @@ fn check_layout(h: &ChunkHeader, payload_start: usize, total: usize) -> Result<(
                 t.name, t.len, h.rows, t.shape
             ));
         }
-        if t.offset % ALIGN as u64 != 0 || t.offset < end {
+        if !t.offset.is_multiple_of(ALIGN as u64) || t.offset < end {
             return bad(format!("tensor {:?} at offset {} is misaligned or overlaps", t.name, t.offset));
         }
         end = match t.offset.checked_add(t.len) {

@@ -4,17 +4,17 @@
 //! processes must agree on byte for byte lives here, once.
 //!
 //! ## Module map
-//! - [`ids`]: identifier newtypes ([`DatasetVersion`], [`ShardId`], [`NodeId`]).
-//! - [`dtype`]: the element types a tensor may have ([`DType`]).
-//! - [`view`]: which tensors to build from which Parquet columns ([`View`]).
-//! - [`manifest`]: what a dataset version contains, and the version hash.
-//! - [`chunk`]: the self-describing, 64-byte-aligned converted shard
+//! - [`ids`] — identifier newtypes ([`DatasetVersion`], [`ShardId`], [`NodeId`]).
+//! - [`dtype`] — the element types a tensor may have ([`DType`]).
+//! - [`view`] — which tensors to build from which Parquet columns ([`View`]).
+//! - [`manifest`] — what a dataset version contains, and the version hash.
+//! - [`chunk`] — the self-describing, 64-byte-aligned converted shard
 //!   ([`ChunkLayout`] writes one, [`ChunkView`] validates and reads one).
-//! - [`plan`]: the deterministic epoch plan ([`plan_rank`]).
-//! - [`wire`]: messages between a trainer and its local node.
-//! - [`rng`]: the seeded generator the plan uses; frozen, because changing it
+//! - [`plan`] — the deterministic epoch plan ([`plan_rank`]).
+//! - [`wire`] — messages between a trainer and its local node.
+//! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
 //!   would change every sample order ever published.
-//! - [`aligned`]: a 64-byte-aligned byte buffer.
+//! - [`aligned`] — a 64-byte-aligned byte buffer.
 //!
 //! ## Data flow
 //! A node reads a [`manifest::Manifest`] and a [`View`], hashes them into a

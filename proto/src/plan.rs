@@ -231,7 +231,7 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
     // 4. Batches.
     let b = u64::from(params.batch_size);
     let q = total / w;
-    let max_rows = q + u64::from(total % w != 0);
+    let max_rows = q + u64::from(!total.is_multiple_of(w));
     let mut batch_ends = Vec::new();
     if params.drop_last {
         let k = q / b;

@@ -90,6 +90,8 @@ pub struct NodeStats {
     pub corrupt_entries: u64,
     /// Chunks prefetched ahead of a request.
     pub prefetched: u64,
+    /// Bytes of chunks the node holds in memory files right now.
+    pub chunk_memory_bytes: u64,
 }
 
 /// Kinds of failure a trainer can act on.

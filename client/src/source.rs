@@ -1,0 +1,132 @@
+//! Where chunks come from.
+//!
+//! [`ChunkSource`] is the one trait between the loader and a node: the real
+//! implementation is [`crate::LocalSource`] (a node over a Unix socket), the
+//! node crate's in-process mode is another, and [`MemorySource`] holds
+//! converted chunks in this process (tests, and the in-RAM ceiling that
+//! benchmarks compare against).
+
+use crate::error::ClientError;
+use granary_proto::chunk::Verify;
+use granary_proto::wire::DatasetInfo;
+use granary_proto::{AlignedBuf, ChunkHeader, ChunkView, DatasetVersion, PlanParams, ShardId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Something that owns chunk bytes (a mapped memory file, an aligned buffer).
+pub trait ChunkBytes: Send + Sync {
+    /// The chunk bytes, starting 64-byte aligned.
+    fn bytes(&self) -> &[u8];
+}
+
+impl ChunkBytes for AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// A validated chunk: its bytes and its parsed header.
+#[derive(Clone)]
+pub struct Chunk {
+    owner: Arc<dyn ChunkBytes>,
+    header: Arc<ChunkHeader>,
+    payload_start: usize,
+}
+
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunk").field("shard", &self.header.shard).field("rows", &self.header.rows).finish()
+    }
+}
+
+impl Chunk {
+    /// Validates `owner`'s bytes as chunk `shard` of `version`.
+    pub fn new(
+        owner: Arc<dyn ChunkBytes>,
+        version: DatasetVersion,
+        shard: ShardId,
+        verify: Verify,
+    ) -> Result<Self, ClientError> {
+        let bytes = owner.bytes();
+        let view = ChunkView::parse(bytes, verify).map_err(|source| ClientError::Chunk { shard, source })?;
+        view.expect_identity(version, shard).map_err(|source| ClientError::Chunk { shard, source })?;
+        let payload_start = bytes.len() - view.header().payload_len as usize;
+        let header = Arc::new(view.header().clone());
+        Ok(Self { owner, header, payload_start })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &ChunkHeader {
+        &self.header
+    }
+
+    /// Bytes of tensor `i` (view order).
+    pub fn tensor_bytes(&self, i: usize) -> &[u8] {
+        let t = &self.header.tensors[i];
+        let start = self.payload_start + t.offset as usize;
+        &self.owner.bytes()[start..start + t.len as usize]
+    }
+
+    /// The whole chunk.
+    pub fn bytes(&self) -> &[u8] {
+        self.owner.bytes()
+    }
+}
+
+/// Where a loader gets dataset descriptions and chunks.
+pub trait ChunkSource: Send + Sync {
+    /// Describes the current version of `dataset`.
+    fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError>;
+
+    /// Announces the plan a rank is about to walk, so the source can
+    /// prefetch along it. Sources without prefetch ignore it.
+    fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
+        let _ = (version, params);
+        Ok(())
+    }
+
+    /// Returns chunk `shard` of `version`, validated.
+    fn fetch(&self, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError>;
+}
+
+/// Converted chunks held in this process.
+pub struct MemorySource {
+    info: DatasetInfo,
+    chunks: BTreeMap<ShardId, Chunk>,
+}
+
+impl MemorySource {
+    /// A source serving `chunks` (each validated here, once) for `info`.
+    pub fn new(info: DatasetInfo, chunks: Vec<(ShardId, AlignedBuf)>) -> Result<Self, ClientError> {
+        let mut map = BTreeMap::new();
+        for (shard, buf) in chunks {
+            map.insert(shard, Chunk::new(Arc::new(buf), info.version, shard, Verify::Full)?);
+        }
+        Ok(Self { info, chunks: map })
+    }
+
+    /// Total chunk bytes held.
+    pub fn bytes_held(&self) -> usize {
+        self.chunks.values().map(|c| c.bytes().len()).sum()
+    }
+}
+
+impl ChunkSource for MemorySource {
+    fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError> {
+        if dataset == self.info.name {
+            Ok(self.info.clone())
+        } else {
+            Err(ClientError::UnknownDataset(dataset.to_string()))
+        }
+    }
+
+    fn fetch(&self, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError> {
+        if version != self.info.version {
+            return Err(ClientError::UnknownDataset(format!("version {version}")));
+        }
+        self.chunks.get(&shard).cloned().ok_or_else(|| ClientError::Node {
+            kind: granary_proto::wire::ErrorKind::BadRequest,
+            message: format!("shard {shard} is not held"),
+        })
+    }
+}

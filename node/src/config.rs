@@ -1,0 +1,206 @@
+//! The node's configuration file (`node.toml`).
+//!
+//! Every default is stated on its field. Sizes are in bytes.
+//!
+//! ```toml
+//! socket = "/run/granary/node.sock"
+//! ssd_dir = "/var/cache/granary"
+//! ram_bytes = 8589934592
+//! ssd_bytes = 107374182400
+//!
+//! [[dataset]]
+//! name = "ads"
+//! source = "s3://bucket/ads/"
+//! view = "ads.view.toml"          # or an inline [dataset.view] table
+//!
+//! [remote]                        # object_store options, e.g. endpoint
+//! aws_endpoint = "http://127.0.0.1:9000"
+//! ```
+
+use granary_proto::View;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A served dataset.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    /// Dataset name.
+    pub name: String,
+    /// Source URL prefix (`file://`, `s3://`, `gs://`, `http(s)://`).
+    pub source: String,
+    /// The view: a path to a TOML file, or an inline table.
+    pub view: ViewRef,
+}
+
+/// A view given inline or by path.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ViewRef {
+    /// Path to a view TOML file, relative to the config file.
+    Path(PathBuf),
+    /// The view itself.
+    Inline(View),
+}
+
+/// Simulated remote-storage conditions: a latency per request and a
+/// bandwidth cap shared by all requests. For demos and benchmarks.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleConfig {
+    /// Added before every request. Default 0.
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// Aggregate bytes per second over all requests.
+    pub bandwidth_bytes_per_s: u64,
+}
+
+impl ThrottleConfig {
+    /// Latency as a Duration.
+    pub fn latency(&self) -> Duration {
+        Duration::from_millis(self.latency_ms)
+    }
+}
+
+/// The whole node configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Unix socket trainers connect to. Required for the daemon.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
+    /// SSD tier folder. Default: none (RAM tier only).
+    #[serde(default)]
+    pub ssd_dir: Option<PathBuf>,
+    /// RAM tier capacity. Default 4 GiB.
+    #[serde(default = "default_ram")]
+    pub ram_bytes: u64,
+    /// SSD tier capacity. Default 64 GiB.
+    #[serde(default = "default_ssd")]
+    pub ssd_bytes: u64,
+    /// Largest chunk the SSD tier stores (its block size). Default 64 MiB.
+    #[serde(default = "default_block")]
+    pub ssd_block_bytes: u64,
+    /// Bytes of chunks prefetched ahead of each rank. Default 256 MiB.
+    #[serde(default = "default_prefetch")]
+    pub prefetch_bytes: u64,
+    /// Shards read and converted at once. Default: 4.
+    #[serde(default = "default_loads")]
+    pub max_concurrent_loads: usize,
+    /// Threads that convert Arrow to chunks. Default: number of cores.
+    #[serde(default)]
+    pub convert_threads: Option<usize>,
+    /// Datasets served.
+    #[serde(default, rename = "dataset")]
+    pub datasets: Vec<DatasetConfig>,
+    /// object_store options (`aws_endpoint`, `aws_access_key_id`, ...).
+    /// The usual environment variables are read too.
+    #[serde(default)]
+    pub remote: BTreeMap<String, String>,
+    /// Simulated remote conditions. Default: none.
+    #[serde(default)]
+    pub throttle: Option<ThrottleConfig>,
+}
+
+fn default_ram() -> u64 {
+    4 << 30
+}
+fn default_ssd() -> u64 {
+    64 << 30
+}
+fn default_block() -> u64 {
+    64 << 20
+}
+fn default_prefetch() -> u64 {
+    256 << 20
+}
+fn default_loads() -> usize {
+    4
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            socket: None,
+            ssd_dir: None,
+            ram_bytes: default_ram(),
+            ssd_bytes: default_ssd(),
+            ssd_block_bytes: default_block(),
+            prefetch_bytes: default_prefetch(),
+            max_concurrent_loads: default_loads(),
+            convert_threads: None,
+            datasets: Vec::new(),
+            remote: BTreeMap::new(),
+            throttle: None,
+        }
+    }
+}
+
+/// The configuration file is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file does not parse.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The path.
+        path: PathBuf,
+        /// Parser message, with line and column.
+        message: String,
+    },
+    /// The view is invalid.
+    #[error("dataset {dataset:?}: {source}")]
+    View {
+        /// Dataset name.
+        dataset: String,
+        /// Cause.
+        source: granary_proto::ViewError,
+    },
+}
+
+impl NodeConfig {
+    /// Reads and parses `path`; relative view paths resolve against its folder.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut cfg: NodeConfig = toml::from_str(&text)
+            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for d in &mut cfg.datasets {
+            if let ViewRef::Path(p) = &d.view {
+                let p = base.join(p);
+                d.view = ViewRef::Inline(load_view(&p)?);
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// Reads a view TOML file.
+pub fn load_view(path: &Path) -> Result<View, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })
+}
+
+impl DatasetConfig {
+    /// The validated view (patterns expanded).
+    pub fn view(&self) -> Result<View, ConfigError> {
+        let ViewRef::Inline(v) = &self.view else {
+            return Err(ConfigError::Parse {
+                path: PathBuf::from(&self.name),
+                message: "view path was not resolved; load the config with NodeConfig::load".into(),
+            });
+        };
+        v.clone().validated().map_err(|source| ConfigError::View { dataset: self.name.clone(), source })
+    }
+}

@@ -1,0 +1,162 @@
+//! The local endpoint: trainers on this host talk to the node over a Unix
+//! socket (file mode 0660, so access is governed by the socket's group).
+//!
+//! One task per connection reads length-prefixed frames, answers each in
+//! order, and attaches the chunk's memory file to chunk replies. A frame
+//! that is oversized or does not validate gets a `BadRequest` reply and the
+//! connection is closed (the stream can no longer be trusted to be in
+//! sync); the daemon itself keeps serving everyone else.
+
+use crate::service::{Follower, Node};
+use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
+use rustix::fd::BorrowedFd;
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncReadExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+
+/// Binds `path` (replacing a stale socket file) and serves until `shutdown`
+/// resolves.
+pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+    let listener = bind(path)?;
+    tracing::info!(socket = %path.display(), "serving trainers");
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, _) = accepted?;
+                let node = node.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(node, stream).await {
+                        tracing::debug!(error = %e, "trainer connection ended");
+                    }
+                });
+            }
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// Binds the socket with mode 0660.
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    if path.exists() {
+        // A socket nobody answers on is left over from a dead node.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is served by a running node", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}
+
+/// A connection's state: the plan it follows, if any.
+async fn connection(node: Node, mut stream: UnixStream) -> io::Result<()> {
+    let mut follower: Option<Follower> = None;
+    loop {
+        let mut len = [0u8; 4];
+        match stream.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_FRAME_LEN {
+            tracing::warn!(bytes = len, "oversized request frame; closing the connection");
+            let reply = failed(ErrorKind::BadRequest, format!("request frame of {len} bytes exceeds {MAX_FRAME_LEN}"));
+            return send(&stream, &reply, None).await;
+        }
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body).await?;
+        let req = match wire::decode::<LocalRequest>(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed request frame; closing the connection");
+                return send(&stream, &failed(ErrorKind::BadRequest, format!("malformed request: {e}")), None).await;
+            }
+        };
+        match req {
+            LocalRequest::Describe { dataset } => {
+                let reply = match node.describe(&dataset) {
+                    Ok(info) => LocalResponse::Described(info),
+                    Err(e) => failed(e.kind(), e.to_string()),
+                };
+                send(&stream, &reply, None).await?;
+            }
+            LocalRequest::Follow { version, params } => {
+                let reply = match node.follow(version, &params) {
+                    Ok(f) => {
+                        follower = Some(f);
+                        LocalResponse::Following
+                    }
+                    Err(e) => failed(e.kind(), e.to_string()),
+                };
+                send(&stream, &reply, None).await?;
+            }
+            LocalRequest::FetchChunk { version, shard } => {
+                if let Some(f) = follower.as_mut() {
+                    f.advance(shard);
+                }
+                match node.chunk(version, shard).await {
+                    Ok(chunk) => {
+                        let reply = LocalResponse::Chunk { len: chunk.len() as u64 };
+                        send(&stream, &reply, Some(chunk.fd())).await?;
+                    }
+                    Err(e) => send(&stream, &failed(e.kind(), format!("shard {shard}: {e}")), None).await?,
+                }
+            }
+            LocalRequest::Stats => send(&stream, &LocalResponse::Stats(node.stats()), None).await?,
+        }
+    }
+}
+
+fn failed(kind: ErrorKind, message: String) -> LocalResponse {
+    LocalResponse::Failed { kind, message }
+}
+
+/// Writes one frame, attaching `fd` to its first byte.
+async fn send(stream: &UnixStream, msg: &LocalResponse, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let body = wire::encode(msg);
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    let mut sent = 0;
+    while sent < frame.len() {
+        stream.writable().await?;
+        let attach = if sent == 0 { fd } else { None };
+        let res = stream.try_io(Interest::WRITABLE, || {
+            let iov = [IoSlice::new(&frame[sent..])];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut cmsg = SendAncillaryBuffer::new(&mut space);
+            let fds;
+            if let Some(fd) = attach {
+                fds = [fd];
+                cmsg.push(SendAncillaryMessage::ScmRights(&fds));
+            }
+            rustix::net::sendmsg(stream, &iov, &mut cmsg, SendFlags::NOSIGNAL).map_err(io::Error::from)
+        });
+        match res {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The default socket path for a config without one.
+pub fn default_socket() -> PathBuf {
+    std::env::temp_dir().join("granary-node.sock")
+}

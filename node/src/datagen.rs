@@ -1,0 +1,208 @@
+//! A deterministic, recommendation-style Parquet dataset.
+//!
+//! Columns: `f0`..`f149` (f32 dense features), `emb` (`FixedSizeList<f32,
+//! 32>`), `user_id` and `item_id` (i64), `label` (f32). Every value is a pure
+//! function of (seed, global row, column), so a test can recompute any value
+//! without reading the files back. Files are written one row group at a time
+//! (bounded memory) and the same arguments always give the same bytes.
+
+use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use granary_proto::rng::mix64;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Dense feature columns.
+pub const DENSE: usize = 150;
+/// Embedding width.
+pub const EMB: usize = 32;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenSpec {
+    /// Seed of every value.
+    pub seed: u64,
+    /// Total rows.
+    pub rows: u64,
+    /// Number of files (rows are split evenly, the first files take the remainder).
+    pub files: u32,
+    /// Rows per row group.
+    pub row_group_rows: u64,
+    /// Compression: `none`, `snappy`, `zstd`, `lz4`, `gzip`.
+    pub compression: String,
+}
+
+impl Default for GenSpec {
+    fn default() -> Self {
+        Self { seed: 0, rows: 100_000, files: 4, row_group_rows: 10_000, compression: "snappy".into() }
+    }
+}
+
+/// What was written.
+#[derive(Clone, Debug)]
+pub struct GenReport {
+    /// Files written, in order.
+    pub files: Vec<PathBuf>,
+    /// Total bytes written.
+    pub bytes: u64,
+    /// Rows written.
+    pub rows: u64,
+}
+
+/// Generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    /// Bad arguments.
+    #[error("invalid dataset spec: {0}")]
+    Spec(String),
+    /// Writing a file failed.
+    #[error("writing {path}: {reason}")]
+    Write {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        reason: String,
+    },
+}
+
+/// The Arrow schema of the generated files.
+pub fn schema() -> Arc<Schema> {
+    let mut fields: Vec<Field> = (0..DENSE).map(|i| Field::new(format!("f{i}"), DataType::Float32, false)).collect();
+    fields.push(Field::new(
+        "emb",
+        DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), EMB as i32),
+        false,
+    ));
+    fields.push(Field::new("user_id", DataType::Int64, false));
+    fields.push(Field::new("item_id", DataType::Int64, false));
+    fields.push(Field::new("label", DataType::Float32, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// The view that turns the generated files into four tensors: `dense`
+/// `[150]` f32, `emb` `[32]` f32, `ids` `[2]` i64, `label` f32.
+pub const VIEW_TOML: &str = r#"[[tensor]]
+name = "dense"
+dtype = "f32"
+columns = ["f{0..150}"]
+
+[[tensor]]
+name = "emb"
+dtype = "f32"
+columns = ["emb"]
+
+[[tensor]]
+name = "ids"
+dtype = "i64"
+columns = ["user_id", "item_id"]
+
+[[tensor]]
+name = "label"
+dtype = "f32"
+columns = ["label"]
+"#;
+
+/// Column ids used to derive values (dense `0..150`, then these).
+const EMB_COL: u64 = 1000;
+const USER_COL: u64 = 2000;
+const ITEM_COL: u64 = 2001;
+const LABEL_COL: u64 = 2002;
+
+fn bits(seed: u64, row: u64, col: u64) -> u64 {
+    mix64(seed ^ mix64(row.wrapping_mul(0x1_0000_0001).wrapping_add(col)))
+}
+
+/// Dense feature `col` of global row `row`: uniform in [-1, 1).
+pub fn dense_value(seed: u64, row: u64, col: usize) -> f32 {
+    ((bits(seed, row, col as u64) >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+}
+
+/// Embedding element `k` of row `row`.
+pub fn emb_value(seed: u64, row: u64, k: usize) -> f32 {
+    ((bits(seed, row, EMB_COL + k as u64) >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+}
+
+/// User id of row `row`.
+pub fn user_id(seed: u64, row: u64) -> i64 {
+    (bits(seed, row, USER_COL) % 1_000_000) as i64
+}
+
+/// Item id of row `row`.
+pub fn item_id(seed: u64, row: u64) -> i64 {
+    (bits(seed, row, ITEM_COL) % 10_000_000) as i64
+}
+
+/// Label of row `row`: 0 or 1.
+pub fn label(seed: u64, row: u64) -> f32 {
+    (bits(seed, row, LABEL_COL) & 1) as f32
+}
+
+/// One record batch of rows `start..start + n`.
+pub fn batch(seed: u64, start: u64, n: usize) -> RecordBatch {
+    let rows = start..start + n as u64;
+    let mut cols: Vec<ArrayRef> = (0..DENSE)
+        .map(|c| Arc::new(Float32Array::from_iter_values(rows.clone().map(|r| dense_value(seed, r, c)))) as ArrayRef)
+        .collect();
+    let emb = Float32Array::from_iter_values(rows.clone().flat_map(|r| (0..EMB).map(move |k| emb_value(seed, r, k))));
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    // The child has exactly n * EMB values and no nulls: construction cannot fail.
+    cols.push(Arc::new(FixedSizeListArray::new(item, EMB as i32, Arc::new(emb), None)));
+    cols.push(Arc::new(Int64Array::from_iter_values(rows.clone().map(|r| user_id(seed, r)))));
+    cols.push(Arc::new(Int64Array::from_iter_values(rows.clone().map(|r| item_id(seed, r)))));
+    cols.push(Arc::new(Float32Array::from_iter_values(rows.map(|r| label(seed, r)))));
+    // Columns match `schema()` by construction.
+    RecordBatch::try_new(schema(), cols).unwrap_or_else(|e| unreachable!("generated batch fits its schema: {e}"))
+}
+
+fn compression(name: &str) -> Result<Compression, GenError> {
+    Ok(match name {
+        "none" | "uncompressed" => Compression::UNCOMPRESSED,
+        "snappy" => Compression::SNAPPY,
+        "zstd" => Compression::ZSTD(ZstdLevel::default()),
+        "lz4" => Compression::LZ4_RAW,
+        "gzip" => Compression::GZIP(Default::default()),
+        other => return Err(GenError::Spec(format!("unknown compression {other:?} (none, snappy, zstd, lz4, gzip)"))),
+    })
+}
+
+/// Writes the dataset into `dir` as `part-00000.parquet`, ...; calls
+/// `progress(rows_done)` after every row group.
+pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Result<GenReport, GenError> {
+    if spec.files == 0 || spec.row_group_rows == 0 {
+        return Err(GenError::Spec("files and row_group_rows must be at least 1".into()));
+    }
+    let codec = compression(&spec.compression)?;
+    std::fs::create_dir_all(dir).map_err(|e| GenError::Write { path: dir.to_path_buf(), reason: e.to_string() })?;
+    let props = WriterProperties::builder()
+        .set_compression(codec)
+        .set_dictionary_enabled(false)
+        .set_max_row_group_row_count(Some(spec.row_group_rows as usize))
+        .build();
+    let per_file = spec.rows / u64::from(spec.files);
+    let extra = spec.rows % u64::from(spec.files);
+    let mut report = GenReport { files: Vec::new(), bytes: 0, rows: 0 };
+    let mut row = 0u64;
+    for f in 0..u64::from(spec.files) {
+        let n = per_file + u64::from(f < extra);
+        let path = dir.join(format!("part-{f:05}.parquet"));
+        let werr = |e: &dyn std::fmt::Display| GenError::Write { path: path.clone(), reason: e.to_string() };
+        let file = std::fs::File::create(&path).map_err(|e| werr(&e))?;
+        let mut w = ArrowWriter::try_new(file, schema(), Some(props.clone())).map_err(|e| werr(&e))?;
+        let end = row + n;
+        while row < end {
+            let take = (end - row).min(spec.row_group_rows) as usize;
+            w.write(&batch(spec.seed, row, take)).map_err(|e| werr(&e))?;
+            w.flush().map_err(|e| werr(&e))?;
+            row += take as u64;
+            report.rows += take as u64;
+            progress(report.rows);
+        }
+        w.close().map_err(|e| werr(&e))?;
+        report.bytes += std::fs::metadata(&path).map_err(|e| werr(&e))?.len();
+        report.files.push(path);
+    }
+    Ok(report)
+}

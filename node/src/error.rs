@@ -1,0 +1,104 @@
+//! Errors of the node, one enum per boundary.
+
+use granary_proto::ShardId;
+use granary_proto::wire::ErrorKind;
+use thiserror::Error;
+
+/// Reading remote storage failed.
+#[derive(Debug, Error)]
+pub enum RemoteError {
+    /// The source URL or its options are unusable.
+    #[error("cannot open source {url}: {reason}")]
+    Open {
+        /// The source URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// A request to the store failed (missing object, network, permission).
+    #[error("reading {path}: {source}")]
+    Store {
+        /// Object path.
+        path: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// The Parquet footer or a page could not be decoded.
+    #[error("{path}: not a readable Parquet file: {source}")]
+    Parquet {
+        /// Object path.
+        path: String,
+        /// The decoder's error.
+        source: parquet::errors::ParquetError,
+    },
+    /// The source holds no Parquet file.
+    #[error("source {0} holds no .parquet file")]
+    Empty(String),
+}
+
+/// The data does not fit the view, or a value cannot be converted.
+#[derive(Debug, Error, PartialEq)]
+#[error("{file} row group {row_group} column {column:?}: {problem}")]
+pub struct ConvertError {
+    /// Object path of the file.
+    pub file: String,
+    /// Row group index.
+    pub row_group: usize,
+    /// The column (or tensor, when no single column is at fault).
+    pub column: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// Resolving a view against a file's schema failed.
+#[derive(Debug, Error, PartialEq)]
+#[error("{file}: view tensor {tensor:?}, column {column:?}: {problem}")]
+pub struct SchemaError {
+    /// Object path of the file.
+    pub file: String,
+    /// Tensor of the view.
+    pub tensor: String,
+    /// Column involved.
+    pub column: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// A chunk request failed.
+#[derive(Debug, Error)]
+pub enum FetchError {
+    /// The dataset or version is not served by this node.
+    #[error("unknown dataset {0}")]
+    UnknownDataset(String),
+    /// The shard is not part of the dataset version.
+    #[error("shard {0} is not part of the dataset")]
+    UnknownShard(ShardId),
+    /// Reading remote storage failed.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    /// Conversion failed: the data does not fit the view.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// Shared memory could not be created.
+    #[error("shared memory for shard {shard}: {source}")]
+    Memory {
+        /// The shard.
+        shard: ShardId,
+        /// The system error.
+        source: std::io::Error,
+    },
+    /// An internal task failed.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl FetchError {
+    /// How a trainer should treat this failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            FetchError::UnknownDataset(_) | FetchError::UnknownShard(_) => ErrorKind::BadRequest,
+            FetchError::Convert(_) | FetchError::Remote(RemoteError::Parquet { .. }) => ErrorKind::BadInput,
+            _ => ErrorKind::Unavailable,
+        }
+    }
+}

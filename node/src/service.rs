@@ -1,0 +1,351 @@
+//! The node's core: datasets, the chunk tier, single flight, prefetch.
+//!
+//! [`Node::chunk`] is the one way to get a chunk: RAM tier, then SSD tier,
+//! then a load (remote read, decode, convert into a sealed memory file).
+//! Concurrent requests for one shard, from any number of trainers or from
+//! prefetch, share one load: the first request registers a watch channel in
+//! `inflight` and spawns the load; later ones wait on the channel. A load
+//! publishes its chunk to waiters first, then inserts it into the tier, and
+//! only then leaves `inflight`, so there is never a moment when a finished
+//! shard is in neither place (which would cost a second remote read).
+//!
+//! [`Follower`] prefetches along one rank's plan: it computes the same
+//! [`RankPlan`] the trainer computes, and keeps the chunks of the next shards
+//! in that order loading, up to `prefetch_bytes` ahead of the last shard the
+//! trainer asked for.
+
+use crate::config::NodeConfig;
+use crate::convert::{Site, convert_into};
+use crate::dataset::{Dataset, OpenError};
+use crate::error::{FetchError, RemoteError};
+use crate::remote::{Remote, RemoteCounters, Throttle};
+use crate::shm::{ChunkWriter, SealedChunk};
+use crate::tier::{ChunkKey, ChunkTier, HitTier, SsdConfig, TierError};
+use arrow::array::RecordBatch;
+use futures::TryStreamExt;
+use granary_proto::wire::{DatasetInfo, NodeStats};
+use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, RankPlan, ShardId, plan_rank};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Semaphore, watch};
+
+/// A fetch result shared by every waiter of one load.
+pub type Shared = Result<Arc<SealedChunk>, Arc<FetchError>>;
+
+#[derive(Default)]
+struct Counters {
+    conversions: AtomicU64,
+    converted_bytes: AtomicU64,
+    ram_hits: AtomicU64,
+    ssd_hits: AtomicU64,
+    misses: AtomicU64,
+    corrupt: AtomicU64,
+    prefetched: AtomicU64,
+}
+
+struct Inner {
+    datasets: BTreeMap<String, Arc<Dataset>>,
+    by_version: BTreeMap<DatasetVersion, Arc<Dataset>>,
+    tier: ChunkTier,
+    inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Shared>>>>,
+    loads: Semaphore,
+    converts: Arc<Semaphore>,
+    counters: Counters,
+    remote: Arc<RemoteCounters>,
+    prefetch_bytes: u64,
+}
+
+/// A running node (cheap to clone).
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+/// The node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A dataset could not be opened.
+    #[error("dataset {name:?}: {source}")]
+    Dataset {
+        /// Dataset name.
+        name: String,
+        /// Cause.
+        source: Box<OpenError>,
+    },
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The tier could not be opened.
+    #[error(transparent)]
+    Tier(#[from] TierError),
+}
+
+impl Node {
+    /// Opens the tier and every configured dataset (reading their footers).
+    pub async fn start(cfg: &NodeConfig) -> Result<Node, StartError> {
+        let remote_counters = Arc::new(RemoteCounters::default());
+        let throttle = cfg.throttle.map(|t| Arc::new(Throttle::new(t)));
+        let mut datasets = BTreeMap::new();
+        let mut by_version = BTreeMap::new();
+        for d in &cfg.datasets {
+            let view = d.view()?;
+            let dataset_err = |source: OpenError| StartError::Dataset { name: d.name.clone(), source: Box::new(source) };
+            let remote = Remote::open(&d.source, &cfg.remote, throttle.clone(), remote_counters.clone())
+                .map_err(|e| dataset_err(e.into()))?;
+            let ds = Arc::new(Dataset::open(&d.name, remote, view).await.map_err(dataset_err)?);
+            tracing::info!(dataset = %d.name, version = %ds.version, files = ds.files.len(),
+                shards = ds.manifest.shards().len(), rows = ds.manifest.total_rows(), "dataset opened");
+            by_version.insert(ds.version, ds.clone());
+            datasets.insert(d.name.clone(), ds);
+        }
+        let ssd = cfg.ssd_dir.as_ref().map(|dir| SsdConfig {
+            dir: dir.clone(),
+            capacity_bytes: cfg.ssd_bytes,
+            block_bytes: cfg.ssd_block_bytes,
+        });
+        let tier = ChunkTier::open(cfg.ram_bytes, ssd).await?;
+        let threads =
+            cfg.convert_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
+        Ok(Node {
+            inner: Arc::new(Inner {
+                datasets,
+                by_version,
+                tier,
+                inflight: Mutex::new(HashMap::new()),
+                loads: Semaphore::new(cfg.max_concurrent_loads.max(1)),
+                converts: Arc::new(Semaphore::new(threads)),
+                counters: Counters::default(),
+                remote: remote_counters,
+                prefetch_bytes: cfg.prefetch_bytes,
+            }),
+        })
+    }
+
+    /// Describes dataset `name`.
+    pub fn describe(&self, name: &str) -> Result<DatasetInfo, FetchError> {
+        self.inner.datasets.get(name).map(|d| d.info()).ok_or_else(|| FetchError::UnknownDataset(name.to_string()))
+    }
+
+    /// The dataset of `version`.
+    pub fn dataset(&self, version: DatasetVersion) -> Result<Arc<Dataset>, FetchError> {
+        self.inner
+            .by_version
+            .get(&version)
+            .cloned()
+            .ok_or_else(|| FetchError::UnknownDataset(format!("version {version}")))
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> NodeStats {
+        let c = &self.inner.counters;
+        NodeStats {
+            remote_bytes: self.inner.remote.bytes.load(Ordering::Relaxed),
+            remote_requests: self.inner.remote.requests.load(Ordering::Relaxed),
+            conversions: c.conversions.load(Ordering::Relaxed),
+            converted_bytes: c.converted_bytes.load(Ordering::Relaxed),
+            ram_hits: c.ram_hits.load(Ordering::Relaxed),
+            ssd_hits: c.ssd_hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            corrupt_entries: c.corrupt.load(Ordering::Relaxed),
+            prefetched: c.prefetched.load(Ordering::Relaxed),
+            chunk_memory_bytes: crate::shm::live_chunk_bytes(),
+        }
+    }
+
+    /// Flushes the tier.
+    pub async fn close(&self) {
+        self.inner.tier.close().await;
+    }
+
+    /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
+    pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
+        let key = ChunkKey { version, shard };
+        loop {
+            match self.inner.tier.get(key).await {
+                Ok(Some((chunk, tier))) => {
+                    let c = &self.inner.counters;
+                    match tier {
+                        HitTier::Ram => c.ram_hits.fetch_add(1, Ordering::Relaxed),
+                        HitTier::Ssd => c.ssd_hits.fetch_add(1, Ordering::Relaxed),
+                    };
+                    return Ok(chunk);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.inner.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(shard = %shard, error = %e, "corrupt SSD entry removed; reading the shard again");
+                }
+            }
+            let mut rx = {
+                // The map is only touched briefly; a poisoned lock still
+                // holds a consistent map.
+                let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(rx) = inflight.get(&key) {
+                    rx.clone()
+                } else if self.inner.tier.contains(key) {
+                    // A load finished between our lookup and the lock.
+                    continue;
+                } else {
+                    self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
+                    let (tx, rx) = watch::channel(None);
+                    inflight.insert(key, rx.clone());
+                    let node = self.clone();
+                    tokio::spawn(async move { node.load_and_publish(key, tx).await });
+                    rx
+                }
+            };
+            return match rx.wait_for(Option::is_some).await {
+                Ok(v) => v.clone().unwrap_or_else(|| Err(Arc::new(FetchError::Internal("load vanished".into())))),
+                Err(_) => Err(Arc::new(FetchError::Internal(format!("load of {shard} was dropped")))),
+            };
+        }
+    }
+
+    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>) {
+        let result = self.load(key).await.map(Arc::new).map_err(Arc::new);
+        if let Err(e) = &result {
+            tracing::warn!(shard = %key.shard, error = %e, "loading shard failed");
+        }
+        let _ = tx.send(Some(result.clone()));
+        if let Ok(chunk) = result {
+            self.inner.tier.insert(key, chunk).await;
+        }
+        self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+    }
+
+    /// Reads one row group and converts it into a sealed chunk.
+    async fn load(&self, key: ChunkKey) -> Result<SealedChunk, FetchError> {
+        let _permit = self.inner.loads.acquire().await.map_err(|e| FetchError::Internal(e.to_string()))?;
+        let ds = self.dataset(key.version)?;
+        let (file, rg) = ds.locate(key.shard)?;
+        let path = file.path.to_string();
+        let rows = ds.manifest.files[key.shard.file as usize].row_groups[rg].rows;
+        let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: path.clone(), source });
+        let reader = ds.remote.file(file.path.clone(), file.size);
+        let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone());
+        let mask = ProjectionMask::roots(builder.parquet_schema(), file.resolved.projection.iter().copied());
+        let stream = builder
+            .with_row_groups(vec![rg])
+            .with_projection(mask)
+            .with_batch_size(rows.clamp(1, 1 << 24) as usize)
+            .build()
+            .map_err(parquet_err)?;
+        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(|e| unwrap_store_error(e, &path))?;
+        let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| file.metadata.schema().clone());
+        let batch = match batches.len() {
+            1 => batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema.clone())),
+            _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
+                FetchError::Internal(format!("{path} row group {rg}: cannot join decoded batches: {e}"))
+            })?,
+        };
+        if batch.num_rows() as u64 != rows {
+            return Err(FetchError::Remote(RemoteError::Parquet {
+                path: path.clone(),
+                source: parquet::errors::ParquetError::General(format!(
+                    "row group {rg} decoded to {} rows, its footer says {rows}",
+                    batch.num_rows()
+                )),
+            }));
+        }
+        let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
+            .map_err(|e| FetchError::Internal(e.to_string()))?;
+        let resolved = file.resolved.clone();
+        let permit =
+            self.inner.converts.clone().acquire_owned().await.map_err(|e| FetchError::Internal(e.to_string()))?;
+        let shard = key.shard;
+        let chunk = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let mut w = ChunkWriter::new(layout.total_len()).map_err(|source| FetchError::Memory { shard, source })?;
+            convert_into(&batch, &resolved, &layout, w.as_mut_slice(), Site { file: &path, row_group: rg })?;
+            layout.seal(w.as_mut_slice()).map_err(|e| FetchError::Internal(e.to_string()))?;
+            w.seal().map_err(|source| FetchError::Memory { shard, source })
+        })
+        .await
+        .map_err(|e| FetchError::Internal(format!("converter task failed: {e}")))??;
+        let c = &self.inner.counters;
+        c.conversions.fetch_add(1, Ordering::Relaxed);
+        c.converted_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        tracing::debug!(shard = %key.shard, bytes = chunk.len(), "shard converted");
+        Ok(chunk)
+    }
+
+    /// Starts prefetching along one rank's plan.
+    pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
+        let ds = self.dataset(version)?;
+        let shards = ds.manifest.shards();
+        let plan: RankPlan = plan_rank(version, &shards, params)
+            .map_err(|e| FetchError::Internal(format!("cannot follow plan: {e}")))?;
+        let order: Vec<(ShardId, u64)> = plan
+            .shard_order()
+            .iter()
+            .map(|&i| {
+                let s = shards[i as usize].shard;
+                (s, ds.chunk_len(s).unwrap_or(0) as u64)
+            })
+            .collect();
+        let position = order.iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
+        let mut f = Follower { node: self.clone(), version, order, position, next: 0, issued: 0 };
+        f.top_up();
+        Ok(f)
+    }
+}
+
+/// Turns a store error wrapped by the Parquet reader back into a clear
+/// remote error (missing object, network), keeping decode errors as such.
+fn unwrap_store_error(e: parquet::errors::ParquetError, path: &str) -> FetchError {
+    if let parquet::errors::ParquetError::External(inner) = e {
+        return match inner.downcast::<RemoteError>() {
+            Ok(remote) => FetchError::Remote(*remote),
+            Err(other) => FetchError::Remote(RemoteError::Parquet {
+                path: path.to_string(),
+                source: parquet::errors::ParquetError::External(other),
+            }),
+        };
+    }
+    FetchError::Remote(RemoteError::Parquet { path: path.to_string(), source: e })
+}
+
+/// Prefetch state for one rank's plan.
+pub struct Follower {
+    node: Node,
+    version: DatasetVersion,
+    /// Shards in the order the plan first needs them, with chunk sizes.
+    order: Vec<(ShardId, u64)>,
+    position: HashMap<ShardId, usize>,
+    /// Index in `order` of the first shard the rank has not asked for yet.
+    next: usize,
+    /// Index in `order` of the first shard not yet prefetched.
+    issued: usize,
+}
+
+impl Follower {
+    /// Records that the rank asked for `shard`, and prefetches ahead of it.
+    pub fn advance(&mut self, shard: ShardId) {
+        if let Some(&p) = self.position.get(&shard) {
+            self.next = self.next.max(p + 1);
+            self.top_up();
+        }
+    }
+
+    /// Issues loads for the shards after the last one asked for, while the
+    /// chunks ahead stay within the byte budget (always at least one).
+    fn top_up(&mut self) {
+        let budget = self.node.inner.prefetch_bytes;
+        self.issued = self.issued.max(self.next);
+        while let Some(&(shard, bytes)) = self.order.get(self.issued) {
+            let ahead: u64 = self.order[self.next..self.issued].iter().map(|(_, b)| b).sum();
+            if ahead + bytes > budget && self.issued > self.next {
+                return;
+            }
+            self.issued += 1;
+            let node = self.node.clone();
+            let version = self.version;
+            node.inner.counters.prefetched.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let _ = node.chunk(version, shard).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Chunks in sealed memory files.
+//!
+//! The RAM tier keeps each chunk in its own memory file (memfd). The
+//! converter writes the chunk once into a writable mapping; the node then
+//! seals the file against writes, shrinking and growing, and keeps a
+//! read-only mapping. Handing a chunk to a trainer is passing a duplicate of
+//! the descriptor over the Unix socket: the trainer maps the same pages, so
+//! no byte is copied, and the seals let it trust that the bytes it validated
+//! cannot change underneath it.
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes held by live sealed chunks in this process.
+static LIVE_CHUNK_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of memory files this process holds chunks in. These pages are
+/// shared memory: they count against the node's memory even when the node
+/// itself never touches them, so budgets include them.
+pub fn live_chunk_bytes() -> u64 {
+    LIVE_CHUNK_BYTES.load(Ordering::Relaxed)
+}
+
+/// A sealed, read-only memory file holding one chunk.
+pub struct SealedChunk {
+    fd: OwnedFd,
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only over a write-sealed file: the bytes never
+// change, so shared access from any thread is sound.
+unsafe impl Send for SealedChunk {}
+// SAFETY: as above.
+unsafe impl Sync for SealedChunk {}
+
+impl std::fmt::Debug for SealedChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealedChunk").field("len", &self.len).finish()
+    }
+}
+
+/// A writable memory file being filled; becomes a [`SealedChunk`].
+pub struct ChunkWriter {
+    fd: OwnedFd,
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+// SAFETY: the writer exclusively owns its mapping; moving it to another
+// thread (the converter pool) moves that ownership.
+unsafe impl Send for ChunkWriter {}
+
+impl ChunkWriter {
+    /// A zero-filled memory file of `len` bytes, mapped writable.
+    pub fn new(len: usize) -> io::Result<Self> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty chunk"));
+        }
+        let fd = rustix::fs::memfd_create("granary-chunk", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        // SAFETY: a fresh shared mapping of a file we own, `len` bytes long;
+        // unmapped exactly once (in `seal` or Drop).
+        let ptr = unsafe {
+            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
+        }?;
+        Ok(Self { fd, ptr, len })
+    }
+
+    /// The bytes to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` writable bytes owned by self; the borrow
+        // is unique through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+
+    /// Drops write access and seals the file.
+    pub fn seal(mut self) -> io::Result<SealedChunk> {
+        // SAFETY: unmapping our own writable mapping; the pointer is nulled
+        // so Drop does not unmap it again.
+        unsafe { rustix::mm::munmap(self.ptr, self.len) }?;
+        self.ptr = std::ptr::null_mut();
+        rustix::fs::fcntl_add_seals(
+            &self.fd,
+            SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )?;
+        // SAFETY: a read-only mapping of the now-sealed file, unmapped once
+        // in SealedChunk's Drop.
+        let ptr = unsafe {
+            rustix::mm::mmap(std::ptr::null_mut(), self.len, ProtFlags::READ, MapFlags::SHARED, &self.fd, 0)
+        }?;
+        let fd = self.fd.try_clone()?;
+        LIVE_CHUNK_BYTES.fetch_add(self.len as u64, Ordering::Relaxed);
+        Ok(SealedChunk { fd, ptr, len: self.len })
+    }
+}
+
+impl Drop for ChunkWriter {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: unmapping our own mapping once.
+            let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+impl SealedChunk {
+    /// A sealed copy of `bytes` (used when a chunk comes back from SSD).
+    pub fn copy_of(bytes: &[u8]) -> io::Result<Self> {
+        let mut w = ChunkWriter::new(bytes.len())?;
+        w.as_mut_slice().copy_from_slice(bytes);
+        w.seal()
+    }
+
+    /// The chunk bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes of a sealed file for the
+        // lifetime of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty chunk (never: chunks have a header).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The descriptor, to send to a trainer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for SealedChunk {
+    fn drop(&mut self) {
+        LIVE_CHUNK_BYTES.fetch_sub(self.len as u64, Ordering::Relaxed);
+        // SAFETY: unmapping our own read-only mapping once.
+        let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
+    }
+}
+
+impl granary_client::ChunkBytes for SealedChunk {
+    fn bytes(&self) -> &[u8] {
+        SealedChunk::bytes(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_files_refuse_writes_and_keep_their_bytes() {
+        let mut w = ChunkWriter::new(4096).unwrap();
+        w.as_mut_slice()[..3].copy_from_slice(b"abc");
+        let s = w.seal().unwrap();
+        assert_eq!(&s.bytes()[..3], b"abc");
+        assert_eq!(s.bytes().as_ptr() as usize % 4096, 0);
+        let seals = rustix::fs::fcntl_get_seals(s.fd()).unwrap();
+        assert!(seals.contains(SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW));
+        assert!(rustix::io::write(s.fd(), b"x").is_err());
+        assert!(rustix::fs::ftruncate(s.fd(), 10).is_err());
+    }
+}

@@ -1,0 +1,235 @@
+//! The RAM/SSD chunk tier, on foyer's hybrid cache.
+//!
+//! RAM holds [`SealedChunk`]s weighted by their byte length; with an SSD
+//! folder, every chunk is also written to foyer's block engine when it is
+//! inserted (write-on-insertion), so a restarted node recovers its chunks
+//! from disk instead of reading remote storage again.
+//!
+//! foyer drops a disk write silently when its flush buffers are full. To
+//! make "admitted to SSD" mean "written to SSD", inserts that go to disk are
+//! serialised and each waits for the engine to finish flushing before the
+//! next is submitted, so the submit queue never holds more than one chunk
+//! and the buffer pool (sized to hold two of the largest chunks) never
+//! overflows. Disk writes happen off the request path.
+//!
+//! Everything read back from disk is validated as a chunk (header and
+//! payload checksum) while it is decoded; a corrupt entry is reported as
+//! [`TierError::Corrupt`], removed, and the caller reads the shard again.
+
+use crate::shm::SealedChunk;
+use foyer::{
+    BlockEngineConfig, Code, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, HybridCachePolicy,
+    RecoverMode, Source,
+};
+use granary_proto::chunk::Verify;
+use granary_proto::{ChunkView, DatasetVersion, ShardId};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Cache key: one shard of one dataset version.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct ChunkKey {
+    /// Dataset version.
+    pub version: DatasetVersion,
+    /// Shard.
+    pub shard: ShardId,
+}
+
+impl Code for ChunkKey {
+    fn encode(&self, w: &mut impl Write) -> foyer::Result<()> {
+        w.write_all(&self.version.0).map_err(foyer::Error::io_error)?;
+        w.write_all(&self.shard.file.to_le_bytes()).map_err(foyer::Error::io_error)?;
+        w.write_all(&self.shard.row_group.to_le_bytes()).map_err(foyer::Error::io_error)
+    }
+
+    fn decode(r: &mut impl Read) -> foyer::Result<Self> {
+        let mut b = [0u8; 24];
+        r.read_exact(&mut b).map_err(foyer::Error::io_error)?;
+        let mut v = [0u8; 16];
+        v.copy_from_slice(&b[..16]);
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Ok(Self { version: DatasetVersion(v), shard: ShardId { file: word(16), row_group: word(20) } })
+    }
+
+    fn estimated_size(&self) -> usize {
+        24
+    }
+}
+
+/// Cache value: a sealed chunk.
+#[derive(Clone, Debug)]
+pub struct ChunkValue(pub Arc<SealedChunk>);
+
+/// Largest chunk accepted back from disk (bounds a corrupt length prefix).
+const MAX_CHUNK_BYTES: u64 = 4 << 30;
+
+impl Code for ChunkValue {
+    fn encode(&self, w: &mut impl Write) -> foyer::Result<()> {
+        let bytes = self.0.bytes();
+        w.write_all(&(bytes.len() as u64).to_le_bytes()).map_err(foyer::Error::io_error)?;
+        w.write_all(bytes).map_err(foyer::Error::io_error)
+    }
+
+    fn decode(r: &mut impl Read) -> foyer::Result<Self> {
+        let corrupt = |m: String| foyer::Error::io_error(std::io::Error::new(std::io::ErrorKind::InvalidData, m));
+        let mut len = [0u8; 8];
+        r.read_exact(&mut len).map_err(foyer::Error::io_error)?;
+        let len = u64::from_le_bytes(len);
+        if len == 0 || len > MAX_CHUNK_BYTES {
+            return Err(corrupt(format!("cached chunk claims {len} bytes")));
+        }
+        let mut w = crate::shm::ChunkWriter::new(len as usize).map_err(foyer::Error::io_error)?;
+        r.read_exact(w.as_mut_slice()).map_err(foyer::Error::io_error)?;
+        ChunkView::parse(w.as_mut_slice(), Verify::Full)
+            .map_err(|e| corrupt(format!("cached chunk is corrupt: {e}")))?;
+        Ok(Self(Arc::new(w.seal().map_err(foyer::Error::io_error)?)))
+    }
+
+    fn estimated_size(&self) -> usize {
+        8 + self.0.len()
+    }
+}
+
+/// Where a hit came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum HitTier {
+    /// The RAM tier.
+    Ram,
+    /// The SSD tier.
+    Ssd,
+}
+
+/// A tier operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    /// The SSD folder cannot be used.
+    #[error("SSD tier at {dir}: {reason}")]
+    Open {
+        /// The folder.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A disk entry failed validation; it has been removed.
+    #[error("SSD entry for {shard} is corrupt: {reason}")]
+    Corrupt {
+        /// The shard.
+        shard: ShardId,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// SSD settings.
+#[derive(Clone, Debug)]
+pub struct SsdConfig {
+    /// Folder of the block files.
+    pub dir: PathBuf,
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Block size: the largest chunk stored.
+    pub block_bytes: u64,
+}
+
+/// The RAM/SSD tier.
+pub struct ChunkTier {
+    cache: HybridCache<ChunkKey, ChunkValue>,
+    ssd: Option<SsdConfig>,
+    disk_turn: tokio::sync::Mutex<()>,
+}
+
+impl ChunkTier {
+    /// Opens the tier; with `ssd`, recovers the chunks already on disk.
+    pub async fn open(ram_bytes: u64, ssd: Option<SsdConfig>) -> Result<Self, TierError> {
+        let builder = HybridCacheBuilder::new()
+            .with_name("granary-chunks")
+            .with_policy(HybridCachePolicy::WriteOnInsertion)
+            .memory(ram_bytes as usize)
+            .with_weighter(|_k: &ChunkKey, v: &ChunkValue| v.0.len())
+            .storage();
+        let cache = match &ssd {
+            None => builder.build().await,
+            Some(s) => {
+                let err = |reason: String| TierError::Open { dir: s.dir.clone(), reason };
+                std::fs::create_dir_all(&s.dir).map_err(|e| err(e.to_string()))?;
+                // Probe writability with a real file: foyer's errors for an
+                // unwritable folder are less specific.
+                let probe = s.dir.join(".granary-write-probe");
+                std::fs::write(&probe, b"ok").map_err(|e| err(format!("not writable: {e}")))?;
+                let _ = std::fs::remove_file(&probe);
+                let device = FsDeviceBuilder::new(&s.dir)
+                    .with_capacity(s.capacity_bytes as usize)
+                    .build()
+                    .map_err(|e| err(e.to_string()))?;
+                let block = s.block_bytes as usize;
+                builder
+                    .with_engine_config(
+                        BlockEngineConfig::new(device)
+                            .with_block_size(block)
+                            .with_buffer_pool_size(2 * block)
+                            .with_submit_queue_size_threshold(4 * block),
+                    )
+                    .with_recover_mode(RecoverMode::Quiet)
+                    .build()
+                    .await
+            }
+        }
+        .map_err(|e| TierError::Open {
+            dir: ssd.as_ref().map(|s| s.dir.clone()).unwrap_or_default(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self { cache, ssd, disk_turn: tokio::sync::Mutex::new(()) })
+    }
+
+    /// Looks a chunk up in RAM, then on SSD.
+    pub async fn get(&self, key: ChunkKey) -> Result<Option<(Arc<SealedChunk>, HitTier)>, TierError> {
+        match self.cache.get(&key).await {
+            Ok(Some(e)) => {
+                let tier = if e.source() == Source::Disk { HitTier::Ssd } else { HitTier::Ram };
+                Ok(Some((e.value().0.clone(), tier)))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.cache.remove(&key);
+                Err(TierError::Corrupt { shard: key.shard, reason: e.to_string() })
+            }
+        }
+    }
+
+    /// Inserts a chunk into RAM and, with an SSD tier, writes it to disk
+    /// before returning. Chunks larger than the SSD block size stay in RAM
+    /// only (logged).
+    pub async fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>) {
+        let Some(ssd) = &self.ssd else {
+            self.cache.insert(key, ChunkValue(chunk));
+            return;
+        };
+        if chunk.len() as u64 + 64 > ssd.block_bytes {
+            tracing::warn!(shard = %key.shard, bytes = chunk.len(), block = ssd.block_bytes,
+                "chunk is larger than the SSD block size; kept in RAM only (raise ssd_block_bytes)");
+            self.cache.memory().insert(key, ChunkValue(chunk));
+            return;
+        }
+        let _turn = self.disk_turn.lock().await;
+        self.cache.insert(key, ChunkValue(chunk));
+        self.cache.storage().wait().await;
+    }
+
+    /// True when the chunk is in RAM or (probably) on SSD.
+    pub fn contains(&self, key: ChunkKey) -> bool {
+        self.cache.contains(&key)
+    }
+
+    /// Removes a chunk from both tiers.
+    pub fn remove(&self, key: ChunkKey) {
+        self.cache.remove(&key);
+    }
+
+    /// Flushes and closes the tier.
+    pub async fn close(&self) {
+        if let Err(e) = self.cache.close().await {
+            tracing::warn!(error = %e, "closing the chunk tier");
+        }
+    }
+}

@@ -1,1 +1,250 @@
-fn main() {}
+//! `granary`: one binary for every role.
+//!
+//! - `granary demo` — the main job on an embedded local default.
+//! - `granary node --config node.toml` — the node daemon.
+//! - `granary dataset gen` — write the synthetic dataset.
+//! - `granary bench local` — the single-host scenario benchmark.
+//! - `granary stats --socket PATH` — a node's counters.
+//! - `granary trainer ...` — one trainer rank (used by the demo).
+
+mod demo;
+mod trainer;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole single-host path on a generated dataset and report.
+    Demo(demo::DemoArgs),
+    /// Run a node daemon.
+    Node {
+        /// Path of node.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Dataset tools.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Print a node's counters.
+    Stats {
+        /// The node's socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One trainer rank, driven over stdin/stdout (used by the demo).
+    #[command(hide = true)]
+    Trainer(trainer::TrainerArgs),
+}
+
+#[derive(Subcommand)]
+enum DatasetCommand {
+    /// Write the synthetic recommendation dataset.
+    Gen(GenArgs),
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+    /// Total rows.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u64,
+    /// Number of files.
+    #[arg(long, default_value_t = 4)]
+    files: u32,
+    /// Rows per row group.
+    #[arg(long, default_value_t = 10_000)]
+    row_group_rows: u64,
+    /// none, snappy, zstd, lz4 or gzip.
+    #[arg(long, default_value = "snappy")]
+    compression: String,
+    /// Seed of every value.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// ceiling, naive, warm and cold on one host.
+    Local(LocalArgs),
+}
+
+#[derive(Args)]
+struct LocalArgs {
+    /// Rows in the generated dataset.
+    #[arg(long, default_value_t = 200_000)]
+    rows: u64,
+    /// Rows per row group.
+    #[arg(long, default_value_t = 10_000)]
+    row_group_rows: u64,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch_size: u32,
+    /// Epochs per scenario.
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Simulated remote latency per request, ms.
+    #[arg(long, default_value_t = 20)]
+    latency_ms: u64,
+    /// Simulated remote bandwidth, MiB/s.
+    #[arg(long, default_value_t = 200)]
+    bandwidth_mib: u64,
+    /// RAM tier of the daemon, MiB.
+    #[arg(long, default_value_t = 1024)]
+    ram_mib: u64,
+    /// One JSON object per scenario, then a summary line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> Result<()> {
+    // object_store's HTTP client needs a process-wide TLS provider (ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GRANARY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Node { config } => run_node(&config),
+        Command::Dataset(DatasetCommand::Gen(a)) => generate(a),
+        Command::Bench(BenchCommand::Local(a)) => bench_local(a),
+        Command::Stats { socket, json } => stats(&socket, json),
+        Command::Trainer(a) => trainer::run(a),
+    }
+}
+
+fn run_node(config: &std::path::Path) -> Result<()> {
+    let cfg = granary_node::NodeConfig::load(config)?;
+    let socket = cfg.socket.clone().unwrap_or_else(granary_node::daemon::default_socket);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let node = granary_node::Node::start(&cfg).await?;
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+        };
+        granary_node::daemon::serve(node.clone(), &socket, shutdown).await.with_context(|| format!("serving {}", socket.display()))?;
+        node.close().await;
+        tracing::info!("node stopped");
+        Ok(())
+    })
+}
+
+fn generate(a: GenArgs) -> Result<()> {
+    let spec = granary_node::datagen::GenSpec {
+        seed: a.seed,
+        rows: a.rows,
+        files: a.files,
+        row_group_rows: a.row_group_rows,
+        compression: a.compression,
+    };
+    let bar = indicatif::ProgressBar::new(a.rows);
+    if a.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let report = granary_node::datagen::generate(&a.out, &spec, |n| bar.set_position(n))?;
+    bar.finish_and_clear();
+    let view_path = a.out.join("view.toml");
+    std::fs::write(&view_path, granary_node::datagen::VIEW_TOML)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"files": report.files, "rows": report.rows, "bytes": report.bytes, "view": view_path})
+        );
+    } else {
+        println!(
+            "wrote {} rows in {} files ({:.1} MB) to {}; view: {}",
+            report.rows,
+            report.files.len(),
+            report.bytes as f64 / 1e6,
+            a.out.display(),
+            view_path.display()
+        );
+    }
+    Ok(())
+}
+
+fn bench_local(a: LocalArgs) -> Result<()> {
+    let opts = granary_bench::local::LocalOpts {
+        rows: a.rows,
+        row_group_rows: a.row_group_rows,
+        batch_size: a.batch_size,
+        epochs: a.epochs.max(2),
+        latency_ms: a.latency_ms,
+        bandwidth_bytes_per_s: a.bandwidth_mib << 20,
+        ram_bytes: a.ram_mib << 20,
+        ..Default::default()
+    };
+    let exe = std::env::current_exe()?;
+    let json = a.json;
+    let (scenarios, summary) = granary_bench::local::run(&exe, &opts, |line| {
+        if !json {
+            eprintln!("· {line}");
+        }
+    })?;
+    if json {
+        for s in &scenarios {
+            println!("{}", serde_json::to_string(s)?);
+        }
+        println!("{}", serde_json::to_string(&summary)?);
+        return Ok(());
+    }
+    println!("{:<8} {:>12} {:>8} {:>10}", "scenario", "rows/s", "GB/s", "epochs");
+    for s in &scenarios {
+        println!("{:<8} {:>12.0} {:>8.2} {:>10}", s.scenario, s.rows_per_s, s.gb_per_s, s.epochs.len());
+    }
+    println!();
+    println!("warm / ceiling       {:.3}   (target >= 0.9)", summary.warm_vs_ceiling);
+    println!("warm / naive         {:.1}   (target >= 15)", summary.warm_vs_naive);
+    println!("cold / bound         {:.3}   (target <= 1.25)", summary.cold_vs_bound);
+    println!("remote read ratio    {:.4}  (target <= 1.01)", summary.remote_read_ratio);
+    println!("node memory / budget {:.3}   (target <= 1)", summary.node_rss_over_budget);
+    println!("streams identical    {}", summary.streams_identical);
+    println!(
+        "conditions: commit {} · {} cores · {} build · {} rows · batch {}",
+        summary.conditions.commit, summary.conditions.cores, summary.conditions.profile, opts.rows, opts.batch_size
+    );
+    Ok(())
+}
+
+fn stats(socket: &std::path::Path, json: bool) -> Result<()> {
+    let s = granary_client::LocalSource::connect(socket)?.stats()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "remote_bytes": s.remote_bytes, "remote_requests": s.remote_requests,
+                "conversions": s.conversions, "converted_bytes": s.converted_bytes,
+                "ram_hits": s.ram_hits, "ssd_hits": s.ssd_hits, "misses": s.misses,
+                "corrupt_entries": s.corrupt_entries, "prefetched": s.prefetched,
+                "chunk_memory_bytes": s.chunk_memory_bytes,
+            })
+        );
+    } else {
+        println!("{s:#?}");
+    }
+    Ok(())
+}

@@ -1,1 +1,15 @@
-//! placeholder
+//! # granary-bench: scenario benchmarks, measured side by side
+//!
+//! Every scenario runs in the same invocation as the baseline it is compared
+//! with, on the same generated dataset, because this machine is shared and
+//! noisy: ratios measured together are meaningful, absolute numbers less so.
+//!
+//! ## Module map
+//! - [`harness`] — real processes: the node daemon and trainer ranks, with
+//!   their JSON-lines protocol ([`harness::TrainerEvent`]).
+//! - [`local`] — `granary bench local`: ceiling, naive, warm and cold.
+//! - [`report`] — conditions (commit, cores, flags) and output.
+
+pub mod harness;
+pub mod local;
+pub mod report;

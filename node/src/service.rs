@@ -91,7 +91,8 @@ impl Node {
         let mut by_version = BTreeMap::new();
         for d in &cfg.datasets {
             let view = d.view()?;
-            let dataset_err = |source: OpenError| StartError::Dataset { name: d.name.clone(), source: Box::new(source) };
+            let dataset_err =
+                |source: OpenError| StartError::Dataset { name: d.name.clone(), source: Box::new(source) };
             let remote = Remote::open(&d.source, &cfg.remote, throttle.clone(), remote_counters.clone())
                 .map_err(|e| dataset_err(e.into()))?;
             let ds = Arc::new(Dataset::open(&d.name, remote, view).await.map_err(dataset_err)?);
@@ -330,9 +331,13 @@ impl Follower {
     }
 
     /// Issues loads for the shards after the last one asked for, while the
-    /// chunks ahead stay within the byte budget (always at least one).
+    /// chunks ahead stay within the byte budget (always at least one). A
+    /// budget of 0 turns prefetch off.
     fn top_up(&mut self) {
         let budget = self.node.inner.prefetch_bytes;
+        if budget == 0 {
+            return;
+        }
         self.issued = self.issued.max(self.next);
         while let Some(&(shard, bytes)) = self.order.get(self.issued) {
             let ahead: u64 = self.order[self.next..self.issued].iter().map(|(_, b)| b).sum();

@@ -1,0 +1,291 @@
+//! `granary bench local`: the single-host data path against its baselines.
+//!
+//! Scenarios, all on one generated dataset, in one run:
+//! - `ceiling`: every chunk already converted and held in this process
+//!   ([`MemorySource`]); same plan, same batch assembly, same consumer.
+//! - `naive`: an embedded node with no cache and no prefetch: every epoch
+//!   reads, decodes and converts every shard again (the failure mode).
+//! - `cold`: epoch 0 through the node daemon and its Unix socket, with remote
+//!   storage throttled to a fixed bandwidth and latency.
+//! - `warm`: the following epochs through the same daemon.
+//!
+//! Every consumer computes each batch's checksum, so every scenario reads
+//! every byte it is given.
+
+use crate::harness::{NodeProcess, proc_memory};
+use crate::report::{Conditions, gbps, ratio};
+use anyhow::{Context, Result};
+use granary_client::ChunkSource;
+use granary_client::{Loader, LoaderConfig, MemorySource};
+use granary_node::EmbeddedNode;
+use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
+use granary_node::datagen::{self, GenSpec};
+use granary_proto::{AlignedBuf, Shuffle, View};
+use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Clone, Debug, Serialize)]
+pub struct LocalOpts {
+    /// Rows in the generated dataset.
+    pub rows: u64,
+    /// Files.
+    pub files: u32,
+    /// Rows per row group (shard).
+    pub row_group_rows: u64,
+    /// Rows per batch.
+    pub batch_size: u32,
+    /// Epochs per scenario (the first daemon epoch is `cold`).
+    pub epochs: u64,
+    /// Simulated remote latency per request.
+    pub latency_ms: u64,
+    /// Simulated remote bandwidth, shared by all requests.
+    pub bandwidth_bytes_per_s: u64,
+    /// RAM tier of the daemon.
+    pub ram_bytes: u64,
+    /// Shuffle window in shards.
+    pub window_shards: u32,
+}
+
+impl Default for LocalOpts {
+    fn default() -> Self {
+        Self {
+            rows: 200_000,
+            files: 4,
+            row_group_rows: 10_000,
+            batch_size: 1024,
+            epochs: 3,
+            latency_ms: 20,
+            bandwidth_bytes_per_s: 200 << 20,
+            ram_bytes: 1 << 30,
+            window_shards: 4,
+        }
+    }
+}
+
+/// One epoch's measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochMeasure {
+    /// Epoch.
+    pub epoch: u64,
+    /// Rows delivered.
+    pub rows: u64,
+    /// Tensor bytes delivered.
+    pub bytes: u64,
+    /// Wall seconds.
+    pub secs: f64,
+    /// Hash of the sequence of batch checksums.
+    pub digest: u64,
+}
+
+/// One scenario's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Scenario {
+    /// Scenario name.
+    pub scenario: String,
+    /// Rows per second over the measured epochs.
+    pub rows_per_s: f64,
+    /// Tensor GB/s over the measured epochs.
+    pub gb_per_s: f64,
+    /// The measured epochs.
+    pub epochs: Vec<EpochMeasure>,
+}
+
+/// The summary line.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// Always "summary".
+    pub scenario: &'static str,
+    /// warm rows/s over ceiling rows/s.
+    pub warm_vs_ceiling: f64,
+    /// warm rows/s over naive rows/s.
+    pub warm_vs_naive: f64,
+    /// cold epoch seconds over (source bytes / bandwidth).
+    pub cold_vs_bound: f64,
+    /// remote bytes read over all daemon epochs / source bytes.
+    pub remote_read_ratio: f64,
+    /// node footprint / (RAM tier + 10% + 128 MiB).
+    pub node_rss_over_budget: f64,
+    /// Node footprint in bytes: anonymous + file RSS + chunk memory files.
+    pub node_footprint_bytes: u64,
+    /// Source (Parquet) bytes.
+    pub source_bytes: u64,
+    /// Converted bytes of the whole dataset.
+    pub converted_bytes: u64,
+    /// Whether every scenario delivered byte-identical batch streams.
+    pub streams_identical: bool,
+    /// Options of the run.
+    pub opts: LocalOpts,
+    /// Commit, cores, profile.
+    pub conditions: Conditions,
+}
+
+/// Runs one epoch, consuming every batch.
+pub fn run_epoch(loader: &Loader, epoch: u64) -> Result<EpochMeasure> {
+    let start = Instant::now();
+    let mut rows = 0u64;
+    let mut bytes = 0u64;
+    let mut digest = xxhash_rust::xxh3::Xxh3::new();
+    for batch in loader.epoch(epoch)? {
+        let batch = batch?;
+        rows += batch.rows() as u64;
+        bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
+        digest.update(&batch.checksum().to_le_bytes());
+    }
+    Ok(EpochMeasure { epoch, rows, bytes, secs: start.elapsed().as_secs_f64(), digest: digest.digest() })
+}
+
+fn scenario(name: &str, epochs: Vec<EpochMeasure>) -> Scenario {
+    let rows: u64 = epochs.iter().map(|e| e.rows).sum();
+    let bytes: u64 = epochs.iter().map(|e| e.bytes).sum();
+    let secs: f64 = epochs.iter().map(|e| e.secs).sum();
+    Scenario { scenario: name.into(), rows_per_s: ratio(rows as f64, secs), gb_per_s: gbps(bytes, secs), epochs }
+}
+
+/// A node config for `data_dir` as text (the daemon reads TOML).
+pub fn node_toml(
+    socket: &Path,
+    ssd_dir: Option<&Path>,
+    data_dir: &Path,
+    ram_bytes: u64,
+    prefetch_bytes: u64,
+    loads: usize,
+    convert_threads: usize,
+    throttle: Option<(u64, u64)>,
+) -> String {
+    let mut s = format!(
+        "socket = {socket:?}\nram_bytes = {ram_bytes}\nprefetch_bytes = {prefetch_bytes}\nmax_concurrent_loads = {loads}\nconvert_threads = {convert_threads}\n"
+    );
+    if let Some(d) = ssd_dir {
+        s += &format!("ssd_dir = {d:?}\nssd_bytes = {}\n", 4u64 << 30);
+    }
+    if let Some((latency_ms, bw)) = throttle {
+        s += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
+    }
+    s += &format!("\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}\"\n\n[dataset.view]\n", data_dir.display());
+    // The view as an inline table array under [dataset.view].
+    s += &datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]");
+    s
+}
+
+fn view() -> Result<View> {
+    Ok(toml::from_str::<View>(datagen::VIEW_TOML)?.validated()?)
+}
+
+fn embedded_config(data_dir: &Path, ram_bytes: u64, prefetch_bytes: u64) -> Result<NodeConfig> {
+    Ok(NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", data_dir.display()),
+            view: ViewRef::Inline(view()?),
+        }],
+        ram_bytes,
+        prefetch_bytes,
+        ..NodeConfig::default()
+    })
+}
+
+/// Runs every scenario; `say` receives one line per step for progress.
+pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(Vec<Scenario>, Summary)> {
+    let work = tempfile::tempdir()?;
+    let data = work.path().join("data");
+    say(&format!("generating {} rows", opts.rows));
+    let spec = GenSpec {
+        seed: 7,
+        rows: opts.rows,
+        files: opts.files,
+        row_group_rows: opts.row_group_rows,
+        compression: "snappy".into(),
+    };
+    let report = datagen::generate(&data, &spec, |_| {})?;
+    let loader_cfg = LoaderConfig {
+        seed: 1,
+        shuffle: Shuffle::Windowed { window_shards: opts.window_shards },
+        ..LoaderConfig::new("ads", opts.batch_size)
+    };
+
+    // ceiling: convert everything once, hold it in this process.
+    say("ceiling: converting the whole dataset into memory");
+    let embedded = EmbeddedNode::start(&embedded_config(&data, 8 << 30, 0)?, 2)?;
+    let info = embedded.describe("ads")?;
+    let mut chunks = Vec::new();
+    for s in &info.shards {
+        let c = embedded.fetch(info.version, s.shard)?;
+        chunks.push((s.shard, AlignedBuf::from_slice(c.bytes())));
+    }
+    drop(embedded);
+    let memory = Arc::new(MemorySource::new(info.clone(), chunks)?);
+    let converted_bytes = memory.bytes_held() as u64;
+    let loader = Loader::new(memory.clone(), loader_cfg.clone())?;
+    say("ceiling: measuring");
+    let ceiling = scenario("ceiling", (0..opts.epochs).map(|e| run_epoch(&loader, e)).collect::<Result<_>>()?);
+    drop(loader);
+    drop(memory);
+
+    // naive: no cache, no prefetch; every epoch decodes and converts again.
+    say("naive: decode and convert every epoch");
+    let naive_node = Arc::new(EmbeddedNode::start(&embedded_config(&data, 0, 0)?, 2)?);
+    let loader = Loader::new(naive_node.clone(), loader_cfg.clone())?;
+    let naive = scenario("naive", (0..opts.epochs).map(|e| run_epoch(&loader, e)).collect::<Result<_>>()?);
+    drop(loader);
+    drop(naive_node);
+
+    // cold and warm: the daemon with throttled remote storage.
+    let socket = work.path().join("node.sock");
+    let config = work.path().join("node.toml");
+    std::fs::write(
+        &config,
+        node_toml(
+            &socket,
+            Some(&work.path().join("ssd")),
+            &data,
+            opts.ram_bytes,
+            256 << 20,
+            4,
+            2,
+            Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
+        ),
+    )?;
+    say("cold: epoch 0 through the daemon, remote storage throttled");
+    let daemon = NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))
+        .context("starting the node daemon")?;
+    let source = Arc::new(granary_client::LocalSource::connect(&socket)?);
+    let loader = Loader::new(source.clone(), loader_cfg)?;
+    let cold = scenario("cold", vec![run_epoch(&loader, 0)?]);
+    say("warm: later epochs through the daemon");
+    let warm = scenario("warm", (1..opts.epochs.max(2)).map(|e| run_epoch(&loader, e)).collect::<Result<_>>()?);
+    let stats = source.stats()?;
+    let mem = proc_memory(daemon.pid())?;
+    drop(loader);
+    daemon.stop();
+
+    let footprint = mem.rss_anon + mem.rss_file + stats.chunk_memory_bytes;
+    let budget = opts.ram_bytes as f64 * 1.1 + (128u64 << 20) as f64;
+    let bound_secs = report.bytes as f64 / opts.bandwidth_bytes_per_s as f64;
+    let same = |a: &Scenario, b: &Scenario| {
+        a.epochs.iter().all(|x| b.epochs.iter().find(|y| y.epoch == x.epoch).is_none_or(|y| y.digest == x.digest))
+    };
+    let daemon_epochs = Scenario {
+        scenario: "daemon".into(),
+        rows_per_s: 0.0,
+        gb_per_s: 0.0,
+        epochs: cold.epochs.iter().chain(&warm.epochs).cloned().collect(),
+    };
+    let summary = Summary {
+        scenario: "summary",
+        warm_vs_ceiling: ratio(warm.rows_per_s, ceiling.rows_per_s),
+        warm_vs_naive: ratio(warm.rows_per_s, naive.rows_per_s),
+        cold_vs_bound: ratio(cold.epochs[0].secs, bound_secs),
+        remote_read_ratio: ratio(stats.remote_bytes as f64, report.bytes as f64),
+        node_rss_over_budget: footprint as f64 / budget,
+        node_footprint_bytes: footprint,
+        source_bytes: report.bytes,
+        converted_bytes,
+        streams_identical: same(&ceiling, &naive) && same(&ceiling, &daemon_epochs),
+        opts: opts.clone(),
+        conditions: Conditions::current(),
+    };
+    Ok((vec![ceiling, naive, cold, warm], summary))
+}

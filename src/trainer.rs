@@ -1,0 +1,124 @@
+//! `granary trainer`: one data-parallel rank as its own process.
+//!
+//! Driven over stdin (`epoch N` lines) so that a driver (the demo) can keep
+//! ranks in lockstep per epoch, and reporting JSON lines on stdout
+//! ([`granary_bench::harness::TrainerEvent`]). Consuming a batch means
+//! checksumming it: every byte is read, and the checksums prove that two runs
+//! delivered the same bytes in the same order.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use granary_bench::harness::TrainerEvent;
+use granary_client::{ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource};
+use granary_proto::{AlignedBuf, Shuffle};
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Arguments of one rank.
+#[derive(Args, Clone, Debug)]
+pub struct TrainerArgs {
+    /// The node's socket.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Dataset name.
+    #[arg(long, default_value = "ads")]
+    pub dataset: String,
+    /// This rank.
+    #[arg(long)]
+    pub rank: u32,
+    /// Number of ranks.
+    #[arg(long)]
+    pub world: u32,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 1024)]
+    pub batch_size: u32,
+    /// Job seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shuffle window in shards (0 = no shuffle).
+    #[arg(long, default_value_t = 4)]
+    pub window: u32,
+    /// Batches assembled ahead.
+    #[arg(long, default_value_t = 2)]
+    pub prefetch_batches: usize,
+    /// Copy every chunk into this process first (the in-RAM ceiling).
+    #[arg(long)]
+    pub ceiling: bool,
+}
+
+fn emit(ev: &TrainerEvent) {
+    // stdout is the protocol channel; a closed pipe means the driver is
+    // gone, and the next read of stdin ends the rank.
+    if let Ok(line) = serde_json::to_string(ev) {
+        println!("{line}");
+    }
+}
+
+/// Runs the rank until stdin closes.
+pub fn run(a: TrainerArgs) -> Result<()> {
+    let rank = a.rank;
+    match drive(a) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            emit(&TrainerEvent::Error { rank, message: format!("{e:#}") });
+            Err(e)
+        }
+    }
+}
+
+fn drive(a: TrainerArgs) -> Result<()> {
+    let source = Arc::new(LocalSource::connect(&a.socket)?);
+    let cfg = LoaderConfig {
+        seed: a.seed,
+        rank: a.rank,
+        world_size: a.world,
+        shuffle: if a.window == 0 { Shuffle::Off } else { Shuffle::Windowed { window_shards: a.window } },
+        prefetch_batches: a.prefetch_batches,
+        ..LoaderConfig::new(a.dataset.clone(), a.batch_size)
+    };
+    let loader = if a.ceiling {
+        let info = source.describe(&a.dataset)?;
+        let mut chunks = Vec::with_capacity(info.shards.len());
+        for s in &info.shards {
+            let c = source.fetch(info.version, s.shard).with_context(|| format!("copying {}", s.shard))?;
+            chunks.push((s.shard, AlignedBuf::from_slice(c.bytes())));
+        }
+        Loader::new(Arc::new(MemorySource::new(info, chunks)?), cfg)?
+    } else {
+        Loader::new(source, cfg)?
+    };
+    emit(&TrainerEvent::Ready { rank: a.rank, batches: loader.plan(0)?.num_batches() as u64 });
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let Some(epoch) = line.strip_prefix("epoch ").and_then(|n| n.trim().parse::<u64>().ok()) else {
+            bail!("unexpected command {line:?} (expected `epoch N`)");
+        };
+        let start = Instant::now();
+        let mut stream = loader.epoch(epoch)?;
+        let total = stream.num_batches();
+        let every = (total / 20).max(1);
+        let (mut rows, mut bytes, mut done) = (0u64, 0u64, 0u64);
+        let mut digest = xxhash_rust::xxh3::Xxh3::new();
+        for batch in stream.by_ref() {
+            let batch = batch?;
+            rows += batch.rows() as u64;
+            bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
+            digest.update(&batch.checksum().to_le_bytes());
+            done += 1;
+            if done % every == 0 {
+                emit(&TrainerEvent::Progress { rank: a.rank, epoch, done });
+            }
+        }
+        emit(&TrainerEvent::Epoch {
+            rank: a.rank,
+            epoch,
+            rows,
+            bytes,
+            secs: start.elapsed().as_secs_f64(),
+            digest: format!("{:016x}", digest.digest()),
+        });
+    }
+    Ok(())
+}

@@ -11,7 +11,7 @@ use clap::Args;
 use granary_bench::harness::TrainerEvent;
 use granary_client::{ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource};
 use granary_proto::{AlignedBuf, Shuffle};
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,6 +46,10 @@ pub struct TrainerArgs {
     /// Copy every chunk into this process first (the in-RAM ceiling).
     #[arg(long)]
     pub ceiling: bool,
+    /// Also write every batch's tensor bytes to DIR/rank-R-epoch-E.bin
+    /// (tests compare them byte for byte).
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
 }
 
 fn emit(ev: &TrainerEvent) {
@@ -101,8 +105,22 @@ fn drive(a: TrainerArgs) -> Result<()> {
         let every = (total / 20).max(1);
         let (mut rows, mut bytes, mut done) = (0u64, 0u64, 0u64);
         let mut digest = xxhash_rust::xxh3::Xxh3::new();
+        let mut dump = match &a.dump {
+            Some(dir) => {
+                let path = dir.join(format!("rank-{}-epoch-{epoch}.bin", a.rank));
+                Some(std::io::BufWriter::new(
+                    std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?,
+                ))
+            }
+            None => None,
+        };
         for batch in stream.by_ref() {
             let batch = batch?;
+            if let Some(w) = dump.as_mut() {
+                for i in 0..batch.layouts().len() {
+                    w.write_all(batch.tensor_bytes(i))?;
+                }
+            }
             rows += batch.rows() as u64;
             bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
             digest.update(&batch.checksum().to_le_bytes());
@@ -110,6 +128,9 @@ fn drive(a: TrainerArgs) -> Result<()> {
             if done % every == 0 {
                 emit(&TrainerEvent::Progress { rank: a.rank, epoch, done });
             }
+        }
+        if let Some(mut w) = dump.take() {
+            w.flush()?;
         }
         emit(&TrainerEvent::Epoch {
             rank: a.rank,

@@ -145,8 +145,12 @@ impl MappedChunk {
         // SAFETY: mapping a sealed file read-only; the region is owned by
         // this value and unmapped exactly once in Drop. The file cannot
         // shrink (SEAL_SHRINK), so no access past its end can fault.
-        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::SHARED, fd, 0) }
-            .map_err(std::io::Error::from)?;
+        // POPULATE maps every page up front: one kernel call instead of a
+        // page fault per 4 KiB when the batch assembler first reads it.
+        let ptr = unsafe {
+            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::SHARED | MapFlags::POPULATE, fd, 0)
+        }
+        .map_err(std::io::Error::from)?;
         Ok(Self { ptr, len })
     }
 }

@@ -91,7 +91,7 @@ enum BenchCommand {
 #[derive(Args)]
 struct LocalArgs {
     /// Rows in the generated dataset.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 500_000)]
     rows: u64,
     /// Rows per row group.
     #[arg(long, default_value_t = 10_000)]
@@ -99,9 +99,12 @@ struct LocalArgs {
     /// Rows per batch.
     #[arg(long, default_value_t = 1024)]
     batch_size: u32,
-    /// Epochs per scenario.
-    #[arg(long, default_value_t = 3)]
+    /// Epochs per scenario (the daemon's first epoch is the cold one).
+    #[arg(long, default_value_t = 5)]
     epochs: u64,
+    /// Parquet compression: none, snappy, zstd, lz4, gzip.
+    #[arg(long, default_value = "snappy")]
+    compression: String,
     /// Simulated remote latency per request, ms.
     #[arg(long, default_value_t = 20)]
     latency_ms: u64,
@@ -120,8 +123,10 @@ fn main() -> Result<()> {
     // object_store's HTTP client needs a process-wide TLS provider (ring).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
+    // The daemon logs its lifecycle; interactive commands only problems.
+    let default = if matches!(cli.command, Command::Node { .. }) { "info" } else { "warn,foyer=error" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GRANARY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match cli.command {
         Command::Demo(args) => demo::run(args),
@@ -196,6 +201,7 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         latency_ms: a.latency_ms,
         bandwidth_bytes_per_s: a.bandwidth_mib << 20,
         ram_bytes: a.ram_mib << 20,
+        compression: a.compression,
         ..Default::default()
     };
     let exe = std::env::current_exe()?;

@@ -47,20 +47,23 @@ pub struct LocalOpts {
     pub ram_bytes: u64,
     /// Shuffle window in shards.
     pub window_shards: u32,
+    /// Parquet compression of the generated files.
+    pub compression: String,
 }
 
 impl Default for LocalOpts {
     fn default() -> Self {
         Self {
-            rows: 200_000,
-            files: 4,
+            rows: 500_000,
+            files: 5,
             row_group_rows: 10_000,
             batch_size: 1024,
-            epochs: 3,
+            epochs: 5,
             latency_ms: 20,
             bandwidth_bytes_per_s: 200 << 20,
             ram_bytes: 1 << 30,
             window_shards: 4,
+            compression: "snappy".into(),
         }
     }
 }
@@ -197,7 +200,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         rows: opts.rows,
         files: opts.files,
         row_group_rows: opts.row_group_rows,
-        compression: "snappy".into(),
+        compression: opts.compression.clone(),
     };
     let report = datagen::generate(&data, &spec, |_| {})?;
     let loader_cfg = LoaderConfig {

@@ -316,8 +316,12 @@ fn assemble(rows: &[RowRef], held: &[(u32, Chunk)], layouts: &[TensorLayout], bu
         buf.resize(rows.len() * rb);
         let dst = buf.as_mut_slice();
         match rb {
+            1 => gather::<1>(rows, &slot, &sources, dst),
+            2 => gather::<2>(rows, &slot, &sources, dst),
             4 => gather::<4>(rows, &slot, &sources, dst),
             8 => gather::<8>(rows, &slot, &sources, dst),
+            16 => gather::<16>(rows, &slot, &sources, dst),
+            32 => gather::<32>(rows, &slot, &sources, dst),
             _ => {
                 for (k, (r, &s)) in rows.iter().zip(&slot).enumerate() {
                     let off = r.row as usize * rb;

@@ -16,7 +16,7 @@
 //! value: nulls are patched after the bulk copy, only when there are any.
 
 use crate::error::{ConvertError, SchemaError};
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, RecordBatch};
 use arrow::compute::{CastOptions, cast_with_options};
 use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
@@ -197,6 +197,11 @@ pub fn convert_into(
                 if child.len() != rows * k {
                     return Err(site.err(name, format!("list child has {} values, expected {rows} x {k}", child.len())));
                 }
+                // Checked here, not by `column_bytes` on the child, so that the
+                // error counts and names rows, not child values.
+                if t.fill.is_none() && (list.null_count() > 0 || child.null_count() > 0) {
+                    return Err(list_null_error(list, k, name, site));
+                }
                 let bytes = column_bytes(child, t, name, site)?;
                 copy_exact(dst, &bytes, name, site)?;
                 if list.null_count() > 0 {
@@ -246,6 +251,19 @@ fn null_error(arr: &dyn Array, column: &str, site: Site<'_>) -> ConvertError {
     site.err(
         column,
         format!("{} null values (first at row {first}) and the view declares no fill value", arr.null_count()),
+    )
+}
+
+/// [`null_error`] for a `FixedSizeList` of `k` values per row: a row is null
+/// when the list or any of its values is.
+fn list_null_error(list: &FixedSizeListArray, k: usize, column: &str, site: Site<'_>) -> ConvertError {
+    let child = list.values();
+    let null_row = |&r: &usize| list.is_null(r) || (r * k..(r + 1) * k).any(|i| child.is_null(i));
+    let count = (0..list.len()).filter(null_row).count();
+    let first = (0..list.len()).find(null_row).unwrap_or(0);
+    site.err(
+        column,
+        format!("{count} rows with null values (first at row {first}) and the view declares no fill value"),
     )
 }
 
@@ -347,6 +365,506 @@ where
                 v[r * e..(r + 1) * e].copy_from_slice(fill);
             }
             Cow::Owned(v)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The oracle is Arrow itself: every tensor element is compared, bit for
+    //! bit, with the value Arrow's typed accessors return for that row, after
+    //! the chunk has been sealed and parsed back with full verification.
+
+    use super::*;
+    use arrow::array::{
+        BooleanArray, Float16Array, Float32Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array,
+        StringArray, UInt8Array,
+    };
+    use arrow::buffer::NullBuffer;
+    use arrow::compute::cast;
+    use arrow::datatypes::{Field, Schema};
+    use granary_proto::chunk::Verify;
+    use granary_proto::view::fill_fits;
+    use granary_proto::{ChunkView, DatasetVersion, ShardId, TensorSpec};
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    const FILE: &str = "s3://bucket/data/part-0.parquet";
+    const ROW_GROUP: usize = 3;
+    const SITE: Site<'static> = Site { file: FILE, row_group: ROW_GROUP };
+    /// Fill candidates, each exactly representable in f32 so that every
+    /// rounding path (f64 -> f16/bf16 directly or via f32) agrees.
+    const FILLS: [f64; 13] =
+        [0.0, -0.0, 1.0, -1.0, 7.0, -1.5, 127.0, -128.0, 255.0, 65504.0, 1e6, f64::INFINITY, f64::NEG_INFINITY];
+
+    /// One element per row as little-endian bytes, `None` for a null.
+    type Elems = Vec<Option<Vec<u8>>>;
+
+    /// The Arrow type a column of `dtype` is written in (bf16 has none: f32).
+    fn source_type(dtype: DType) -> DataType {
+        arrow_type(dtype).unwrap_or(DataType::Float32)
+    }
+
+    /// Raw bits for one value: uniform, plus zeros, all-ones (NaN / -1) and
+    /// the infinities, NaNs and negative zeros of every float width.
+    fn bits() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            6 => any::<u64>(),
+            1 => 0u64..4,
+            1 => prop::sample::select(vec![
+                u64::MAX,
+                0x8000,
+                0x7c00,
+                0xfc00,
+                0x7e01,
+                0x7f80_0000,
+                0xff80_0000,
+                0x7fc0_0001,
+                0x8000_0000,
+                0x7ff0_0000_0000_0000,
+                0x7ff8_0000_0000_0001,
+                0x8000_0000_0000_0000,
+            ]),
+        ]
+    }
+
+    fn cells(rows: impl Into<prop::collection::SizeRange>) -> impl Strategy<Value = Vec<Option<u64>>> {
+        prop::collection::vec(bits().prop_map(Some), rows)
+    }
+
+    fn nullable_cells(rows: impl Into<prop::collection::SizeRange>) -> impl Strategy<Value = Vec<Option<u64>>> {
+        prop::collection::vec(prop::option::weighted(0.85, bits()), rows)
+    }
+
+    fn dtypes() -> impl Strategy<Value = DType> {
+        prop::sample::select(DType::ALL.to_vec())
+    }
+
+    /// Row counts: anything below 300, and exact multiples of [`BLOCK_ROWS`].
+    fn row_counts() -> impl Strategy<Value = usize> {
+        prop_oneof![3 => 0usize..300, 1 => (0usize..5).prop_map(|b| b * BLOCK_ROWS)]
+    }
+
+    /// An Arrow array of `dtype`'s source type holding `raw`'s bits.
+    fn array(dtype: DType, raw: &[Option<u64>]) -> ArrayRef {
+        let it = raw.iter();
+        match dtype {
+            DType::F32 | DType::BF16 => {
+                Arc::new(it.map(|r| r.map(|b| f32::from_bits(b as u32))).collect::<Float32Array>())
+            }
+            DType::F64 => Arc::new(it.map(|r| r.map(f64::from_bits)).collect::<Float64Array>()),
+            DType::F16 => Arc::new(it.map(|r| r.map(|b| half::f16::from_bits(b as u16))).collect::<Float16Array>()),
+            DType::I64 => Arc::new(it.map(|r| r.map(|b| b as i64)).collect::<Int64Array>()),
+            DType::I32 => Arc::new(it.map(|r| r.map(|b| b as i32)).collect::<Int32Array>()),
+            DType::I16 => Arc::new(it.map(|r| r.map(|b| b as i16)).collect::<Int16Array>()),
+            DType::I8 => Arc::new(it.map(|r| r.map(|b| b as i8)).collect::<Int8Array>()),
+            DType::U8 => Arc::new(it.map(|r| r.map(|b| b as u8)).collect::<UInt8Array>()),
+            DType::Bool => Arc::new(it.map(|r| r.map(|b| b & 1 == 1)).collect::<BooleanArray>()),
+        }
+    }
+
+    /// Arrow's value of every element of `arr` as the tensor should hold it.
+    fn arrow_elems(arr: &dyn Array, dtype: DType) -> Elems {
+        fn each<T: ArrowPrimitiveType>(arr: &dyn Array, le: impl Fn(T::Native) -> Vec<u8>) -> Elems {
+            let p = arr.as_primitive::<T>();
+            (0..p.len()).map(|i| p.is_valid(i).then(|| le(p.value(i)))).collect()
+        }
+        match dtype {
+            DType::F32 => each::<Float32Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::F64 => each::<Float64Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::F16 => each::<Float16Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::BF16 => each::<Float32Type>(arr, |v| half::bf16::from_f32(v).to_le_bytes().to_vec()),
+            DType::I64 => each::<Int64Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::I32 => each::<Int32Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::I16 => each::<Int16Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::I8 => each::<Int8Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::U8 => each::<UInt8Type>(arr, |v| v.to_le_bytes().to_vec()),
+            DType::Bool => {
+                let b = arr.as_boolean();
+                (0..b.len()).map(|i| b.is_valid(i).then(|| vec![u8::from(b.value(i))])).collect()
+            }
+        }
+    }
+
+    /// `fill` as one element of `dtype`, by way of Arrow's own cast.
+    fn fill_elem(dtype: DType, fill: f64) -> Vec<u8> {
+        let f: ArrayRef = Arc::new(Float64Array::from(vec![fill]));
+        let c = cast(&f, &source_type(dtype)).expect("fill casts");
+        arrow_elems(c.as_ref(), dtype).remove(0).expect("fill fits the dtype")
+    }
+
+    fn pick_fill(dtype: DType, pick: prop::sample::Index) -> f64 {
+        let fits: Vec<f64> = FILLS.into_iter().filter(|&f| fill_fits(f, dtype)).collect();
+        fits[pick.index(fits.len())]
+    }
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        let fields: Vec<Field> = columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+        let arrays = columns.into_iter().map(|(_, a)| a).collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).expect("valid batch")
+    }
+
+    fn spec(name: &str, dtype: DType, columns: &[&str]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            cast: dtype == DType::BF16,
+            fill: None,
+        }
+    }
+
+    fn view(tensors: Vec<TensorSpec>) -> View {
+        View { tensors }.validated().expect("valid view")
+    }
+
+    fn resolve(view: &View, batch: &RecordBatch) -> Result<Resolved, SchemaError> {
+        resolve_view(view, &batch.schema(), FILE)
+    }
+
+    /// Converts `batch` into a sealed chunk. The buffer starts poisoned, not
+    /// zeroed, so a byte the converter forgets to write shows up.
+    fn chunk(batch: &RecordBatch, view: &View) -> Result<Vec<u8>, ConvertError> {
+        let resolved = resolve(view, batch).expect("view resolves");
+        let shard = ShardId { file: 1, row_group: ROW_GROUP as u32 };
+        let layout = ChunkLayout::new(DatasetVersion([7; 16]), shard, batch.num_rows() as u64, &resolved.layouts)
+            .expect("layout");
+        let mut buf = vec![0xA5u8; layout.total_len()];
+        convert_into(batch, &resolved, &layout, &mut buf, SITE)?;
+        layout.seal(&mut buf).expect("seal");
+        Ok(buf)
+    }
+
+    /// Checks tensor `name` of the chunk: its header, then element `i`
+    /// against `want[i]` (`None`: the fill).
+    fn check(
+        buf: &[u8],
+        name: &str,
+        dtype: DType,
+        shape: &[u32],
+        want: &[Option<Vec<u8>>],
+        fill: Option<&[u8]>,
+    ) -> Result<(), TestCaseError> {
+        let parsed = ChunkView::parse(buf, Verify::Full).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (meta, bytes) = parsed.tensor(name).ok_or_else(|| TestCaseError::fail(format!("no tensor {name}")))?;
+        prop_assert_eq!(meta.dtype, dtype);
+        prop_assert_eq!(&meta.shape[..], shape);
+        let e = dtype.size_bytes();
+        prop_assert_eq!(bytes.len(), want.len() * e);
+        for (i, (got, w)) in bytes.chunks_exact(e).zip(want).enumerate() {
+            let w = match w {
+                Some(w) => &w[..],
+                None => fill.ok_or_else(|| TestCaseError::fail(format!("element {i} is null with no fill")))?,
+            };
+            prop_assert_eq!(got, w, "{} element {} of {}", name, i, want.len());
+        }
+        Ok(())
+    }
+
+    /// Element `r * k + j` of a row-major `[rows, k]` from `k` columns.
+    fn row_major(cols: &[Elems]) -> Elems {
+        let rows = cols.first().map_or(0, Vec::len);
+        (0..rows).flat_map(|r| cols.iter().map(move |c| c[r].clone())).collect()
+    }
+
+    fn stacked_input() -> impl Strategy<Value = (DType, Vec<Vec<Option<u64>>>)> {
+        (dtypes(), 1usize..8, row_counts())
+            .prop_flat_map(|(d, k, rows)| (Just(d), prop::collection::vec(cells(rows), k)))
+    }
+
+    fn list_array(dtype: DType, k: usize, child: &[Option<u64>], valid: Option<Vec<bool>>) -> ArrayRef {
+        let field = Arc::new(Field::new_list_field(source_type(dtype), true));
+        let list = FixedSizeListArray::try_new(field, k as i32, array(dtype, child), valid.map(NullBuffer::from))
+            .expect("valid list");
+        Arc::new(list)
+    }
+
+    fn first_null_row(valid: impl Fn(usize) -> bool, rows: usize) -> Option<usize> {
+        (0..rows).find(|&r| !valid(r))
+    }
+
+    proptest! {
+        // A case converts up to a few thousand values; 128 cases a property
+        // keep this block to seconds in a debug build on two cores.
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn scalar_column_equals_arrow(dtype in dtypes(), raw in cells(0..300), skip in 0usize..3) {
+            // A sliced array checks that buffer offsets (and bit offsets of
+            // booleans) are honoured.
+            let full = array(dtype, &raw);
+            let skip = skip.min(full.len());
+            let col = full.slice(skip, full.len() - skip);
+            let b = batch(vec![("c", col.clone())]);
+            let buf = chunk(&b, &view(vec![spec("t", dtype, &["c"])])).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            check(&buf, "t", dtype, &[], &arrow_elems(col.as_ref(), dtype), None)?;
+        }
+
+        #[test]
+        fn every_dtype_in_one_chunk(raw in prop::collection::vec(cells(37), DType::ALL.len())) {
+            let names: Vec<String> = (0..DType::ALL.len()).map(|i| format!("c{i}")).collect();
+            let cols: Vec<ArrayRef> = DType::ALL.iter().zip(&raw).map(|(&d, r)| array(d, r)).collect();
+            let b = batch(names.iter().map(String::as_str).zip(cols.iter().cloned()).collect());
+            let specs = DType::ALL.iter().zip(&names).map(|(&d, n)| spec(&format!("t{n}"), d, &[n])).collect();
+            let buf = chunk(&b, &view(specs)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for ((&d, n), c) in DType::ALL.iter().zip(&names).zip(&cols) {
+                check(&buf, &format!("t{n}"), d, &[], &arrow_elems(c.as_ref(), d), None)?;
+            }
+        }
+
+        #[test]
+        fn stacked_columns_are_row_major((dtype, raw) in stacked_input()) {
+            let k = raw.len();
+            let names: Vec<String> = (0..k).map(|j| format!("f{j}")).collect();
+            let cols: Vec<ArrayRef> = raw.iter().map(|r| array(dtype, r)).collect();
+            let b = batch(names.iter().map(String::as_str).zip(cols.iter().cloned()).collect());
+            let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let buf = chunk(&b, &view(vec![spec("t", dtype, &name_refs)]))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let want = row_major(&cols.iter().map(|c| arrow_elems(c.as_ref(), dtype)).collect::<Vec<_>>());
+            // One column is a scalar tensor; its bytes are the same.
+            let shape: &[u32] = if k == 1 { &[] } else { &[k as u32] };
+            check(&buf, "t", dtype, shape, &want, None)?;
+        }
+
+        #[test]
+        fn fixed_size_list_is_its_child_row_major(
+            (dtype, k, raw) in (dtypes(), 1usize..8, row_counts())
+                .prop_flat_map(|(d, k, rows)| (Just(d), Just(k), cells(rows * k)))
+        ) {
+            let col = list_array(dtype, k, &raw, None);
+            let b = batch(vec![("v", col.clone())]);
+            let buf = chunk(&b, &view(vec![spec("t", dtype, &["v"])])).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let child = col.as_fixed_size_list().values().clone();
+            check(&buf, "t", dtype, &[k as u32], &arrow_elems(child.as_ref(), dtype), None)?;
+        }
+
+        #[test]
+        fn int32_cast_to_f64_is_exact(
+            values in prop::collection::vec(prop::option::weighted(0.9, any::<i32>()), 0..300),
+        ) {
+            let b = batch(vec![("c", Arc::new(values.iter().copied().collect::<Int32Array>()) as ArrayRef)]);
+            let mut s = spec("t", DType::F64, &["c"]);
+            s.cast = true;
+            s.fill = Some(-1.5);
+            let buf = chunk(&b, &view(vec![s])).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let want: Elems = values.iter().map(|v| v.map(|v| (v as f64).to_le_bytes().to_vec())).collect();
+            check(&buf, "t", DType::F64, &[], &want, Some(&(-1.5f64).to_le_bytes()))?;
+        }
+
+        #[test]
+        fn overflowing_cast_is_an_error_never_a_wrapped_value(
+            values in prop::collection::vec(-128i64..=127, 1..300),
+            at in any::<prop::sample::Index>(),
+            bad in prop_oneof![128i64..=i64::MAX, i64::MIN..=-129, Just(1000i64)],
+        ) {
+            let mut s = spec("t", DType::I8, &["c"]);
+            s.cast = true;
+            let v = view(vec![s]);
+            // In range, every value survives the cast exactly.
+            let b = batch(vec![("c", Arc::new(Int64Array::from(values.clone())) as ArrayRef)]);
+            let buf = chunk(&b, &v).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let want: Elems = values.iter().map(|&x| Some(vec![x as i8 as u8])).collect();
+            check(&buf, "t", DType::I8, &[], &want, None)?;
+            // One value out of range fails the whole row group.
+            let mut values = values;
+            let i = at.index(values.len());
+            values[i] = bad;
+            let b = batch(vec![("c", Arc::new(Int64Array::from(values)) as ArrayRef)]);
+            let err = chunk(&b, &v).expect_err("an overflowing cast must fail");
+            prop_assert_eq!(&err.file, FILE);
+            prop_assert_eq!(err.row_group, ROW_GROUP);
+            prop_assert_eq!(&err.column, "c");
+            let msg = err.to_string();
+            prop_assert!(msg.contains(FILE) && msg.contains("row group 3") && msg.contains("\"c\""), "{}", msg);
+        }
+
+        #[test]
+        fn scalar_nulls_need_a_fill(
+            dtype in dtypes(),
+            raw in nullable_cells(0..300),
+            pick in any::<prop::sample::Index>(),
+        ) {
+            let col = array(dtype, &raw);
+            let b = batch(vec![("c", col.clone())]);
+            let want = arrow_elems(col.as_ref(), dtype);
+            let s = spec("t", dtype, &["c"]);
+            match (chunk(&b, &view(vec![s.clone()])), first_null_row(|r| raw[r].is_some(), raw.len())) {
+                (Ok(buf), None) => check(&buf, "t", dtype, &[], &want, None)?,
+                (Err(e), Some(first)) => {
+                    prop_assert_eq!(&e.column, "c");
+                    prop_assert!(e.problem.contains("null"), "{}", e);
+                    prop_assert!(e.problem.contains(&format!("first at row {first}")), "{}", e);
+                }
+                (got, first) => prop_assert!(false, "first null {:?}, conversion {:?}", first, got.map(|_| ())),
+            }
+            let fill = pick_fill(dtype, pick);
+            let buf = chunk(&b, &view(vec![TensorSpec { fill: Some(fill), ..s }]))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            check(&buf, "t", dtype, &[], &want, Some(&fill_elem(dtype, fill)))?;
+        }
+
+        #[test]
+        fn stacked_nulls_need_a_fill(
+            (dtype, raw) in (dtypes(), 2usize..6, row_counts())
+                .prop_flat_map(|(d, k, rows)| (Just(d), prop::collection::vec(nullable_cells(rows), k))),
+            pick in any::<prop::sample::Index>(),
+        ) {
+            let k = raw.len();
+            let names: Vec<String> = (0..k).map(|j| format!("f{j}")).collect();
+            let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let cols: Vec<ArrayRef> = raw.iter().map(|r| array(dtype, r)).collect();
+            let b = batch(name_refs.iter().copied().zip(cols.iter().cloned()).collect());
+            let s = spec("t", dtype, &name_refs);
+            // Columns are converted in view order: the first with a null is named.
+            let first_bad = raw.iter().position(|r| r.iter().any(Option::is_none));
+            match (chunk(&b, &view(vec![s.clone()])), first_bad) {
+                (Ok(_), None) => {}
+                (Err(e), Some(j)) => {
+                    prop_assert_eq!(&e.column, &names[j]);
+                    prop_assert!(e.problem.contains("null"), "{}", e);
+                }
+                (got, bad) => prop_assert!(false, "first null column {:?}, conversion {:?}", bad, got.map(|_| ())),
+            }
+            let fill = pick_fill(dtype, pick);
+            let buf = chunk(&b, &view(vec![TensorSpec { fill: Some(fill), ..s }]))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let want = row_major(&cols.iter().map(|c| arrow_elems(c.as_ref(), dtype)).collect::<Vec<_>>());
+            check(&buf, "t", dtype, &[k as u32], &want, Some(&fill_elem(dtype, fill)))?;
+        }
+
+        #[test]
+        fn list_nulls_need_a_fill(
+            (dtype, k, valid, raw) in (dtypes(), 1usize..6, row_counts()).prop_flat_map(|(d, k, rows)| {
+                (Just(d), Just(k), prop::collection::vec(prop::bool::weighted(0.9), rows), nullable_cells(rows * k))
+            }),
+            null_children_under_null_rows in any::<bool>(),
+            pick in any::<prop::sample::Index>(),
+        ) {
+            // Parquet's reader puts null children under a null list; other
+            // writers leave arbitrary values there. Both must work.
+            let mut raw = raw;
+            if null_children_under_null_rows {
+                for (r, _) in valid.iter().enumerate().filter(|(_, v)| !**v) {
+                    raw[r * k..(r + 1) * k].fill(None);
+                }
+            }
+            let col = list_array(dtype, k, &raw, Some(valid.clone()));
+            let b = batch(vec![("v", col)]);
+            let row_ok = |r: usize| valid[r] && raw[r * k..(r + 1) * k].iter().all(Option::is_some);
+            let want: Elems = raw
+                .chunks_exact(k)
+                .zip(&valid)
+                .flat_map(|(row, &ok)| {
+                    let child: ArrayRef = array(dtype, row);
+                    arrow_elems(child.as_ref(), dtype).into_iter().map(move |e| e.filter(|_| ok))
+                })
+                .collect();
+            let s = spec("t", dtype, &["v"]);
+            match (chunk(&b, &view(vec![s.clone()])), first_null_row(row_ok, valid.len())) {
+                (Ok(buf), None) => check(&buf, "t", dtype, &[k as u32], &want, None)?,
+                (Err(e), Some(first)) => {
+                    prop_assert_eq!(&e.column, "v");
+                    prop_assert!(e.problem.contains("null"), "{}", e);
+                    prop_assert!(e.problem.contains(&format!("first at row {first}")), "{}", e);
+                }
+                (got, first) => prop_assert!(false, "first null row {:?}, conversion {:?}", first, got.map(|_| ())),
+            }
+            let fill = pick_fill(dtype, pick);
+            let buf = chunk(&b, &view(vec![TensorSpec { fill: Some(fill), ..s }]))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            check(&buf, "t", dtype, &[k as u32], &want, Some(&fill_elem(dtype, fill)))?;
+        }
+    }
+
+    /// Regression: a null inside a list used to be reported by child index
+    /// ("2 null values (first at row 4)" for row 1 of a 3-wide list).
+    #[test]
+    fn list_nulls_are_reported_in_rows() {
+        let cases = [
+            // Row 1 holds a null value; no list is null.
+            (vec![Some(1), Some(2), Some(3), Some(4), None, Some(6)], None, "1 rows with null values (first at row 1)"),
+            // Row 1 is a null list over null values, as Parquet's reader makes it.
+            (
+                vec![Some(1), Some(2), Some(3), None, None, None],
+                Some(vec![true, false]),
+                "1 rows with null values (first at row 1)",
+            ),
+            // Row 0 is a null list over values; row 1 holds a null value.
+            (
+                vec![Some(1), Some(2), Some(3), Some(4), None, Some(6)],
+                Some(vec![false, true]),
+                "2 rows with null values (first at row 0)",
+            ),
+        ];
+        for (child, valid, want) in cases {
+            let b = batch(vec![("v", list_array(DType::I64, 3, &child, valid))]);
+            let err = chunk(&b, &view(vec![spec("t", DType::I64, &["v"])])).expect_err("nulls without a fill");
+            assert_eq!(err.column, "v");
+            assert!(err.problem.starts_with(want), "{err}");
+        }
+    }
+
+    fn schema_error(b: &RecordBatch, s: TensorSpec) -> SchemaError {
+        resolve(&view(vec![s]), b).expect_err("the view must not resolve")
+    }
+
+    fn assert_names(e: &SchemaError, column: &str, words: &str) {
+        assert_eq!((e.file.as_str(), e.tensor.as_str(), e.column.as_str()), (FILE, "t", column), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("{column:?}")) && msg.contains(words), "{msg}");
+    }
+
+    fn ints(n: usize) -> ArrayRef {
+        Arc::new(Int32Array::from_iter_values(0..n as i32))
+    }
+
+    #[test]
+    fn a_type_mismatch_needs_cast() {
+        let b = batch(vec![("c", ints(3))]);
+        assert_names(&schema_error(&b, spec("t", DType::F64, &["c"])), "c", "cast = true");
+        // bf16 has no Arrow type: even f32 is a cast.
+        let f: ArrayRef = Arc::new(Float32Array::from(vec![1.0]));
+        let mut s = spec("t", DType::BF16, &["c"]);
+        s.cast = false;
+        assert_names(&schema_error(&batch(vec![("c", f)]), s), "c", "cast = true");
+    }
+
+    #[test]
+    fn a_missing_column_is_named() {
+        let b = batch(vec![("c", ints(3))]);
+        assert_names(&schema_error(&b, spec("t", DType::I32, &["c", "nope"])), "nope", "no such column");
+    }
+
+    #[test]
+    fn a_fixed_size_list_cannot_be_stacked() {
+        let b = batch(vec![("c", ints(2)), ("v", list_array(DType::I32, 2, &[Some(1); 4], None))]);
+        for cols in [["v", "c"], ["c", "v"]] {
+            assert_names(&schema_error(&b, spec("t", DType::I32, &cols)), "v", "cannot be stacked");
+        }
+    }
+
+    #[test]
+    fn stacked_columns_must_share_a_type() {
+        let wide: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+        let b = batch(vec![("a", ints(3)), ("b", wide)]);
+        let mut s = spec("t", DType::I64, &["a", "b"]);
+        // Not even a cast mixes types within one tensor.
+        s.cast = true;
+        assert_names(&schema_error(&b, s), "b", "other columns are Int32");
+    }
+
+    #[test]
+    fn strings_make_no_tensor() {
+        let s: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+        let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
+        let l: ArrayRef =
+            Arc::new(FixedSizeListArray::try_new(field, 1, Arc::new(StringArray::from(vec!["x", "y"])), None).unwrap());
+        let b = batch(vec![("s", s), ("l", l)]);
+        for col in ["s", "l"] {
+            let mut t = spec("t", DType::U8, &[col]);
+            t.cast = true;
+            assert_names(&schema_error(&b, t), col, "Utf8");
         }
     }
 }

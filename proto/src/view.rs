@@ -26,9 +26,11 @@ pub struct TensorSpec {
     /// Source columns. A column written `prefix{a..b}` expands to
     /// `prefixa` .. `prefix(b-1)`.
     pub columns: Vec<String>,
-    /// Allow converting a column whose Arrow type differs from `dtype`
-    /// (numeric casts; a value that does not fit is an error). Without it a
-    /// type mismatch is an error.
+    /// Allow converting a column whose Arrow type differs from `dtype`,
+    /// with Arrow's cast kernel: an integer that does not fit the target
+    /// type is an error; float to integer truncates toward zero; narrowing a
+    /// float rounds (and overflows to infinity); a non-zero number becomes
+    /// `true`. Without it a type mismatch is an error.
     #[serde(default)]
     pub cast: bool,
     /// Value that replaces nulls. Without it a null is an error.

@@ -15,7 +15,7 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use granary_bench::harness::{NodeProcess, TrainerEvent, TrainerProcess};
-use granary_bench::local::node_toml;
+use granary_bench::local::DaemonSettings;
 use granary_bench::report::{gbps, ratio};
 use granary_client::LocalSource;
 use granary_node::datagen::{self, GenSpec};
@@ -238,19 +238,18 @@ fn pass(
     std::fs::create_dir_all(&dir)?;
     let socket = dir.join("node.sock");
     let config = dir.join("node.toml");
-    std::fs::write(
-        &config,
-        node_toml(
-            &socket,
-            Some(&dir.join("ssd")),
-            data,
-            a.ram_mib << 20,
-            s.prefetch_bytes,
-            s.loads,
-            s.convert_threads,
-            Some((a.latency_ms, bandwidth)),
-        ),
-    )?;
+    let ssd = dir.join("ssd");
+    let settings = DaemonSettings {
+        socket: &socket,
+        ssd_dir: Some(&ssd),
+        data_dir: data,
+        ram_bytes: a.ram_mib << 20,
+        prefetch_bytes: s.prefetch_bytes,
+        loads: s.loads,
+        convert_threads: s.convert_threads,
+        throttle: Some((a.latency_ms, bandwidth)),
+    };
+    std::fs::write(&config, settings.toml())?;
     let node = NodeProcess::spawn(exe, &config, &socket, &dir.join("node.log"), Duration::from_secs(60))?;
     let stats_conn = LocalSource::connect(&socket)?;
     let mut ranks = Vec::new();

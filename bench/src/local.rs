@@ -147,30 +147,48 @@ fn scenario(name: &str, epochs: Vec<EpochMeasure>) -> Scenario {
     Scenario { scenario: name.into(), rows_per_s: ratio(rows as f64, secs), gb_per_s: gbps(bytes, secs), epochs }
 }
 
-/// A node config for `data_dir` as text (the daemon reads TOML).
-pub fn node_toml(
-    socket: &Path,
-    ssd_dir: Option<&Path>,
-    data_dir: &Path,
-    ram_bytes: u64,
-    prefetch_bytes: u64,
-    loads: usize,
-    convert_threads: usize,
-    throttle: Option<(u64, u64)>,
-) -> String {
-    let mut s = format!(
-        "socket = {socket:?}\nram_bytes = {ram_bytes}\nprefetch_bytes = {prefetch_bytes}\nmax_concurrent_loads = {loads}\nconvert_threads = {convert_threads}\n"
-    );
-    if let Some(d) = ssd_dir {
-        s += &format!("ssd_dir = {d:?}\nssd_bytes = {}\n", 4u64 << 30);
+/// What a benchmark or demo daemon is started with.
+#[derive(Clone, Debug)]
+pub struct DaemonSettings<'a> {
+    /// Unix socket.
+    pub socket: &'a Path,
+    /// SSD tier folder.
+    pub ssd_dir: Option<&'a Path>,
+    /// Folder of the generated Parquet files (served as `file://`).
+    pub data_dir: &'a Path,
+    /// RAM tier.
+    pub ram_bytes: u64,
+    /// Prefetch budget per rank.
+    pub prefetch_bytes: u64,
+    /// Concurrent shard loads.
+    pub loads: usize,
+    /// Converter threads.
+    pub convert_threads: usize,
+    /// Simulated remote: (latency ms, bandwidth bytes/s).
+    pub throttle: Option<(u64, u64)>,
+}
+
+impl DaemonSettings<'_> {
+    /// The node config as TOML text (the daemon reads a file).
+    pub fn toml(&self) -> String {
+        let mut s = format!(
+            "socket = {:?}\nram_bytes = {}\nprefetch_bytes = {}\nmax_concurrent_loads = {}\nconvert_threads = {}\n",
+            self.socket, self.ram_bytes, self.prefetch_bytes, self.loads, self.convert_threads
+        );
+        if let Some(d) = self.ssd_dir {
+            s += &format!("ssd_dir = {d:?}\nssd_bytes = {}\n", 4u64 << 30);
+        }
+        if let Some((latency_ms, bw)) = self.throttle {
+            s += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
+        }
+        s += &format!(
+            "\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}\"\n\n[dataset.view]\n",
+            self.data_dir.display()
+        );
+        // The view's tensors as an array of tables under [dataset.view].
+        s += &datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]");
+        s
     }
-    if let Some((latency_ms, bw)) = throttle {
-        s += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
-    }
-    s += &format!("\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}\"\n\n[dataset.view]\n", data_dir.display());
-    // The view as an inline table array under [dataset.view].
-    s += &datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]");
-    s
 }
 
 fn view() -> Result<View> {
@@ -238,19 +256,18 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     // cold and warm: the daemon with throttled remote storage.
     let socket = work.path().join("node.sock");
     let config = work.path().join("node.toml");
-    std::fs::write(
-        &config,
-        node_toml(
-            &socket,
-            Some(&work.path().join("ssd")),
-            &data,
-            opts.ram_bytes,
-            256 << 20,
-            4,
-            2,
-            Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
-        ),
-    )?;
+    let ssd = work.path().join("ssd");
+    let settings = DaemonSettings {
+        socket: &socket,
+        ssd_dir: Some(&ssd),
+        data_dir: &data,
+        ram_bytes: opts.ram_bytes,
+        prefetch_bytes: 256 << 20,
+        loads: 4,
+        convert_threads: 2,
+        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
+    };
+    std::fs::write(&config, settings.toml())?;
     say("cold: epoch 0 through the daemon, remote storage throttled");
     let daemon = NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))
         .context("starting the node daemon")?;

@@ -5,7 +5,9 @@
 //! order, and attaches the chunk's memory file to chunk replies. A frame
 //! that is oversized or does not validate gets a `BadRequest` reply and the
 //! connection is closed (the stream can no longer be trusted to be in
-//! sync); the daemon itself keeps serving everyone else.
+//! sync); the daemon itself keeps serving everyone else, and a failed
+//! accept (say, out of descriptors under a flood of connections) is retried
+//! rather than ending the listener.
 
 use crate::service::{Follower, Node};
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
@@ -14,11 +16,15 @@ use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
+/// Pause after a failed accept before trying again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
 /// Binds `path` (replacing a stale socket file) and serves until `shutdown`
-/// resolves.
+/// resolves. A failed accept is logged and retried, never fatal.
 pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
     let listener = bind(path)?;
     tracing::info!(socket = %path.display(), "serving trainers");
@@ -27,7 +33,19 @@ pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<O
         tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => {
-                let (stream, _) = accepted?;
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Accept fails for reasons of the moment (out of
+                        // descriptors under a connection flood, a peer gone
+                        // before it was accepted); the listener is intact,
+                        // so keep serving. The pause stops a lasting error
+                        // from spinning.
+                        tracing::warn!(error = %e, "accepting a trainer connection failed; still serving");
+                        tokio::time::sleep(ACCEPT_RETRY).await;
+                        continue;
+                    }
+                };
                 let node = node.clone();
                 tokio::spawn(async move {
                     if let Err(e) = connection(node, stream).await {

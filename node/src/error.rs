@@ -87,6 +87,9 @@ pub enum FetchError {
         /// The system error.
         source: std::io::Error,
     },
+    /// The plan parameters of a `Follow` are impossible.
+    #[error("cannot follow the plan: {0}")]
+    Plan(#[from] granary_proto::PlanError),
     /// An internal task failed.
     #[error("internal: {0}")]
     Internal(String),
@@ -96,7 +99,7 @@ impl FetchError {
     /// How a trainer should treat this failure.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            FetchError::UnknownDataset(_) | FetchError::UnknownShard(_) => ErrorKind::BadRequest,
+            FetchError::UnknownDataset(_) | FetchError::UnknownShard(_) | FetchError::Plan(_) => ErrorKind::BadRequest,
             FetchError::Convert(_) | FetchError::Remote(RemoteError::Parquet { .. }) => ErrorKind::BadInput,
             _ => ErrorKind::Unavailable,
         }

@@ -22,11 +22,12 @@ use crate::remote::{Remote, RemoteCounters, Throttle};
 use crate::shm::{ChunkWriter, SealedChunk};
 use crate::tier::{ChunkKey, ChunkTier, HitTier, SsdConfig, TierError};
 use arrow::array::RecordBatch;
-use futures::TryStreamExt;
+use futures::{FutureExt, TryStreamExt};
 use granary_proto::wire::{DatasetInfo, NodeStats};
 use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, RankPlan, ShardId, plan_rank};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, watch};
@@ -205,7 +206,27 @@ impl Node {
     }
 
     async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>) {
-        let result = self.load(key).await.map(Arc::new).map_err(Arc::new);
+        // Whatever happens below, even a panic, the shard must leave the
+        // in-flight map, or every later request for it would wait forever.
+        let _leave = InflightGuard { node: &self, key };
+        // The Parquet decoder can panic on hostile page headers; a panic is
+        // turned into an error naming the shard instead of killing the task.
+        let result = match AssertUnwindSafe(self.load(key)).catch_unwind().await {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("unknown panic");
+                let site = self.site(key);
+                Err(FetchError::Remote(RemoteError::Parquet {
+                    path: site,
+                    source: parquet::errors::ParquetError::General(format!("the decoder panicked: {what}")),
+                }))
+            }
+        };
+        let result = result.map(Arc::new).map_err(Arc::new);
         if let Err(e) = &result {
             tracing::warn!(shard = %key.shard, error = %e, "loading shard failed");
         }
@@ -213,7 +234,18 @@ impl Node {
         if let Ok(chunk) = result {
             self.inner.tier.insert(key, chunk).await;
         }
-        self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+    }
+
+    /// "FILE row group N" for a shard, for error messages.
+    fn site(&self, key: ChunkKey) -> String {
+        match self
+            .dataset(key.version)
+            .ok()
+            .and_then(|d| d.files.get(key.shard.file as usize).map(|f| f.path.to_string()))
+        {
+            Some(path) => format!("{path} row group {}", key.shard.row_group),
+            None => key.shard.to_string(),
+        }
     }
 
     /// Reads one row group and converts it into a sealed chunk.
@@ -223,7 +255,9 @@ impl Node {
         let (file, rg) = ds.locate(key.shard)?;
         let path = file.path.to_string();
         let rows = ds.manifest.files[key.shard.file as usize].row_groups[rg].rows;
-        let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: path.clone(), source });
+        // Errors name the file and the row group.
+        let site = format!("{path} row group {rg}");
+        let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
         let reader = ds.remote.file(file.path.clone(), file.size);
         let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone());
         let mask = ProjectionMask::roots(builder.parquet_schema(), file.resolved.projection.iter().copied());
@@ -233,7 +267,7 @@ impl Node {
             .with_batch_size(rows.clamp(1, 1 << 24) as usize)
             .build()
             .map_err(parquet_err)?;
-        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(|e| unwrap_store_error(e, &path))?;
+        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(|e| unwrap_store_error(e, &site))?;
         let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| file.metadata.schema().clone());
         let batch = match batches.len() {
             1 => batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema.clone())),
@@ -243,9 +277,9 @@ impl Node {
         };
         if batch.num_rows() as u64 != rows {
             return Err(FetchError::Remote(RemoteError::Parquet {
-                path: path.clone(),
+                path: site.clone(),
                 source: parquet::errors::ParquetError::General(format!(
-                    "row group {rg} decoded to {} rows, its footer says {rows}",
+                    "decoded to {} rows, the footer says {rows}",
                     batch.num_rows()
                 )),
             }));
@@ -276,8 +310,7 @@ impl Node {
     pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
         let ds = self.dataset(version)?;
         let shards = ds.manifest.shards();
-        let plan: RankPlan = plan_rank(version, &shards, params)
-            .map_err(|e| FetchError::Internal(format!("cannot follow plan: {e}")))?;
+        let plan: RankPlan = plan_rank(version, &shards, params)?;
         let order: Vec<(ShardId, u64)> = plan
             .shard_order()
             .iter()
@@ -295,17 +328,35 @@ impl Node {
 
 /// Turns a store error wrapped by the Parquet reader back into a clear
 /// remote error (missing object, network), keeping decode errors as such.
-fn unwrap_store_error(e: parquet::errors::ParquetError, path: &str) -> FetchError {
+/// `site` is "FILE row group N".
+fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchError {
     if let parquet::errors::ParquetError::External(inner) = e {
         return match inner.downcast::<RemoteError>() {
-            Ok(remote) => FetchError::Remote(*remote),
+            Ok(remote) => match *remote {
+                RemoteError::Store { source, .. } => {
+                    FetchError::Remote(RemoteError::Store { path: site.to_string(), source })
+                }
+                other => FetchError::Remote(other),
+            },
             Err(other) => FetchError::Remote(RemoteError::Parquet {
-                path: path.to_string(),
+                path: site.to_string(),
                 source: parquet::errors::ParquetError::External(other),
             }),
         };
     }
-    FetchError::Remote(RemoteError::Parquet { path: path.to_string(), source: e })
+    FetchError::Remote(RemoteError::Parquet { path: site.to_string(), source: e })
+}
+
+/// Removes a shard from the in-flight map when dropped.
+struct InflightGuard<'a> {
+    node: &'a Node,
+    key: ChunkKey,
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.node.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+    }
 }
 
 /// Prefetch state for one rank's plan.

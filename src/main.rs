@@ -100,7 +100,7 @@ struct LocalArgs {
     #[arg(long, default_value_t = 1024)]
     batch_size: u32,
     /// Epochs per scenario (the daemon's first epoch is the cold one).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 9)]
     epochs: u64,
     /// Parquet compression: none, snappy, zstd, lz4, gzip.
     #[arg(long, default_value = "snappy")]

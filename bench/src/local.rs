@@ -2,7 +2,8 @@
 //!
 //! Scenarios, all on one generated dataset, in one run:
 //! - `ceiling`: every chunk already converted and held in this process
-//!   ([`MemorySource`]); same plan, same batch assembly, same consumer.
+//!   ([`MemorySource`]); same plan, same batch assembly, same consumer. Its
+//!   epochs alternate with the `warm` ones.
 //! - `naive`: an embedded node with no cache and no prefetch: every epoch
 //!   reads, decodes and converts every shard again (the failure mode).
 //! - `cold`: epoch 0 through the node daemon and its Unix socket, with remote
@@ -58,7 +59,7 @@ impl Default for LocalOpts {
             files: 5,
             row_group_rows: 10_000,
             batch_size: 1024,
-            epochs: 5,
+            epochs: 9,
             latency_ms: 20,
             bandwidth_bytes_per_s: 200 << 20,
             ram_bytes: 1 << 30,
@@ -140,11 +141,20 @@ pub fn run_epoch(loader: &Loader, epoch: u64) -> Result<EpochMeasure> {
     Ok(EpochMeasure { epoch, rows, bytes, secs: start.elapsed().as_secs_f64(), digest: digest.digest() })
 }
 
+/// A scenario's rate is the median over its epochs: epochs are short and
+/// the machine is shared, so one descheduled epoch must not decide it.
 fn scenario(name: &str, epochs: Vec<EpochMeasure>) -> Scenario {
-    let rows: u64 = epochs.iter().map(|e| e.rows).sum();
-    let bytes: u64 = epochs.iter().map(|e| e.bytes).sum();
-    let secs: f64 = epochs.iter().map(|e| e.secs).sum();
-    Scenario { scenario: name.into(), rows_per_s: ratio(rows as f64, secs), gb_per_s: gbps(bytes, secs), epochs }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    let rows_per_s = median(epochs.iter().map(|e| ratio(e.rows as f64, e.secs)).collect());
+    let gb_per_s = median(epochs.iter().map(|e| gbps(e.bytes, e.secs)).collect());
+    Scenario { scenario: name.into(), rows_per_s, gb_per_s, epochs }
 }
 
 /// What a benchmark or demo daemon is started with.
@@ -239,11 +249,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     drop(embedded);
     let memory = Arc::new(MemorySource::new(info.clone(), chunks)?);
     let converted_bytes = memory.bytes_held() as u64;
-    let loader = Loader::new(memory.clone(), loader_cfg.clone())?;
-    say("ceiling: measuring");
-    let ceiling = scenario("ceiling", (0..opts.epochs).map(|e| run_epoch(&loader, e)).collect::<Result<_>>()?);
-    drop(loader);
-    drop(memory);
+    let ceiling_loader = Loader::new(memory.clone(), loader_cfg.clone())?;
 
     // naive: no cache, no prefetch; every epoch decodes and converts again.
     say("naive: decode and convert every epoch");
@@ -274,8 +280,19 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let source = Arc::new(granary_client::LocalSource::connect(&socket)?);
     let loader = Loader::new(source.clone(), loader_cfg)?;
     let cold = scenario("cold", vec![run_epoch(&loader, 0)?]);
-    say("warm: later epochs through the daemon");
-    let warm = scenario("warm", (1..opts.epochs.max(2)).map(|e| run_epoch(&loader, e)).collect::<Result<_>>()?);
+    // Warm and ceiling epochs alternate, so drift in the machine's load hits
+    // both alike.
+    say("warm and ceiling: later epochs, alternating daemon and in-process memory");
+    let mut ceiling_epochs = vec![run_epoch(&ceiling_loader, 0)?];
+    let mut warm_epochs = Vec::new();
+    for e in 1..opts.epochs.max(2) {
+        warm_epochs.push(run_epoch(&loader, e)?);
+        ceiling_epochs.push(run_epoch(&ceiling_loader, e)?);
+    }
+    let warm = scenario("warm", warm_epochs);
+    let ceiling = scenario("ceiling", ceiling_epochs);
+    drop(ceiling_loader);
+    drop(memory);
     let stats = source.stats()?;
     let mem = proc_memory(daemon.pid())?;
     drop(loader);

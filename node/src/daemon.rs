@@ -136,6 +136,12 @@ async fn connection(node: Node, mut stream: UnixStream) -> io::Result<()> {
                 }
             }
             LocalRequest::Stats => send(&stream, &LocalResponse::Stats(node.stats()), None).await?,
+            LocalRequest::Touch { shard, .. } => {
+                if let Some(f) = follower.as_mut() {
+                    f.advance(shard);
+                }
+                send(&stream, &LocalResponse::Touched, None).await?;
+            }
         }
     }
 }

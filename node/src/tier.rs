@@ -158,8 +158,12 @@ impl ChunkTier {
                 let probe = s.dir.join(".granary-write-probe");
                 std::fs::write(&probe, b"ok").map_err(|e| err(format!("not writable: {e}")))?;
                 let _ = std::fs::remove_file(&probe);
+                // Direct I/O: chunks are written once and read rarely, so
+                // copying them through the page cache only costs CPU and
+                // memory that the trainers need.
                 let device = FsDeviceBuilder::new(&s.dir)
                     .with_capacity(s.capacity_bytes as usize)
+                    .with_direct(true)
                     .build()
                     .map_err(|e| err(e.to_string()))?;
                 let block = s.block_bytes as usize;

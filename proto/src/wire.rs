@@ -49,6 +49,14 @@ mod request_def {
         },
         /// Report the node's counters.
         Stats,
+        /// The trainer used a chunk it still had mapped: only moves the
+        /// node's prefetch cursor along the plan.
+        Touch {
+            /// Dataset version.
+            version: DatasetVersion,
+            /// Shard.
+            shard: ShardId,
+        },
     }
 }
 
@@ -127,6 +135,8 @@ mod response_def {
         },
         /// Reply to `Stats`.
         Stats(NodeStats),
+        /// Reply to `Touch`.
+        Touched,
         /// The request failed.
         Failed {
             /// What kind of failure.

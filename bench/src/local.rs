@@ -114,6 +114,10 @@ pub struct Summary {
     pub node_rss_over_budget: f64,
     /// Node footprint in bytes: anonymous + file RSS + chunk memory files.
     pub node_footprint_bytes: u64,
+    /// Of which: the daemon's resident memory (anonymous, file, shared).
+    pub node_memory: crate::harness::ProcMemory,
+    /// Of which: bytes of chunk memory files the node held.
+    pub node_chunk_memory_bytes: u64,
     /// Source (Parquet) bytes.
     pub source_bytes: u64,
     /// Converted bytes of the whole dataset.
@@ -318,6 +322,8 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         remote_read_ratio: ratio(stats.remote_bytes as f64, report.bytes as f64),
         node_rss_over_budget: footprint as f64 / budget,
         node_footprint_bytes: footprint,
+        node_memory: mem,
+        node_chunk_memory_bytes: stats.chunk_memory_bytes,
         source_bytes: report.bytes,
         converted_bytes,
         streams_identical: same(&ceiling, &naive) && same(&ceiling, &daemon_epochs),

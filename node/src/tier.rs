@@ -9,7 +9,7 @@
 //! make "admitted to SSD" mean "written to SSD", inserts that go to disk are
 //! serialised and each waits for the engine to finish flushing before the
 //! next is submitted, so the submit queue never holds more than one chunk
-//! and the buffer pool (sized to hold two of the largest chunks) never
+//! and the buffer pool (one block: the largest chunk) never
 //! overflows. Disk writes happen off the request path.
 //!
 //! Everything read back from disk is validated as a chunk (header and
@@ -171,8 +171,8 @@ impl ChunkTier {
                     .with_engine_config(
                         BlockEngineConfig::new(device)
                             .with_block_size(block)
-                            .with_buffer_pool_size(2 * block)
-                            .with_submit_queue_size_threshold(4 * block),
+                            .with_buffer_pool_size(block)
+                            .with_submit_queue_size_threshold(2 * block),
                     )
                     .with_recover_mode(RecoverMode::Quiet)
                     .build()

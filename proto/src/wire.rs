@@ -94,7 +94,9 @@ pub struct NodeStats {
     pub ssd_hits: u64,
     /// Chunk requests that had to read and convert.
     pub misses: u64,
-    /// Cache entries found corrupt and re-read.
+    /// SSD entries that failed Granary's chunk validation and were re-read.
+    /// Entries that foyer's own entry checksum rejects first are counted as
+    /// misses instead.
     pub corrupt_entries: u64,
     /// Chunks prefetched ahead of a request.
     pub prefetched: u64,

@@ -164,7 +164,10 @@ impl Node {
     /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
         let key = ChunkKey { version, shard };
-        loop {
+        // `contains` may be stale (an entry evicted or dropped from disk
+        // between the checks), so the re-check below is retried a bounded
+        // number of times before loading anyway.
+        for attempt in 0..3 {
             match self.inner.tier.get(key).await {
                 Ok(Some((chunk, tier))) => {
                     let c = &self.inner.counters;
@@ -186,7 +189,7 @@ impl Node {
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rx) = inflight.get(&key) {
                     rx.clone()
-                } else if self.inner.tier.contains(key) {
+                } else if attempt < 2 && self.inner.tier.contains(key) {
                     // A load finished between our lookup and the lock.
                     continue;
                 } else {
@@ -203,6 +206,8 @@ impl Node {
                 Err(_) => Err(Arc::new(FetchError::Internal(format!("load of {shard} was dropped")))),
             };
         }
+        // The last attempt never `continue`s, so the loop returns above.
+        Err(Arc::new(FetchError::Internal(format!("lookup of {shard} did not settle"))))
     }
 
     async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>) {

@@ -4,6 +4,7 @@
 //! - `granary node --config node.toml` — the node daemon.
 //! - `granary dataset gen` — write the synthetic dataset.
 //! - `granary bench local` — the single-host scenario benchmark.
+//! - `granary bench placement` — the placement function at cluster scale.
 //! - `granary stats --socket PATH` — a node's counters.
 //! - `granary trainer ...` — one trainer rank (used by the demo).
 
@@ -86,6 +87,19 @@ struct GenArgs {
 enum BenchCommand {
     /// ceiling, naive, warm and cold on one host.
     Local(LocalArgs),
+    /// Place shards over nodes, remove one node, add one: balance, speed
+    /// and movement of the placement function.
+    Placement {
+        /// Shards to place.
+        #[arg(long, default_value_t = 1_000_000)]
+        shards: usize,
+        /// Nodes of equal weight.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// Print one JSON line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -133,6 +147,7 @@ fn main() -> Result<()> {
         Command::Node { config } => run_node(&config),
         Command::Dataset(DatasetCommand::Gen(a)) => generate(a),
         Command::Bench(BenchCommand::Local(a)) => bench_local(a),
+        Command::Bench(BenchCommand::Placement { shards, nodes, json }) => bench_placement(shards, nodes, json),
         Command::Stats { socket, json } => stats(&socket, json),
         Command::Trainer(a) => trainer::run(a),
     }
@@ -233,6 +248,20 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         "conditions: commit {} · {} cores · {} build · {} rows · batch {}",
         summary.conditions.commit, summary.conditions.cores, summary.conditions.profile, opts.rows, opts.batch_size
     );
+    Ok(())
+}
+
+fn bench_placement(shards: usize, nodes: usize, json: bool) -> Result<()> {
+    let b = granary_proto::placement::bench_placement(shards, nodes)?;
+    if json {
+        println!("{}", serde_json::to_string(&b)?);
+        return Ok(());
+    }
+    println!("placed {} shards over {} nodes in {:.3} s (target < 1)", b.shards, b.nodes, b.assign_s);
+    println!("max load / mean         {:.3}   (target <= 1.1)", b.max_over_mean);
+    println!("moved on leave / ideal  {:.3}   (target <= 1.1)", b.moved_on_leave_over_ideal);
+    println!("moved on join / ideal   {:.3}   (target <= 1.1)", b.moved_on_join_over_ideal);
+    println!("conditions: {:?}", granary_bench::report::Conditions::current());
     Ok(())
 }
 

@@ -11,6 +11,8 @@
 //! - [`chunk`] — the self-describing, 64-byte-aligned converted shard
 //!   ([`ChunkLayout`] writes one, [`ChunkView`] validates and reads one).
 //! - [`plan`] — the deterministic epoch plan ([`plan_rank`]).
+//! - [`placement`] — which live node owns each shard, balanced by weight
+//!   with little movement on membership changes ([`plan_placement`]).
 //! - [`wire`] — messages between a trainer and its local node.
 //! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
 //!   would change every sample order ever published.
@@ -28,6 +30,7 @@ pub mod chunk;
 pub mod dtype;
 pub mod ids;
 pub mod manifest;
+pub mod placement;
 pub mod plan;
 pub mod rng;
 pub mod view;
@@ -38,5 +41,8 @@ pub use chunk::{ChunkError, ChunkHeader, ChunkLayout, ChunkView, TensorMeta};
 pub use dtype::DType;
 pub use ids::{DatasetVersion, NodeId, ShardId};
 pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
+pub use placement::{
+    NodeWeight, Placement, PlacementBench, PlacementError, bench_placement, plan_placement, shard_key,
+};
 pub use plan::{PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank};
 pub use view::{TensorLayout, TensorSpec, View, ViewError};

@@ -156,8 +156,21 @@ impl Node {
         }
     }
 
-    /// Flushes the tier.
+    /// Waits (up to 30 s) for loads in flight to reach the tier, then
+    /// flushes and closes it, so a clean stop loses no converted chunk.
     pub async fn close(&self) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let pending = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len();
+            if pending == 0 {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                tracing::warn!(pending, "closing with loads still in flight; their chunks are not on SSD");
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         self.inner.tier.close().await;
     }
 

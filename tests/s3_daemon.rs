@@ -9,7 +9,7 @@ use granary_client::{Loader, LoaderConfig};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_proto::{Shuffle, View};
+use granary_proto::Shuffle;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -69,7 +69,7 @@ source = "s3://train/ads/"
 /// The naive path: an in-process node on the same S3 source (so the same
 /// dataset version) with no cache and no prefetch.
 fn naive_epoch_bytes(s3: SocketAddr, rank: u32, epoch: u64) -> Vec<u8> {
-    let view = toml::from_str::<View>(datagen::VIEW_TOML).unwrap().validated().unwrap();
+    let view = datagen::view();
     let remote = [
         ("aws_endpoint", format!("http://{s3}")),
         ("aws_allow_http", "true".into()),

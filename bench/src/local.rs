@@ -21,7 +21,7 @@ use granary_client::{Loader, LoaderConfig, MemorySource};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_proto::{AlignedBuf, Shuffle, View};
+use granary_proto::{AlignedBuf, Shuffle};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -205,16 +205,12 @@ impl DaemonSettings<'_> {
     }
 }
 
-fn view() -> Result<View> {
-    Ok(toml::from_str::<View>(datagen::VIEW_TOML)?.validated()?)
-}
-
 fn embedded_config(data_dir: &Path, ram_bytes: u64, prefetch_bytes: u64) -> Result<NodeConfig> {
     Ok(NodeConfig {
         datasets: vec![DatasetConfig {
             name: "ads".into(),
             source: format!("file://{}", data_dir.display()),
-            view: ViewRef::Inline(view()?),
+            view: ViewRef::Inline(datagen::view()),
         }],
         ram_bytes,
         prefetch_bytes,

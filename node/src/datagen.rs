@@ -105,6 +105,15 @@ dtype = "f32"
 columns = ["label"]
 "#;
 
+/// [`VIEW_TOML`], parsed and validated.
+pub fn view() -> granary_proto::View {
+    // A constant of this module that its tests parse: it cannot fail.
+    toml::from_str::<granary_proto::View>(VIEW_TOML)
+        .ok()
+        .and_then(|v| v.validated().ok())
+        .unwrap_or_else(|| unreachable!("VIEW_TOML is a valid view"))
+}
+
 /// Column ids used to derive values (dense `0..150`, then these).
 const EMB_COL: u64 = 1000;
 const USER_COL: u64 = 2000;
@@ -205,4 +214,16 @@ pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Re
         report.files.push(path);
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_view_resolves_against_the_generated_schema() {
+        let v = super::view();
+        assert_eq!(v.tensors.len(), 4);
+        assert_eq!(v.tensors[0].columns.len(), super::DENSE);
+        let resolved = crate::convert::resolve_view(&v, &super::schema(), "gen").unwrap();
+        assert_eq!(resolved.layouts[1].shape, vec![super::EMB as u32]);
+    }
 }

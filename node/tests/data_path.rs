@@ -10,7 +10,7 @@ use granary_proto::{Shuffle, View};
 use std::sync::Arc;
 
 fn view() -> View {
-    toml::from_str::<View>(datagen::VIEW_TOML).unwrap().validated().unwrap()
+    datagen::view()
 }
 
 fn node_config(dir: &std::path::Path) -> NodeConfig {

@@ -4,10 +4,9 @@
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_proto::View;
 
 fn config(data: &std::path::Path, ssd: Option<&std::path::Path>) -> NodeConfig {
-    let view = toml::from_str::<View>(datagen::VIEW_TOML).unwrap().validated().unwrap();
+    let view = datagen::view();
     NodeConfig {
         datasets: vec![DatasetConfig {
             name: "ads".into(),

@@ -41,9 +41,7 @@ impl EmbeddedNode {
             .thread_name("granary-node")
             .enable_all()
             .build()
-            .map_err(|e| {
-                StartError::Config(crate::config::ConfigError::Parse { path: "runtime".into(), message: e.to_string() })
-            })?;
+            .map_err(StartError::Runtime)?;
         let node = runtime.block_on(Node::start(cfg))?;
         Ok(Self { runtime, node, follower: Mutex::new(None) })
     }

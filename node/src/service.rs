@@ -81,6 +81,9 @@ pub enum StartError {
     /// The tier could not be opened.
     #[error(transparent)]
     Tier(#[from] TierError),
+    /// The async runtime of an embedded node could not be built.
+    #[error("cannot start the node's runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 impl Node {

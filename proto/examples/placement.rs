@@ -7,8 +7,7 @@
 //! `cargo run --release -p granary-proto --example placement [-- SHARDS NODES] [--events K]`
 
 use granary_proto::ids::NodeId;
-use granary_proto::placement::{NodeWeight, bench_placement, plan_placement, shard_key};
-use granary_proto::{DatasetVersion, ShardId};
+use granary_proto::placement::{BENCH_WEIGHT, NodeWeight, bench_inputs, bench_placement, plan_placement};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -36,12 +35,8 @@ fn main() -> Result<()> {
 /// nodes, which lowers every cap by one when `1.1 * shards / nodes` is an
 /// integer (as at 1,000,000 over 10,000).
 fn spread(shards: usize, nodes: usize, events: usize) -> Result<()> {
-    let version = DatasetVersion([0x42; 16]);
-    let keys: Vec<u64> = (0..shards as u64)
-        .map(|i| shard_key(version, ShardId { file: (i >> 10) as u32, row_group: (i & 1023) as u32 }))
-        .collect();
-    let weight = 1u64 << 40;
-    let all: Vec<NodeWeight> = (1..=nodes as u64).map(|i| NodeWeight { node: NodeId(i), weight }).collect();
+    let (keys, all) = bench_inputs(shards, nodes);
+    let weight = BENCH_WEIGHT;
     let base = plan_placement(&keys, &all)?;
     let ideal = shards as f64 / nodes as f64;
     let capped = base.loads().filter(|&(_, load, cap)| load == cap).count();

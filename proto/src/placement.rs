@@ -620,18 +620,27 @@ pub struct PlacementBench {
     pub moved_on_join_over_ideal: f64,
 }
 
+/// Weight of every node in [`bench_inputs`].
+pub const BENCH_WEIGHT: u64 = 1 << 40;
+
+/// The benchmark's inputs: the keys of `shards` shards of one dataset
+/// version, and `nodes` nodes of equal weight with ids `1..=nodes`.
+pub fn bench_inputs(shards: usize, nodes: usize) -> (Vec<u64>, Vec<NodeWeight>) {
+    let version = DatasetVersion([0x42; 16]);
+    let keys = (0..shards as u64)
+        .map(|i| shard_key(version, ShardId { file: (i >> 10) as u32, row_group: (i & 1023) as u32 }))
+        .collect();
+    let all = (1..=nodes as u64).map(|i| NodeWeight { node: NodeId(i), weight: BENCH_WEIGHT }).collect();
+    (keys, all)
+}
+
 /// The placement scenario: places `shards` shards (keys of one dataset
 /// version) on `nodes` equal nodes with ids `1..=nodes`, removes the node
 /// with id `nodes / 2 + 1`, then adds a new node with id `nodes + 1` to the
 /// remaining ones. `assign_s` times only the first placement. Needs at least
 /// 2 nodes ([`PlacementError::NoNodes`] otherwise).
 pub fn bench_placement(shards: usize, nodes: usize) -> Result<PlacementBench, PlacementError> {
-    let version = DatasetVersion([0x42; 16]);
-    let keys: Vec<u64> = (0..shards as u64)
-        .map(|i| shard_key(version, ShardId { file: (i >> 10) as u32, row_group: (i & 1023) as u32 }))
-        .collect();
-    let weight = 1u64 << 40;
-    let all: Vec<NodeWeight> = (1..=nodes as u64).map(|i| NodeWeight { node: NodeId(i), weight }).collect();
+    let (keys, all) = bench_inputs(shards, nodes);
 
     let started = Instant::now();
     let first = plan_placement(&keys, &all)?;
@@ -640,7 +649,7 @@ pub fn bench_placement(shards: usize, nodes: usize) -> Result<PlacementBench, Pl
     let leaver = NodeId(nodes as u64 / 2 + 1);
     let mut rest: Vec<NodeWeight> = all.iter().copied().filter(|n| n.node != leaver).collect();
     let after_leave = plan_placement(&keys, &rest)?;
-    rest.push(NodeWeight { node: NodeId(nodes as u64 + 1), weight });
+    rest.push(NodeWeight { node: NodeId(nodes as u64 + 1), weight: BENCH_WEIGHT });
     let after_join = plan_placement(&keys, &rest)?;
 
     let ideal = shards as f64 / nodes as f64;

@@ -6,8 +6,13 @@
 //! - `granary bench local` — the single-host scenario benchmark.
 //! - `granary bench placement` — the placement function at cluster scale.
 //! - `granary stats --socket PATH` — a node's counters.
+//! - `granary coordinator --id N --listen ADDR --peers ... --data-dir DIR` — a coordinator voter.
+//! - `granary certs init --out DIR` — the cluster CA and role certificates.
+//! - `granary dataset add|ls|show|placement` — datasets registered with the coordinators.
+//! - `granary status` — leader, voters, nodes with leases, placement epoch.
 //! - `granary trainer ...` — one trainer rank (used by the demo).
 
+mod cluster;
 mod demo;
 mod trainer;
 
@@ -26,6 +31,13 @@ struct Cli {
 enum Command {
     /// Run the whole single-host path on a generated dataset and report.
     Demo(demo::DemoArgs),
+    /// Run a coordinator voter.
+    Coordinator(cluster::CoordinatorArgs),
+    /// Cluster certificates.
+    #[command(subcommand)]
+    Certs(cluster::CertsCommand),
+    /// Leader, term, voters, nodes with leases, placement epoch and shards per node.
+    Status(cluster::ConnectArgs),
     /// Run a node daemon.
     Node {
         /// Path of node.toml.
@@ -56,6 +68,8 @@ enum Command {
 enum DatasetCommand {
     /// Write the synthetic recommendation dataset.
     Gen(GenArgs),
+    #[command(flatten)]
+    Cluster(cluster::ClusterDatasetCommand),
 }
 
 #[derive(Args)]
@@ -138,7 +152,11 @@ fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     // The daemon logs its lifecycle; interactive commands only problems.
-    let default = if matches!(cli.command, Command::Node { .. }) { "info" } else { "warn,foyer=error" };
+    let default = if matches!(cli.command, Command::Node { .. } | Command::Coordinator(_)) {
+        "info,openraft=warn"
+    } else {
+        "warn,foyer=error"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GRANARY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -146,6 +164,10 @@ fn main() -> Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Node { config } => run_node(&config),
         Command::Dataset(DatasetCommand::Gen(a)) => generate(a),
+        Command::Dataset(DatasetCommand::Cluster(c)) => cluster::dataset(c),
+        Command::Coordinator(a) => cluster::run_coordinator(a),
+        Command::Certs(c) => cluster::certs(c),
+        Command::Status(c) => cluster::status(c),
         Command::Bench(BenchCommand::Local(a)) => bench_local(a),
         Command::Bench(BenchCommand::Placement { shards, nodes, json }) => bench_placement(shards, nodes, json),
         Command::Stats { socket, json } => stats(&socket, json),
@@ -174,6 +196,13 @@ fn run_node(config: &std::path::Path) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let node = granary_node::Node::start(&cfg).await?;
+        let membership = match &cfg.cluster {
+            Some(c) => {
+                let ssd = if cfg.ssd_dir.is_some() { cfg.ssd_bytes } else { 0 };
+                Some(granary_node::membership::Membership::start(c, cfg.ram_bytes, ssd)?)
+            }
+            None => None,
+        };
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {
@@ -182,6 +211,9 @@ fn run_node(config: &std::path::Path) -> Result<()> {
             }
         };
         granary_node::daemon::serve(node.clone(), &socket, shutdown).await.with_context(|| format!("serving {}", socket.display()))?;
+        if let Some(m) = membership {
+            m.stop();
+        }
         node.close().await;
         tracing::info!("node stopped");
         Ok(())

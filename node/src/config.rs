@@ -102,6 +102,30 @@ pub struct NodeConfig {
     /// Simulated remote conditions. Default: none.
     #[serde(default)]
     pub throttle: Option<ThrottleConfig>,
+    /// Cluster membership. Default: none (a standalone node).
+    #[serde(default)]
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// How a node joins the cluster.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Coordinator addresses (`host:port`); any voter will do.
+    pub coordinators: Vec<String>,
+    /// Folder made by `granary certs init` (relative to the config file).
+    pub certs: PathBuf,
+    /// Certificate name in that folder. Default `node`.
+    #[serde(default = "default_cert_name")]
+    pub cert_name: String,
+    /// This node's id, unique in the cluster.
+    pub node_id: u64,
+    /// Address peers reach this node at (`host:port`).
+    pub advertise: String,
+}
+
+fn default_cert_name() -> String {
+    "node".into()
 }
 
 fn default_ram() -> u64 {
@@ -134,6 +158,7 @@ impl Default for NodeConfig {
             datasets: Vec::new(),
             remote: BTreeMap::new(),
             throttle: None,
+            cluster: None,
         }
     }
 }
@@ -175,6 +200,9 @@ impl NodeConfig {
         let mut cfg: NodeConfig = toml::from_str(&text)
             .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
         let base = path.parent().unwrap_or(Path::new("."));
+        if let Some(c) = &mut cfg.cluster {
+            c.certs = base.join(&c.certs);
+        }
         for d in &mut cfg.datasets {
             if let ViewRef::Path(p) = &d.view {
                 let p = base.join(p);

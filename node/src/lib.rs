@@ -13,6 +13,7 @@
 //! - [`service`] — [`Node`]: lookup, single flight, load, prefetch.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
+//! - [`membership`] — registering with the coordinators, lease renewal, the placement watch.
 //! - [`datagen`] — a deterministic synthetic dataset for demos and benchmarks.
 //! - [`error`] — error types.
 //!
@@ -29,6 +30,7 @@ pub mod datagen;
 pub mod dataset;
 pub mod embedded;
 pub mod error;
+pub mod membership;
 pub mod remote;
 pub mod service;
 pub mod shm;

@@ -22,6 +22,38 @@ impl DatasetVersion {
     }
 }
 
+impl DatasetVersion {
+    /// Parses 32 hex characters (either case).
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        if b.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            let hi = (pair[0] as char).to_digit(16)?;
+            let lo = (pair[1] as char).to_digit(16)?;
+            out[i] = (hi * 16 + lo) as u8;
+        }
+        Some(Self(out))
+    }
+}
+
+/// Serialized as its 32-character hex form, so JSON stays readable.
+impl serde::Serialize for DatasetVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DatasetVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Self::from_hex(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("not a dataset version (32 hex digits): {s:?}")))
+    }
+}
+
 impl fmt::Debug for DatasetVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "DatasetVersion({})", self.to_hex())

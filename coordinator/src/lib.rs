@@ -1,0 +1,27 @@
+//! Granary's coordinator: a Raft group (openraft) that owns datasets, node
+//! membership with leases, and the placement epoch. It is never on the path
+//! of a batch.
+//!
+//! - [`types`]: the Raft type configuration and the commands in the log.
+//! - [`state`]: the replicated [`state::ClusterState`] and the pure function
+//!   that applies a command to it.
+//! - [`store`]: the log and vote on redb, synced before acknowledged.
+//! - [`sm`]: the state machine and its snapshots on disk.
+//! - [`network`]: Raft RPCs over QUIC with mutual TLS.
+//! - [`server`]: the voter process: endpoint, API handlers with role checks,
+//!   the leader's lease clock.
+//!
+//! Flow: an API request reaches any voter; writes and current reads are
+//! redirected to the leader, which proposes a [`types::Command`]; once
+//! committed, every voter applies it to its [`state::ClusterState`], and the
+//! placement watch pushes the new placement epoch to the nodes, which
+//! compute owners with the pure `granary_proto::plan_placement`.
+
+pub mod network;
+pub mod server;
+pub mod sm;
+pub mod state;
+pub mod store;
+pub mod types;
+
+pub use server::{Coordinator, CoordinatorConfig, StartError};

@@ -1,0 +1,191 @@
+//! Raft RPCs over QUIC: one connection per peer voter (ALPN
+//! `granary-raft/1`, mutual TLS with a coordinator certificate), one
+//! bidirectional stream per RPC carrying one JSON frame each way.
+//!
+//! A stream per RPC keeps a large `install_snapshot` chunk from blocking
+//! heartbeats behind it, and a dead connection costs one failed RPC: the
+//! link reconnects on the next call. Transport failures map to
+//! `RPCError::Unreachable`, so openraft backs off instead of spinning.
+
+use crate::types::{TypeConfig, VoterId};
+use granary_net::frame::{self, MAX_FRAME_BYTES};
+use granary_net::tls::{self, Role};
+use openraft::BasicNode;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One Raft RPC.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RaftRpc {
+    /// AppendEntries (also the leader's heartbeat).
+    Append(AppendEntriesRequest<TypeConfig>),
+    /// RequestVote.
+    Vote(VoteRequest<VoterId>),
+    /// One chunk of a snapshot.
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// The answer to a [`RaftRpc`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RaftReply {
+    /// To `Append`.
+    Append(Result<AppendEntriesResponse<VoterId>, RaftError<VoterId>>),
+    /// To `Vote`.
+    Vote(Result<VoteResponse<VoterId>, RaftError<VoterId>>),
+    /// To `Snapshot`.
+    Snapshot(Result<InstallSnapshotResponse<VoterId>, RaftError<VoterId, InstallSnapshotError>>),
+}
+
+/// Transport failure on one RPC, as text for openraft's error wrappers.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LinkError(String);
+
+/// Creates links to peer voters; shared by all of them.
+#[derive(Clone)]
+pub struct QuicNetwork {
+    endpoint: quinn::Endpoint,
+    config: quinn::ClientConfig,
+    conns: Arc<Mutex<HashMap<SocketAddr, quinn::Connection>>>,
+    connect_timeout: Duration,
+}
+
+impl QuicNetwork {
+    /// Dials out from `endpoint` with `config` (a coordinator identity's
+    /// client configuration for ALPN `granary-raft/1`).
+    pub fn new(endpoint: quinn::Endpoint, config: quinn::ClientConfig, connect_timeout: Duration) -> Self {
+        Self { endpoint, config, conns: Arc::new(Mutex::new(HashMap::new())), connect_timeout }
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, LinkError> {
+        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
+            && c.close_reason().is_none()
+        {
+            return Ok(c.clone());
+        }
+        let connecting = self
+            .endpoint
+            .connect_with(self.config.clone(), addr, Role::Coordinator.server_name())
+            .map_err(|e| LinkError(format!("voter at {addr}: {e}")))?;
+        let conn = tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| LinkError(format!("voter at {addr}: connect timed out")))?
+            .map_err(|e| LinkError(format!("voter at {addr}: {e}")))?;
+        match tls::peer_role(&conn) {
+            Ok(Role::Coordinator) => {}
+            Ok(r) => return Err(LinkError(format!("voter at {addr} holds a {r} certificate, not a coordinator's"))),
+            Err(e) => return Err(LinkError(format!("voter at {addr}: {e}"))),
+        }
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    fn forget(&self, addr: SocketAddr) {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
+    type Network = PeerLink;
+
+    async fn new_client(&mut self, target: VoterId, node: &BasicNode) -> PeerLink {
+        PeerLink { target, addr: node.addr.clone(), net: self.clone() }
+    }
+}
+
+/// The link to one peer voter.
+pub struct PeerLink {
+    target: VoterId,
+    addr: String,
+    net: QuicNetwork,
+}
+
+impl PeerLink {
+    async fn rpc(&self, rpc: &RaftRpc, ttl: Duration) -> Result<RaftReply, LinkError> {
+        let addr: SocketAddr =
+            self.addr.parse().map_err(|e| LinkError(format!("{}: bad address {:?}: {e}", self.target, self.addr)))?;
+        let exchange = async {
+            let conn = self.net.connection(addr).await?;
+            frame::call::<_, RaftReply>(&conn, rpc, MAX_FRAME_BYTES).await.map_err(|e| {
+                self.net.forget(addr);
+                LinkError(format!("{} at {addr}: {e}", self.target))
+            })
+        };
+        tokio::time::timeout(ttl, exchange)
+            .await
+            .map_err(|_| LinkError(format!("{} at {addr}: no answer within {ttl:?}", self.target)))?
+    }
+}
+
+fn unreachable<E: std::error::Error>(e: LinkError) -> RPCError<VoterId, BasicNode, E> {
+    RPCError::Unreachable(Unreachable::new(&e))
+}
+
+fn mismatch<E: std::error::Error>(target: VoterId) -> RPCError<VoterId, BasicNode, E> {
+    RPCError::Network(NetworkError::new(&LinkError(format!("{target} answered with the wrong reply type"))))
+}
+
+impl RaftNetwork<TypeConfig> for PeerLink {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<VoterId>, RPCError<VoterId, BasicNode, RaftError<VoterId>>> {
+        match self.rpc(&RaftRpc::Append(rpc), option.hard_ttl()).await.map_err(unreachable)? {
+            RaftReply::Append(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            _ => Err(mismatch(self.target)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<VoterId>, RPCError<VoterId, BasicNode, RaftError<VoterId, InstallSnapshotError>>>
+    {
+        match self.rpc(&RaftRpc::Snapshot(rpc), option.hard_ttl()).await.map_err(unreachable)? {
+            RaftReply::Snapshot(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            _ => Err(mismatch(self.target)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<VoterId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<VoterId>, RPCError<VoterId, BasicNode, RaftError<VoterId>>> {
+        match self.rpc(&RaftRpc::Vote(rpc), option.hard_ttl()).await.map_err(unreachable)? {
+            RaftReply::Vote(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            _ => Err(mismatch(self.target)),
+        }
+    }
+}
+
+/// Serves one Raft RPC stream: reads the request, hands it to `raft`,
+/// writes the reply. Errors are the caller's to log.
+pub async fn serve_rpc(
+    raft: &crate::types::Raft,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) -> Result<(), frame::FrameError> {
+    let Some(rpc) = frame::read_frame::<RaftRpc>(&mut recv, MAX_FRAME_BYTES).await? else {
+        return Ok(());
+    };
+    let reply = match rpc {
+        RaftRpc::Append(r) => RaftReply::Append(raft.append_entries(r).await),
+        RaftRpc::Vote(r) => RaftReply::Vote(raft.vote(r).await),
+        RaftRpc::Snapshot(r) => RaftReply::Snapshot(raft.install_snapshot(r).await),
+    };
+    frame::write_frame(&mut send, &reply).await?;
+    let _ = send.finish();
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! The replicated cluster state and the pure function that applies a
+//! command to it.
+//!
+//! [`ClusterState::apply`] reads no clock and does no I/O: every replica that
+//! applies the same log reaches the same bytes. Placement is not stored; it
+//! is [`granary_proto::plan_placement`] of (shards, live nodes), recomputed
+//! wherever it is needed, so the log only records the events that change its
+//! inputs and the epoch that numbers them.
+
+use crate::types::{Command, CommandResult};
+use granary_proto::placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
+use granary_proto::{DatasetVersion, Manifest, NodeId, View};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One registered version of a dataset.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct VersionRecord {
+    /// Content hash of manifest and view.
+    pub version: DatasetVersion,
+    /// The view.
+    pub view: View,
+    /// The manifest.
+    pub manifest: Manifest,
+}
+
+impl VersionRecord {
+    /// Placement keys of this version's shards, in manifest order.
+    pub fn shard_keys(&self) -> Vec<u64> {
+        self.manifest.shards().iter().map(|s| shard_key(self.version, s.shard)).collect()
+    }
+}
+
+/// A dataset: its versions, oldest first. The last one is current.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct DatasetRecord {
+    /// Versions in registration order.
+    pub versions: Vec<VersionRecord>,
+}
+
+impl DatasetRecord {
+    /// The newest version.
+    pub fn current(&self) -> Option<&VersionRecord> {
+        self.versions.last()
+    }
+}
+
+/// A data node as the cluster knows it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Peer address (`host:port`).
+    pub addr: String,
+    /// RAM tier capacity.
+    pub ram_bytes: u64,
+    /// SSD tier capacity.
+    pub ssd_bytes: u64,
+    /// Incarnation of its latest registration (unique across the cluster's
+    /// history).
+    pub incarnation: u64,
+    /// False once the lease of `incarnation` expired.
+    pub live: bool,
+}
+
+impl NodeRecord {
+    /// Placement weight: total cache capacity.
+    pub fn weight(&self) -> u64 {
+        self.ram_bytes.saturating_add(self.ssd_bytes)
+    }
+}
+
+/// Everything the coordinator replicates.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Datasets by name.
+    pub datasets: BTreeMap<String, DatasetRecord>,
+    /// Nodes by id, live or expired.
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
+    /// Advances whenever the set of live nodes (or an incarnation) changes.
+    pub placement_epoch: u64,
+    /// The incarnation the next registration gets.
+    pub next_incarnation: u64,
+}
+
+impl ClusterState {
+    /// Applies one command. Deterministic: same state and command, same
+    /// result and same new state.
+    pub fn apply(&mut self, cmd: &Command) -> CommandResult {
+        match cmd {
+            Command::AddDataset { name, view, manifest } => {
+                let version = manifest.version(view);
+                let record = self.datasets.entry(name.clone()).or_default();
+                if record.current().map(|v| v.version) == Some(version) {
+                    return CommandResult::DatasetAdded { version, new: false };
+                }
+                // A version seen before (an older one re-added) becomes current again.
+                record.versions.retain(|v| v.version != version);
+                record.versions.push(VersionRecord { version, view: view.clone(), manifest: manifest.clone() });
+                CommandResult::DatasetAdded { version, new: true }
+            }
+            Command::RegisterNode { node, addr, ram_bytes, ssd_bytes } => {
+                self.next_incarnation += 1;
+                let incarnation = self.next_incarnation;
+                self.nodes.insert(
+                    *node,
+                    NodeRecord {
+                        addr: addr.clone(),
+                        ram_bytes: *ram_bytes,
+                        ssd_bytes: *ssd_bytes,
+                        incarnation,
+                        live: true,
+                    },
+                );
+                self.placement_epoch += 1;
+                CommandResult::NodeRegistered { incarnation, placement_epoch: self.placement_epoch }
+            }
+            Command::ExpireNode { node, incarnation } => match self.nodes.get_mut(node) {
+                Some(r) if r.live && r.incarnation == *incarnation => {
+                    r.live = false;
+                    self.placement_epoch += 1;
+                    CommandResult::NodeExpired { placement_epoch: Some(self.placement_epoch) }
+                }
+                _ => CommandResult::NodeExpired { placement_epoch: None },
+            },
+        }
+    }
+
+    /// Live nodes with their weights, sorted by id.
+    pub fn live_nodes(&self) -> Vec<NodeWeight> {
+        self.nodes.iter().filter(|(_, r)| r.live).map(|(&node, r)| NodeWeight { node, weight: r.weight() }).collect()
+    }
+
+    /// The placement of one dataset version over the live nodes.
+    pub fn placement(&self, version: &VersionRecord) -> Result<Placement, PlacementError> {
+        plan_placement(&version.shard_keys(), &self.live_nodes())
+    }
+
+    /// Shards owned per live node, summed over every dataset's current
+    /// version. Empty when no node is live.
+    pub fn shards_per_node(&self) -> BTreeMap<NodeId, u64> {
+        let mut out: BTreeMap<NodeId, u64> = self.live_nodes().iter().map(|n| (n.node, 0)).collect();
+        for v in self.datasets.values().filter_map(DatasetRecord::current) {
+            if let Ok(p) = self.placement(v) {
+                for owner in p.owners() {
+                    *out.entry(owner).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granary_proto::{FileEntry, RowGroupEntry};
+
+    fn manifest(files: usize) -> Manifest {
+        Manifest {
+            source: "file:///data".into(),
+            files: (0..files)
+                .map(|i| FileEntry {
+                    path: format!("part-{i}.parquet"),
+                    size_bytes: 100,
+                    version_tag: "t".into(),
+                    row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }; 4],
+                })
+                .collect(),
+            tensors: vec![],
+        }
+    }
+
+    fn view() -> View {
+        View { tensors: vec![] }
+    }
+
+    fn register(s: &mut ClusterState, id: u64) -> u64 {
+        match s.apply(&Command::RegisterNode {
+            node: NodeId(id),
+            addr: format!("127.0.0.1:{id}"),
+            ram_bytes: 1 << 30,
+            ssd_bytes: 0,
+        }) {
+            CommandResult::NodeRegistered { incarnation, .. } => incarnation,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn registration_and_expiry_advance_the_epoch_and_incarnations() {
+        let mut s = ClusterState::default();
+        let a = register(&mut s, 1);
+        let b = register(&mut s, 2);
+        assert_eq!((a, b, s.placement_epoch), (1, 2, 2));
+        // A stale incarnation's expiry changes nothing.
+        assert_eq!(
+            s.apply(&Command::ExpireNode { node: NodeId(1), incarnation: 7 }),
+            CommandResult::NodeExpired { placement_epoch: None }
+        );
+        assert_eq!(
+            s.apply(&Command::ExpireNode { node: NodeId(1), incarnation: a }),
+            CommandResult::NodeExpired { placement_epoch: Some(3) }
+        );
+        assert_eq!(s.live_nodes().len(), 1);
+        // Returning gets a new incarnation.
+        assert_eq!(register(&mut s, 1), 3);
+        assert_eq!(s.live_nodes().len(), 2);
+    }
+
+    #[test]
+    fn datasets_keep_versions_and_adding_the_same_one_is_a_no_op() {
+        let mut s = ClusterState::default();
+        let add = |s: &mut ClusterState, files| {
+            s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(files) })
+        };
+        let CommandResult::DatasetAdded { version: v1, new: true } = add(&mut s, 2) else { panic!() };
+        assert_eq!(add(&mut s, 2), CommandResult::DatasetAdded { version: v1, new: false });
+        let CommandResult::DatasetAdded { version: v2, new: true } = add(&mut s, 3) else { panic!() };
+        assert_ne!(v1, v2);
+        assert_eq!(s.datasets["d"].versions.len(), 2);
+        assert_eq!(s.datasets["d"].current().map(|v| v.version), Some(v2));
+    }
+
+    #[test]
+    fn expiry_moves_only_the_expired_nodes_shards() {
+        let mut s = ClusterState::default();
+        for id in 1..=4 {
+            register(&mut s, id);
+        }
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(50) });
+        let v = s.datasets["d"].current().cloned().expect("added");
+        let before = s.placement(&v).expect("placement");
+        let inc = s.nodes[&NodeId(3)].incarnation;
+        s.apply(&Command::ExpireNode { node: NodeId(3), incarnation: inc });
+        let after = s.placement(&v).expect("placement");
+        for (b, a) in before.owners().zip(after.owners()) {
+            if b != NodeId(3) {
+                assert_eq!(a, b, "a shard of a surviving node moved");
+            } else {
+                assert_ne!(a, NodeId(3));
+            }
+        }
+        let per = s.shards_per_node();
+        assert_eq!(per.values().sum::<u64>(), 200);
+        assert!(!per.contains_key(&NodeId(3)));
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let mut s = ClusterState::default();
+        register(&mut s, 9);
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(1) });
+        let bytes = serde_json::to_vec(&s).expect("encode");
+        let back: ClusterState = serde_json::from_slice(&bytes).expect("decode");
+        assert_eq!(back, s);
+    }
+}

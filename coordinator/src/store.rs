@@ -1,0 +1,586 @@
+//! The durable Raft log and vote, in one redb file.
+//!
+//! Raft's safety rests on two writes surviving a crash: the vote (so a voter
+//! never votes twice in a term) and the appended entries (so an acknowledged
+//! entry is never lost). Both are single redb transactions committed with
+//! redb's default immediate durability, which fsyncs before `commit` returns,
+//! and openraft is told an append is done only after that commit. The
+//! committed log id is only a hint for a faster restart, so it is written
+//! without an fsync and becomes durable with the next vote or append.
+//!
+//! Every record is serde_json, the same encoding the rest of the coordinator
+//! uses, so a log can be read with standard tools. redb calls block on disk
+//! I/O and fsync, so each one runs on tokio's blocking pool instead of
+//! stalling an async worker. The file is integrity-checked at open (every
+//! page checksum), and a record that fails to decode is an error naming the
+//! table and key: bytes from disk never cause a panic.
+
+use crate::types::{TypeConfig, VoterId};
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{Entry, LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Log entries by index; values are serde_json of `openraft::Entry<TypeConfig>`.
+const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("logs");
+/// Small records by name ([`VOTE_KEY`], [`LAST_PURGED_KEY`], [`COMMITTED_KEY`]); values are serde_json.
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+const VOTE_KEY: &str = "vote";
+const LAST_PURGED_KEY: &str = "last_purged";
+const COMMITTED_KEY: &str = "committed";
+
+/// redb's page cache for the log file. The coordinator's log is small and
+/// read mostly at its tail, so redb's 1 GiB default would only hold memory.
+const CACHE_BYTES: usize = 64 << 20;
+
+/// Openraft's storage error for this type configuration.
+pub type RaftStorageError = StorageError<VoterId>;
+
+/// Why the coordinator's storage (this log or the state machine's snapshot) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The redb file could not be created or opened: its folder is missing or
+    /// not writable, another process holds it, or its bytes are not an intact
+    /// redb database.
+    #[error("cannot open the Raft log {path}: {source}")]
+    Open {
+        /// The redb file.
+        path: PathBuf,
+        /// What redb reported.
+        #[source]
+        source: redb::DatabaseError,
+    },
+    /// A transaction on the open redb file failed (I/O error, corruption found
+    /// while reading, or a failed commit).
+    #[error("Raft log {path}: {source}")]
+    Redb {
+        /// The redb file.
+        path: PathBuf,
+        /// What redb reported.
+        #[source]
+        source: redb::Error,
+    },
+    /// A record stored in the redb file did not decode.
+    #[error("Raft log {path}: record {key} of table `{table}` does not decode: {source}")]
+    Decode {
+        /// The redb file.
+        path: PathBuf,
+        /// The table holding the record.
+        table: &'static str,
+        /// The record's key (a log index, or a meta key such as `vote`).
+        key: String,
+        /// The decoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A value could not be encoded before being written.
+    #[error("cannot encode {what}: {source}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// The encoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A blocking storage task panicked or was cancelled before it finished.
+    #[error("{what}: the blocking storage task did not finish: {source}")]
+    Task {
+        /// The operation that ran on the blocking pool.
+        what: &'static str,
+        /// Why it did not finish.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Reading, writing or syncing a snapshot file (or its folder) failed.
+    #[error("snapshot file {path}: {source}")]
+    SnapshotIo {
+        /// The file or folder.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A snapshot, read from disk or received from the leader, did not decode.
+    #[error("snapshot {origin} does not decode: {source}")]
+    SnapshotDecode {
+        /// The snapshot file's path, or `received snapshot <id>`.
+        origin: String,
+        /// The decoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A snapshot decoded but its parts disagree (for example, its metadata
+    /// names another last log id than its state), or its format is unknown.
+    #[error("snapshot {origin} is invalid: {reason}")]
+    SnapshotInvalid {
+        /// The snapshot file's path, or `received snapshot <id>`.
+        origin: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Runs `f` on tokio's blocking pool, so that fsync and file reads do not
+/// stall an async worker.
+pub(crate) async fn blocking<T, F>(what: &'static str, f: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.map_err(|source| StoreError::Task { what, source })?
+}
+
+/// The redb database and the path it was opened from (for error messages).
+struct Inner {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Inner {
+    fn redb(&self, e: impl Into<redb::Error>) -> StoreError {
+        StoreError::Redb { path: self.path.clone(), source: e.into() }
+    }
+
+    fn decode<T: DeserializeOwned>(
+        &self,
+        table: &'static str,
+        key: &dyn ToString,
+        bytes: &[u8],
+    ) -> Result<T, StoreError> {
+        serde_json::from_slice(bytes).map_err(|source| StoreError::Decode {
+            path: self.path.clone(),
+            table,
+            key: key.to_string(),
+            source,
+        })
+    }
+
+    /// Reads and decodes one meta record.
+    fn read_meta<T: DeserializeOwned>(&self, key: &'static str) -> Result<Option<T>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.redb(e))?;
+        let table = txn.open_table(META).map_err(|e| self.redb(e))?;
+        match table.get(key).map_err(|e| self.redb(e))? {
+            Some(v) => self.decode("meta", &key, v.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes one meta record in its own transaction.
+    fn write_meta(&self, key: &'static str, bytes: &[u8], durability: Durability) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(|e| self.redb(e))?;
+        txn.set_durability(durability).map_err(|e| self.redb(e))?;
+        {
+            let mut table = txn.open_table(META).map_err(|e| self.redb(e))?;
+            table.insert(key, bytes).map_err(|e| self.redb(e))?;
+        }
+        txn.commit().map_err(|e| self.redb(e))
+    }
+}
+
+fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|source| StoreError::Encode { what, source })
+}
+
+/// The Raft log and vote, durable in one redb file.
+///
+/// Cheap to clone: clones share the open database, and one clone serves as
+/// openraft's log reader for replication tasks (redb readers see a
+/// consistent snapshot and never block the writer).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").field("path", &self.inner.path).finish_non_exhaustive()
+    }
+}
+
+impl LogStore {
+    /// Creates the redb file at `path` (for example `DIR/raft.redb`), or opens
+    /// it if it exists. The folder must exist.
+    ///
+    /// The whole file is integrity-checked while opening, so a damaged file
+    /// is an [`StoreError::Open`] naming it rather than a later panic. This
+    /// blocks on disk I/O: call it before the runtime starts or from a
+    /// blocking context.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let open_err = |source| StoreError::Open { path: path.to_path_buf(), source };
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .set_check_integrity_on_open(true)
+            .create(path)
+            .map_err(open_err)?;
+        let inner = Inner { db, path: path.to_path_buf() };
+        // Create both tables up front so that read transactions never meet a
+        // missing table.
+        let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
+        txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+        txn.open_table(META).map_err(|e| inner.redb(e))?;
+        txn.commit().map_err(|e| inner.redb(e))?;
+        tracing::info!(path = %path.display(), "opened the Raft log");
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The redb file this store was opened from.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Entries whose index lies in `range`, in order.
+    fn entries(inner: &Inner, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        if range_is_empty(&range) {
+            return Ok(Vec::new());
+        }
+        let txn = inner.db.begin_read().map_err(|e| inner.redb(e))?;
+        let table = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+        let mut out = Vec::new();
+        for item in table.range(range).map_err(|e| inner.redb(e))? {
+            let (k, v) = item.map_err(|e| inner.redb(e))?;
+            out.push(inner.decode("logs", &k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn log_state(inner: &Inner) -> Result<LogState<TypeConfig>, StoreError> {
+        let txn = inner.db.begin_read().map_err(|e| inner.redb(e))?;
+        let logs = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+        let last_entry: Option<Entry<TypeConfig>> = match logs.last().map_err(|e| inner.redb(e))? {
+            Some((k, v)) => Some(inner.decode("logs", &k.value(), v.value())?),
+            None => None,
+        };
+        let meta = txn.open_table(META).map_err(|e| inner.redb(e))?;
+        let last_purged_log_id: Option<LogId<VoterId>> = match meta.get(LAST_PURGED_KEY).map_err(|e| inner.redb(e))? {
+            Some(v) => Some(inner.decode("meta", &LAST_PURGED_KEY, v.value())?),
+            None => None,
+        };
+        let last_log_id = last_entry.map(|e| e.log_id).or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+}
+
+/// True when no index can lie in `range` (redb would return nothing for it,
+/// but an inverted range is cheaper to answer without a transaction).
+fn range_is_empty(range: &(Bound<u64>, Bound<u64>)) -> bool {
+    let start = match range.0 {
+        Bound::Included(s) => Some(s),
+        Bound::Excluded(s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let Some(start) = start else { return true };
+    match range.1 {
+        Bound::Included(e) => start > e,
+        Bound::Excluded(e) => start >= e,
+        Bound::Unbounded => false,
+    }
+}
+
+fn read_logs_err(e: StoreError) -> RaftStorageError {
+    StorageIOError::read_logs(&e).into()
+}
+
+fn write_logs_err(e: StoreError) -> RaftStorageError {
+    StorageIOError::write_logs(&e).into()
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, RaftStorageError> {
+        let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
+        let inner = self.inner.clone();
+        blocking("read log entries", move || Self::entries(&inner, bounds)).await.map_err(read_logs_err)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
+        let inner = self.inner.clone();
+        blocking("read log state", move || Self::log_state(&inner)).await.map_err(read_logs_err)
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<VoterId>) -> Result<(), RaftStorageError> {
+        let bytes = encode("vote", vote).map_err(|e| StorageIOError::write_vote(&e))?;
+        let inner = self.inner.clone();
+        blocking("save vote", move || inner.write_meta(VOTE_KEY, &bytes, Durability::Immediate))
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<VoterId>>, RaftStorageError> {
+        let inner = self.inner.clone();
+        blocking("read vote", move || inner.read_meta(VOTE_KEY)).await.map_err(|e| StorageIOError::read_vote(&e).into())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<VoterId>>) -> Result<(), RaftStorageError> {
+        let bytes = encode("committed log id", &committed).map_err(write_logs_err)?;
+        let inner = self.inner.clone();
+        // A stale committed id after a crash is safe (openraft only uses it to
+        // re-apply entries it knows are committed), so skip the fsync: the next
+        // durable vote or append carries it to disk.
+        blocking("save committed", move || inner.write_meta(COMMITTED_KEY, &bytes, Durability::None))
+            .await
+            .map_err(write_logs_err)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<VoterId>>, RaftStorageError> {
+        let inner = self.inner.clone();
+        // `Option<LogId>` is stored as is, so a stored `null` reads back as None.
+        blocking("read committed", move || inner.read_meta::<Option<LogId<VoterId>>>(COMMITTED_KEY))
+            .await
+            .map(Option::flatten)
+            .map_err(read_logs_err)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), RaftStorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let encoded = entries
+            .into_iter()
+            .map(|e| encode("log entry", &e).map(|bytes| (e.log_id.index, bytes)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(write_logs_err)?;
+        if encoded.is_empty() {
+            // Nothing to make durable; spare the fsync.
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
+        let inner = self.inner.clone();
+        let written = blocking("append log entries", move || {
+            let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
+            {
+                let mut table = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+                for (index, bytes) in &encoded {
+                    table.insert(index, bytes.as_slice()).map_err(|e| inner.redb(e))?;
+                }
+            }
+            // Immediate durability (redb's default): commit returns after fsync.
+            txn.commit().map_err(|e| inner.redb(e))
+        })
+        .await;
+        match written {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(write_logs_err(e))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<VoterId>) -> Result<(), RaftStorageError> {
+        let inner = self.inner.clone();
+        blocking("truncate log", move || {
+            let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
+            {
+                let mut table = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+                table.retain_in(log_id.index.., |_, _| false).map_err(|e| inner.redb(e))?;
+            }
+            txn.commit().map_err(|e| inner.redb(e))
+        })
+        .await
+        .map_err(write_logs_err)
+    }
+
+    async fn purge(&mut self, log_id: LogId<VoterId>) -> Result<(), RaftStorageError> {
+        let bytes = encode("last purged log id", &log_id).map_err(write_logs_err)?;
+        let inner = self.inner.clone();
+        blocking("purge log", move || {
+            let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
+            {
+                let mut meta = txn.open_table(META).map_err(|e| inner.redb(e))?;
+                let previous: Option<LogId<VoterId>> = match meta.get(LAST_PURGED_KEY).map_err(|e| inner.redb(e))? {
+                    Some(v) => Some(inner.decode("meta", &LAST_PURGED_KEY, v.value())?),
+                    None => None,
+                };
+                // Purging never moves backwards; an older request is already done.
+                if previous.is_some_and(|p| p >= log_id) {
+                    return Ok(());
+                }
+                meta.insert(LAST_PURGED_KEY, bytes.as_slice()).map_err(|e| inner.redb(e))?;
+                let mut logs = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+                logs.retain_in(..=log_id.index, |_, _| false).map_err(|e| inner.redb(e))?;
+            }
+            txn.commit().map_err(|e| inner.redb(e))
+        })
+        .await
+        .map_err(write_logs_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Command;
+    use granary_proto::NodeId;
+    use openraft::{CommittedLeaderId, EntryPayload, Membership};
+    use std::collections::BTreeSet;
+
+    fn log_id(term: u64, index: u64) -> LogId<VoterId> {
+        LogId::new(CommittedLeaderId::new(term, VoterId(1)), index)
+    }
+
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        let payload = match index % 3 {
+            0 => EntryPayload::Blank,
+            1 => EntryPayload::Normal(Command::ExpireNode { node: NodeId(index), incarnation: term }),
+            _ => EntryPayload::Membership(Membership::new(vec![BTreeSet::from([VoterId(1), VoterId(2)])], None)),
+        };
+        Entry { log_id: log_id(term, index), payload }
+    }
+
+    /// Appends through the real callback path and waits until openraft's
+    /// callback reports the entries durable.
+    async fn append(store: &mut LogStore, entries: Vec<Entry<TypeConfig>>) -> anyhow::Result<()> {
+        // `LogFlushed::new` is crate-private in openraft, so drive `append`
+        // through the blocking helper openraft provides for exactly this.
+        use openraft::storage::RaftLogStorageExt;
+        store.blocking_append(entries).await?;
+        Ok(())
+    }
+
+    async fn indexes(store: &mut LogStore) -> anyhow::Result<Vec<u64>> {
+        Ok(store.try_get_log_entries(..).await?.iter().map(|e| e.log_id.index).collect())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn vote_entries_and_purge_survive_a_reopen() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("raft.redb");
+        let vote = Vote::new_committed(3, VoterId(2));
+        let entries: Vec<_> = (1..=6).map(|i| entry(2, i)).collect();
+        {
+            let mut store = LogStore::open(&path)?;
+            store.save_vote(&vote).await?;
+            append(&mut store, entries.clone()).await?;
+            store.purge(log_id(2, 2)).await?;
+            store.save_committed(Some(log_id(2, 5))).await?;
+        }
+        let mut store = LogStore::open(&path)?;
+        assert_eq!(store.read_vote().await?, Some(vote));
+        assert_eq!(store.try_get_log_entries(0..100).await?, entries[2..].to_vec());
+        assert_eq!(
+            store.get_log_state().await?,
+            LogState { last_purged_log_id: Some(log_id(2, 2)), last_log_id: Some(log_id(2, 6)) }
+        );
+        // The committed id was written without fsync, but a clean close (drop)
+        // still persists it.
+        assert_eq!(store.read_committed().await?, Some(log_id(2, 5)));
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn truncate_removes_the_tail_and_purge_the_head() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut store = LogStore::open(&dir.path().join("raft.redb"))?;
+        assert_eq!(store.get_log_state().await?, LogState::default());
+        append(&mut store, (1..=10).map(|i| entry(1, i)).collect()).await?;
+
+        store.truncate(log_id(1, 8)).await?;
+        assert_eq!(indexes(&mut store).await?, (1..=7).collect::<Vec<_>>());
+        assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(1, 7)));
+
+        store.purge(log_id(1, 3)).await?;
+        assert_eq!(indexes(&mut store).await?, (4..=7).collect::<Vec<_>>());
+        // An older purge request changes nothing.
+        store.purge(log_id(1, 2)).await?;
+        assert_eq!(store.get_log_state().await?.last_purged_log_id, Some(log_id(1, 3)));
+
+        // Purging past the end empties the log; the last log id is then the purged one.
+        store.purge(log_id(1, 9)).await?;
+        assert_eq!(indexes(&mut store).await?, Vec::<u64>::new());
+        assert_eq!(
+            store.get_log_state().await?,
+            LogState { last_purged_log_id: Some(log_id(1, 9)), last_log_id: Some(log_id(1, 9)) }
+        );
+        // Inverted and empty ranges read nothing rather than failing.
+        assert!(store.try_get_log_entries(5..5).await?.is_empty());
+        assert!(store.try_get_log_entries((Bound::Excluded(u64::MAX), Bound::Unbounded)).await?.is_empty());
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_that_does_not_decode_is_an_error() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut store = LogStore::open(&dir.path().join("raft.redb"))?;
+        append(&mut store, vec![entry(1, 1)]).await?;
+        // Write garbage straight into both tables.
+        let txn = store.inner.db.begin_write()?;
+        txn.open_table(LOGS)?.insert(2, b"{not json".as_slice())?;
+        txn.open_table(META)?.insert(VOTE_KEY, b"\xff\x00".as_slice())?;
+        txn.commit()?;
+
+        let err = store.try_get_log_entries(0..10).await.expect_err("garbage entry");
+        assert!(err.to_string().contains("record 2 of table `logs`"), "{err}");
+        let err = store.get_log_state().await.expect_err("garbage last entry");
+        assert!(err.to_string().contains("record 2 of table `logs`"), "{err}");
+        let err = store.read_vote().await.expect_err("garbage vote");
+        assert!(err.to_string().contains("record vote of table `meta`"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_of_garbage_is_an_open_error_naming_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("raft.redb");
+        let garbage: Vec<u8> = (0..64 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        std::fs::write(&path, garbage)?;
+        let err = LogStore::open(&path).expect_err("garbage must not open");
+        assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_damaged_database_is_an_open_error_naming_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("raft.redb");
+        {
+            let store = LogStore::open(&path)?;
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(append(&mut store.clone(), (1..=50).map(|i| entry(1, i)).collect()))?;
+        }
+        // Flip bytes past the header, where the tables' pages live.
+        let mut bytes = std::fs::read(&path)?;
+        let len = bytes.len();
+        for b in &mut bytes[len / 2..] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&path, bytes)?;
+        let err = LogStore::open(&path).expect_err("a damaged file must not open");
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_unusable_folder_is_an_open_error_naming_the_file() -> anyhow::Result<()> {
+        // A path under a regular file cannot be created even by root, so this
+        // holds whatever user runs the tests.
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x")?;
+        let path = file.join("raft.redb");
+        let err = LogStore::open(&path).expect_err("no folder to create the file in");
+        assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+        Ok(())
+    }
+}

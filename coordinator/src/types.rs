@@ -1,0 +1,102 @@
+//! The Raft type configuration: voter ids, the commands the log carries and
+//! what applying them returns.
+//!
+//! Commands are decisions already made: the leader lists sources and reads
+//! footers *before* proposing `AddDataset`, and decides that a lease has
+//! expired before proposing `ExpireNode`, so applying a command never reads
+//! a clock or the network and every replica reaches the same state.
+
+use granary_proto::{DatasetVersion, Manifest, NodeId, View};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A coordinator voter's id (distinct from a data node's [`NodeId`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VoterId(pub u64);
+
+impl fmt::Display for VoterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "voter-{}", self.0)
+    }
+}
+
+/// A command in the replicated log.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub enum Command {
+    /// Registers a dataset version whose manifest the leader has built.
+    AddDataset {
+        /// Dataset name.
+        name: String,
+        /// The view the version was built with.
+        view: View,
+        /// Files, row groups and tensor layouts.
+        manifest: Manifest,
+    },
+    /// A node (re)joins: it gets a new incarnation and the placement epoch
+    /// advances.
+    RegisterNode {
+        /// The node.
+        node: NodeId,
+        /// Its peer address (`host:port`).
+        addr: String,
+        /// RAM tier capacity.
+        ram_bytes: u64,
+        /// SSD tier capacity.
+        ssd_bytes: u64,
+    },
+    /// The leader saw this incarnation's lease pass its deadline.
+    ExpireNode {
+        /// The node.
+        node: NodeId,
+        /// The incarnation whose lease expired; a later incarnation is
+        /// unaffected.
+        incarnation: u64,
+    },
+}
+
+/// What applying a [`Command`] returned.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// `AddDataset` applied.
+    DatasetAdded {
+        /// The version (content hash of manifest and view).
+        version: DatasetVersion,
+        /// False when this exact version was already registered.
+        new: bool,
+    },
+    /// `RegisterNode` applied.
+    NodeRegistered {
+        /// The node's new incarnation.
+        incarnation: u64,
+        /// The placement epoch it starts.
+        placement_epoch: u64,
+    },
+    /// `ExpireNode` applied; `None` when the node or incarnation was no
+    /// longer live (nothing changed).
+    NodeExpired {
+        /// The new placement epoch, if one started.
+        placement_epoch: Option<u64>,
+    },
+    /// Membership changes and blank entries carry no command.
+    None,
+}
+
+openraft::declare_raft_types!(
+    /// Granary's coordinator Raft types.
+    pub TypeConfig:
+        D = Command,
+        R = CommandResult,
+        NodeId = VoterId,
+        Node = openraft::BasicNode,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+);
+
+/// The coordinator's Raft handle.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+impl From<u64> for VoterId {
+    fn from(id: u64) -> Self {
+        Self(id)
+    }
+}

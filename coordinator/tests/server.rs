@@ -1,0 +1,211 @@
+//! One voter in process, reached over real QUIC with the cluster's
+//! certificates: role checks, malformed and oversized messages, leases, the
+//! placement watch and recovery from the data folder.
+
+use granary_coordinator::types::VoterId;
+use granary_coordinator::{Coordinator, CoordinatorConfig};
+use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
+use granary_net::client::{ClientError, ClientOptions, CoordinatorClient};
+use granary_net::frame;
+use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Identity, Role};
+use granary_proto::NodeId;
+use std::path::PathBuf;
+use std::time::Duration;
+
+struct Fixture {
+    tmp: tempfile::TempDir,
+    certs: PathBuf,
+    coordinator: Coordinator,
+}
+
+async fn start_in(tmp: tempfile::TempDir, lease: Duration) -> Fixture {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let certs = tmp.path().join("certs");
+    if !certs.join("ca.key").exists() {
+        tls::init_cluster(&certs).expect("certs");
+    }
+    let identity = Identity::load(&certs, "coordinator").expect("identity");
+    let mut cfg =
+        CoordinatorConfig::new(VoterId(1), "127.0.0.1:0".parse().expect("addr"), tmp.path().join("data"), identity);
+    cfg.lease = lease;
+    cfg.election_timeout = Duration::from_millis(150);
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    let coordinator = Coordinator::start(cfg).await.expect("start");
+    let f = Fixture { tmp, certs, coordinator };
+    // Wait for the single voter to elect itself.
+    let client = f.client("admin");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok((_, ApiResponse::Status(s))) = client.call(&ApiRequest::Status).await
+                && s.leader == Some(1)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("leader within 10 s");
+    f
+}
+
+async fn start(lease: Duration) -> Fixture {
+    start_in(tempfile::tempdir().expect("tempdir"), lease).await
+}
+
+impl Fixture {
+    fn identity(&self, name: &str) -> Identity {
+        Identity::load(&self.certs, name).expect("identity")
+    }
+
+    fn client(&self, name: &str) -> CoordinatorClient {
+        let options = ClientOptions { deadline: Duration::from_secs(5), ..Default::default() };
+        CoordinatorClient::new(&self.identity(name), vec![self.coordinator.local_addr()], options).expect("client")
+    }
+
+    async fn connect(&self, name: &str, alpn: &[u8]) -> Result<quinn::Connection, String> {
+        let ep = tls::endpoint("127.0.0.1:0".parse().expect("addr"), None).map_err(|e| e.to_string())?;
+        let cfg = self.identity(name).client_config(alpn).map_err(|e| e.to_string())?;
+        let connecting = ep
+            .connect_with(cfg, self.coordinator.local_addr(), Role::Coordinator.server_name())
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(Duration::from_secs(5), connecting)
+            .await
+            .map_err(|_| "timeout".to_string())?
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn forbidden(r: Result<(std::net::SocketAddr, ApiResponse), ClientError>) -> String {
+    match r {
+        Err(ClientError::Failed { kind: FailureKind::Forbidden, message, .. }) => message,
+        other => panic!("expected Forbidden, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_cannot_heartbeat_or_register_as_a_node() {
+    let f = start(Duration::from_secs(3)).await;
+    let trainer = f.client("trainer");
+    let msg = forbidden(trainer.call(&ApiRequest::Heartbeat { node: NodeId(1), incarnation: 1 }).await);
+    assert!(msg.contains("trainer") && msg.contains("heartbeat"), "{msg}");
+    let reg = ApiRequest::RegisterNode { node: NodeId(1), addr: "127.0.0.1:1".into(), ram_bytes: 1, ssd_bytes: 0 };
+    forbidden(trainer.call(&reg).await);
+    forbidden(f.client("admin").call(&reg).await);
+    f.coordinator.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_traffic_from_a_node_certificate_is_refused() {
+    let f = start(Duration::from_secs(3)).await;
+    let conn = f.connect("node", ALPN_RAFT).await.expect("the handshake itself succeeds");
+    // The server closes the connection on seeing the role; any RPC fails.
+    let r: Result<serde_json::Value, _> = tokio::time::timeout(
+        Duration::from_secs(5),
+        frame::call(&conn, &serde_json::json!({"Vote": {}}), frame::MAX_FRAME_BYTES),
+    )
+    .await
+    .expect("bounded");
+    assert!(r.is_err(), "raft RPC from a node certificate was answered: {r:?}");
+    f.coordinator.shutdown().await;
+}
+
+async fn raw_exchange(conn: &quinn::Connection, bytes: &[u8]) -> Option<ApiResponse> {
+    let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+    send.write_all(bytes).await.expect("write");
+    let _ = send.finish();
+    tokio::time::timeout(Duration::from_secs(5), frame::read_frame::<ApiResponse>(&mut recv, 1 << 20))
+        .await
+        .expect("bounded")
+        .ok()
+        .flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_requests_get_a_clear_refusal() {
+    let f = start(Duration::from_secs(3)).await;
+    let conn = f.connect("admin", ALPN_API).await.expect("connect");
+    // Valid length, garbage JSON.
+    let mut garbage = 7u32.to_le_bytes().to_vec();
+    garbage.extend_from_slice(b"{nope!}");
+    match raw_exchange(&conn, &garbage).await {
+        Some(ApiResponse::Failed { kind: FailureKind::BadRequest, message }) => {
+            assert!(message.contains("malformed"), "{message}")
+        }
+        other => panic!("garbage JSON: {other:?}"),
+    }
+    // A declared length far above the cap: refused before reading it.
+    let huge = (512u32 << 20).to_le_bytes();
+    match raw_exchange(&conn, &huge).await {
+        Some(ApiResponse::Failed { kind: FailureKind::BadRequest, .. }) => {}
+        other => panic!("oversized: {other:?}"),
+    }
+    // An unknown request variant.
+    let unknown = frame::encode_frame(&serde_json::json!({"DropAllTables": {}})).expect("encode");
+    assert!(matches!(
+        raw_exchange(&conn, &unknown).await,
+        Some(ApiResponse::Failed { kind: FailureKind::BadRequest, .. })
+    ));
+    // The voter still serves.
+    let (_, status) = f.client("admin").call(&ApiRequest::Status).await.expect("status");
+    assert!(matches!(status, ApiResponse::Status(_)));
+    f.coordinator.shutdown().await;
+}
+
+async fn register(c: &CoordinatorClient, node: u64) -> u64 {
+    let req = ApiRequest::RegisterNode {
+        node: NodeId(node),
+        addr: format!("127.0.0.1:{}", 9000 + node),
+        ram_bytes: 1 << 30,
+        ssd_bytes: 0,
+    };
+    match c.call(&req).await.expect("register") {
+        (_, ApiResponse::Registered { incarnation, .. }) => incarnation,
+        (_, other) => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_expire_without_heartbeats_and_the_watch_sees_it() {
+    let f = start(Duration::from_millis(600)).await;
+    let node = f.client("node");
+    let a = register(&node, 1).await;
+    let b = register(&node, 2).await;
+    let admin = f.client("admin");
+    let mut watch = admin.watch(0).await.expect("watch");
+    let first = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("bounded").expect("view");
+    let first = first.expect("a first view");
+    assert_eq!(first.nodes.iter().filter(|n| n.live).count(), 2);
+
+    // Node 1 heartbeats; node 2 stays silent and expires.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline {
+        let (_, r) = node.call(&ApiRequest::Heartbeat { node: NodeId(1), incarnation: a }).await.expect("heartbeat");
+        assert!(matches!(r, ApiResponse::HeartbeatAccepted { .. }), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let (_, r) = node.call(&ApiRequest::Heartbeat { node: NodeId(2), incarnation: b }).await.expect("heartbeat");
+    assert_eq!(r, ApiResponse::LeaseLost { node: NodeId(2) });
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("bounded").expect("view");
+    let next = next.expect("a second view");
+    assert!(next.placement_epoch > first.placement_epoch);
+    let live: Vec<u64> = next.nodes.iter().filter(|n| n.live).map(|n| n.node.0).collect();
+    assert_eq!(live, [1]);
+    // Re-registering gives a new incarnation.
+    assert!(register(&node, 2).await > b);
+    f.coordinator.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_the_same_folder_recovers_the_state() {
+    let f = start(Duration::from_secs(3)).await;
+    register(&f.client("node"), 5).await;
+    let Fixture { tmp, coordinator, .. } = f;
+    coordinator.shutdown().await;
+    let f = start_in(tmp, Duration::from_secs(3)).await;
+    let (_, status) = f.client("admin").call(&ApiRequest::Status).await.expect("status");
+    let ApiResponse::Status(status) = status else { panic!("{status:?}") };
+    assert_eq!(status.nodes.len(), 1);
+    assert_eq!(status.nodes[0].node, NodeId(5));
+    f.coordinator.shutdown().await;
+}

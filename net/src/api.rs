@@ -1,0 +1,303 @@
+//! The coordinator's API: one [`ApiRequest`] per bidirectional QUIC stream,
+//! answered by one [`ApiResponse`] (the placement watch answers with a
+//! stream of them).
+//!
+//! Which role may send what is decided by [`ApiRequest::allowed`], a pure
+//! function the server applies to the role in the peer's certificate, so
+//! the rule is in one place and tested without a network.
+
+use crate::tls::Role;
+use granary_proto::{DatasetVersion, Manifest, NodeId, View};
+use serde::{Deserialize, Serialize};
+
+/// A request to the coordinator.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub enum ApiRequest {
+    /// A node (re)joins the cluster and gets a new incarnation.
+    RegisterNode {
+        /// The node's id.
+        node: NodeId,
+        /// Address peers reach it at (`host:port`).
+        addr: String,
+        /// RAM tier capacity.
+        ram_bytes: u64,
+        /// SSD tier capacity.
+        ssd_bytes: u64,
+    },
+    /// A node renews its lease.
+    Heartbeat {
+        /// The node.
+        node: NodeId,
+        /// The incarnation the node holds.
+        incarnation: u64,
+    },
+    /// Registers a dataset: the leader lists the source, reads every footer
+    /// and commits the manifest.
+    AddDataset {
+        /// Name.
+        name: String,
+        /// Source URL prefix.
+        source: String,
+        /// The view.
+        view: View,
+    },
+    /// Lists datasets (linearizable).
+    ListDatasets,
+    /// One dataset's current version, manifest and view (linearizable).
+    DescribeDataset {
+        /// Name.
+        name: String,
+    },
+    /// Which node owns each shard of a dataset's current version
+    /// (linearizable).
+    DescribePlacement {
+        /// Name.
+        name: String,
+    },
+    /// Leader, term, voters, nodes and their leases, placement epoch,
+    /// shards per node.
+    Status,
+    /// A long-lived stream: the current cluster view, then every newer
+    /// placement epoch or dataset change.
+    WatchPlacement {
+        /// Send only views newer than this revision (0 for all).
+        after_revision: u64,
+    },
+}
+
+impl ApiRequest {
+    /// A short name for logs and errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::RegisterNode { .. } => "register-node",
+            Self::Heartbeat { .. } => "heartbeat",
+            Self::AddDataset { .. } => "add-dataset",
+            Self::ListDatasets => "list-datasets",
+            Self::DescribeDataset { .. } => "describe-dataset",
+            Self::DescribePlacement { .. } => "describe-placement",
+            Self::Status => "status",
+            Self::WatchPlacement { .. } => "watch-placement",
+        }
+    }
+
+    /// Whether a peer holding `role` may send this request. Nodes join and
+    /// heartbeat; only admins change datasets; anyone of the cluster may
+    /// read.
+    pub fn allowed(&self, role: Role) -> bool {
+        match self {
+            Self::RegisterNode { .. } | Self::Heartbeat { .. } => role == Role::Node,
+            Self::AddDataset { .. } => role == Role::Admin,
+            Self::ListDatasets
+            | Self::DescribeDataset { .. }
+            | Self::DescribePlacement { .. }
+            | Self::Status
+            | Self::WatchPlacement { .. } => true,
+        }
+    }
+}
+
+/// A dataset in a listing.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DatasetSummary {
+    /// Name.
+    pub name: String,
+    /// Current version.
+    pub version: DatasetVersion,
+    /// Versions registered so far.
+    pub versions: usize,
+    /// Source URL prefix.
+    pub source: String,
+    /// Files.
+    pub files: usize,
+    /// Shards (row groups).
+    pub shards: usize,
+    /// Rows.
+    pub rows: u64,
+    /// Total source bytes.
+    pub source_bytes: u64,
+}
+
+/// A node as reported by status and the placement watch.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node.
+    pub node: NodeId,
+    /// Peer address.
+    pub addr: String,
+    /// Current incarnation.
+    pub incarnation: u64,
+    /// Whether its lease is live.
+    pub live: bool,
+    /// RAM tier capacity.
+    pub ram_bytes: u64,
+    /// SSD tier capacity.
+    pub ssd_bytes: u64,
+    /// Milliseconds until the lease expires, as the leader sees it (absent
+    /// for expired nodes and when not answered by the leader).
+    pub lease_left_ms: Option<u64>,
+    /// Shards it owns over all datasets' current versions.
+    pub shards: u64,
+}
+
+/// A coordinator voter.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct VoterStatus {
+    /// Voter id.
+    pub id: u64,
+    /// Its address.
+    pub addr: String,
+}
+
+/// The cluster as the answering voter sees it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The voter that answered.
+    pub answered_by: u64,
+    /// The leader, if known.
+    pub leader: Option<u64>,
+    /// Current term.
+    pub term: u64,
+    /// Last log index applied by the answering voter.
+    pub applied_index: Option<u64>,
+    /// Voters of the group.
+    pub voters: Vec<VoterStatus>,
+    /// Placement epoch.
+    pub placement_epoch: u64,
+    /// Nodes, live and expired.
+    pub nodes: Vec<NodeStatus>,
+    /// Datasets.
+    pub datasets: Vec<DatasetSummary>,
+}
+
+/// The cluster view the placement watch pushes: enough for a node to
+/// compute every owner with `granary_proto::plan_placement`.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct PlacementView {
+    /// Log revision this view was taken at (the applied index); increases
+    /// with every change.
+    pub revision: u64,
+    /// Placement epoch.
+    pub placement_epoch: u64,
+    /// Nodes, live and expired.
+    pub nodes: Vec<NodeStatus>,
+    /// Current version of every dataset.
+    pub datasets: Vec<(String, DatasetVersion)>,
+}
+
+/// The owner of every shard of a dataset version, in manifest order.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PlacementReport {
+    /// Dataset name.
+    pub name: String,
+    /// Version placed.
+    pub version: DatasetVersion,
+    /// Placement epoch.
+    pub placement_epoch: u64,
+    /// `(file, row_group, owner)` per shard; empty when no node is live.
+    pub owners: Vec<(u32, u32, NodeId)>,
+}
+
+/// Why a request failed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// The caller's role may not send this request.
+    Forbidden,
+    /// The request names something that does not exist.
+    NotFound,
+    /// The request is malformed or its input (source, footers, view) is bad.
+    BadRequest,
+    /// The group could not commit or confirm leadership in time; retry.
+    Unavailable,
+    /// Anything else on the server.
+    Internal,
+}
+
+/// A response from the coordinator.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub enum ApiResponse {
+    /// This voter is not the leader; ask the one named, if any.
+    NotLeader {
+        /// The leader's id and API address, if known.
+        leader: Option<(u64, String)>,
+    },
+    /// `RegisterNode` committed.
+    Registered {
+        /// The node's new incarnation.
+        incarnation: u64,
+        /// The placement epoch it starts.
+        placement_epoch: u64,
+        /// Lease length: heartbeat well within it.
+        lease_ms: u64,
+    },
+    /// Heartbeat accepted.
+    HeartbeatAccepted {
+        /// Current placement epoch.
+        placement_epoch: u64,
+    },
+    /// The heartbeating incarnation is no longer live: register again.
+    LeaseLost {
+        /// The node.
+        node: NodeId,
+    },
+    /// `AddDataset` committed.
+    DatasetAdded {
+        /// Summary of the current version.
+        summary: DatasetSummary,
+        /// False when this exact version was already current.
+        new: bool,
+    },
+    /// `ListDatasets`.
+    Datasets(Vec<DatasetSummary>),
+    /// `DescribeDataset`.
+    Dataset {
+        /// Summary.
+        summary: DatasetSummary,
+        /// Manifest of the current version.
+        manifest: Manifest,
+        /// View of the current version.
+        view: View,
+    },
+    /// `DescribePlacement`.
+    Placement(PlacementReport),
+    /// `Status`.
+    Status(ClusterStatus),
+    /// One view of the placement watch.
+    PlacementChanged(PlacementView),
+    /// The request failed.
+    Failed {
+        /// Category.
+        kind: FailureKind,
+        /// What failed, naming the file, dataset, node or role.
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_checked_per_request() {
+        let hb = ApiRequest::Heartbeat { node: NodeId(1), incarnation: 1 };
+        assert!(hb.allowed(Role::Node));
+        for r in [Role::Trainer, Role::Admin, Role::Coordinator] {
+            assert!(!hb.allowed(r), "{r} may not heartbeat");
+        }
+        let add =
+            ApiRequest::AddDataset { name: "d".into(), source: "file:///x".into(), view: View { tensors: vec![] } };
+        assert!(add.allowed(Role::Admin));
+        for r in [Role::Trainer, Role::Node, Role::Coordinator] {
+            assert!(!add.allowed(r), "{r} may not add a dataset");
+        }
+        for r in Role::ALL {
+            assert!(ApiRequest::Status.allowed(r));
+        }
+    }
+
+    #[test]
+    fn messages_round_trip_through_json() {
+        let r = ApiResponse::NotLeader { leader: Some((2, "127.0.0.1:7000".into())) };
+        let back: ApiResponse = serde_json::from_slice(&serde_json::to_vec(&r).expect("encode")).expect("decode");
+        assert_eq!(back, r);
+    }
+}

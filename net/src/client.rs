@@ -1,0 +1,330 @@
+//! A coordinator client: it keeps one connection per voter, sends each
+//! request to the voter it believes leads, follows `NotLeader` redirects,
+//! and retries unreachable voters until a deadline.
+//!
+//! Every retry loop is bounded by [`ClientOptions::deadline`]; the backoff
+//! between rounds is fixed and short because an election takes a few
+//! hundred milliseconds.
+
+use crate::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
+use crate::frame::{self, FrameError, MAX_FRAME_BYTES};
+use crate::tls::{self, ALPN_API, Identity, Role, TlsError};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long a client keeps trying.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientOptions {
+    /// Bound on one `call`, retries and redirects included. Default 10 s.
+    pub deadline: Duration,
+    /// Bound on one connection attempt. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Pause after a round in which no voter answered. Default 100 ms.
+    pub backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No coordinator addresses were given.
+    #[error("no coordinator addresses given")]
+    NoAddresses,
+    /// A coordinator address does not parse.
+    #[error("coordinator address {addr:?}: {reason}")]
+    BadAddress {
+        /// The address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// TLS set-up failed.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// No voter gave an answer before the deadline.
+    #[error("no coordinator answered {request} within {deadline:?} (tried {tried}); last error: {last}")]
+    Unavailable {
+        /// The request kind.
+        request: &'static str,
+        /// The deadline.
+        deadline: Duration,
+        /// The addresses tried.
+        tried: String,
+        /// The last error seen.
+        last: String,
+    },
+    /// The coordinator refused or failed the request.
+    #[error("coordinator {addr} refused {request} ({kind:?}): {message}")]
+    Failed {
+        /// Who answered.
+        addr: SocketAddr,
+        /// The request kind.
+        request: &'static str,
+        /// Category.
+        kind: FailureKind,
+        /// The coordinator's message.
+        message: String,
+    },
+    /// The answer did not fit the request.
+    #[error("coordinator {addr} answered {request} with an unexpected message: {got}")]
+    Unexpected {
+        /// Who answered.
+        addr: SocketAddr,
+        /// The request kind.
+        request: &'static str,
+        /// What came back (debug form, shortened).
+        got: String,
+    },
+}
+
+/// A client of the coordinator group.
+pub struct CoordinatorClient {
+    endpoint: quinn::Endpoint,
+    config: quinn::ClientConfig,
+    addrs: Vec<SocketAddr>,
+    options: ClientOptions,
+    leader: Mutex<Option<SocketAddr>>,
+    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+}
+
+/// Parses `host:port` strings (names resolved once, now).
+pub fn parse_addrs(addrs: &[String]) -> Result<Vec<SocketAddr>, ClientError> {
+    use std::net::ToSocketAddrs;
+    let mut out = Vec::new();
+    for a in addrs {
+        let mut it =
+            a.to_socket_addrs().map_err(|e| ClientError::BadAddress { addr: a.clone(), reason: e.to_string() })?;
+        out.push(
+            it.next()
+                .ok_or_else(|| ClientError::BadAddress { addr: a.clone(), reason: "resolves to nothing".into() })?,
+        );
+    }
+    if out.is_empty() {
+        return Err(ClientError::NoAddresses);
+    }
+    Ok(out)
+}
+
+impl CoordinatorClient {
+    /// A client that presents `identity` to the voters at `addrs`. Must run
+    /// inside a tokio runtime (it binds a UDP socket).
+    pub fn new(identity: &Identity, addrs: Vec<SocketAddr>, options: ClientOptions) -> Result<Self, ClientError> {
+        if addrs.is_empty() {
+            return Err(ClientError::NoAddresses);
+        }
+        let bind: SocketAddr = if addrs[0].is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(
+            |e: std::net::AddrParseError| ClientError::BadAddress { addr: "0.0.0.0:0".into(), reason: e.to_string() },
+        )?;
+        let endpoint = tls::endpoint(bind, None)?;
+        let config = identity.client_config(ALPN_API)?;
+        Ok(Self { endpoint, config, addrs, options, leader: Mutex::new(None), conns: Mutex::new(HashMap::new()) })
+    }
+
+    /// The voter addresses this client knows.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    fn leader_hint(&self) -> Option<SocketAddr> {
+        *self.leader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_leader_hint(&self, addr: Option<SocketAddr>) {
+        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
+        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
+            && c.close_reason().is_none()
+        {
+            return Ok(c.clone());
+        }
+        let connecting = self
+            .endpoint
+            .connect_with(self.config.clone(), addr, Role::Coordinator.server_name())
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let conn = tokio::time::timeout(self.options.connect_timeout, connecting)
+            .await
+            .map_err(|_| format!("{addr}: connect timed out after {:?}", self.options.connect_timeout))?
+            .map_err(|e| format!("{addr}: {e}"))?;
+        match tls::peer_role(&conn) {
+            Ok(Role::Coordinator) => {}
+            Ok(other) => return Err(format!("{addr}: peer holds a {other} certificate, not a coordinator's")),
+            Err(e) => return Err(format!("{addr}: {e}")),
+        }
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    fn forget(&self, addr: SocketAddr) {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+    }
+
+    /// Sends `req` to the leader, following redirects and retrying until the
+    /// deadline. `Failed` answers become [`ClientError::Failed`].
+    pub async fn call(&self, req: &ApiRequest) -> Result<(SocketAddr, ApiResponse), ClientError> {
+        let kind = req.kind();
+        let deadline = Instant::now() + self.options.deadline;
+        let mut last = String::from("none");
+        let mut next = 0usize;
+        loop {
+            let target = match self.leader_hint() {
+                Some(a) => a,
+                None => {
+                    let a = self.addrs[next % self.addrs.len()];
+                    next += 1;
+                    a
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.unavailable(kind, last));
+            }
+            let attempt = async {
+                let conn = self.connection(target).await?;
+                frame::call::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES).await.map_err(|e: FrameError| {
+                    self.forget(target);
+                    format!("{target}: {e}")
+                })
+            };
+            let outcome = match tokio::time::timeout(left, attempt).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("{target}: no answer before the deadline")),
+            };
+            match outcome {
+                Ok(ApiResponse::NotLeader { leader }) => {
+                    let hint = leader.and_then(|(_, a)| a.parse::<SocketAddr>().ok()).filter(|a| *a != target);
+                    last = format!("{target}: not the leader (leader {:?})", hint);
+                    self.set_leader_hint(hint);
+                    if hint.is_none() {
+                        tokio::time::sleep(self.options.backoff).await;
+                    }
+                }
+                Ok(ApiResponse::Failed { kind: FailureKind::Unavailable, message }) => {
+                    last = format!("{target}: {message}");
+                    self.set_leader_hint(None);
+                    tokio::time::sleep(self.options.backoff).await;
+                }
+                Ok(ApiResponse::Failed { kind: fk, message }) => {
+                    return Err(ClientError::Failed { addr: target, request: kind, kind: fk, message });
+                }
+                Ok(resp) => {
+                    self.set_leader_hint(Some(target));
+                    return Ok((target, resp));
+                }
+                Err(e) => {
+                    last = e;
+                    self.set_leader_hint(None);
+                    if next.is_multiple_of(self.addrs.len()) {
+                        tokio::time::sleep(self.options.backoff).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn unavailable(&self, request: &'static str, last: String) -> ClientError {
+        let tried = self.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ");
+        ClientError::Unavailable { request, deadline: self.options.deadline, tried, last }
+    }
+
+    /// Opens the placement watch on the leader. The stream ends when that
+    /// voter loses leadership or goes away; open it again to continue.
+    pub async fn watch(&self, after_revision: u64) -> Result<PlacementWatch, ClientError> {
+        let req = ApiRequest::WatchPlacement { after_revision };
+        let deadline = Instant::now() + self.options.deadline;
+        let mut last = String::from("none");
+        let mut next = 0usize;
+        while Instant::now() < deadline {
+            let target = self.leader_hint().unwrap_or_else(|| {
+                next += 1;
+                self.addrs[(next - 1) % self.addrs.len()]
+            });
+            let opened = async {
+                let conn = self.connection(target).await?;
+                let (mut send, mut recv) = conn.open_bi().await.map_err(|e| format!("{target}: {e}"))?;
+                frame::write_frame(&mut send, &req).await.map_err(|e| format!("{target}: {e}"))?;
+                let _ = send.finish();
+                let first = frame::read_frame::<ApiResponse>(&mut recv, MAX_FRAME_BYTES)
+                    .await
+                    .map_err(|e| format!("{target}: {e}"))?;
+                Ok::<_, String>((recv, first))
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, opened).await.unwrap_or_else(|_| Err(format!("{target}: timed out"))) {
+                Ok((recv, Some(ApiResponse::PlacementChanged(view)))) => {
+                    self.set_leader_hint(Some(target));
+                    return Ok(PlacementWatch { addr: target, recv, first: Some(view) });
+                }
+                Ok((_, Some(ApiResponse::NotLeader { leader }))) => {
+                    let hint = leader.and_then(|(_, a)| a.parse::<SocketAddr>().ok()).filter(|a| *a != target);
+                    self.set_leader_hint(hint);
+                    last = format!("{target}: not the leader");
+                    if hint.is_none() {
+                        tokio::time::sleep(self.options.backoff).await;
+                    }
+                }
+                Ok((_, Some(ApiResponse::Failed { kind, message }))) => {
+                    return Err(ClientError::Failed { addr: target, request: req.kind(), kind, message });
+                }
+                Ok((_, other)) => {
+                    return Err(ClientError::Unexpected {
+                        addr: target,
+                        request: req.kind(),
+                        got: format!("{other:?}").chars().take(200).collect(),
+                    });
+                }
+                Err(e) => {
+                    self.forget(target);
+                    self.set_leader_hint(None);
+                    last = e;
+                    tokio::time::sleep(self.options.backoff).await;
+                }
+            }
+        }
+        Err(self.unavailable(req.kind(), last))
+    }
+
+    /// Closes every connection.
+    pub fn close(&self) {
+        self.endpoint.close(0u32.into(), b"client closed");
+    }
+}
+
+/// The placement watch's stream of cluster views.
+pub struct PlacementWatch {
+    addr: SocketAddr,
+    recv: quinn::RecvStream,
+    first: Option<PlacementView>,
+}
+
+impl PlacementWatch {
+    /// The voter serving this watch.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The next view; `Ok(None)` when the voter ended the stream (it lost
+    /// leadership or is shutting down).
+    pub async fn next(&mut self) -> Result<Option<PlacementView>, FrameError> {
+        if let Some(v) = self.first.take() {
+            return Ok(Some(v));
+        }
+        match frame::read_frame::<ApiResponse>(&mut self.recv, MAX_FRAME_BYTES).await? {
+            Some(ApiResponse::PlacementChanged(v)) => Ok(Some(v)),
+            Some(_) | None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Size-capped JSON messages on QUIC streams.
+//!
+//! A frame is a 4-byte little-endian length followed by that many bytes of
+//! JSON. The reader checks the declared length against a caller-given cap
+//! before it allocates or reads the body, and grows its buffer only as bytes
+//! arrive, so a peer cannot make us reserve memory it never sends. A stream
+//! that ends before a frame starts is a clean end (`Ok(None)`); one that ends
+//! inside a frame is [`FrameError::Truncated`].
+//!
+//! The codec itself ([`encode_frame`], [`decode_len`], [`decode_body`]) is
+//! pure and tested on its own; [`write_frame`], [`read_frame`] and [`call`]
+//! are thin shells that move its bytes over quinn streams.
+
+use std::any::type_name;
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Largest frame body anyone sends: 64 MiB. Control messages are far smaller; this only bounds a broken peer.
+pub const MAX_FRAME_BYTES: usize = 64 << 20;
+
+/// Bytes of the length prefix.
+pub const LEN_PREFIX_BYTES: usize = 4;
+
+/// The most bytes the reader reserves before they arrive.
+const INITIAL_BUFFER_BYTES: usize = 64 << 10;
+
+/// Why a frame could not be sent, received or decoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// Reading from the stream failed (reset by the peer, or the connection was lost).
+    #[error("reading a frame: {}", Chain(.0))]
+    Read(quinn::ReadError),
+    /// Writing to the stream failed (stopped by the peer, or the connection was lost).
+    #[error("writing a frame: {}", Chain(.0))]
+    Write(quinn::WriteError),
+    /// Finishing the send side of the stream failed because it was already closed.
+    #[error("finishing the stream: {0}")]
+    Finish(quinn::ClosedStream),
+    /// The connection to the peer is gone (found while opening or finishing a request stream).
+    #[error("connection to {peer} lost: {error}")]
+    ConnectionLost {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Why the connection is gone.
+        error: quinn::ConnectionError,
+    },
+    /// A frame is longer than the limit; the body was neither sent nor read.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// The frame's (declared or encoded) length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// A frame's body is not the JSON of the expected type.
+    #[error("malformed frame: expected {expected}: {error}")]
+    Malformed {
+        /// The Rust type that was expected.
+        expected: &'static str,
+        /// serde_json's error (with line and column).
+        error: serde_json::Error,
+    },
+    /// A message could not be encoded as JSON (for example, a map with non-string keys).
+    #[error("encoding {type_name} as JSON: {error}")]
+    Encode {
+        /// The Rust type of the message.
+        type_name: &'static str,
+        /// serde_json's error.
+        error: serde_json::Error,
+    },
+    /// The stream ended inside a frame.
+    #[error("stream ended inside a frame: got {read} of {len} bytes of its {part}")]
+    Truncated {
+        /// "length prefix" or "body".
+        part: &'static str,
+        /// Bytes of that part received.
+        read: usize,
+        /// Bytes of that part expected.
+        len: usize,
+    },
+    /// The peer finished the response stream without sending a response.
+    #[error("{peer} closed the stream without a response")]
+    NoResponse {
+        /// The peer's address.
+        peer: SocketAddr,
+    },
+}
+
+/// Displays an error followed by its sources ("connection lost: aborted by peer: ..."), because quinn's stream errors
+/// say only "connection lost" and keep the reason in their source.
+struct Chain<'a>(&'a dyn std::error::Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(err) = source {
+            write!(f, ": {err}")?;
+            source = err.source();
+        }
+        Ok(())
+    }
+}
+
+impl FrameError {
+    /// Whether the error means the whole connection is gone (so a retry must use a new connection), as opposed to a
+    /// failure of this one stream or message.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(
+            self,
+            FrameError::ConnectionLost { .. }
+                | FrameError::Read(quinn::ReadError::ConnectionLost(_))
+                | FrameError::Write(quinn::WriteError::ConnectionLost(_))
+        )
+    }
+}
+
+/// The frame of `msg`: the 4-byte little-endian length of its JSON, then the JSON. Refuses (`TooLarge`) a body above
+/// [`MAX_FRAME_BYTES`].
+pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    encode_capped(msg, MAX_FRAME_BYTES)
+}
+
+/// [`encode_frame`] with the cap `max` (at most [`MAX_FRAME_BYTES`]), so that tests need not build 64 MiB messages.
+fn encode_capped<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, FrameError> {
+    let max = max.min(MAX_FRAME_BYTES);
+    let mut buf = vec![0u8; LEN_PREFIX_BYTES];
+    serde_json::to_writer(&mut buf, msg).map_err(|error| FrameError::Encode { type_name: type_name::<T>(), error })?;
+    let len = buf.len() - LEN_PREFIX_BYTES;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    // max <= MAX_FRAME_BYTES < 4 GiB, so the length fits the prefix; the error arm cannot be taken.
+    let prefix = u32::try_from(len).map_err(|_| FrameError::TooLarge { len, max })?;
+    buf[..LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+    Ok(buf)
+}
+
+/// The body length a prefix declares, if it is at most `max`.
+pub fn decode_len(prefix: [u8; LEN_PREFIX_BYTES], max: usize) -> Result<usize, FrameError> {
+    let len = u32::from_le_bytes(prefix);
+    // On a 16-bit target a u32 may not fit usize; treat that as too large too.
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > max { Err(FrameError::TooLarge { len, max }) } else { Ok(len) }
+}
+
+/// The message in a frame body.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    serde_json::from_slice(body).map_err(|error| FrameError::Malformed { expected: type_name::<T>(), error })
+}
+
+/// Writes one frame holding `msg`. Refuses (`TooLarge`, before writing anything) a body above [`MAX_FRAME_BYTES`].
+pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) -> Result<(), FrameError> {
+    let frame = encode_frame(msg)?;
+    send.write_all(&frame).await.map_err(FrameError::Write)
+}
+
+/// Reads one frame and decodes it as a `T`.
+///
+/// Returns `Ok(None)` when the stream ends cleanly before a frame starts. A declared length above `max` is refused
+/// before anything is allocated or read. Malformed JSON and a stream that ends inside a frame are errors.
+pub async fn read_frame<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    max: usize,
+) -> Result<Option<T>, FrameError> {
+    let mut prefix = [0u8; LEN_PREFIX_BYTES];
+    let mut read = 0;
+    while read < LEN_PREFIX_BYTES {
+        match recv.read(&mut prefix[read..]).await.map_err(FrameError::Read)? {
+            Some(n) => read += n,
+            None if read == 0 => return Ok(None),
+            None => return Err(FrameError::Truncated { part: "length prefix", read, len: LEN_PREFIX_BYTES }),
+        }
+    }
+    let len = decode_len(prefix, max)?;
+    let mut body = Vec::with_capacity(len.min(INITIAL_BUFFER_BYTES));
+    while body.len() < len {
+        match recv.read_chunk(len - body.len(), true).await.map_err(FrameError::Read)? {
+            Some(chunk) => body.extend_from_slice(&chunk.bytes),
+            None => return Err(FrameError::Truncated { part: "body", read: body.len(), len }),
+        }
+    }
+    decode_body(&body).map(Some)
+}
+
+/// One request/response exchange: opens a bidirectional stream on `conn`, writes `req`, finishes the send side, and
+/// reads one response frame of at most `max` bytes. A stream that ends without a response is
+/// [`FrameError::NoResponse`].
+pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
+    conn: &quinn::Connection,
+    req: &Req,
+    max: usize,
+) -> Result<Resp, FrameError> {
+    let peer = conn.remote_address();
+    // Encode first, so an unsendable request does not open (and abandon) a stream.
+    let frame = encode_frame(req)?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|error| FrameError::ConnectionLost { peer, error })?;
+    send.write_all(&frame).await.map_err(FrameError::Write)?;
+    // finish() fails only on a stream that is already closed; if the connection went down meanwhile, say so.
+    send.finish().map_err(|closed| match conn.close_reason() {
+        Some(error) => FrameError::ConnectionLost { peer, error },
+        None => FrameError::Finish(closed),
+    })?;
+    read_frame(&mut recv, max).await?.ok_or(FrameError::NoResponse { peer })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Msg {
+        id: u64,
+        name: String,
+        tags: Vec<String>,
+    }
+
+    #[test]
+    fn encode_writes_little_endian_length_then_json() {
+        let frame = encode_frame(&Msg { id: 7, name: "a".into(), tags: vec![] }).unwrap();
+        let json = br#"{"id":7,"name":"a","tags":[]}"#;
+        assert_eq!(&frame[..4], &(json.len() as u32).to_le_bytes());
+        assert_eq!(&frame[4..], json);
+    }
+
+    #[test]
+    fn decode_len_enforces_the_cap() {
+        assert_eq!(decode_len(10u32.to_le_bytes(), 10).unwrap(), 10);
+        assert_eq!(decode_len([0; 4], 0).unwrap(), 0);
+        assert!(matches!(decode_len(11u32.to_le_bytes(), 10), Err(FrameError::TooLarge { len: 11, max: 10 })));
+        assert!(matches!(
+            decode_len([0xff; 4], MAX_FRAME_BYTES),
+            Err(FrameError::TooLarge { len, max: MAX_FRAME_BYTES }) if len == u32::MAX as usize
+        ));
+    }
+
+    #[test]
+    fn encode_refuses_oversized_messages() {
+        // The JSON of a string of n characters is n + 2 bytes.
+        assert_eq!(encode_capped(&"x".repeat(98), 100).unwrap().len(), 4 + 100);
+        assert!(matches!(encode_capped(&"x".repeat(99), 100), Err(FrameError::TooLarge { len: 101, max: 100 })));
+    }
+
+    #[test]
+    fn encode_reports_unencodable_messages() {
+        let map = BTreeMap::from([((1u8, 2u8), 3u8)]);
+        let err = encode_frame(&map).unwrap_err();
+        assert!(matches!(err, FrameError::Encode { .. }), "{err}");
+    }
+
+    #[test]
+    fn decode_body_names_the_expected_type() {
+        let err = decode_body::<Msg>(br#"{"id":"seven"}"#).unwrap_err();
+        assert!(matches!(err, FrameError::Malformed { .. }));
+        assert!(err.to_string().contains("Msg"), "{err}");
+        assert!(matches!(decode_body::<Msg>(b""), Err(FrameError::Malformed { .. })));
+    }
+
+    proptest! {
+        #[test]
+        fn frames_round_trip(id: u64, name in ".*", tags in proptest::collection::vec(".*", 0..4)) {
+            let msg = Msg { id, name, tags };
+            let frame = encode_frame(&msg).unwrap();
+            let prefix: [u8; 4] = frame[..4].try_into().unwrap();
+            let len = decode_len(prefix, MAX_FRAME_BYTES).unwrap();
+            prop_assert_eq!(len, frame.len() - 4);
+            prop_assert_eq!(decode_body::<Msg>(&frame[4..]).unwrap(), msg);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256), max in 0usize..512) {
+            if bytes.len() >= 4 {
+                let _ = decode_len(bytes[..4].try_into().unwrap(), max);
+            }
+            let _ = decode_body::<Msg>(&bytes);
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Cluster membership: a node registers with the coordinators, renews its
+//! lease, and follows the placement watch.
+//!
+//! The loop never gives up while the daemon runs: coordinators may be
+//! restarting or electing. A lost lease (the coordinator expired this
+//! incarnation while we were partitioned or paused) is answered by
+//! registering again, which yields a new incarnation and a new placement
+//! epoch. Chunks are immutable and versioned, so serving during that gap is
+//! safe (DESIGN.md, failure semantics).
+
+use crate::config::ClusterConfig;
+use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
+use granary_net::client::{ClientError, ClientOptions, CoordinatorClient, parse_addrs};
+use granary_net::tls::{Identity, Role};
+use granary_proto::NodeId;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Joining the cluster could not even start.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The certificate or CA could not be loaded, or is not a node's.
+    #[error("cluster certificate: {0}")]
+    Identity(String),
+    /// The client could not be built (bad coordinator address).
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// This node's standing in the cluster.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Standing {
+    /// The incarnation of the current registration, if registered.
+    pub incarnation: Option<u64>,
+    /// The latest placement epoch heard of.
+    pub placement_epoch: u64,
+}
+
+/// A running membership: registration, heartbeats and the placement watch.
+pub struct Membership {
+    standing: watch::Receiver<Standing>,
+    view: watch::Receiver<Option<PlacementView>>,
+    tasks: JoinSet<()>,
+}
+
+impl Membership {
+    /// Starts joining: returns at once; registration proceeds in the
+    /// background and is visible through [`Membership::standing`].
+    pub fn start(cfg: &ClusterConfig, ram_bytes: u64, ssd_bytes: u64) -> Result<Self, JoinError> {
+        let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(|e| JoinError::Identity(e.to_string()))?;
+        if identity.role() != Role::Node {
+            return Err(JoinError::Identity(format!(
+                "{}/{}.pem is a {} certificate; a node needs a node certificate",
+                cfg.certs.display(),
+                cfg.cert_name,
+                identity.role()
+            )));
+        }
+        let addrs = parse_addrs(&cfg.coordinators)?;
+        let options = ClientOptions { deadline: Duration::from_secs(5), ..Default::default() };
+        let client = Arc::new(CoordinatorClient::new(&identity, addrs, options)?);
+        let (standing_tx, standing) = watch::channel(Standing::default());
+        let (view_tx, view) = watch::channel(None);
+        let mut tasks = JoinSet::new();
+        let node = NodeId(cfg.node_id);
+        let register = ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes };
+        tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
+        tasks.spawn(watch_loop(client, view_tx));
+        Ok(Self { standing, view, tasks })
+    }
+
+    /// Registration state and placement epoch.
+    pub fn standing(&self) -> watch::Receiver<Standing> {
+        self.standing.clone()
+    }
+
+    /// The latest cluster view from the placement watch.
+    pub fn view(&self) -> watch::Receiver<Option<PlacementView>> {
+        self.view.clone()
+    }
+
+    /// Stops heartbeating and watching.
+    pub fn stop(mut self) {
+        self.tasks.abort_all();
+    }
+}
+
+async fn lease_loop(
+    client: Arc<CoordinatorClient>,
+    node: NodeId,
+    register: ApiRequest,
+    standing: watch::Sender<Standing>,
+) {
+    let retry = Duration::from_millis(500);
+    loop {
+        // Register (again).
+        let (incarnation, lease) = match client.call(&register).await {
+            Ok((_, ApiResponse::Registered { incarnation, placement_epoch, lease_ms })) => {
+                tracing::info!(%node, incarnation, placement_epoch, "joined the cluster");
+                standing.send_replace(Standing { incarnation: Some(incarnation), placement_epoch });
+                (incarnation, Duration::from_millis(lease_ms.max(30)))
+            }
+            Ok((addr, other)) => {
+                tracing::warn!(%node, %addr, "unexpected answer to register: {other:?}");
+                tokio::time::sleep(retry).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(%node, "cannot register yet: {e}");
+                tokio::time::sleep(retry).await;
+                continue;
+            }
+        };
+        // Heartbeat three times per lease until the lease is lost.
+        let beat = lease / 3;
+        loop {
+            tokio::time::sleep(beat).await;
+            match client.call(&ApiRequest::Heartbeat { node, incarnation }).await {
+                Ok((_, ApiResponse::HeartbeatAccepted { placement_epoch })) => {
+                    standing.send_if_modified(|s| {
+                        let changed = s.placement_epoch != placement_epoch;
+                        s.placement_epoch = placement_epoch;
+                        changed
+                    });
+                }
+                Ok((_, ApiResponse::LeaseLost { .. })) => {
+                    tracing::warn!(%node, incarnation, "lease lost; registering again");
+                    standing.send_modify(|s| s.incarnation = None);
+                    break;
+                }
+                Ok((addr, other)) => tracing::warn!(%node, %addr, "unexpected answer to heartbeat: {other:?}"),
+                Err(e) => tracing::warn!(%node, "heartbeat failed: {e}"),
+            }
+        }
+    }
+}
+
+async fn watch_loop(client: Arc<CoordinatorClient>, view: watch::Sender<Option<PlacementView>>) {
+    let mut revision = 0;
+    loop {
+        match client.watch(revision).await {
+            Ok(mut w) => loop {
+                match w.next().await {
+                    Ok(Some(v)) => {
+                        revision = v.revision;
+                        tracing::info!(
+                            placement_epoch = v.placement_epoch,
+                            live_nodes = v.nodes.iter().filter(|n| n.live).count(),
+                            datasets = v.datasets.len(),
+                            "placement changed"
+                        );
+                        view.send_replace(Some(v));
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!("placement watch ended: {e}");
+                        break;
+                    }
+                }
+            },
+            Err(e) => {
+                tracing::debug!("cannot open the placement watch yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}

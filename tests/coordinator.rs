@@ -1,0 +1,382 @@
+//! The coordinator as real processes: `granary coordinator` voters on
+//! loopback with temp folders, driven through the `granary` CLI, stopped by
+//! handle.
+//!
+//! Voters get reserved ports rather than port 0: a voter's address is part
+//! of the replicated membership, so a restarted voter must come back where
+//! its peers expect it. Ports are reserved by binding and releasing a UDP
+//! socket just before use.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_granary");
+const ELECTION_MS: u64 = 300;
+
+fn reserve_port() -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.local_addr().expect("addr")
+}
+
+struct Voter {
+    id: u64,
+    addr: SocketAddr,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+struct Cluster {
+    tmp: tempfile::TempDir,
+    certs: PathBuf,
+    voters: Vec<Voter>,
+    lease_ms: u64,
+    nodes: Vec<Child>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for v in &mut self.voters {
+            if let Some(mut c) = v.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for c in &mut self.nodes {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).env("GRANARY_LOG", "warn").output().expect("run granary")
+}
+
+impl Cluster {
+    fn new(voters: u64, lease_ms: u64) -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let certs = tmp.path().join("certs");
+        let out = run(&["certs", "init", "--out", certs.to_str().expect("utf8")]);
+        assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
+        let voters = (1..=voters)
+            .map(|id| Voter { id, addr: reserve_port(), dir: tmp.path().join(format!("voter-{id}")), child: None })
+            .collect();
+        Self { tmp, certs, voters, lease_ms, nodes: Vec::new() }
+    }
+
+    fn peers(&self) -> String {
+        self.voters.iter().map(|v| format!("{}={}", v.id, v.addr)).collect::<Vec<_>>().join(",")
+    }
+
+    fn addrs(&self) -> String {
+        self.voters.iter().map(|v| v.addr.to_string()).collect::<Vec<_>>().join(",")
+    }
+
+    fn start(&mut self, id: u64) {
+        let peers = self.peers();
+        let log = std::fs::File::create(self.tmp.path().join(format!("voter-{id}.log"))).expect("log");
+        let v = &mut self.voters[(id - 1) as usize];
+        let mut child = Command::new(BIN)
+            .args(["coordinator", "--json", "--id", &id.to_string(), "--listen", &v.addr.to_string()])
+            .args(["--peers", &peers, "--data-dir", v.dir.to_str().expect("utf8")])
+            .args(["--certs", self.certs.to_str().expect("utf8")])
+            .args(["--election-timeout-ms", &ELECTION_MS.to_string(), "--heartbeat-ms", "50"])
+            .args(["--lease-ms", &self.lease_ms.to_string(), "--snapshot-entries", "5"])
+            .env("GRANARY_LOG", "info,openraft=warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn coordinator");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("coordinator ready line within 30 s");
+        let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+        assert_eq!(ready["addr"], v.addr.to_string());
+        v.child = Some(child);
+    }
+
+    fn kill(&mut self, id: u64) {
+        let mut c = self.voters[(id - 1) as usize].child.take().expect("running");
+        c.kill().expect("SIGKILL");
+        c.wait().expect("reap");
+    }
+
+    fn cli(&self, args: &[&str], cert: &str) -> Result<Value, String> {
+        let addrs = self.addrs();
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--coordinators", &addrs, "--certs", self.certs.to_str().expect("utf8")])
+            .args(["--cert-name", cert, "--json", "--timeout-ms", "8000"])
+            .env("GRANARY_LOG", "error")
+            .output()
+            .expect("run cli");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.trim()).map_err(|e| format!("{e}: {text}"))
+    }
+
+    fn status(&self) -> Value {
+        self.cli(&["status"], "admin").unwrap_or_else(|e| panic!("status: {e}"))
+    }
+
+    /// Waits until a status answer names a leader other than `not`.
+    fn wait_leader(&self, not: Option<u64>) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(s) = self.cli(&["status"], "admin")
+                && let Some(l) = s["leader"].as_u64()
+                && Some(l) != not
+            {
+                return l;
+            }
+            assert!(Instant::now() < deadline, "no leader other than {not:?} within 20 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn add_dataset(&self, name: &str, data: &Path, view: &Path) -> Result<Value, String> {
+        let source = format!("file://{}/", data.display());
+        self.cli(&["dataset", "add", name, "--source", &source, "--view", view.to_str().expect("utf8")], "admin")
+    }
+}
+
+/// A small generated dataset and its view file.
+fn dataset(dir: &Path) -> (PathBuf, PathBuf) {
+    let data = dir.join("data");
+    let out = run(&[
+        "dataset",
+        "gen",
+        "--out",
+        data.to_str().expect("utf8"),
+        "--rows",
+        "4000",
+        "--files",
+        "2",
+        "--row-group-rows",
+        "500",
+    ]);
+    assert!(out.status.success(), "dataset gen: {}", String::from_utf8_lossy(&out.stderr));
+    let view = dir.join("view.toml");
+    std::fs::write(&view, granary_node::datagen::VIEW_TOML).expect("view");
+    (data, view)
+}
+
+fn dataset_names(c: &Cluster) -> Vec<(String, String)> {
+    let list = c.cli(&["dataset", "ls"], "admin").expect("dataset ls");
+    list.as_array()
+        .expect("array")
+        .iter()
+        .map(|d| (d["name"].as_str().expect("name").to_string(), d["version"].as_str().expect("version").to_string()))
+        .collect()
+}
+
+#[test]
+fn three_voters_survive_leader_kill_follower_kill_and_full_restart() {
+    let mut c = Cluster::new(3, 3000);
+    let (data, view) = dataset(c.tmp.path());
+    for id in 1..=3 {
+        c.start(id);
+    }
+    let leader = c.wait_leader(None);
+    let added = c.add_dataset("ads", &data, &view).expect("add ads");
+    assert_eq!(added["added"]["shards"], 8);
+    assert_eq!(added["new"], true);
+
+    // Leader killed: a new leader is elected and a write commits.
+    let t = Instant::now();
+    c.kill(leader);
+    let new_leader = c.wait_leader(Some(leader));
+    c.add_dataset("ads2", &data, &view).expect("a write after the leader was killed");
+    let failover = t.elapsed();
+    eprintln!(
+        "leader {leader} killed; voter {new_leader} leads and committed a write after {failover:?} (election timeout {ELECTION_MS}..{} ms)",
+        ELECTION_MS * 2
+    );
+    c.start(leader);
+
+    // A follower killed: writes still commit with two of three.
+    let leader = c.wait_leader(None);
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    c.kill(follower);
+    c.add_dataset("ads3", &data, &view).expect("a write with one follower down");
+    c.start(follower);
+    let before = dataset_names(&c);
+    assert_eq!(before.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["ads", "ads2", "ads3"]);
+
+    // Every voter killed at once, then restarted: nothing acknowledged is lost.
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    for id in 1..=3 {
+        c.start(id);
+    }
+    c.wait_leader(None);
+    assert_eq!(dataset_names(&c), before, "datasets after a full restart");
+    // The log was compacted into snapshots along the way (every 5 entries)
+    // and the voters recovered from them.
+    for v in &c.voters {
+        assert!(v.dir.join("snapshot.json").exists(), "voter {} has a snapshot", v.id);
+    }
+}
+
+fn node_toml(c: &Cluster, id: u64) -> PathBuf {
+    let dir = c.tmp.path().join(format!("node-{id}"));
+    std::fs::create_dir_all(&dir).expect("node dir");
+    let coordinators: Vec<String> = c.voters.iter().map(|v| format!("{:?}", v.addr.to_string())).collect();
+    let toml = format!(
+        "socket = {:?}\nram_bytes = {}\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"127.0.0.1:{}\"\n",
+        dir.join("node.sock"),
+        64u64 << 20,
+        coordinators.join(", "),
+        c.certs,
+        17000 + id,
+    );
+    let path = dir.join("node.toml");
+    std::fs::write(&path, toml).expect("node.toml");
+    path
+}
+
+fn start_node(c: &mut Cluster, id: u64) -> usize {
+    let cfg = node_toml(c, id);
+    let log = std::fs::File::create(c.tmp.path().join(format!("node-{id}.log"))).expect("log");
+    let child = Command::new(BIN)
+        .args(["node", "--config", cfg.to_str().expect("utf8")])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn node");
+    c.nodes.push(child);
+    c.nodes.len() - 1
+}
+
+fn live_nodes(status: &Value) -> Vec<u64> {
+    status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["live"] == true)
+        .map(|n| n["node"].as_u64().expect("id"))
+        .collect()
+}
+
+fn wait_status(c: &Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = c.status();
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what} within 30 s; last status {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn owners(c: &Cluster) -> (u64, Vec<(u64, u64, u64)>) {
+    let p = c.cli(&["dataset", "placement", "ads"], "admin").expect("placement");
+    let owners = p["owners"]
+        .as_array()
+        .expect("owners")
+        .iter()
+        .map(|o| (o[0].as_u64().expect("file"), o[1].as_u64().expect("rg"), o[2].as_u64().expect("node")))
+        .collect();
+    (p["placement_epoch"].as_u64().expect("epoch"), owners)
+}
+
+#[test]
+#[ignore = "needs incremental re-placement (plan_rebalance), landing next"]
+fn an_expired_lease_moves_only_that_nodes_shards() {
+    let mut c = Cluster::new(1, 1500);
+    let (data, view) = dataset(c.tmp.path());
+    c.start(1);
+    c.wait_leader(None);
+    c.add_dataset("ads", &data, &view).expect("add");
+    let mut handles = Vec::new();
+    for id in 1..=3 {
+        handles.push(start_node(&mut c, id));
+    }
+    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    let (epoch_before, before) = owners(&c);
+    assert_eq!(before.len(), 8);
+
+    // SIGKILL node 2: its heartbeats stop and the leader expires its lease.
+    let mut n2 = c.nodes.remove(handles[1]);
+    n2.kill().expect("SIGKILL");
+    n2.wait().expect("reap");
+    let s = wait_status(&c, "node 2 expired", |s| live_nodes(s) == [1, 3]);
+    let (epoch_after, after) = owners(&c);
+    assert!(epoch_after > epoch_before, "placement epoch advanced: {epoch_before} -> {epoch_after}");
+    for ((f, rg, b), (_, _, a)) in before.iter().zip(&after) {
+        if *b == 2 {
+            assert_ne!(*a, 2, "file {f} rg {rg} still on the expired node");
+        } else {
+            assert_eq!(a, b, "file {f} rg {rg} moved although its owner survived");
+        }
+    }
+    let shards: u64 = s["nodes"].as_array().expect("nodes").iter().map(|n| n["shards"].as_u64().expect("n")).sum();
+    assert_eq!(shards, 8);
+
+    // The node returns with a new incarnation.
+    let inc_before = s["nodes"][1]["incarnation"].as_u64().expect("incarnation");
+    start_node(&mut c, 2);
+    let s = wait_status(&c, "node 2 back", |s| live_nodes(s) == [1, 2, 3]);
+    assert!(s["nodes"][1]["incarnation"].as_u64().expect("incarnation") > inc_before);
+}
+
+#[test]
+fn unauthenticated_and_wrong_role_peers_are_refused() {
+    let mut c = Cluster::new(1, 3000);
+    let (data, view) = dataset(c.tmp.path());
+    c.start(1);
+    c.wait_leader(None);
+
+    // A trainer may read but not add a dataset; neither may a node.
+    c.cli(&["status"], "trainer").expect("a trainer may read status");
+    for role in ["trainer", "node"] {
+        let source = format!("file://{}/", data.display());
+        let err = c
+            .cli(&["dataset", "add", "ads", "--source", &source, "--view", view.to_str().expect("utf8")], role)
+            .expect_err("only admin may add");
+        assert!(err.contains("Forbidden") && err.contains("add-dataset"), "{role}: {err}");
+    }
+
+    // A certificate of another cluster is refused at the handshake.
+    let other = c.tmp.path().join("other-certs");
+    assert!(run(&["certs", "init", "--out", other.to_str().expect("utf8")]).status.success());
+    let out = Command::new(BIN)
+        .args([
+            "status",
+            "--coordinators",
+            &c.addrs(),
+            "--certs",
+            other.to_str().expect("utf8"),
+            "--timeout-ms",
+            "2000",
+        ])
+        .env("GRANARY_LOG", "error")
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "a foreign certificate was accepted");
+
+    // Bad dataset input: a missing source, a view that does not fit.
+    let err = c.add_dataset("missing", &c.tmp.path().join("nope"), &view).expect_err("missing source");
+    assert!(err.contains("BadRequest"), "{err}");
+    let bad_view = c.tmp.path().join("bad-view.toml");
+    std::fs::write(&bad_view, "[[tensor]]\nname = \"x\"\ncolumns = [\"no_such_column\"]\ndtype = \"f32\"\n")
+        .expect("write");
+    let err = c.add_dataset("badview", &data, &bad_view).expect_err("view that does not fit");
+    assert!(err.contains("no_such_column"), "{err}");
+    assert!(dataset_names(&c).is_empty(), "a refused add left a dataset behind");
+    c.add_dataset("ads", &data, &view).expect("the coordinator still serves");
+}

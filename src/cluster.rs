@@ -39,7 +39,7 @@ pub struct CoordinatorArgs {
     /// Node lease: a node whose heartbeats stop this long is expired.
     #[arg(long, default_value_t = 3000)]
     lease_ms: u64,
-    /// Election timeout lower bound (the upper bound is twice it).
+    /// Election timeout lower bound (the upper bound is 1.25 times it).
     #[arg(long, default_value_t = 500)]
     election_timeout_ms: u64,
     /// Leader heartbeat interval.

@@ -7,45 +7,26 @@
 //! its peers expect it. Ports are reserved by binding and releasing a UDP
 //! socket just before use.
 
+use granary_bench::harness::{CoordinatorProcess, VoterSpec, reserve_udp_port};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_granary");
 const ELECTION_MS: u64 = 300;
 
-fn reserve_port() -> SocketAddr {
-    let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    s.local_addr().expect("addr")
-}
-
-struct Voter {
-    id: u64,
-    addr: SocketAddr,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
 struct Cluster {
     tmp: tempfile::TempDir,
     certs: PathBuf,
-    voters: Vec<Voter>,
+    specs: Vec<VoterSpec>,
+    voters: Vec<Option<CoordinatorProcess>>,
     lease_ms: u64,
     nodes: Vec<Child>,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for v in &mut self.voters {
-            if let Some(mut c) = v.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
         for c in &mut self.nodes {
             let _ = c.kill();
             let _ = c.wait();
@@ -63,52 +44,52 @@ impl Cluster {
         let certs = tmp.path().join("certs");
         let out = run(&["certs", "init", "--out", certs.to_str().expect("utf8")]);
         assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
-        let voters = (1..=voters)
-            .map(|id| Voter { id, addr: reserve_port(), dir: tmp.path().join(format!("voter-{id}")), child: None })
+        let specs: Vec<VoterSpec> = (1..=voters)
+            .map(|id| VoterSpec {
+                id,
+                addr: reserve_udp_port().expect("port"),
+                data_dir: tmp.path().join(format!("voter-{id}")),
+            })
             .collect();
-        Self { tmp, certs, voters, lease_ms, nodes: Vec::new() }
-    }
-
-    fn peers(&self) -> String {
-        self.voters.iter().map(|v| format!("{}={}", v.id, v.addr)).collect::<Vec<_>>().join(",")
+        let voters = specs.iter().map(|_| None).collect();
+        Self { tmp, certs, specs, voters, lease_ms, nodes: Vec::new() }
     }
 
     fn addrs(&self) -> String {
-        self.voters.iter().map(|v| v.addr.to_string()).collect::<Vec<_>>().join(",")
+        self.specs.iter().map(|v| v.addr.to_string()).collect::<Vec<_>>().join(",")
     }
 
     fn start(&mut self, id: u64) {
-        let peers = self.peers();
-        let log = std::fs::File::create(self.tmp.path().join(format!("voter-{id}.log"))).expect("log");
-        let v = &mut self.voters[(id - 1) as usize];
-        let mut child = Command::new(BIN)
-            .args(["coordinator", "--json", "--id", &id.to_string(), "--listen", &v.addr.to_string()])
-            .args(["--peers", &peers, "--data-dir", v.dir.to_str().expect("utf8")])
-            .args(["--certs", self.certs.to_str().expect("utf8")])
-            .args(["--election-timeout-ms", &ELECTION_MS.to_string(), "--heartbeat-ms", "50"])
-            .args(["--lease-ms", &self.lease_ms.to_string(), "--snapshot-entries", "5"])
-            .env("GRANARY_LOG", "info,openraft=warn")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn coordinator");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).expect("coordinator ready line within 30 s");
-        let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
-        assert_eq!(ready["addr"], v.addr.to_string());
-        v.child = Some(child);
+        let i = (id - 1) as usize;
+        let extra: Vec<String> = [
+            "--election-timeout-ms",
+            &ELECTION_MS.to_string(),
+            "--heartbeat-ms",
+            "50",
+            "--lease-ms",
+            &self.lease_ms.to_string(),
+            "--snapshot-entries",
+            "5",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let log = self.tmp.path().join(format!("voter-{id}.log"));
+        let p = CoordinatorProcess::spawn(
+            Path::new(BIN),
+            &self.specs[i],
+            &self.specs,
+            &self.certs,
+            &extra,
+            &log,
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("voter {id}: {e:#}"));
+        self.voters[i] = Some(p);
     }
 
     fn kill(&mut self, id: u64) {
-        let mut c = self.voters[(id - 1) as usize].child.take().expect("running");
-        c.kill().expect("SIGKILL");
-        c.wait().expect("reap");
+        self.voters[(id - 1) as usize].take().expect("running").kill();
     }
 
     fn cli(&self, args: &[&str], cert: &str) -> Result<Value, String> {
@@ -201,8 +182,7 @@ fn three_voters_survive_leader_kill_follower_kill_and_full_restart() {
     c.add_dataset("ads2", &data, &view).expect("a write after the leader was killed");
     let failover = t.elapsed();
     eprintln!(
-        "leader {leader} killed; voter {new_leader} leads and committed a write after {failover:?} (election timeout {ELECTION_MS}..{} ms)",
-        ELECTION_MS * 2
+        "leader {leader} killed; voter {new_leader} leads and committed a write after {failover:?} (election timeout {ELECTION_MS} ms; CLI processes included)"
     );
     c.start(leader);
 
@@ -226,15 +206,15 @@ fn three_voters_survive_leader_kill_follower_kill_and_full_restart() {
     assert_eq!(dataset_names(&c), before, "datasets after a full restart");
     // The log was compacted into snapshots along the way (every 5 entries)
     // and the voters recovered from them.
-    for v in &c.voters {
-        assert!(v.dir.join("snapshot.json").exists(), "voter {} has a snapshot", v.id);
+    for v in &c.specs {
+        assert!(v.data_dir.join("snapshot.json").exists(), "voter {} has a snapshot", v.id);
     }
 }
 
 fn node_toml(c: &Cluster, id: u64) -> PathBuf {
     let dir = c.tmp.path().join(format!("node-{id}"));
     std::fs::create_dir_all(&dir).expect("node dir");
-    let coordinators: Vec<String> = c.voters.iter().map(|v| format!("{:?}", v.addr.to_string())).collect();
+    let coordinators: Vec<String> = c.specs.iter().map(|v| format!("{:?}", v.addr.to_string())).collect();
     let toml = format!(
         "socket = {:?}\nram_bytes = {}\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"127.0.0.1:{}\"\n",
         dir.join("node.sock"),
@@ -295,7 +275,6 @@ fn owners(c: &Cluster) -> (u64, Vec<(u64, u64, u64)>) {
 }
 
 #[test]
-#[ignore = "needs incremental re-placement (plan_rebalance), landing next"]
 fn an_expired_lease_moves_only_that_nodes_shards() {
     let mut c = Cluster::new(1, 1500);
     let (data, view) = dataset(c.tmp.path());

@@ -5,11 +5,14 @@
 //! noisy: ratios measured together are meaningful, absolute numbers less so.
 //!
 //! ## Module map
-//! - [`harness`] — real processes: the node daemon and trainer ranks, with
+//! - [`harness`] — real processes: coordinator voters, the node daemon and trainer ranks, with
 //!   their JSON-lines protocol ([`harness::TrainerEvent`]).
 //! - [`local`] — `granary bench local`: ceiling, naive, warm and cold.
+//! - [`failover`] — `granary bench failover`: leader kills in a coordinator
+//!   group of real processes; election and commit times; durability.
 //! - [`report`] — conditions (commit, cores, flags) and output.
 
+pub mod failover;
 pub mod harness;
 pub mod local;
 pub mod report;

@@ -170,10 +170,28 @@ impl RaftNetwork<TypeConfig> for PeerLink {
     }
 }
 
+/// When this voter last received an AppendEntries RPC (a leader's
+/// heartbeat or entries). The election watchdog in the server reads it.
+#[derive(Debug, Default)]
+pub struct LeaderContact(Mutex<Option<std::time::Instant>>);
+
+impl LeaderContact {
+    /// Records contact now.
+    pub fn touch(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// Time since the last contact; `None` if there was none.
+    pub fn since(&self) -> Option<Duration> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed())
+    }
+}
+
 /// Serves one Raft RPC stream: reads the request, hands it to `raft`,
 /// writes the reply. Errors are the caller's to log.
 pub async fn serve_rpc(
     raft: &crate::types::Raft,
+    contact: &LeaderContact,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), frame::FrameError> {
@@ -181,7 +199,14 @@ pub async fn serve_rpc(
         return Ok(());
     };
     let reply = match rpc {
-        RaftRpc::Append(r) => RaftReply::Append(raft.append_entries(r).await),
+        RaftRpc::Append(r) => {
+            let reply = raft.append_entries(r).await;
+            // Only an accepted AppendEntries is contact with a current leader.
+            if matches!(reply, Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))) {
+                contact.touch();
+            }
+            RaftReply::Append(reply)
+        }
         RaftRpc::Vote(r) => RaftReply::Vote(raft.vote(r).await),
         RaftRpc::Snapshot(r) => RaftReply::Snapshot(raft.install_snapshot(r).await),
     };

@@ -2,13 +2,20 @@
 //! command to it.
 //!
 //! [`ClusterState::apply`] reads no clock and does no I/O: every replica that
-//! applies the same log reaches the same bytes. Placement is not stored; it
-//! is [`granary_proto::plan_placement`] of (shards, live nodes), recomputed
-//! wherever it is needed, so the log only records the events that change its
-//! inputs and the epoch that numbers them.
+//! applies the same log reaches the same bytes.
+//!
+//! Placement is part of the state. A new dataset version is placed with
+//! [`granary_proto::plan_placement`] over the live nodes; every later
+//! membership event re-places it with [`granary_proto::placement::plan_rebalance`]
+//! from the owners before the event. That is what lets a leave move only the
+//! leaver's shards and a join move only shards to the joiner while every
+//! node stays within 1.1x its weighted share: a function of membership alone
+//! cannot do both (see the placement module). The owners are therefore a
+//! function of the log, identical on every replica, and the placement epoch
+//! numbers them.
 
 use crate::types::{Command, CommandResult};
-use granary_proto::placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
+use granary_proto::placement::{NodeWeight, plan_placement, plan_rebalance, shard_key};
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -79,6 +86,9 @@ pub struct ClusterState {
     pub placement_epoch: u64,
     /// The incarnation the next registration gets.
     pub next_incarnation: u64,
+    /// Owner of every shard of each dataset's current version, in manifest
+    /// order; empty while no node is live.
+    pub owners: BTreeMap<String, Vec<NodeId>>,
 }
 
 impl ClusterState {
@@ -88,13 +98,17 @@ impl ClusterState {
         match cmd {
             Command::AddDataset { name, view, manifest } => {
                 let version = manifest.version(view);
+                let live = self.live_nodes();
                 let record = self.datasets.entry(name.clone()).or_default();
                 if record.current().map(|v| v.version) == Some(version) {
                     return CommandResult::DatasetAdded { version, new: false };
                 }
                 // A version seen before (an older one re-added) becomes current again.
                 record.versions.retain(|v| v.version != version);
-                record.versions.push(VersionRecord { version, view: view.clone(), manifest: manifest.clone() });
+                let v = VersionRecord { version, view: view.clone(), manifest: manifest.clone() };
+                let owners = place(&v.shard_keys(), None, &live);
+                record.versions.push(v);
+                self.owners.insert(name.clone(), owners);
                 CommandResult::DatasetAdded { version, new: true }
             }
             Command::RegisterNode { node, addr, ram_bytes, ssd_bytes } => {
@@ -111,12 +125,14 @@ impl ClusterState {
                     },
                 );
                 self.placement_epoch += 1;
+                self.replace_all();
                 CommandResult::NodeRegistered { incarnation, placement_epoch: self.placement_epoch }
             }
             Command::ExpireNode { node, incarnation } => match self.nodes.get_mut(node) {
                 Some(r) if r.live && r.incarnation == *incarnation => {
                     r.live = false;
                     self.placement_epoch += 1;
+                    self.replace_all();
                     CommandResult::NodeExpired { placement_epoch: Some(self.placement_epoch) }
                 }
                 _ => CommandResult::NodeExpired { placement_epoch: None },
@@ -129,24 +145,50 @@ impl ClusterState {
         self.nodes.iter().filter(|(_, r)| r.live).map(|(&node, r)| NodeWeight { node, weight: r.weight() }).collect()
     }
 
-    /// The placement of one dataset version over the live nodes.
-    pub fn placement(&self, version: &VersionRecord) -> Result<Placement, PlacementError> {
-        plan_placement(&version.shard_keys(), &self.live_nodes())
+    /// The owner of every shard of a dataset's current version, in manifest
+    /// order (empty while no node is live).
+    pub fn owners(&self, dataset: &str) -> &[NodeId] {
+        self.owners.get(dataset).map(Vec::as_slice).unwrap_or(&[])
     }
 
     /// Shards owned per live node, summed over every dataset's current
-    /// version. Empty when no node is live.
+    /// version.
     pub fn shards_per_node(&self) -> BTreeMap<NodeId, u64> {
         let mut out: BTreeMap<NodeId, u64> = self.live_nodes().iter().map(|n| (n.node, 0)).collect();
-        for v in self.datasets.values().filter_map(DatasetRecord::current) {
-            if let Ok(p) = self.placement(v) {
-                for owner in p.owners() {
-                    *out.entry(owner).or_default() += 1;
-                }
-            }
+        for owner in self.owners.values().flatten() {
+            *out.entry(*owner).or_default() += 1;
         }
         out
     }
+
+    /// Re-places every dataset after a membership change.
+    fn replace_all(&mut self) {
+        let live = self.live_nodes();
+        for (name, record) in &self.datasets {
+            let Some(v) = record.current() else { continue };
+            let previous = self.owners.get(name).map(Vec::as_slice);
+            let owners = place(&v.shard_keys(), previous, &live);
+            self.owners.insert(name.clone(), owners);
+        }
+    }
+}
+
+/// Owners for `keys` over `live`, incrementally from `previous` when there
+/// is one. No live node (or no weight) leaves the shards unowned; inputs a
+/// placement cannot index (over 2^32 shards) do too, rather than failing
+/// the replicated apply.
+fn place(keys: &[u64], previous: Option<&[NodeId]>, live: &[NodeWeight]) -> Vec<NodeId> {
+    let planned = match previous {
+        Some(prev) if prev.len() == keys.len() && !prev.is_empty() => plan_rebalance(keys, prev, live),
+        // A fresh placement, settled by one re-placement over the same nodes:
+        // plan_placement can leave a node of tiny share empty, which
+        // plan_rebalance would take for a newcomer on the next event.
+        _ => plan_placement(keys, live).and_then(|p| {
+            let owners: Vec<NodeId> = p.owners().collect();
+            plan_rebalance(keys, &owners, live)
+        }),
+    };
+    planned.map(|p| p.owners().collect()).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -227,12 +269,12 @@ mod tests {
             register(&mut s, id);
         }
         s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(50) });
-        let v = s.datasets["d"].current().cloned().expect("added");
-        let before = s.placement(&v).expect("placement");
+        let before = s.owners("d").to_vec();
+        assert_eq!(before.len(), 200);
         let inc = s.nodes[&NodeId(3)].incarnation;
         s.apply(&Command::ExpireNode { node: NodeId(3), incarnation: inc });
-        let after = s.placement(&v).expect("placement");
-        for (b, a) in before.owners().zip(after.owners()) {
+        let after = s.owners("d").to_vec();
+        for (&b, &a) in before.iter().zip(&after) {
             if b != NodeId(3) {
                 assert_eq!(a, b, "a shard of a surviving node moved");
             } else {
@@ -242,6 +284,49 @@ mod tests {
         let per = s.shards_per_node();
         assert_eq!(per.values().sum::<u64>(), 200);
         assert!(!per.contains_key(&NodeId(3)));
+    }
+
+    #[test]
+    fn a_join_moves_shards_only_to_the_joiner() {
+        let mut s = ClusterState::default();
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(50) });
+        assert!(s.owners("d").is_empty(), "no live node: nothing owned");
+        for id in 1..=3 {
+            register(&mut s, id);
+        }
+        let before = s.owners("d").to_vec();
+        assert_eq!(before.len(), 200);
+        register(&mut s, 4);
+        let after = s.owners("d").to_vec();
+        let mut moved = 0;
+        for (&b, &a) in before.iter().zip(&after) {
+            if a != b {
+                assert_eq!(a, NodeId(4), "a shard moved between surviving nodes");
+                moved += 1;
+            }
+        }
+        assert!((40..=60).contains(&moved), "about a quarter moves to the joiner: {moved}");
+    }
+
+    #[test]
+    fn replicas_applying_the_same_log_agree_byte_for_byte() {
+        let log: Vec<Command> = (1..=5)
+            .map(|id| Command::RegisterNode {
+                node: NodeId(id),
+                addr: String::new(),
+                ram_bytes: id << 30,
+                ssd_bytes: 0,
+            })
+            .chain([Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(30) }])
+            .chain([Command::ExpireNode { node: NodeId(2), incarnation: 2 }])
+            .chain([Command::RegisterNode { node: NodeId(2), addr: String::new(), ram_bytes: 1 << 30, ssd_bytes: 0 }])
+            .collect();
+        let replay = || {
+            let mut s = ClusterState::default();
+            let results: Vec<CommandResult> = log.iter().map(|c| s.apply(c)).collect();
+            (serde_json::to_vec(&s).expect("encode"), results)
+        };
+        assert_eq!(replay(), replay());
     }
 
     #[test]

@@ -329,10 +329,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<VoterId>>) -> Result<(), RaftStorageError> {
         let bytes = encode("committed log id", &committed).map_err(write_logs_err)?;
         let inner = self.inner.clone();
-        // A stale committed id after a crash is safe (openraft only uses it to
-        // re-apply entries it knows are committed), so skip the fsync: the next
-        // durable vote or append carries it to disk.
-        blocking("save committed", move || inner.write_meta(COMMITTED_KEY, &bytes, Durability::None))
+        // Durable, like the vote and the entries. openraft 0.9 restarts a
+        // voter whose committed vote names itself directly as leader, with no
+        // new term and no new blank entry, and bounds its linearizable reads
+        // by the committed id it read back here. A stale id (a commit without
+        // fsync is undone when redb reopens after a kill) let such a leader
+        // answer a read without the last entry it had acknowledged before the
+        // kill: `granary bench failover` caught it.
+        blocking("save committed", move || inner.write_meta(COMMITTED_KEY, &bytes, Durability::Immediate))
             .await
             .map_err(write_logs_err)
     }

@@ -276,7 +276,7 @@ fn owners(c: &Cluster) -> (u64, Vec<(u64, u64, u64)>) {
 
 #[test]
 fn an_expired_lease_moves_only_that_nodes_shards() {
-    let mut c = Cluster::new(1, 1500);
+    let mut c = Cluster::new(1, 3000);
     let (data, view) = dataset(c.tmp.path());
     c.start(1);
     c.wait_leader(None);
@@ -358,4 +358,30 @@ fn unauthenticated_and_wrong_role_peers_are_refused() {
     assert!(err.contains("no_such_column"), "{err}");
     assert!(dataset_names(&c).is_empty(), "a refused add left a dataset behind");
     c.add_dataset("ads", &data, &view).expect("the coordinator still serves");
+}
+
+#[test]
+fn a_leader_kill_expires_no_healthy_node() {
+    let mut c = Cluster::new(3, 3000);
+    for id in 1..=3 {
+        c.start(id);
+    }
+    let leader = c.wait_leader(None);
+    for id in 1..=2 {
+        start_node(&mut c, id);
+    }
+    let before = wait_status(&c, "two live nodes", |s| live_nodes(s) == [1, 2]);
+    let incarnations = |s: &Value| -> Vec<u64> {
+        s["nodes"].as_array().expect("nodes").iter().map(|n| n["incarnation"].as_u64().expect("inc")).collect()
+    };
+    let epoch = before["placement_epoch"].as_u64().expect("epoch");
+    c.kill(leader);
+    c.wait_leader(Some(leader));
+    // Two leases after the new leader took over, both nodes still hold the
+    // incarnations they had: nobody was expired, nobody re-registered.
+    std::thread::sleep(Duration::from_secs(6));
+    let after = c.status();
+    assert_eq!(live_nodes(&after), [1, 2], "{after}");
+    assert_eq!(incarnations(&after), incarnations(&before), "{after}");
+    assert_eq!(after["placement_epoch"].as_u64(), Some(epoch), "placement changed: {after}");
 }

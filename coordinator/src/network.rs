@@ -201,8 +201,9 @@ pub async fn serve_rpc(
     let reply = match rpc {
         RaftRpc::Append(r) => {
             let reply = raft.append_entries(r).await;
-            // Only an accepted AppendEntries is contact with a current leader.
-            if matches!(reply, Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))) {
+            // Any AppendEntries whose vote we accepted (success, or a log
+            // conflict to resolve) is contact with a current leader.
+            if matches!(reply, Ok(ref r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
                 contact.touch();
             }
             RaftReply::Append(reply)

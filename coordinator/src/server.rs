@@ -40,6 +40,12 @@ use tokio::time::Instant;
 pub const MAX_API_REQUEST_BYTES: usize = 1 << 20;
 /// Connections served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 4096;
+/// Largest command one log entry may carry (a dataset's manifest). With at
+/// most [`MAX_PAYLOAD_ENTRIES`] entries per AppendEntries, a replication
+/// message stays under the 64 MiB frame limit.
+pub const MAX_COMMAND_BYTES: usize = 3 << 20;
+/// Entries per AppendEntries RPC.
+pub const MAX_PAYLOAD_ENTRIES: u64 = 16;
 
 /// How to run one voter.
 #[derive(Clone)]
@@ -179,6 +185,7 @@ impl Coordinator {
             election_timeout_max: election_max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_after_entries),
             max_in_snapshot_log_to_keep: 100,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         }
         .validate()
@@ -261,8 +268,8 @@ async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
             continue;
         }
         let ctx = ctx.clone();
+        ctx.connections.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            ctx.connections.fetch_add(1, Ordering::Relaxed);
             let _slot = ConnSlot(&ctx.connections);
             let peer = incoming.remote_address();
             let conn = match incoming.await {
@@ -383,6 +390,22 @@ fn is_leader(ctx: &Ctx) -> bool {
     ctx.raft.metrics().borrow().current_leader == Some(ctx.id)
 }
 
+/// Leader, and heard from a quorum within half a lease. openraft 0.9 never
+/// steps a leader down on its own when it loses its quorum, so a
+/// partitioned old leader still reports itself as leader; it must not keep
+/// renewing leases that the majority has already expired.
+fn leads_with_quorum(ctx: &Ctx) -> bool {
+    let m = ctx.raft.metrics().borrow().clone();
+    if m.current_leader != Some(ctx.id) {
+        return false;
+    }
+    if m.membership_config.membership().voter_ids().count() <= 1 {
+        return true;
+    }
+    let fresh = (ctx.lease / 2).as_millis() as u64;
+    m.millis_since_quorum_ack.is_some_and(|ms| ms <= fresh)
+}
+
 fn summary(name: &str, record: &crate::state::DatasetRecord) -> Option<DatasetSummary> {
     let v = record.current()?;
     Some(DatasetSummary {
@@ -417,7 +440,7 @@ fn node_statuses(ctx: &Ctx, state: &ClusterState, with_leases: bool) -> Vec<Node
             ssd_bytes: r.ssd_bytes,
             lease_left_ms: match leases.get(&node) {
                 Some(&(inc, at)) if with_leases && r.live && inc == r.incarnation => {
-                    Some(ctx.lease.saturating_sub(now.saturating_duration_since(at)).as_millis() as u64)
+                    Some((at + ctx.lease).saturating_duration_since(now).as_millis() as u64)
                 }
                 _ => None,
             },
@@ -460,10 +483,23 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             if !is_leader(ctx) {
                 return Err(not_leader(ctx));
             }
-            let (live, epoch) = ctx.shared.read(|a| {
-                let live = a.cluster.nodes.get(&node).is_some_and(|r| r.live && r.incarnation == incarnation);
-                (live, a.cluster.placement_epoch)
-            });
+            if !leads_with_quorum(ctx) {
+                return Err(failed(FailureKind::Unavailable, "the leader has not heard from a quorum recently"));
+            }
+            let check = |ctx: &Ctx| {
+                ctx.shared.read(|a| {
+                    let live = a.cluster.nodes.get(&node).is_some_and(|r| r.live && r.incarnation == incarnation);
+                    (live, a.cluster.placement_epoch)
+                })
+            };
+            let (mut live, mut epoch) = check(ctx);
+            if !live {
+                // A new leader may not have applied the latest registration
+                // yet: confirm on current state before telling a node its
+                // lease is gone.
+                linearize(ctx).await?;
+                (live, epoch) = check(ctx);
+            }
             if !live {
                 return Ok(ApiResponse::LeaseLost { node });
             }
@@ -493,8 +529,18 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                     format!("dataset {name}: {source} holds no .parquet files"),
                 ));
             }
-            let manifest = dataset.manifest.clone();
-            let new = match write(ctx, Command::AddDataset { name: name.clone(), view, manifest }).await? {
+            let cmd = Command::AddDataset { name: name.clone(), view, manifest: dataset.manifest.clone() };
+            let size = serde_json::to_vec(&cmd).map(|b| b.len()).unwrap_or(usize::MAX);
+            if size > MAX_COMMAND_BYTES {
+                return Err(failed(
+                    FailureKind::BadRequest,
+                    format!(
+                        "dataset {name}: its manifest ({} files) encodes to {size} bytes, over the {MAX_COMMAND_BYTES}-byte limit of one log entry",
+                        dataset.manifest.files.len()
+                    ),
+                ));
+            }
+            let new = match write(ctx, cmd).await? {
                 CommandResult::DatasetAdded { new, .. } => new,
                 other => return Err(failed(FailureKind::Internal, format!("add applied as {other:?}"))),
             };
@@ -572,14 +618,16 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
     }
 }
 
-/// Pushes a [`PlacementView`] whenever the placement epoch or a dataset's
-/// current version changes, until this voter stops leading.
+/// Pushes the current [`PlacementView`] at once, then a new one whenever
+/// the placement epoch or a dataset's current version changes, until this
+/// voter stops leading with a quorum or the watcher goes away.
 async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::SendStream) -> Result<(), FrameError> {
     if !is_leader(ctx) {
         frame::write_frame(&mut send, &not_leader(ctx)).await?;
         let _ = send.finish();
         return Ok(());
     }
+    let _ = after_revision; // the first view is always sent; watchers drop what they have seen
     let mut changes = ctx.shared.subscribe();
     let mut last: Option<(u64, Vec<(String, granary_proto::DatasetVersion)>)> = None;
     loop {
@@ -595,15 +643,17 @@ async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::SendStream)
                 .collect(),
         });
         let key = (view.placement_epoch, view.datasets.clone());
-        if last.as_ref() != Some(&key) && (view.revision > after_revision || last.is_none() && after_revision == 0) {
+        if last.as_ref() != Some(&key) {
             frame::write_frame(&mut send, &ApiResponse::PlacementChanged(view)).await?;
             last = Some(key);
-        } else if last.is_none() {
-            last = Some(key);
         }
-        // Wake on a change, or every second to notice a lost leadership.
-        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
-        if !is_leader(ctx) {
+        // Wake on a change, when the watcher stops reading, or every second
+        // to notice a lost leadership.
+        tokio::select! {
+            _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()) => {}
+            _ = send.stopped() => return Ok(()),
+        }
+        if !leads_with_quorum(ctx) {
             let _ = send.finish();
             return Ok(());
         }
@@ -639,7 +689,14 @@ async fn election_watchdog(ctx: Arc<Ctx>, lease: Duration, step: Duration) {
             let voters: Vec<VoterId> = m.membership_config.membership().voter_ids().collect();
             (m.current_leader, voters)
         };
-        if leader == Some(ctx.id) || voters.len() < 2 || !voters.contains(&ctx.id) {
+        if leader == Some(ctx.id) {
+            // Leading is contact with a leader: if this voter is deposed
+            // while alive, its silence counts from now, not from before it
+            // led.
+            ctx.contact.touch();
+            continue;
+        }
+        if voters.len() < 2 || !voters.contains(&ctx.id) {
             continue;
         }
         let Some(silent) = ctx.contact.since() else { continue };
@@ -657,40 +714,58 @@ async fn election_watchdog(ctx: Arc<Ctx>, lease: Duration, step: Duration) {
 }
 
 /// On the leader: expires nodes whose heartbeats stopped.
+///
+/// A new leadership (a new term in which this voter leads) starts every
+/// live node's lease afresh with a grace of one more lease, so that nodes
+/// still retrying the dead leader are not expired. A tick that comes late
+/// by more than half a lease (this process was paused or starved) restarts
+/// every lease instead of expiring nodes whose heartbeats were queued.
 async fn lease_loop(ctx: Arc<Ctx>) {
     let tick = (ctx.lease / 10).max(Duration::from_millis(50));
-    let mut leading = false;
+    let mut leading_term: Option<u64> = None;
+    let mut last_tick = Instant::now();
     loop {
         tokio::time::sleep(tick).await;
-        if !is_leader(&ctx) {
-            if leading {
+        let now = Instant::now();
+        let stalled = now.saturating_duration_since(last_tick) > tick + ctx.lease / 2;
+        last_tick = now;
+        let term = {
+            let m = ctx.raft.metrics().borrow().clone();
+            (m.current_leader == Some(ctx.id)).then_some(m.current_term)
+        };
+        let Some(term) = term else {
+            if leading_term.take().is_some() {
                 ctx.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
             }
-            leading = false;
             continue;
-        }
-        let now = Instant::now();
+        };
+        let fresh_start = leading_term != Some(term);
+        leading_term = Some(term);
         let live: Vec<(NodeId, u64)> = ctx
             .shared
             .read(|a| a.cluster.nodes.iter().filter(|(_, r)| r.live).map(|(&n, r)| (n, r.incarnation)).collect());
         let mut expired = Vec::new();
         {
             let mut leases = ctx.leases.lock().unwrap_or_else(|p| p.into_inner());
-            if !leading {
-                // A new leader starts every lease afresh.
+            if fresh_start {
                 leases.clear();
             }
             for &(node, inc) in &live {
-                let entry = leases.entry(node).or_insert((inc, now));
+                // A lease seen for the first time (new leadership, or an
+                // incarnation registered through an earlier leader) gets
+                // one extra lease of grace: its clock starts a lease from now.
+                let entry = leases.entry(node).or_insert((inc, now + ctx.lease));
                 if entry.0 != inc {
-                    *entry = (inc, now);
+                    *entry = (inc, now + ctx.lease);
+                }
+                if stalled {
+                    entry.1 = entry.1.max(now);
                 }
                 if now.saturating_duration_since(entry.1) > ctx.lease {
                     expired.push((node, inc));
                 }
             }
         }
-        leading = true;
         for (node, incarnation) in expired {
             match write(&ctx, Command::ExpireNode { node, incarnation }).await {
                 Ok(CommandResult::NodeExpired { placement_epoch: Some(epoch) }) => {

@@ -5,8 +5,8 @@
 //! entry is never lost). Both are single redb transactions committed with
 //! redb's default immediate durability, which fsyncs before `commit` returns,
 //! and openraft is told an append is done only after that commit. The
-//! committed log id is only a hint for a faster restart, so it is written
-//! without an fsync and becomes durable with the next vote or append.
+//! committed log id is synced too: openraft 0.9 restarts a former leader
+//! as leader and bounds its linearizable reads by it (see `save_committed`).
 //!
 //! Every record is serde_json, the same encoding the rest of the coordinator
 //! uses, so a log can be read with standard tools. redb calls block on disk
@@ -485,8 +485,7 @@ mod tests {
             store.get_log_state().await?,
             LogState { last_purged_log_id: Some(log_id(2, 2)), last_log_id: Some(log_id(2, 6)) }
         );
-        // The committed id was written without fsync, but a clean close (drop)
-        // still persists it.
+        // The committed id is synced like the vote.
         assert_eq!(store.read_committed().await?, Some(log_id(2, 5)));
         Ok(())
     }

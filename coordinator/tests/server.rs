@@ -2,6 +2,7 @@
 //! certificates: role checks, malformed and oversized messages, leases, the
 //! placement watch and recovery from the data folder.
 
+use granary_coordinator::network::{RaftReply, RaftRpc};
 use granary_coordinator::types::VoterId;
 use granary_coordinator::{Coordinator, CoordinatorConfig};
 use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
@@ -9,6 +10,8 @@ use granary_net::client::{ClientError, ClientOptions, CoordinatorClient};
 use granary_net::frame;
 use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Identity, Role};
 use granary_proto::NodeId;
+use openraft::Vote;
+use openraft::raft::VoteRequest;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -95,18 +98,64 @@ async fn a_trainer_cannot_heartbeat_or_register_as_a_node() {
     f.coordinator.shutdown().await;
 }
 
+async fn vote(conn: &quinn::Connection) -> Result<RaftReply, frame::FrameError> {
+    let rpc = RaftRpc::Vote(VoteRequest::new(Vote::new(1, VoterId(9)), None));
+    tokio::time::timeout(Duration::from_secs(5), frame::call::<_, RaftReply>(conn, &rpc, frame::MAX_FRAME_BYTES))
+        .await
+        .expect("bounded")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raft_traffic_from_a_node_certificate_is_refused() {
     let f = start(Duration::from_secs(3)).await;
+    // The same well-formed vote request is answered on a coordinator's
+    // connection...
+    let peer = f.connect("coordinator", ALPN_RAFT).await.expect("connect as a coordinator");
+    assert!(matches!(vote(&peer).await, Ok(RaftReply::Vote(_))), "a coordinator's vote request is answered");
+    // ...and refused on a node's: the server closes the connection.
     let conn = f.connect("node", ALPN_RAFT).await.expect("the handshake itself succeeds");
-    // The server closes the connection on seeing the role; any RPC fails.
-    let r: Result<serde_json::Value, _> = tokio::time::timeout(
-        Duration::from_secs(5),
-        frame::call(&conn, &serde_json::json!({"Vote": {}}), frame::MAX_FRAME_BYTES),
-    )
+    let r = vote(&conn).await;
+    assert!(r.is_err(), "raft RPC from a node certificate was answered: {r:?}");
+    let reason = conn.close_reason().map(|e| e.to_string()).unwrap_or_default();
+    assert!(reason.contains("coordinator certificate"), "close reason: {reason}");
+    f.coordinator.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_of_another_cluster_is_refused() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let f = start(Duration::from_secs(3)).await;
+    let other = f.tmp.path().join("other-certs");
+    tls::init_cluster(&other).expect("other cluster");
+    // Trusts this cluster's CA (so the server's certificate is accepted) but
+    // presents a leaf of the other cluster.
+    let roots = f.identity("admin").roots();
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(other.join("admin.pem")).expect("pem").collect::<Result<_, _>>().expect("certs");
+    let key = PrivateKeyDer::from_pem_file(other.join("admin.key")).expect("key");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls_cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("tls 1.3")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .expect("client auth");
+    tls_cfg.alpn_protocols = vec![ALPN_API.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls_cfg).expect("quic");
+    let cfg = quinn::ClientConfig::new(std::sync::Arc::new(quic));
+    let ep = tls::endpoint("127.0.0.1:0".parse().expect("addr"), None).expect("endpoint");
+    let connecting =
+        ep.connect_with(cfg, f.coordinator.local_addr(), Role::Coordinator.server_name()).expect("connect");
+    let outcome = tokio::time::timeout(Duration::from_secs(5), async {
+        let conn = connecting.await.map_err(|e| e.to_string())?;
+        frame::call::<_, ApiResponse>(&conn, &ApiRequest::Status, frame::MAX_FRAME_BYTES)
+            .await
+            .map_err(|e| e.to_string())
+    })
     .await
     .expect("bounded");
-    assert!(r.is_err(), "raft RPC from a node certificate was answered: {r:?}");
+    assert!(outcome.is_err(), "a foreign client certificate was served: {outcome:?}");
     f.coordinator.shutdown().await;
 }
 
@@ -167,7 +216,7 @@ async fn register(c: &CoordinatorClient, node: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_without_heartbeats_and_the_watch_sees_it() {
-    let f = start(Duration::from_millis(600)).await;
+    let f = start(Duration::from_millis(1500)).await;
     let node = f.client("node");
     let a = register(&node, 1).await;
     let b = register(&node, 2).await;
@@ -178,7 +227,7 @@ async fn leases_expire_without_heartbeats_and_the_watch_sees_it() {
     assert_eq!(first.nodes.iter().filter(|n| n.live).count(), 2);
 
     // Node 1 heartbeats; node 2 stays silent and expires.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(4500);
     while tokio::time::Instant::now() < deadline {
         let (_, r) = node.call(&ApiRequest::Heartbeat { node: NodeId(1), incarnation: a }).await.expect("heartbeat");
         assert!(matches!(r, ApiResponse::HeartbeatAccepted { .. }), "{r:?}");

@@ -169,8 +169,12 @@ pub struct ClusterStatus {
     pub datasets: Vec<DatasetSummary>,
 }
 
-/// The cluster view the placement watch pushes: enough for a node to
-/// compute every owner with `granary_proto::plan_placement`.
+/// The cluster view the placement watch pushes: the placement epoch, the
+/// nodes and every dataset's current version. Owners depend on the history
+/// of membership events (they are re-placed incrementally in the
+/// coordinator's state machine), so a node does not compute them: it asks
+/// with [`ApiRequest::DescribePlacement`] when the epoch or a version
+/// changes.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub struct PlacementView {
     /// Log revision this view was taken at (the applied index); increases

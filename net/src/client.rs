@@ -12,6 +12,7 @@ use crate::tls::{self, ALPN_API, Identity, Role, TlsError};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -104,6 +105,9 @@ pub struct CoordinatorClient {
     options: ClientOptions,
     leader: Mutex<Option<SocketAddr>>,
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// Next voter to try without a leader hint; kept across calls so that a
+    /// dead first voter does not cost every call a connect timeout.
+    next: AtomicUsize,
 }
 
 /// Parses `host:port` strings (names resolved once, now).
@@ -136,12 +140,24 @@ impl CoordinatorClient {
         )?;
         let endpoint = tls::endpoint(bind, None)?;
         let config = identity.client_config(ALPN_API)?;
-        Ok(Self { endpoint, config, addrs, options, leader: Mutex::new(None), conns: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            endpoint,
+            config,
+            addrs,
+            options,
+            leader: Mutex::new(None),
+            conns: Mutex::new(HashMap::new()),
+            next: AtomicUsize::new(0),
+        })
     }
 
     /// The voter addresses this client knows.
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    fn round_robin(&self) -> SocketAddr {
+        self.addrs[self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len()]
     }
 
     fn leader_hint(&self) -> Option<SocketAddr> {
@@ -185,14 +201,13 @@ impl CoordinatorClient {
         let kind = req.kind();
         let deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
-        let mut next = 0usize;
+        let mut tried = 0usize;
         loop {
             let target = match self.leader_hint() {
                 Some(a) => a,
                 None => {
-                    let a = self.addrs[next % self.addrs.len()];
-                    next += 1;
-                    a
+                    tried += 1;
+                    self.round_robin()
                 }
             };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -241,7 +256,7 @@ impl CoordinatorClient {
                 Err(e) => {
                     last = e;
                     self.set_leader_hint(None);
-                    if next.is_multiple_of(self.addrs.len()) {
+                    if tried.is_multiple_of(self.addrs.len()) {
                         tokio::time::sleep(self.options.backoff).await;
                     }
                 }
@@ -260,12 +275,8 @@ impl CoordinatorClient {
         let req = ApiRequest::WatchPlacement { after_revision };
         let deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
-        let mut next = 0usize;
         while Instant::now() < deadline {
-            let target = self.leader_hint().unwrap_or_else(|| {
-                next += 1;
-                self.addrs[(next - 1) % self.addrs.len()]
-            });
+            let target = self.leader_hint().unwrap_or_else(|| self.round_robin());
             let opened = async {
                 let conn = self.connection(target).await?;
                 let (mut send, mut recv) = conn.open_bi().await.map_err(|e| format!("{target}: {e}"))?;

@@ -59,15 +59,26 @@ impl Membership {
             )));
         }
         let addrs = parse_addrs(&cfg.coordinators)?;
-        let options = ClientOptions { deadline: Duration::from_secs(5), ..Default::default() };
-        let client = Arc::new(CoordinatorClient::new(&identity, addrs, options)?);
+        // Short attempts: a heartbeat must reach the new leader well within
+        // a lease (default 3 s) after the old one dies with our connection
+        // to it open.
+        let options = ClientOptions {
+            deadline: Duration::from_millis(1500),
+            connect_timeout: Duration::from_millis(500),
+            attempt_timeout: Duration::from_millis(500),
+            ..Default::default()
+        };
+        let client = Arc::new(CoordinatorClient::new(&identity, addrs.clone(), options)?);
+        // The watch has its own client, so that its long-lived stream and its
+        // retries never disturb the heartbeats' leader hint.
+        let watch_client = Arc::new(CoordinatorClient::new(&identity, addrs, ClientOptions::default())?);
         let (standing_tx, standing) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();
         let node = NodeId(cfg.node_id);
         let register = ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes };
         tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
-        tasks.spawn(watch_loop(client, view_tx));
+        tasks.spawn(watch_loop(watch_client, view_tx));
         Ok(Self { standing, view, tasks })
     }
 
@@ -113,10 +124,13 @@ async fn lease_loop(
                 continue;
             }
         };
-        // Heartbeat three times per lease until the lease is lost.
-        let beat = lease / 3;
+        // Heartbeat three times per lease, on a fixed clock (a slow answer
+        // does not push the next beat back), until the lease is lost.
+        let mut beat = tokio::time::interval(lease / 3);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        beat.tick().await;
         loop {
-            tokio::time::sleep(beat).await;
+            beat.tick().await;
             match client.call(&ApiRequest::Heartbeat { node, incarnation }).await {
                 Ok((_, ApiResponse::HeartbeatAccepted { placement_epoch })) => {
                     standing.send_if_modified(|s| {

@@ -48,6 +48,9 @@ pub struct CoordinatorArgs {
     /// Snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 1000)]
     snapshot_entries: u64,
+    /// Log entries kept behind a snapshot for lagging followers.
+    #[arg(long, default_value_t = 100)]
+    keep_log_entries: u64,
     /// object_store option for reading dataset sources, `KEY=VALUE` (repeatable).
     #[arg(long = "remote-option", value_delimiter = ',')]
     remote_options: Vec<String>,
@@ -94,6 +97,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     cfg.election_timeout = Duration::from_millis(a.election_timeout_ms);
     cfg.heartbeat_interval = Duration::from_millis(a.heartbeat_ms);
     cfg.snapshot_after_entries = a.snapshot_entries;
+    cfg.keep_log_entries = a.keep_log_entries;
     cfg.remote_options = parse_kv(&a.remote_options)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {

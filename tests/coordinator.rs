@@ -70,6 +70,8 @@ impl Cluster {
             &self.lease_ms.to_string(),
             "--snapshot-entries",
             "5",
+            "--keep-log-entries",
+            "0",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -186,12 +188,25 @@ fn three_voters_survive_leader_kill_follower_kill_and_full_restart() {
     );
     c.start(leader);
 
-    // A follower killed: writes still commit with two of three.
+    // A follower killed: writes still commit with two of three. Enough of
+    // them that the others snapshot and purge their logs (every 5 entries,
+    // keeping none), so the follower can only catch up from a snapshot sent
+    // over QUIC.
     let leader = c.wait_leader(None);
     let follower = (1..=3).find(|&id| id != leader).expect("a follower");
     c.kill(follower);
     c.add_dataset("ads3", &data, &view).expect("a write with one follower down");
+    for _ in 0..6 {
+        // Re-adding the same version commits an entry and changes nothing.
+        assert_eq!(c.add_dataset("ads3", &data, &view).expect("re-add")["new"], false);
+    }
     c.start(follower);
+    let log = c.tmp.path().join(format!("voter-{follower}.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("installed a snapshot") {
+        assert!(Instant::now() < deadline, "voter {follower} did not install a snapshot within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let before = dataset_names(&c);
     assert_eq!(before.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["ads", "ads2", "ads3"]);
 
@@ -384,4 +399,21 @@ fn a_leader_kill_expires_no_healthy_node() {
     assert_eq!(live_nodes(&after), [1, 2], "{after}");
     assert_eq!(incarnations(&after), incarnations(&before), "{after}");
     assert_eq!(after["placement_epoch"].as_u64(), Some(epoch), "placement changed: {after}");
+}
+
+#[test]
+fn an_unusable_data_folder_is_a_clear_error() {
+    let c = Cluster::new(1, 3000);
+    let file = c.tmp.path().join("not-a-folder");
+    std::fs::write(&file, b"x").expect("write");
+    let spec = &c.specs[0];
+    let out = Command::new(BIN)
+        .args(["coordinator", "--id", "1", "--listen", &spec.addr.to_string()])
+        .args(["--data-dir", file.to_str().expect("utf8"), "--certs", c.certs.to_str().expect("utf8")])
+        .env("GRANARY_LOG", "error")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not-a-folder"), "the error names the folder: {err}");
 }

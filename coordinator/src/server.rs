@@ -71,6 +71,10 @@ pub struct CoordinatorConfig {
     /// Take a snapshot (and compact the log) after this many entries.
     /// Default 1000.
     pub snapshot_after_entries: u64,
+    /// Entries kept in the log behind a snapshot, so that a briefly lagging
+    /// follower catches up from the log rather than a whole snapshot.
+    /// Default 100.
+    pub keep_log_entries: u64,
     /// object_store options for reading dataset sources (credentials,
     /// endpoint); the usual environment variables apply too.
     pub remote_options: BTreeMap<String, String>,
@@ -89,6 +93,7 @@ impl CoordinatorConfig {
             heartbeat_interval: Duration::from_millis(100),
             election_timeout: Duration::from_millis(500),
             snapshot_after_entries: 1000,
+            keep_log_entries: 100,
             remote_options: BTreeMap::new(),
         }
     }
@@ -184,7 +189,7 @@ impl Coordinator {
             election_timeout_min: election_ms,
             election_timeout_max: election_max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_after_entries),
-            max_in_snapshot_log_to_keep: 100,
+            max_in_snapshot_log_to_keep: cfg.keep_log_entries,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         }

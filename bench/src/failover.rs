@@ -140,6 +140,8 @@ async fn register(c: &CoordinatorClient, node: u64) -> Result<()> {
         addr: format!("10.0.0.1:{node}"),
         ram_bytes: 1 << 30,
         ssd_bytes: 0,
+        // Unique per write, so a retried attempt is not a second write.
+        registration: node,
     };
     match c.call(&req).await? {
         (_, ApiResponse::Registered { .. }) => Ok(()),

@@ -471,11 +471,11 @@ async fn handle(ctx: &Arc<Ctx>, req: ApiRequest) -> ApiResponse {
 #[allow(clippy::result_large_err)]
 async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, ApiResponse> {
     match req {
-        ApiRequest::RegisterNode { node, addr, ram_bytes, ssd_bytes } => {
+        ApiRequest::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
             if !is_leader(ctx) {
                 return Err(not_leader(ctx));
             }
-            match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes }).await? {
+            match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
                 CommandResult::NodeRegistered { incarnation, placement_epoch } => {
                     ctx.leases.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (incarnation, Instant::now()));
                     tracing::info!(%node, incarnation, placement_epoch, "node registered");

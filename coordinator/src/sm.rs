@@ -401,6 +401,7 @@ mod tests {
                 addr: format!("127.0.0.1:{node}"),
                 ram_bytes: 1 << 30,
                 ssd_bytes: 1 << 31,
+                registration: 0,
             }),
         }
     }

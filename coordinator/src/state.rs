@@ -66,6 +66,9 @@ pub struct NodeRecord {
     pub incarnation: u64,
     /// False once the lease of `incarnation` expired.
     pub live: bool,
+    /// The token of the registration that started `incarnation`.
+    #[serde(default)]
+    pub registration: u64,
 }
 
 impl NodeRecord {
@@ -111,7 +114,18 @@ impl ClusterState {
                 self.owners.insert(name.clone(), owners);
                 CommandResult::DatasetAdded { version, new: true }
             }
-            Command::RegisterNode { node, addr, ram_bytes, ssd_bytes } => {
+            Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
+                if let Some(r) = self.nodes.get(node)
+                    && *registration != 0
+                    && r.live
+                    && r.registration == *registration
+                {
+                    // A retry of a registration that already committed.
+                    return CommandResult::NodeRegistered {
+                        incarnation: r.incarnation,
+                        placement_epoch: self.placement_epoch,
+                    };
+                }
                 self.next_incarnation += 1;
                 let incarnation = self.next_incarnation;
                 self.nodes.insert(
@@ -122,6 +136,7 @@ impl ClusterState {
                         ssd_bytes: *ssd_bytes,
                         incarnation,
                         live: true,
+                        registration: *registration,
                     },
                 );
                 self.placement_epoch += 1;
@@ -221,6 +236,7 @@ mod tests {
             addr: format!("127.0.0.1:{id}"),
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
+            registration: 0,
         }) {
             CommandResult::NodeRegistered { incarnation, .. } => incarnation,
             other => panic!("{other:?}"),
@@ -316,10 +332,17 @@ mod tests {
                 addr: String::new(),
                 ram_bytes: id << 30,
                 ssd_bytes: 0,
+                registration: id,
             })
             .chain([Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(30) }])
             .chain([Command::ExpireNode { node: NodeId(2), incarnation: 2 }])
-            .chain([Command::RegisterNode { node: NodeId(2), addr: String::new(), ram_bytes: 1 << 30, ssd_bytes: 0 }])
+            .chain([Command::RegisterNode {
+                node: NodeId(2),
+                addr: String::new(),
+                ram_bytes: 1 << 30,
+                ssd_bytes: 0,
+                registration: 7,
+            }])
             .collect();
         let replay = || {
             let mut s = ClusterState::default();
@@ -327,6 +350,27 @@ mod tests {
             (serde_json::to_vec(&s).expect("encode"), results)
         };
         assert_eq!(replay(), replay());
+    }
+
+    #[test]
+    fn a_retried_registration_returns_the_same_incarnation() {
+        let mut s = ClusterState::default();
+        let reg = |token| Command::RegisterNode {
+            node: NodeId(1),
+            addr: String::new(),
+            ram_bytes: 1,
+            ssd_bytes: 0,
+            registration: token,
+        };
+        let first = s.apply(&reg(42));
+        assert_eq!(s.apply(&reg(42)), first, "a retry changes nothing");
+        assert_eq!(s.placement_epoch, 1);
+        let CommandResult::NodeRegistered { incarnation, .. } = s.apply(&reg(43)) else { panic!() };
+        assert_eq!(incarnation, 2, "a new registration gets a new incarnation");
+        // After an expiry the same token is a new registration too.
+        s.apply(&Command::ExpireNode { node: NodeId(1), incarnation: 2 });
+        let CommandResult::NodeRegistered { incarnation, .. } = s.apply(&reg(43)) else { panic!() };
+        assert_eq!(incarnation, 3);
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub enum Command {
         ram_bytes: u64,
         /// SSD tier capacity.
         ssd_bytes: u64,
+        /// The node's token for this registration (0: none); a repeat of
+        /// the live incarnation's token changes nothing.
+        #[serde(default)]
+        registration: u64,
     },
     /// The leader saw this incarnation's lease pass its deadline.
     ExpireNode {

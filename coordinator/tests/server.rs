@@ -92,7 +92,13 @@ async fn a_trainer_cannot_heartbeat_or_register_as_a_node() {
     let trainer = f.client("trainer");
     let msg = forbidden(trainer.call(&ApiRequest::Heartbeat { node: NodeId(1), incarnation: 1 }).await);
     assert!(msg.contains("trainer") && msg.contains("heartbeat"), "{msg}");
-    let reg = ApiRequest::RegisterNode { node: NodeId(1), addr: "127.0.0.1:1".into(), ram_bytes: 1, ssd_bytes: 0 };
+    let reg = ApiRequest::RegisterNode {
+        node: NodeId(1),
+        addr: "127.0.0.1:1".into(),
+        ram_bytes: 1,
+        ssd_bytes: 0,
+        registration: 0,
+    };
     forbidden(trainer.call(&reg).await);
     forbidden(f.client("admin").call(&reg).await);
     f.coordinator.shutdown().await;
@@ -207,6 +213,7 @@ async fn register(c: &CoordinatorClient, node: u64) -> u64 {
         addr: format!("127.0.0.1:{}", 9000 + node),
         ram_bytes: 1 << 30,
         ssd_bytes: 0,
+        registration: 0,
     };
     match c.call(&req).await.expect("register") {
         (_, ApiResponse::Registered { incarnation, .. }) => incarnation,

@@ -23,6 +23,11 @@ pub enum ApiRequest {
         ram_bytes: u64,
         /// SSD tier capacity.
         ssd_bytes: u64,
+        /// A token the node picks for this registration and repeats when it
+        /// retries it, so that a retry of a registration that did commit
+        /// returns the same incarnation instead of starting another. 0: none.
+        #[serde(default)]
+        registration: u64,
     },
     /// A node renews its lease.
     Heartbeat {

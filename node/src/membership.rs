@@ -76,7 +76,8 @@ impl Membership {
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();
         let node = NodeId(cfg.node_id);
-        let register = ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes };
+        let register =
+            ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes, registration: 0 };
         tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
         tasks.spawn(watch_loop(watch_client, view_tx));
         Ok(Self { standing, view, tasks })
@@ -98,6 +99,15 @@ impl Membership {
     }
 }
 
+/// A random, non-zero registration token.
+fn registration_token() -> u64 {
+    use std::hash::BuildHasher;
+    // RandomState is seeded from the OS once per process and varies per
+    // instance; hashing the time mixes in when the registration began.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    std::collections::hash_map::RandomState::new().hash_one(nanos).max(1)
+}
+
 async fn lease_loop(
     client: Arc<CoordinatorClient>,
     node: NodeId,
@@ -105,11 +115,19 @@ async fn lease_loop(
     standing: watch::Sender<Standing>,
 ) {
     let retry = Duration::from_millis(500);
+    let mut register = register;
+    let mut token: Option<u64> = None;
     loop {
-        // Register (again).
+        // Register (again). One token per registration, repeated by its
+        // retries, so a retry of one that committed is not a second one.
+        let t = *token.get_or_insert_with(registration_token);
+        if let ApiRequest::RegisterNode { registration, .. } = &mut register {
+            *registration = t;
+        }
         let (incarnation, lease) = match client.call(&register).await {
             Ok((_, ApiResponse::Registered { incarnation, placement_epoch, lease_ms })) => {
                 tracing::info!(%node, incarnation, placement_epoch, "joined the cluster");
+                token = None;
                 standing.send_replace(Standing { incarnation: Some(incarnation), placement_epoch });
                 (incarnation, Duration::from_millis(lease_ms.max(30)))
             }

@@ -142,6 +142,9 @@ pub enum CertsCommand {
         /// File name (NAME.pem, NAME.key).
         #[arg(long)]
         name: String,
+        /// Bind a node certificate to this node id: it may register and heartbeat only as that node.
+        #[arg(long)]
+        node_id: Option<u64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -152,8 +155,8 @@ pub enum CertsCommand {
 pub fn certs(cmd: CertsCommand) -> Result<()> {
     let (files, json) = match cmd {
         CertsCommand::Init { out, json } => (tls::init_cluster(&out)?, json),
-        CertsCommand::Issue { dir, role, name, json } => {
-            let (c, k) = tls::issue(&dir, role, &name)?;
+        CertsCommand::Issue { dir, role, name, node_id, json } => {
+            let (c, k) = tls::issue_bound(&dir, role, &name, node_id)?;
             (vec![c, k], json)
         }
     };

@@ -298,6 +298,15 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
             return;
         }
     };
+    // A node certificate bound to a node id may act only as that node.
+    let bound = match tls::peer_node_id(&conn) {
+        Ok(b) => b.map(NodeId),
+        Err(e) => {
+            tracing::warn!(%peer, "closing a connection: {e}");
+            conn.close(1u32.into(), b"unreadable node id in the certificate");
+            return;
+        }
+    };
     let alpn = tls::alpn_of(&conn);
     let raft = alpn.as_deref() == Some(ALPN_RAFT);
     if raft && role != Role::Coordinator {
@@ -315,7 +324,7 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
             let result = if raft {
                 serve_rpc(&ctx.raft, &ctx.contact, send, recv).await
             } else {
-                serve_api(&ctx, role, send, recv).await
+                serve_api(&ctx, role, bound, send, recv).await
             };
             if let Err(e) = result {
                 tracing::debug!(%peer, "stream ended: {e}");
@@ -331,6 +340,7 @@ fn failed(kind: FailureKind, message: impl Into<String>) -> ApiResponse {
 async fn serve_api(
     ctx: &Arc<Ctx>,
     role: Role,
+    bound: Option<NodeId>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), FrameError> {
@@ -347,6 +357,18 @@ async fn serve_api(
     if !req.allowed(role) {
         tracing::warn!(%role, request = req.kind(), "refused: wrong role");
         let resp = failed(FailureKind::Forbidden, format!("a {role} certificate may not send {}", req.kind()));
+        frame::write_frame(&mut send, &resp).await?;
+        let _ = send.finish();
+        return Ok(());
+    }
+    if let (Some(b), ApiRequest::RegisterNode { node, .. } | ApiRequest::Heartbeat { node, .. }) = (bound, &req)
+        && *node != b
+    {
+        tracing::warn!(certificate = %b, request = %node, "refused: a certificate bound to another node");
+        let resp = failed(
+            FailureKind::Forbidden,
+            format!("this certificate is bound to {b} and may not send {} for {node}", req.kind()),
+        );
         frame::write_frame(&mut send, &resp).await?;
         let _ = send.finish();
         return Ok(());

@@ -112,6 +112,31 @@ async fn vote(conn: &quinn::Connection) -> Result<RaftReply, frame::FrameError> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_certificate_bound_to_an_id_acts_only_as_that_node() {
+    let f = start(Duration::from_secs(3)).await;
+    tls::issue_bound(&f.certs, Role::Node, "node-4", Some(4)).expect("issue");
+    assert!(tls::issue_bound(&f.certs, Role::Trainer, "t-4", Some(4)).is_err(), "only node certificates bind an id");
+    let bound = f.client("node-4");
+    let msg = forbidden(
+        bound
+            .call(&ApiRequest::RegisterNode {
+                node: NodeId(5),
+                addr: "127.0.0.1:5".into(),
+                ram_bytes: 1,
+                ssd_bytes: 0,
+                registration: 0,
+            })
+            .await,
+    );
+    assert!(msg.contains("node-4") && msg.contains("node-5"), "{msg}");
+    assert!(register(&bound, 4).await > 0, "it registers as its own node");
+    forbidden(bound.call(&ApiRequest::Heartbeat { node: NodeId(5), incarnation: 1 }).await);
+    // The generic node certificate of `certs init` is bound to no id.
+    assert!(register(&f.client("node"), 5).await > 0);
+    f.coordinator.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raft_traffic_from_a_node_certificate_is_refused() {
     let f = start(Duration::from_secs(3)).await;
     // The same well-formed vote request is answered on a coordinator's

@@ -57,6 +57,10 @@ pub const ALPN_PEER: &[u8] = b"granary-peer/1";
 /// Prefix of the URI subject-alternative name that carries a certificate's role.
 pub const ROLE_URI_PREFIX: &str = "urn:granary:role:";
 
+/// Prefix of the subject-alternative-name URI that binds a node certificate to one node id
+/// (`urn:granary:node:<id>`). A bound certificate may register and heartbeat only as that node.
+pub const NODE_URI_PREFIX: &str = "urn:granary:node:";
+
 /// File stem of the cluster CA's certificate and key in a cluster directory.
 pub const CA_NAME: &str = "ca";
 
@@ -224,6 +228,9 @@ pub enum TlsError {
     /// The bytes are not a DER X.509 certificate.
     #[error("malformed X.509 certificate: {0}")]
     MalformedCertificate(String),
+    /// A node id was asked for in a certificate of another role.
+    #[error("only a node certificate can be bound to a node id, not a {0} certificate")]
+    NodeIdForRole(Role),
     /// The certificate has no `urn:granary:role:` subject-alternative name.
     #[error("certificate carries no granary role (no {ROLE_URI_PREFIX}<role> subject-alternative name)")]
     NoRole,
@@ -376,7 +383,12 @@ fn ca_params() -> Result<CertificateParams, TlsError> {
 }
 
 /// Parameters of a leaf certificate for `role`, issued to `name`.
+#[cfg(test)]
 fn leaf_params(role: Role, name: &str) -> Result<CertificateParams, TlsError> {
+    leaf_params_for(role, name, None)
+}
+
+fn leaf_params_for(role: Role, name: &str, node_id: Option<u64>) -> Result<CertificateParams, TlsError> {
     let mut params = params_valid_from_now()?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "granary");
@@ -389,6 +401,9 @@ fn leaf_params(role: Role, name: &str) -> Result<CertificateParams, TlsError> {
         SanType::DnsName(ia5("localhost".to_owned())?),
         SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     ];
+    if let Some(id) = node_id {
+        params.subject_alt_names.push(SanType::URI(ia5(format!("{NODE_URI_PREFIX}{id}"))?));
+    }
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     // Every party both dials out and serves.
@@ -435,11 +450,22 @@ fn write_leaf(
     name: &str,
     issuer: &Issuer<'_, KeyPair>,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
+    write_leaf_for(dir, role, name, None, issuer)
+}
+
+fn write_leaf_for(
+    dir: &Path,
+    role: Role,
+    name: &str,
+    node_id: Option<u64>,
+    issuer: &Issuer<'_, KeyPair>,
+) -> Result<(PathBuf, PathBuf), TlsError> {
     let (cert_path, key_path) = identity_paths(dir, name);
     refuse_existing(&[&cert_path, &key_path])?;
     let key = KeyPair::generate().map_err(gen_err(format!("the key of {name}")))?;
-    let cert =
-        leaf_params(role, name)?.signed_by(&key, issuer).map_err(gen_err(format!("the certificate of {name}")))?;
+    let cert = leaf_params_for(role, name, node_id)?
+        .signed_by(&key, issuer)
+        .map_err(gen_err(format!("the certificate of {name}")))?;
     // The key first: a certificate without its key is useless, a key without its certificate is harmless.
     write_new(&key_path, key.serialize_pem().as_bytes(), true)?;
     write_new(&cert_path, cert.pem().as_bytes(), false)?;
@@ -483,6 +509,15 @@ pub fn init_cluster(dir: &Path) -> Result<Vec<PathBuf>, TlsError> {
 /// Refuses to overwrite either file, and refuses names that are not plain file stems (or are `ca`). Returns
 /// (certificate path, key path).
 pub fn issue(dir: &Path, role: Role, name: &str) -> Result<(PathBuf, PathBuf), TlsError> {
+    issue_bound(dir, role, name, None)
+}
+
+/// [`issue`], with `node_id` (role node only) bound into the certificate as `urn:granary:node:<id>`: the coordinator
+/// then lets it register and heartbeat only as that node.
+pub fn issue_bound(dir: &Path, role: Role, name: &str, node_id: Option<u64>) -> Result<(PathBuf, PathBuf), TlsError> {
+    if node_id.is_some() && role != Role::Node {
+        return Err(TlsError::NodeIdForRole(role));
+    }
     check_name(name)?;
     let (ca_cert_path, ca_key_path) = identity_paths(dir, CA_NAME);
     let ca_certs = read_certs(&ca_cert_path)?;
@@ -498,8 +533,8 @@ pub fn issue(dir: &Path, role: Role, name: &str) -> Result<(PathBuf, PathBuf), T
         path: ca_cert_path.clone(),
         error: Box::new(TlsError::MalformedCertificate(e.to_string())),
     })?;
-    let written = write_leaf(dir, role, name, &issuer)?;
-    tracing::info!(dir = %dir.display(), %role, name, "issued certificate");
+    let written = write_leaf_for(dir, role, name, node_id, &issuer)?;
+    tracing::info!(dir = %dir.display(), %role, name, ?node_id, "issued certificate");
     Ok(written)
 }
 
@@ -784,6 +819,35 @@ pub fn peer_role(conn: &quinn::Connection) -> Result<Role, TlsError> {
         .ok_or(TlsError::NoPeerCertificate { peer })?;
     let leaf = certs.first().ok_or(TlsError::NoPeerCertificate { peer })?;
     role_of_cert(leaf).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
+}
+
+/// The node id a DER certificate is bound to (`urn:granary:node:<id>`), if any.
+pub fn node_id_of_cert(der: &[u8]) -> Result<Option<u64>, TlsError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
+    let san = cert.subject_alternative_name().map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
+    let mut found: Option<u64> = None;
+    for name in san.iter().flat_map(|ext| ext.value.general_names.iter()) {
+        let GeneralName::URI(uri) = name else { continue };
+        let Some(id) = uri.strip_prefix(NODE_URI_PREFIX) else { continue };
+        let id: u64 = id.parse().map_err(|_| TlsError::MalformedCertificate(format!("bad node id in {uri:?}")))?;
+        if found.is_some_and(|f| f != id) {
+            return Err(TlsError::MalformedCertificate(format!("names two node ids, {} and {id}", found.unwrap_or(0))));
+        }
+        found = Some(id);
+    }
+    Ok(found)
+}
+
+/// The node id the peer's certificate is bound to, if any.
+pub fn peer_node_id(conn: &quinn::Connection) -> Result<Option<u64>, TlsError> {
+    let peer = conn.remote_address();
+    let certs = conn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .ok_or(TlsError::NoPeerCertificate { peer })?;
+    let leaf = certs.first().ok_or(TlsError::NoPeerCertificate { peer })?;
+    node_id_of_cert(leaf).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
 }
 
 /// The peer's role, if it is one of `allowed`; [`TlsError::WrongRole`] otherwise.

@@ -99,7 +99,9 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     cfg.snapshot_after_entries = a.snapshot_entries;
     cfg.keep_log_entries = a.keep_log_entries;
     cfg.remote_options = parse_kv(&a.remote_options)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // Four workers: Raft, the API and the lease clock keep running while one
+    // worker applies a re-placement.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
     rt.block_on(async move {
         let coordinator = Coordinator::start(cfg).await?;
         let addr = coordinator.local_addr();

@@ -371,6 +371,16 @@ fn unauthenticated_and_wrong_role_peers_are_refused() {
         .expect("write");
     let err = c.add_dataset("badview", &data, &bad_view).expect_err("view that does not fit");
     assert!(err.contains("no_such_column"), "{err}");
+    // A source holding a file whose footer is garbage: refused, naming it.
+    let corrupt = c.tmp.path().join("corrupt");
+    std::fs::create_dir_all(&corrupt).expect("mkdir");
+    for entry in std::fs::read_dir(&data).expect("data") {
+        let p = entry.expect("entry").path();
+        std::fs::copy(&p, corrupt.join(p.file_name().expect("name"))).expect("copy");
+    }
+    std::fs::write(corrupt.join("zz-broken.parquet"), vec![7u8; 4096]).expect("write");
+    let err = c.add_dataset("corrupt", &corrupt, &view).expect_err("corrupt footer");
+    assert!(err.contains("zz-broken.parquet"), "the error names the file: {err}");
     assert!(dataset_names(&c).is_empty(), "a refused add left a dataset behind");
     c.add_dataset("ads", &data, &view).expect("the coordinator still serves");
 }

@@ -310,21 +310,26 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let results: Vec<CommandResult> = self.shared.write(|a| {
-            entries
-                .into_iter()
-                .map(|entry| {
-                    a.last_applied = Some(entry.log_id);
-                    match entry.payload {
-                        EntryPayload::Normal(cmd) => a.cluster.apply(&cmd),
-                        EntryPayload::Blank => CommandResult::None,
-                        EntryPayload::Membership(m) => {
-                            a.last_membership = StoredMembership::new(Some(entry.log_id), m);
-                            CommandResult::None
+        // Applying a membership change re-places every dataset (0.1-0.3 s for
+        // a million shards): tell the runtime, so that this worker's other
+        // tasks (Raft heartbeats among them) move to another thread.
+        let results: Vec<CommandResult> = off_worker(|| {
+            self.shared.write(|a| {
+                entries
+                    .into_iter()
+                    .map(|entry| {
+                        a.last_applied = Some(entry.log_id);
+                        match entry.payload {
+                            EntryPayload::Normal(cmd) => a.cluster.apply(&cmd),
+                            EntryPayload::Blank => CommandResult::None,
+                            EntryPayload::Membership(m) => {
+                                a.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                                CommandResult::None
+                            }
                         }
-                    }
-                })
-                .collect()
+                    })
+                    .collect()
+            })
         });
         if !results.is_empty() {
             self.shared.bump();
@@ -377,6 +382,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         blocking("read snapshot", move || snapshots.read())
             .await
             .map_err(|e| StorageIOError::read_snapshot(None, &e).into())
+    }
+}
+
+/// Runs `f`, on a multi-threaded runtime through `block_in_place` (other
+/// tasks of this worker move on meanwhile); elsewhere directly.
+fn off_worker<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

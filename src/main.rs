@@ -180,7 +180,9 @@ fn main() -> Result<()> {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GRANARY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only on a terminal: daemons usually log to files.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Node { config } => run_node(&config),
@@ -224,7 +226,7 @@ fn run_node(config: &std::path::Path) -> Result<()> {
         let membership = match &cfg.cluster {
             Some(c) => {
                 let ssd = if cfg.ssd_dir.is_some() { cfg.ssd_bytes } else { 0 };
-                Some(granary_node::membership::Membership::start(c, cfg.ram_bytes, ssd)?)
+                Some(granary_node::peer::ClusterHandle::start(&node, c, cfg.ram_bytes, ssd)?)
             }
             None => None,
         };
@@ -397,6 +399,8 @@ fn stats(socket: &std::path::Path, json: bool) -> Result<()> {
                 "ram_hits": s.ram_hits, "ssd_hits": s.ssd_hits, "misses": s.misses,
                 "corrupt_entries": s.corrupt_entries, "prefetched": s.prefetched,
                 "chunk_memory_bytes": s.chunk_memory_bytes,
+                "peer_fetched": s.peer_fetched, "peer_fetched_bytes": s.peer_fetched_bytes,
+                "peer_failures": s.peer_failures, "peer_served": s.peer_served,
             })
         );
     } else {

@@ -226,25 +226,36 @@ fn three_voters_survive_leader_kill_follower_kill_and_full_restart() {
     }
 }
 
-fn node_toml(c: &Cluster, id: u64) -> PathBuf {
+fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
     let dir = c.tmp.path().join(format!("node-{id}"));
     std::fs::create_dir_all(&dir).expect("node dir");
     let coordinators: Vec<String> = c.specs.iter().map(|v| format!("{:?}", v.addr.to_string())).collect();
-    let toml = format!(
-        "socket = {:?}\nram_bytes = {}\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"127.0.0.1:{}\"\n",
+    let mut toml = format!(
+        "socket = {:?}\nram_bytes = {}\nprefetch_bytes = 0\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\n",
         dir.join("node.sock"),
         64u64 << 20,
         coordinators.join(", "),
         c.certs,
-        17000 + id,
+        reserve_udp_port().expect("port"),
     );
+    if let Some(data) = data {
+        toml += &format!(
+            "\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}/\"\n\n[dataset.view]\n{}",
+            data.display(),
+            granary_node::datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]")
+        );
+    }
     let path = dir.join("node.toml");
     std::fs::write(&path, toml).expect("node.toml");
     path
 }
 
 fn start_node(c: &mut Cluster, id: u64) -> usize {
-    let cfg = node_toml(c, id);
+    start_node_with(c, id, None)
+}
+
+fn start_node_with(c: &mut Cluster, id: u64, data: Option<&Path>) -> usize {
+    let cfg = node_toml(c, id, data);
     let log = std::fs::File::create(c.tmp.path().join(format!("node-{id}.log"))).expect("log");
     let child = Command::new(BIN)
         .args(["node", "--config", cfg.to_str().expect("utf8")])
@@ -426,4 +437,63 @@ fn an_unusable_data_folder_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not-a-folder"), "the error names the folder: {err}");
+}
+
+/// Shards requested on every node at once: each is read from remote storage
+/// and converted once, by its owner; the other nodes fetch it over QUIC and
+/// hand their trainers the same bytes.
+#[test]
+fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
+    use granary_client::{ChunkSource, LocalSource};
+    let mut c = Cluster::new(1, 3000);
+    let (data, view) = dataset(c.tmp.path());
+    c.start(1);
+    c.wait_leader(None);
+    c.add_dataset("ads", &data, &view).expect("add");
+    for id in 1..=3 {
+        start_node_with(&mut c, id, Some(&data));
+    }
+    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    let (_, owners) = owners(&c);
+    // Every node has read the placement of the version it serves.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in 1..=3 {
+        let log = c.tmp.path().join(format!("node-{id}.log"));
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.lines().any(|l| l.contains("placement known") && l.contains("peers=3") && l.contains("versions=1"))
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {id} did not learn the placement:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let sockets: Vec<PathBuf> = (1..=3).map(|id| c.tmp.path().join(format!("node-{id}/node.sock"))).collect();
+    let fetched: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = sockets
+            .iter()
+            .map(|sock| {
+                s.spawn(move || {
+                    let src = LocalSource::connect(sock).expect("connect");
+                    let info = src.describe("ads").expect("describe");
+                    info.shards
+                        .iter()
+                        .map(|r| src.fetch(info.version, r.shard).expect("fetch").bytes().to_vec())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    assert_eq!(fetched[0].len(), 8);
+    assert!(fetched.iter().all(|f| *f == fetched[0]), "every node hands out the same bytes");
+    for (i, sock) in sockets.iter().enumerate() {
+        let id = i as u64 + 1;
+        let stats = LocalSource::connect(sock).expect("connect").stats().expect("stats");
+        let owned = owners.iter().filter(|o| o.2 == id).count() as u64;
+        assert_eq!(stats.conversions, owned, "node {id} converted only its own shards");
+        assert_eq!(stats.peer_fetched, 8 - owned, "node {id} fetched the others' shards from their owners");
+        assert_eq!(stats.peer_failures, 0);
+    }
 }

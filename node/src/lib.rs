@@ -14,6 +14,7 @@
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
 //! - [`membership`] — registering with the coordinators, lease renewal, the placement watch.
+//! - [`peer`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC.
 //! - [`datagen`] — a deterministic synthetic dataset for demos and benchmarks.
 //! - [`error`] — error types.
 //!
@@ -31,6 +32,7 @@ pub mod dataset;
 pub mod embedded;
 pub mod error;
 pub mod membership;
+pub mod peer;
 pub mod remote;
 pub mod service;
 pub mod shm;

@@ -44,6 +44,10 @@ struct Counters {
     misses: AtomicU64,
     corrupt: AtomicU64,
     prefetched: AtomicU64,
+    peer_fetched: AtomicU64,
+    peer_fetched_bytes: AtomicU64,
+    peer_failures: AtomicU64,
+    peer_served: AtomicU64,
 }
 
 struct Inner {
@@ -56,6 +60,8 @@ struct Inner {
     counters: Counters,
     remote: Arc<RemoteCounters>,
     prefetch_bytes: u64,
+    /// Set once the node joins a cluster: where non-owned shards come from.
+    cluster: std::sync::OnceLock<Arc<crate::peer::Cluster>>,
 }
 
 /// A running node (cheap to clone).
@@ -124,6 +130,7 @@ impl Node {
                 counters: Counters::default(),
                 remote: remote_counters,
                 prefetch_bytes: cfg.prefetch_bytes,
+                cluster: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -156,7 +163,24 @@ impl Node {
             corrupt_entries: c.corrupt.load(Ordering::Relaxed),
             prefetched: c.prefetched.load(Ordering::Relaxed),
             chunk_memory_bytes: crate::shm::live_chunk_bytes(),
+            peer_fetched: c.peer_fetched.load(Ordering::Relaxed),
+            peer_fetched_bytes: c.peer_fetched_bytes.load(Ordering::Relaxed),
+            peer_failures: c.peer_failures.load(Ordering::Relaxed),
+            peer_served: c.peer_served.load(Ordering::Relaxed),
         }
+    }
+
+    /// Joins a cluster: from now on a shard another live node owns is
+    /// fetched from that owner. False if the node already joined one.
+    pub fn join_cluster(&self, cluster: Arc<crate::peer::Cluster>) -> bool {
+        self.inner.cluster.set(cluster).is_ok()
+    }
+
+    /// A chunk for another node: like [`Node::chunk`], but never forwarded
+    /// to a third node (this node reads the shard itself if it must).
+    pub async fn chunk_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Shared {
+        self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
+        self.chunk_from(version, shard, false).await
     }
 
     /// Waits (up to 30 s) for loads in flight to reach the tier, then
@@ -179,6 +203,12 @@ impl Node {
 
     /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
+        self.chunk_from(version, shard, true).await
+    }
+
+    /// `forward`: a load may ask the shard's owner (requests from trainers
+    /// and prefetch); peers' requests never are.
+    async fn chunk_from(&self, version: DatasetVersion, shard: ShardId, forward: bool) -> Shared {
         let key = ChunkKey { version, shard };
         // `contains` may be stale (an entry evicted or dropped from disk
         // between the checks), so the re-check below is retried a bounded
@@ -213,7 +243,7 @@ impl Node {
                     let (tx, rx) = watch::channel(None);
                     inflight.insert(key, rx.clone());
                     let node = self.clone();
-                    tokio::spawn(async move { node.load_and_publish(key, tx).await });
+                    tokio::spawn(async move { node.load_and_publish(key, tx, forward).await });
                     rx
                 }
             };
@@ -226,13 +256,13 @@ impl Node {
         Err(Arc::new(FetchError::Internal(format!("lookup of {shard} did not settle"))))
     }
 
-    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>) {
+    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>, forward: bool) {
         // Whatever happens below, even a panic, the shard must leave the
         // in-flight map, or every later request for it would wait forever.
         let _leave = InflightGuard { node: &self, key };
         // The Parquet decoder can panic on hostile page headers; a panic is
         // turned into an error naming the shard instead of killing the task.
-        let result = match AssertUnwindSafe(self.load(key)).catch_unwind().await {
+        let result = match AssertUnwindSafe(self.load(key, forward)).catch_unwind().await {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -269,8 +299,32 @@ impl Node {
         }
     }
 
+    /// The chunk from the shard's owner when another live node owns it
+    /// (and `forward`), else (or if the owner fails) read and converted here.
+    async fn load(&self, key: ChunkKey, forward: bool) -> Result<SealedChunk, FetchError> {
+        if forward
+            && let Some(cluster) = self.inner.cluster.get()
+            && let Some((owner, addr)) = cluster.owner(key.version, key.shard)
+        {
+            let c = &self.inner.counters;
+            match cluster.link().fetch(addr, key.version, key.shard, cluster.fetch_deadline).await {
+                Ok(buf) => {
+                    c.peer_fetched.fetch_add(1, Ordering::Relaxed);
+                    c.peer_fetched_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    return SealedChunk::copy_of(buf.as_slice())
+                        .map_err(|source| FetchError::Memory { shard: key.shard, source });
+                }
+                Err(e) => {
+                    c.peer_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(shard = %key.shard, %owner, "owner could not serve; reading remote storage: {e}");
+                }
+            }
+        }
+        self.convert_here(key).await
+    }
+
     /// Reads one row group and converts it into a sealed chunk.
-    async fn load(&self, key: ChunkKey) -> Result<SealedChunk, FetchError> {
+    async fn convert_here(&self, key: ChunkKey) -> Result<SealedChunk, FetchError> {
         let _permit = self.inner.loads.acquire().await.map_err(|e| FetchError::Internal(e.to_string()))?;
         let ds = self.dataset(key.version)?;
         let (file, rg) = ds.locate(key.shard)?;

@@ -14,6 +14,7 @@
 //! - [`placement`] — which live node owns each shard, balanced by weight
 //!   with little movement on membership changes ([`plan_placement`]).
 //! - [`wire`] — messages between a trainer and its local node.
+//! - [`peer`] — messages between nodes (chunk fetches from a shard's owner).
 //! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
 //!   would change every sample order ever published.
 //! - [`aligned`] — a 64-byte-aligned byte buffer.
@@ -30,6 +31,7 @@ pub mod chunk;
 pub mod dtype;
 pub mod ids;
 pub mod manifest;
+pub mod peer;
 pub mod placement;
 pub mod plan;
 pub mod rng;

@@ -102,6 +102,14 @@ pub struct NodeStats {
     pub prefetched: u64,
     /// Bytes of chunks the node holds in memory files right now.
     pub chunk_memory_bytes: u64,
+    /// Chunks fetched from their owner over the peer fabric.
+    pub peer_fetched: u64,
+    /// Bytes of those chunks.
+    pub peer_fetched_bytes: u64,
+    /// Peer fetches that failed (the chunk was then read from remote storage).
+    pub peer_failures: u64,
+    /// Chunk requests from other nodes answered.
+    pub peer_served: u64,
 }
 
 /// Kinds of failure a trainer can act on.

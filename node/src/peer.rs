@@ -1,0 +1,445 @@
+//! The peer fabric: a node that does not own a shard asks its owner over
+//! QUIC, so the cluster reads each shard from remote storage once.
+//!
+//! - [`Cluster`] holds what this node knows of placement: every node's
+//!   address and, per dataset version it serves, the owner of each shard. It
+//!   is refreshed from the coordinator whenever the placement watch reports
+//!   a new epoch or version ([`follow_placement`]).
+//! - [`PeerLink`] fetches a chunk from an owner: one connection per peer,
+//!   reused; one bidirectional stream per chunk (a large chunk never blocks
+//!   a small one); at most [`MAX_FETCHES_PER_PEER`] fetches in flight per
+//!   peer; every fetch bounded by a deadline; every chunk validated (header
+//!   and payload checksum) before it is used.
+//! - [`serve`] answers other nodes: it requires a node certificate, reads
+//!   one [`PeerRequest`] per stream, and sends the chunk bytes as stored,
+//!   from the tier or from one load (single flight with local requests).
+//!   A peer's request is never forwarded, so two nodes that disagree about
+//!   placement cannot chase each other.
+//!
+//! Wire format: `granary_proto::peer`. Chunks are immutable and versioned,
+//! so a chunk from any node is as good as the owner's.
+
+use crate::service::Node;
+use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
+use granary_net::client::CoordinatorClient;
+use granary_net::tls::{self, ALPN_PEER, Identity, Role};
+use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
+use granary_proto::wire::{ErrorKind, decode, encode};
+use granary_proto::{AlignedBuf, ChunkView, DatasetVersion, NodeId, ShardId};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::{Semaphore, watch};
+
+/// Fetches in flight to one peer at once; more wait. With chunks of at most
+/// the tier's block size this bounds the bytes in flight per peer.
+pub const MAX_FETCHES_PER_PEER: usize = 8;
+
+/// A peer fetch failed; the caller falls back to another source.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// No connection could be made.
+    #[error("peer {addr}: {reason}")]
+    Connect {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The stream failed or the peer broke the protocol.
+    #[error("peer {addr}, {shard}: {reason}")]
+    Transfer {
+        /// The peer.
+        addr: SocketAddr,
+        /// The shard asked for.
+        shard: ShardId,
+        /// Why.
+        reason: String,
+    },
+    /// The peer answered that it could not produce the chunk.
+    #[error("peer {addr} could not serve {shard} ({kind:?}): {message}")]
+    Refused {
+        /// The peer.
+        addr: SocketAddr,
+        /// The shard.
+        shard: ShardId,
+        /// Category.
+        kind: ErrorKind,
+        /// The peer's message.
+        message: String,
+    },
+    /// The chunk failed validation.
+    #[error("peer {addr} sent a corrupt chunk for {shard}: {reason}")]
+    Corrupt {
+        /// The peer.
+        addr: SocketAddr,
+        /// The shard.
+        shard: ShardId,
+        /// What failed.
+        reason: String,
+    },
+    /// The deadline passed.
+    #[error("peer {addr}: no chunk for {shard} within {deadline:?}")]
+    Timeout {
+        /// The peer.
+        addr: SocketAddr,
+        /// The shard.
+        shard: ShardId,
+        /// The deadline.
+        deadline: Duration,
+    },
+}
+
+/// Connections and flow control towards peers.
+pub struct PeerLink {
+    endpoint: quinn::Endpoint,
+    config: quinn::ClientConfig,
+    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
+}
+
+impl PeerLink {
+    /// Dials from `endpoint` with this node's identity.
+    pub fn new(endpoint: quinn::Endpoint, identity: &Identity) -> Result<Self, tls::TlsError> {
+        Ok(Self {
+            endpoint,
+            config: identity.client_config(ALPN_PEER)?,
+            conns: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
+        })
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, PeerError> {
+        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
+            && c.close_reason().is_none()
+        {
+            return Ok(c.clone());
+        }
+        let err = |reason: String| PeerError::Connect { addr, reason };
+        let conn = self
+            .endpoint
+            .connect_with(self.config.clone(), addr, Role::Node.server_name())
+            .map_err(|e| err(e.to_string()))?
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        match tls::peer_role(&conn) {
+            Ok(Role::Node) => {}
+            Ok(r) => return Err(err(format!("holds a {r} certificate, not a node's"))),
+            Err(e) => return Err(err(e.to_string())),
+        }
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    fn slot(&self, addr: SocketAddr) -> Arc<Semaphore> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(addr)
+            .or_insert_with(|| Arc::new(Semaphore::new(MAX_FETCHES_PER_PEER)))
+            .clone()
+    }
+
+    /// Fetches and validates the chunk of `shard` from the node at `addr`.
+    pub async fn fetch(
+        &self,
+        addr: SocketAddr,
+        version: DatasetVersion,
+        shard: ShardId,
+        deadline: Duration,
+    ) -> Result<AlignedBuf, PeerError> {
+        let work = async {
+            let slot = self.slot(addr);
+            let _permit = slot.acquire().await.map_err(|e| PeerError::Connect { addr, reason: e.to_string() })?;
+            let conn = self.connection(addr).await?;
+            let result = self.exchange(&conn, addr, version, shard).await;
+            if matches!(result, Err(PeerError::Transfer { .. })) {
+                self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+            }
+            result
+        };
+        tokio::time::timeout(deadline, work).await.map_err(|_| PeerError::Timeout { addr, shard, deadline })?
+    }
+
+    async fn exchange(
+        &self,
+        conn: &quinn::Connection,
+        addr: SocketAddr,
+        version: DatasetVersion,
+        shard: ShardId,
+    ) -> Result<AlignedBuf, PeerError> {
+        let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| transfer(e.to_string()))?;
+        let body = encode(&PeerRequest::FetchChunk { version, shard });
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        send.write_all(&frame).await.map_err(|e| transfer(e.to_string()))?;
+        let _ = send.finish();
+        let mut prefix = [0u8; 4];
+        recv.read_exact(&mut prefix).await.map_err(|e| transfer(format!("response header: {e}")))?;
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > MAX_PEER_FRAME_LEN {
+            return Err(transfer(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
+        }
+        let mut head = vec![0u8; len];
+        recv.read_exact(&mut head).await.map_err(|e| transfer(format!("response header: {e}")))?;
+        match decode::<PeerResponse>(&head).map_err(|e| transfer(e.to_string()))? {
+            PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
+            PeerResponse::Chunk { len } => {
+                if len > MAX_PEER_CHUNK_LEN {
+                    return Err(transfer(format!("announced a chunk of {len} bytes, over {MAX_PEER_CHUNK_LEN}")));
+                }
+                let mut buf = AlignedBuf::zeroed(len as usize);
+                recv.read_exact(buf.as_mut_slice()).await.map_err(|e| transfer(format!("chunk bytes: {e}")))?;
+                let view = ChunkView::parse(buf.as_slice(), granary_proto::chunk::Verify::Full)
+                    .map_err(|e| PeerError::Corrupt { addr, shard, reason: e.to_string() })?;
+                let h = view.header();
+                if h.dataset_version != version || h.shard != shard {
+                    return Err(PeerError::Corrupt {
+                        addr,
+                        shard,
+                        reason: format!("it is the chunk of {} in version {}", h.shard, h.dataset_version),
+                    });
+                }
+                Ok(buf)
+            }
+        }
+    }
+}
+
+/// What this node knows of placement.
+pub struct Cluster {
+    me: NodeId,
+    link: PeerLink,
+    map: RwLock<PlacementMap>,
+    /// Bound on one fetch from a peer, retries of the caller excluded.
+    pub fetch_deadline: Duration,
+}
+
+#[derive(Default)]
+struct PlacementMap {
+    epoch: u64,
+    addrs: HashMap<NodeId, SocketAddr>,
+    owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+}
+
+impl Cluster {
+    /// This node is `me`; peers are reached through `link`.
+    pub fn new(me: NodeId, link: PeerLink) -> Self {
+        Self { me, link, map: RwLock::new(PlacementMap::default()), fetch_deadline: Duration::from_secs(30) }
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> NodeId {
+        self.me
+    }
+
+    /// The live owner of `shard` and its address, when it is another node.
+    pub fn owner(&self, version: DatasetVersion, shard: ShardId) -> Option<(NodeId, SocketAddr)> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let owner = *map.owners.get(&version)?.get(&shard)?;
+        if owner == self.me {
+            return None;
+        }
+        map.addrs.get(&owner).map(|a| (owner, *a))
+    }
+
+    /// The link to peers.
+    pub fn link(&self) -> &PeerLink {
+        &self.link
+    }
+
+    /// The placement epoch known.
+    pub fn epoch(&self) -> u64 {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).epoch
+    }
+
+    fn replace(&self, map: PlacementMap) {
+        *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
+    }
+}
+
+/// Keeps `cluster` current: on every view from the placement watch, asks
+/// the coordinator for the owners of each dataset version `node` serves.
+pub async fn follow_placement(
+    cluster: Arc<Cluster>,
+    node: Node,
+    client: CoordinatorClient,
+    mut views: watch::Receiver<Option<PlacementView>>,
+) {
+    loop {
+        let view = views.borrow_and_update().clone();
+        if let Some(view) = view {
+            let mut map = PlacementMap { epoch: view.placement_epoch, ..Default::default() };
+            for n in view.nodes.iter().filter(|n| n.live) {
+                match n.addr.parse::<SocketAddr>() {
+                    Ok(a) => {
+                        map.addrs.insert(n.node, a);
+                    }
+                    Err(e) => tracing::warn!(node = %n.node, addr = %n.addr, "unusable peer address: {e}"),
+                }
+            }
+            for (name, version) in &view.datasets {
+                if node.dataset(*version).is_err() {
+                    continue; // not a version this node serves
+                }
+                match client.call(&ApiRequest::DescribePlacement { name: name.clone() }).await {
+                    Ok((_, ApiResponse::Placement(report))) if report.version == *version => {
+                        let owners = report
+                            .owners
+                            .iter()
+                            .map(|&(file, row_group, owner)| (ShardId { file, row_group }, owner))
+                            .collect();
+                        map.owners.insert(*version, owners);
+                    }
+                    Ok((_, other)) => tracing::debug!(dataset = %name, "placement not current yet: {other:?}"),
+                    Err(e) => tracing::warn!(dataset = %name, "cannot read placement: {e}"),
+                }
+            }
+            tracing::info!(
+                placement_epoch = map.epoch,
+                peers = map.addrs.len(),
+                versions = map.owners.len(),
+                "placement known"
+            );
+            cluster.replace(map);
+        }
+        if views.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Serves chunks to other nodes on `endpoint` until it closes.
+pub async fn serve(node: Node, endpoint: quinn::Endpoint) {
+    while let Some(incoming) = endpoint.accept().await {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let peer = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a peer during the handshake: {e}");
+                    return;
+                }
+            };
+            match tls::peer_role(&conn) {
+                Ok(Role::Node) => {}
+                Ok(r) => {
+                    tracing::warn!(%peer, role = %r, "refused a peer: chunks are served to nodes only");
+                    conn.close(2u32.into(), b"chunks are served to node certificates only");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a peer: {e}");
+                    conn.close(1u32.into(), b"certificate carries no granary role");
+                    return;
+                }
+            }
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_stream(&node, send, recv).await {
+                        tracing::warn!(%peer, "peer request failed: {e}");
+                    }
+                });
+            }
+        });
+    }
+}
+
+async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn::RecvStream) -> Result<(), String> {
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await.map_err(|e| format!("request header: {e}"))?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    let respond = |resp: &PeerResponse| {
+        let body = encode(resp);
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        frame
+    };
+    if len > MAX_PEER_FRAME_LEN {
+        let msg = format!("request frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}");
+        let _ =
+            send.write_all(&respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() })).await;
+        let _ = send.finish();
+        return Err(msg);
+    }
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body).await.map_err(|e| format!("request body: {e}"))?;
+    let (version, shard) = match decode::<PeerRequest>(&body) {
+        Ok(PeerRequest::FetchChunk { version, shard }) => (version, shard),
+        Err(e) => {
+            let msg = format!("malformed request: {e}");
+            let _ = send
+                .write_all(&respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() }))
+                .await;
+            let _ = send.finish();
+            return Err(msg);
+        }
+    };
+    match node.chunk_for_peer(version, shard).await {
+        Ok(chunk) => {
+            let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
+            send.write_all(&head).await.map_err(|e| e.to_string())?;
+            send.write_all(chunk.bytes()).await.map_err(|e| e.to_string())?;
+        }
+        Err(e) => {
+            let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
+            send.write_all(&respond(&resp)).await.map_err(|e| e.to_string())?;
+        }
+    }
+    let _ = send.finish();
+    Ok(())
+}
+
+/// A node's part in the cluster: membership, the peer endpoint, and the
+/// placement it follows. Dropping it leaves the tasks running; call
+/// [`ClusterHandle::stop`].
+pub struct ClusterHandle {
+    membership: crate::membership::Membership,
+    endpoint: quinn::Endpoint,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl ClusterHandle {
+    /// Joins the cluster `cfg` describes: registers (in the background),
+    /// serves chunks to peers on the advertised address, and makes `node`
+    /// fetch the shards others own from them. Must run inside a tokio
+    /// runtime.
+    pub fn start(
+        node: &Node,
+        cfg: &crate::config::ClusterConfig,
+        ram_bytes: u64,
+        ssd_bytes: u64,
+    ) -> Result<Self, crate::membership::JoinError> {
+        use crate::membership::{JoinError, Membership};
+        let membership = Membership::start(cfg, ram_bytes, ssd_bytes)?;
+        let id_err = |e: tls::TlsError| JoinError::Identity(e.to_string());
+        let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(id_err)?;
+        let listen: SocketAddr = cfg
+            .advertise
+            .parse()
+            .map_err(|e| JoinError::Identity(format!("advertise address {:?}: {e}", cfg.advertise)))?;
+        let endpoint = tls::server_endpoint(&identity, listen, identity.server_config(&[ALPN_PEER]).map_err(id_err)?)
+            .map_err(id_err)?;
+        let link = PeerLink::new(endpoint.clone(), &identity).map_err(id_err)?;
+        let cluster = Arc::new(Cluster::new(NodeId(cfg.node_id), link));
+        node.join_cluster(cluster.clone());
+        let addrs = granary_net::client::parse_addrs(&cfg.coordinators)?;
+        let client = CoordinatorClient::new(&identity, addrs, granary_net::client::ClientOptions::default())?;
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(serve(node.clone(), endpoint.clone()));
+        tasks.spawn(follow_placement(cluster, node.clone(), client, membership.view()));
+        tracing::info!(%listen, "serving chunks to peers");
+        Ok(Self { membership, endpoint, tasks })
+    }
+
+    /// Stops heartbeating, following placement and serving peers.
+    pub fn stop(mut self) {
+        self.tasks.abort_all();
+        self.endpoint.close(0u32.into(), b"node stopping");
+        self.membership.stop();
+    }
+}

@@ -497,3 +497,50 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
         assert_eq!(stats.peer_failures, 0);
     }
 }
+
+/// The owner of some shards is SIGKILLed: the survivors' trainers still get
+/// every chunk, byte-identical, with no error (the survivors read the dead
+/// node's shards themselves until the placement moves them).
+#[test]
+fn a_dead_owner_costs_latency_not_errors() {
+    use granary_client::{ChunkSource, LocalSource};
+    let mut c = Cluster::new(1, 3000);
+    let (data, view) = dataset(c.tmp.path());
+    c.start(1);
+    c.wait_leader(None);
+    c.add_dataset("ads", &data, &view).expect("add");
+    let mut handles = Vec::new();
+    for id in 1..=3 {
+        handles.push(start_node_with(&mut c, id, Some(&data)));
+    }
+    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    let (_, owners) = owners(&c);
+    assert!(owners.iter().any(|o| o.2 == 2), "node 2 owns something");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in [1, 3] {
+        let log = c.tmp.path().join(format!("node-{id}.log"));
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("placement known") && l.contains("peers=3") && l.contains("versions=1"))
+        {
+            assert!(Instant::now() < deadline, "node {id} did not learn the placement");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let mut n2 = c.nodes.remove(handles[1]);
+    n2.kill().expect("SIGKILL");
+    n2.wait().expect("reap");
+    let fetch_all = |id: u64| -> Vec<Vec<u8>> {
+        let src = LocalSource::connect(c.tmp.path().join(format!("node-{id}/node.sock"))).expect("connect");
+        let info = src.describe("ads").expect("describe");
+        info.shards.iter().map(|r| src.fetch(info.version, r.shard).expect("no error").bytes().to_vec()).collect()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| fetch_all(1));
+        let b = s.spawn(|| fetch_all(3));
+        (a.join().expect("node 1"), b.join().expect("node 3"))
+    });
+    assert_eq!(a.len(), 8);
+    assert_eq!(a, b, "both survivors hand out the same bytes");
+}

@@ -35,6 +35,12 @@ use tokio::sync::{Semaphore, watch};
 /// Fetches in flight to one peer at once; more wait. With chunks of at most
 /// the tier's block size this bounds the bytes in flight per peer.
 pub const MAX_FETCHES_PER_PEER: usize = 8;
+/// Bound on establishing a connection to a peer (peers share a network).
+pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// After a peer could not be reached, fetches skip it for this long (the
+/// caller reads elsewhere at once instead of waiting out a connect timeout
+/// per shard) until the placement moves its shards away.
+pub const PEER_DOWN_FOR: Duration = Duration::from_secs(2);
 
 /// A peer fetch failed; the caller falls back to another source.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +103,7 @@ pub struct PeerLink {
     config: quinn::ClientConfig,
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
     slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
+    down: Mutex<HashMap<SocketAddr, std::time::Instant>>,
 }
 
 impl PeerLink {
@@ -107,6 +114,7 @@ impl PeerLink {
             config: identity.client_config(ALPN_PEER)?,
             conns: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
+            down: Mutex::new(HashMap::new()),
         })
     }
 
@@ -117,12 +125,29 @@ impl PeerLink {
             return Ok(c.clone());
         }
         let err = |reason: String| PeerError::Connect { addr, reason };
-        let conn = self
+        if let Some(until) = self.down.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
+            && std::time::Instant::now() < *until
+        {
+            return Err(err("unreachable moments ago; not retried yet".into()));
+        }
+        let connecting = self
             .endpoint
             .connect_with(self.config.clone(), addr, Role::Node.server_name())
-            .map_err(|e| err(e.to_string()))?
-            .await
             .map_err(|e| err(e.to_string()))?;
+        let conn = match tokio::time::timeout(PEER_CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(c)) => c,
+            outcome => {
+                let reason = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no handshake within {PEER_CONNECT_TIMEOUT:?}"),
+                };
+                self.down
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(addr, std::time::Instant::now() + PEER_DOWN_FOR);
+                return Err(err(reason));
+            }
+        };
         match tls::peer_role(&conn) {
             Ok(Role::Node) => {}
             Ok(r) => return Err(err(format!("holds a {r} certificate, not a node's"))),

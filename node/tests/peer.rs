@@ -1,0 +1,141 @@
+//! The peer endpoint in process, over real QUIC with the cluster's
+//! certificates: a node fetches and validates a chunk; a non-node
+//! certificate, a malformed frame and a corrupt chunk are refused with a
+//! clear error and the endpoint keeps serving.
+
+use granary_net::tls::{self, ALPN_PEER, Identity, Role};
+use granary_node::Node;
+use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
+use granary_node::datagen::{self, GenSpec};
+use granary_node::peer::{PeerError, PeerLink, serve};
+use granary_proto::peer::PeerResponse;
+use granary_proto::wire::{ErrorKind, decode, encode};
+use granary_proto::{ChunkView, DatasetVersion, ShardId};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn local() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("addr")
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    certs: std::path::PathBuf,
+    addr: SocketAddr,
+    version: DatasetVersion,
+    shard: ShardId,
+    node: Node,
+}
+
+async fn start() -> Fixture {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let spec = GenSpec { seed: 3, rows: 1_000, files: 1, row_group_rows: 500, compression: "snappy".into() };
+    datagen::generate(&data, &spec, |_| {}).expect("gen");
+    let certs = tmp.path().join("certs");
+    tls::init_cluster(&certs).expect("certs");
+    let cfg = NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", data.display()),
+            view: ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(&cfg).await.expect("node");
+    let info = node.describe("ads").expect("describe");
+    let identity = Identity::load(&certs, "node").expect("identity");
+    let endpoint =
+        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let addr = endpoint.local_addr().expect("addr");
+    tokio::spawn(serve(node.clone(), endpoint));
+    Fixture { _tmp: tmp, certs, addr, version: info.version, shard: info.shards[1].shard, node }
+}
+
+fn link(f: &Fixture, name: &str) -> PeerLink {
+    let identity = Identity::load(&f.certs, name).expect("identity");
+    PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &identity).expect("link")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
+    let f = start().await;
+    let buf = link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+    let view = ChunkView::parse(buf.as_slice(), granary_proto::chunk::Verify::Full).expect("valid");
+    assert_eq!(view.header().shard, f.shard);
+    let local = f.node.chunk(f.version, f.shard).await.expect("local");
+    assert_eq!(buf.as_slice(), local.bytes(), "the bytes as stored");
+    assert_eq!(f.node.stats().peer_served, 1);
+
+    // A trainer's certificate is refused; the error names the peer.
+    let err =
+        link(&f, "trainer").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect_err("refused");
+    assert!(err.to_string().contains(&f.addr.to_string()), "{err}");
+
+    // An unknown shard is a clear refusal, not a hang.
+    let bad = ShardId { file: 9, row_group: 9 };
+    match link(&f, "node").fetch(f.addr, f.version, bad, Duration::from_secs(10)).await {
+        Err(PeerError::Refused { kind: ErrorKind::BadRequest, .. }) => {}
+        other => panic!("unknown shard: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_is_answered_with_bad_request() {
+    let f = start().await;
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep = tls::endpoint(local(), None).expect("endpoint");
+    let conn = ep
+        .connect_with(identity.client_config(ALPN_PEER).expect("cfg"), f.addr, Role::Node.server_name())
+        .expect("connect")
+        .await
+        .expect("handshake");
+    for frame in [[5u32.to_le_bytes().to_vec(), b"hello".to_vec()].concat(), (1u32 << 30).to_le_bytes().to_vec()] {
+        let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+        send.write_all(&frame).await.expect("write");
+        let _ = send.finish();
+        let reply = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 16))
+            .await
+            .expect("bounded")
+            .expect("reply");
+        let resp: PeerResponse = decode(&reply[4..]).expect("a response frame");
+        assert!(matches!(resp, PeerResponse::Failed { kind: ErrorKind::BadRequest, .. }), "{resp:?}");
+    }
+    // Still serving.
+    link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_chunk_from_a_peer_is_rejected() {
+    let f = start().await;
+    let good = f.node.chunk(f.version, f.shard).await.expect("chunk").bytes().to_vec();
+    // A peer that flips one payload byte of every chunk it sends.
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let evil =
+        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let evil_addr = evil.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Some(incoming) = evil.accept().await {
+            let Ok(conn) = incoming.await else { continue };
+            let mut bytes = good.clone();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x40;
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                let _ = recv.read_to_end(1 << 16).await;
+                let head = encode(&PeerResponse::Chunk { len: bytes.len() as u64 });
+                let _ = send.write_all(&(head.len() as u32).to_le_bytes()).await;
+                let _ = send.write_all(&head).await;
+                let _ = send.write_all(&bytes).await;
+                let _ = send.finish();
+            }
+        }
+    });
+    match link(&f, "node").fetch(evil_addr, f.version, f.shard, Duration::from_secs(10)).await {
+        Err(PeerError::Corrupt { addr, shard, .. }) => {
+            assert_eq!((addr, shard), (evil_addr, f.shard));
+        }
+        other => panic!("a corrupt chunk was accepted: {:?}", other.map(|b| b.len())),
+    }
+}

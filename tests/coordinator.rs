@@ -499,8 +499,8 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
 }
 
 /// The owner of some shards is SIGKILLed: the survivors' trainers still get
-/// every chunk, byte-identical, with no error (the survivors read the dead
-/// node's shards themselves until the placement moves them).
+/// every chunk, byte-identical, with no error; the dead node's shards move
+/// with its lease, and each is converted once, by its new owner.
 #[test]
 fn a_dead_owner_costs_latency_not_errors() {
     use granary_client::{ChunkSource, LocalSource};
@@ -543,4 +543,15 @@ fn a_dead_owner_costs_latency_not_errors() {
     });
     assert_eq!(a.len(), 8);
     assert_eq!(a, b, "both survivors hand out the same bytes");
+    let stats: Vec<_> = [1, 3]
+        .iter()
+        .map(|id| {
+            LocalSource::connect(c.tmp.path().join(format!("node-{id}/node.sock")))
+                .expect("connect")
+                .stats()
+                .expect("stats")
+        })
+        .collect();
+    assert_eq!(stats.iter().map(|s| s.conversions).sum::<u64>(), 8, "each shard converted once: {stats:?}");
+    assert!(stats.iter().any(|s| s.peer_failures > 0), "the dead owner was tried first");
 }

@@ -238,8 +238,14 @@ pub struct Cluster {
     me: NodeId,
     link: PeerLink,
     map: RwLock<PlacementMap>,
+    /// Bumped on every placement update, so fetches can wait for one.
+    updates: watch::Sender<u64>,
     /// Bound on one fetch from a peer, retries of the caller excluded.
     pub fetch_deadline: Duration,
+    /// How long a fetch whose owner failed waits for a newer placement (the
+    /// owner's lease expiring moves its shards) before reading remote
+    /// storage itself.
+    pub reroute_wait: Duration,
 }
 
 #[derive(Default)]
@@ -252,7 +258,14 @@ struct PlacementMap {
 impl Cluster {
     /// This node is `me`; peers are reached through `link`.
     pub fn new(me: NodeId, link: PeerLink) -> Self {
-        Self { me, link, map: RwLock::new(PlacementMap::default()), fetch_deadline: Duration::from_secs(30) }
+        Self {
+            me,
+            link,
+            map: RwLock::new(PlacementMap::default()),
+            updates: watch::channel(0).0,
+            fetch_deadline: Duration::from_secs(30),
+            reroute_wait: Duration::from_secs(10),
+        }
     }
 
     /// This node's id.
@@ -282,6 +295,39 @@ impl Cluster {
 
     fn replace(&self, map: PlacementMap) {
         *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
+        self.updates.send_modify(|n| *n += 1);
+    }
+
+    /// Waits until the owner of `shard` is no longer `failed` (a newer
+    /// placement moved it), or `wait` passes. Returns the new owner (None:
+    /// this node owns it now, or the owner is unknown).
+    pub async fn reroute(
+        &self,
+        version: DatasetVersion,
+        shard: ShardId,
+        failed: NodeId,
+        wait: Duration,
+    ) -> Result<Option<(NodeId, SocketAddr)>, ()> {
+        let mut updates = self.updates.subscribe();
+        let moved = |c: &Self| {
+            let owner = c.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version)?.get(&shard).copied()?;
+            (owner != failed).then_some(())
+        };
+        let waited = tokio::time::timeout(wait, async {
+            loop {
+                if moved(self).is_some() {
+                    return;
+                }
+                if updates.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        })
+        .await;
+        match waited {
+            Ok(()) => Ok(self.owner(version, shard)),
+            Err(_) => Err(()),
+        }
     }
 }
 

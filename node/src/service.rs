@@ -302,10 +302,14 @@ impl Node {
     /// The chunk from the shard's owner when another live node owns it
     /// (and `forward`), else (or if the owner fails) read and converted here.
     async fn load(&self, key: ChunkKey, forward: bool) -> Result<SealedChunk, FetchError> {
-        if forward
-            && let Some(cluster) = self.inner.cluster.get()
-            && let Some((owner, addr)) = cluster.owner(key.version, key.shard)
-        {
+        let Some(cluster) = self.inner.cluster.get().filter(|_| forward) else {
+            return self.convert_here(key).await;
+        };
+        let mut target = cluster.owner(key.version, key.shard);
+        // Bounded: the owner, then at most two owners the placement moves
+        // the shard to; then this node reads it itself.
+        for _ in 0..3 {
+            let Some((owner, addr)) = target else { break };
             let c = &self.inner.counters;
             match cluster.link().fetch(addr, key.version, key.shard, cluster.fetch_deadline).await {
                 Ok(buf) => {
@@ -316,7 +320,17 @@ impl Node {
                 }
                 Err(e) => {
                     c.peer_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(shard = %key.shard, %owner, "owner could not serve; reading remote storage: {e}");
+                    tracing::warn!(shard = %key.shard, %owner, "owner could not serve; waiting for the placement to move it: {e}");
+                    // The owner's lease expiring moves its shards to one
+                    // survivor, which reads them once; reading here at once
+                    // would make every survivor read them.
+                    match cluster.reroute(key.version, key.shard, owner, cluster.reroute_wait).await {
+                        Ok(next) => target = next,
+                        Err(()) => {
+                            tracing::warn!(shard = %key.shard, %owner, "placement did not move it in time; reading remote storage");
+                            break;
+                        }
+                    }
                 }
             }
         }

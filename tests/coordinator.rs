@@ -250,6 +250,24 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
     path
 }
 
+/// Waits until each node's log says it knows the placement of three live
+/// nodes and one dataset version.
+fn wait_placement_known(c: &Cluster, ids: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in ids {
+        let log = c.tmp.path().join(format!("node-{id}.log"));
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.lines().any(|l| l.contains("placement known") && l.contains("peers=3") && l.contains("versions=1"))
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {id} did not learn the placement:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 fn start_node(c: &mut Cluster, id: u64) -> usize {
     start_node_with(c, id, None)
 }
@@ -455,20 +473,7 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
     }
     wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
     let (_, owners) = owners(&c);
-    // Every node has read the placement of the version it serves.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for id in 1..=3 {
-        let log = c.tmp.path().join(format!("node-{id}.log"));
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.lines().any(|l| l.contains("placement known") && l.contains("peers=3") && l.contains("versions=1"))
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "node {id} did not learn the placement:\n{text}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    wait_placement_known(&c, &[1, 2, 3]);
     let sockets: Vec<PathBuf> = (1..=3).map(|id| c.tmp.path().join(format!("node-{id}/node.sock"))).collect();
     let fetched: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
         let handles: Vec<_> = sockets
@@ -516,18 +521,7 @@ fn a_dead_owner_costs_latency_not_errors() {
     wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
     let (_, owners) = owners(&c);
     assert!(owners.iter().any(|o| o.2 == 2), "node 2 owns something");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for id in [1, 3] {
-        let log = c.tmp.path().join(format!("node-{id}.log"));
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.contains("placement known") && l.contains("peers=3") && l.contains("versions=1"))
-        {
-            assert!(Instant::now() < deadline, "node {id} did not learn the placement");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    wait_placement_known(&c, &[1, 3]);
     let mut n2 = c.nodes.remove(handles[1]);
     n2.kill().expect("SIGKILL");
     n2.wait().expect("reap");

@@ -8,8 +8,9 @@
 //! `RPCError::Unreachable`, so openraft backs off instead of spinning.
 
 use crate::types::{TypeConfig, VoterId};
+use granary_net::conn::Connections;
 use granary_net::frame::{self, MAX_FRAME_BYTES};
-use granary_net::tls::{self, Role};
+use granary_net::tls::Role;
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -18,7 +19,6 @@ use openraft::raft::{
     VoteResponse,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,44 +53,22 @@ pub struct LinkError(String);
 /// Creates links to peer voters; shared by all of them.
 #[derive(Clone)]
 pub struct QuicNetwork {
-    endpoint: quinn::Endpoint,
-    config: quinn::ClientConfig,
-    conns: Arc<Mutex<HashMap<SocketAddr, quinn::Connection>>>,
-    connect_timeout: Duration,
+    conns: Arc<Connections>,
 }
 
 impl QuicNetwork {
     /// Dials out from `endpoint` with `config` (a coordinator identity's
     /// client configuration for ALPN `granary-raft/1`).
     pub fn new(endpoint: quinn::Endpoint, config: quinn::ClientConfig, connect_timeout: Duration) -> Self {
-        Self { endpoint, config, conns: Arc::new(Mutex::new(HashMap::new())), connect_timeout }
+        Self { conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)) }
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, LinkError> {
-        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
-            && c.close_reason().is_none()
-        {
-            return Ok(c.clone());
-        }
-        let connecting = self
-            .endpoint
-            .connect_with(self.config.clone(), addr, Role::Coordinator.server_name())
-            .map_err(|e| LinkError(format!("voter at {addr}: {e}")))?;
-        let conn = tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| LinkError(format!("voter at {addr}: connect timed out")))?
-            .map_err(|e| LinkError(format!("voter at {addr}: {e}")))?;
-        match tls::peer_role(&conn) {
-            Ok(Role::Coordinator) => {}
-            Ok(r) => return Err(LinkError(format!("voter at {addr} holds a {r} certificate, not a coordinator's"))),
-            Err(e) => return Err(LinkError(format!("voter at {addr}: {e}"))),
-        }
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
-        Ok(conn)
+        self.conns.get(addr).await.map_err(|e| LinkError(format!("voter at {e}")))
     }
 
     fn forget(&self, addr: SocketAddr) {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+        self.conns.forget(addr);
     }
 }
 

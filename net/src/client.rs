@@ -7,9 +7,9 @@
 //! hundred milliseconds.
 
 use crate::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
+use crate::conn::Connections;
 use crate::frame::{self, FrameError, MAX_FRAME_BYTES};
 use crate::tls::{self, ALPN_API, Identity, Role, TlsError};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -99,12 +99,10 @@ pub enum ClientError {
 
 /// A client of the coordinator group.
 pub struct CoordinatorClient {
-    endpoint: quinn::Endpoint,
-    config: quinn::ClientConfig,
+    conns: Connections,
     addrs: Vec<SocketAddr>,
     options: ClientOptions,
     leader: Mutex<Option<SocketAddr>>,
-    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
     /// Next voter to try without a leader hint; kept across calls so that a
     /// dead first voter does not cost every call a connect timeout.
     next: AtomicUsize,
@@ -141,12 +139,10 @@ impl CoordinatorClient {
         let endpoint = tls::endpoint(bind, None)?;
         let config = identity.client_config(ALPN_API)?;
         Ok(Self {
-            endpoint,
-            config,
+            conns: Connections::new(endpoint, config, Role::Coordinator, options.connect_timeout),
             addrs,
             options,
             leader: Mutex::new(None),
-            conns: Mutex::new(HashMap::new()),
             next: AtomicUsize::new(0),
         })
     }
@@ -169,30 +165,11 @@ impl CoordinatorClient {
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
-        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
-            && c.close_reason().is_none()
-        {
-            return Ok(c.clone());
-        }
-        let connecting = self
-            .endpoint
-            .connect_with(self.config.clone(), addr, Role::Coordinator.server_name())
-            .map_err(|e| format!("{addr}: {e}"))?;
-        let conn = tokio::time::timeout(self.options.connect_timeout, connecting)
-            .await
-            .map_err(|_| format!("{addr}: connect timed out after {:?}", self.options.connect_timeout))?
-            .map_err(|e| format!("{addr}: {e}"))?;
-        match tls::peer_role(&conn) {
-            Ok(Role::Coordinator) => {}
-            Ok(other) => return Err(format!("{addr}: peer holds a {other} certificate, not a coordinator's")),
-            Err(e) => return Err(format!("{addr}: {e}")),
-        }
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
-        Ok(conn)
+        self.conns.get(addr).await
     }
 
     fn forget(&self, addr: SocketAddr) {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+        self.conns.forget(addr);
     }
 
     /// Sends `req` to the leader, following redirects and retrying until the
@@ -324,7 +301,7 @@ impl CoordinatorClient {
 
     /// Closes every connection.
     pub fn close(&self) {
-        self.endpoint.close(0u32.into(), b"client closed");
+        self.conns.endpoint().close(0u32.into(), b"client closed");
     }
 }
 

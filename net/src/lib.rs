@@ -4,6 +4,7 @@
 //! - [`tls`]: the cluster CA, certificates that carry a [`tls::Role`], and
 //!   mutual-TLS QUIC endpoint configurations that refuse any peer without a
 //!   certificate of the cluster.
+//! - [`conn`]: outgoing connections cached per peer, role-checked.
 //! - [`frame`]: length-prefixed, size-capped JSON messages on QUIC streams.
 //! - [`api`]: the coordinator's API messages.
 //! - [`client`]: a coordinator client that finds the leader and follows
@@ -14,5 +15,6 @@
 
 pub mod api;
 pub mod client;
+pub mod conn;
 pub mod frame;
 pub mod tls;

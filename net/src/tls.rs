@@ -594,12 +594,8 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 /// Fails if the bytes are not a certificate, if no role is named, if the role is unknown, or if two different roles
 /// are named.
 pub fn role_of_cert(der: &[u8]) -> Result<Role, TlsError> {
-    let (_, cert) =
-        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
-    let san = cert.subject_alternative_name().map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
     let mut found: Option<Role> = None;
-    for name in san.iter().flat_map(|ext| ext.value.general_names.iter()) {
-        let GeneralName::URI(uri) = name else { continue };
+    for uri in san_uris(der)? {
         let Some(role) = uri.strip_prefix(ROLE_URI_PREFIX) else { continue };
         let role: Role = role.parse()?;
         match found {
@@ -608,6 +604,21 @@ pub fn role_of_cert(der: &[u8]) -> Result<Role, TlsError> {
         }
     }
     found.ok_or(TlsError::NoRole)
+}
+
+/// The URI subject-alternative names of a DER certificate.
+fn san_uris(der: &[u8]) -> Result<Vec<String>, TlsError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
+    let san = cert.subject_alternative_name().map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
+    Ok(san
+        .iter()
+        .flat_map(|ext| ext.value.general_names.iter())
+        .filter_map(|name| match name {
+            GeneralName::URI(uri) => Some(uri.to_string()),
+            _ => None,
+        })
+        .collect())
 }
 
 /// A loaded identity: the cluster CA, this party's certificate chain and key, and its role (read from its own
@@ -813,26 +824,19 @@ pub fn server_endpoint(
 /// The role in the certificate the peer presented on an established connection.
 pub fn peer_role(conn: &quinn::Connection) -> Result<Role, TlsError> {
     let peer = conn.remote_address();
-    let certs = conn
-        .peer_identity()
-        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
-        .ok_or(TlsError::NoPeerCertificate { peer })?;
-    let leaf = certs.first().ok_or(TlsError::NoPeerCertificate { peer })?;
-    role_of_cert(leaf).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
+    role_of_cert(&peer_leaf(conn)?).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
 }
 
 /// The node id a DER certificate is bound to (`urn:granary:node:<id>`), if any.
 pub fn node_id_of_cert(der: &[u8]) -> Result<Option<u64>, TlsError> {
-    let (_, cert) =
-        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
-    let san = cert.subject_alternative_name().map_err(|e| TlsError::MalformedCertificate(e.to_string()))?;
     let mut found: Option<u64> = None;
-    for name in san.iter().flat_map(|ext| ext.value.general_names.iter()) {
-        let GeneralName::URI(uri) = name else { continue };
+    for uri in san_uris(der)? {
         let Some(id) = uri.strip_prefix(NODE_URI_PREFIX) else { continue };
         let id: u64 = id.parse().map_err(|_| TlsError::MalformedCertificate(format!("bad node id in {uri:?}")))?;
-        if found.is_some_and(|f| f != id) {
-            return Err(TlsError::MalformedCertificate(format!("names two node ids, {} and {id}", found.unwrap_or(0))));
+        if let Some(first) = found
+            && first != id
+        {
+            return Err(TlsError::MalformedCertificate(format!("names two node ids, {first} and {id}")));
         }
         found = Some(id);
     }
@@ -842,12 +846,17 @@ pub fn node_id_of_cert(der: &[u8]) -> Result<Option<u64>, TlsError> {
 /// The node id the peer's certificate is bound to, if any.
 pub fn peer_node_id(conn: &quinn::Connection) -> Result<Option<u64>, TlsError> {
     let peer = conn.remote_address();
+    node_id_of_cert(&peer_leaf(conn)?).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
+}
+
+/// The leaf certificate the peer presented.
+fn peer_leaf(conn: &quinn::Connection) -> Result<CertificateDer<'static>, TlsError> {
+    let peer = conn.remote_address();
     let certs = conn
         .peer_identity()
         .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
         .ok_or(TlsError::NoPeerCertificate { peer })?;
-    let leaf = certs.first().ok_or(TlsError::NoPeerCertificate { peer })?;
-    node_id_of_cert(leaf).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
+    certs.first().cloned().ok_or(TlsError::NoPeerCertificate { peer })
 }
 
 /// The peer's role, if it is one of `allowed`; [`TlsError::WrongRole`] otherwise.

@@ -22,6 +22,7 @@
 use crate::service::Node;
 use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
+use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
@@ -99,9 +100,7 @@ pub enum PeerError {
 
 /// Connections and flow control towards peers.
 pub struct PeerLink {
-    endpoint: quinn::Endpoint,
-    config: quinn::ClientConfig,
-    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    conns: Connections,
     slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
     down: Mutex<HashMap<SocketAddr, std::time::Instant>>,
 }
@@ -109,52 +108,25 @@ pub struct PeerLink {
 impl PeerLink {
     /// Dials from `endpoint` with this node's identity.
     pub fn new(endpoint: quinn::Endpoint, identity: &Identity) -> Result<Self, tls::TlsError> {
+        let config = identity.client_config(ALPN_PEER)?;
         Ok(Self {
-            endpoint,
-            config: identity.client_config(ALPN_PEER)?,
-            conns: Mutex::new(HashMap::new()),
+            conns: Connections::new(endpoint, config, Role::Node, PEER_CONNECT_TIMEOUT),
             slots: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),
         })
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, PeerError> {
-        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
-            && c.close_reason().is_none()
-        {
-            return Ok(c.clone());
-        }
         let err = |reason: String| PeerError::Connect { addr, reason };
         if let Some(until) = self.down.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
             && std::time::Instant::now() < *until
         {
             return Err(err("unreachable moments ago; not retried yet".into()));
         }
-        let connecting = self
-            .endpoint
-            .connect_with(self.config.clone(), addr, Role::Node.server_name())
-            .map_err(|e| err(e.to_string()))?;
-        let conn = match tokio::time::timeout(PEER_CONNECT_TIMEOUT, connecting).await {
-            Ok(Ok(c)) => c,
-            outcome => {
-                let reason = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no handshake within {PEER_CONNECT_TIMEOUT:?}"),
-                };
-                self.down
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(addr, std::time::Instant::now() + PEER_DOWN_FOR);
-                return Err(err(reason));
-            }
-        };
-        match tls::peer_role(&conn) {
-            Ok(Role::Node) => {}
-            Ok(r) => return Err(err(format!("holds a {r} certificate, not a node's"))),
-            Err(e) => return Err(err(e.to_string())),
-        }
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
-        Ok(conn)
+        self.conns.get(addr).await.map_err(|reason| {
+            self.down.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, std::time::Instant::now() + PEER_DOWN_FOR);
+            err(reason)
+        })
     }
 
     fn slot(&self, addr: SocketAddr) -> Arc<Semaphore> {
@@ -180,7 +152,7 @@ impl PeerLink {
             let conn = self.connection(addr).await?;
             let result = self.exchange(&conn, addr, version, shard).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
-                self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+                self.conns.forget(addr);
             }
             result
         };

@@ -1,0 +1,61 @@
+//! A cache of outgoing QUIC connections: one per peer address, made on
+//! first use within a bound, checked for the role the peer must hold, and
+//! made again once it closes. The coordinator client, the Raft transport and
+//! the peer fabric all dial through it.
+
+use crate::tls::{self, Role};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Outgoing connections to peers of one role.
+pub struct Connections {
+    endpoint: quinn::Endpoint,
+    config: quinn::ClientConfig,
+    role: Role,
+    connect_timeout: Duration,
+    map: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+}
+
+impl Connections {
+    /// Dials from `endpoint` with `config`; every peer must present a
+    /// certificate of `role` (and the name `role.server_name()`).
+    pub fn new(endpoint: quinn::Endpoint, config: quinn::ClientConfig, role: Role, connect_timeout: Duration) -> Self {
+        Self { endpoint, config, role, connect_timeout, map: Mutex::new(HashMap::new()) }
+    }
+
+    /// The endpoint dialed from.
+    pub fn endpoint(&self) -> &quinn::Endpoint {
+        &self.endpoint
+    }
+
+    /// The open connection to `addr`, or a new one. The error names `addr`.
+    pub async fn get(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
+        if let Some(c) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
+            && c.close_reason().is_none()
+        {
+            return Ok(c.clone());
+        }
+        let connecting = self
+            .endpoint
+            .connect_with(self.config.clone(), addr, self.role.server_name())
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let conn = tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| format!("{addr}: no handshake within {:?}", self.connect_timeout))?
+            .map_err(|e| format!("{addr}: {e}"))?;
+        match tls::peer_role(&conn) {
+            Ok(r) if r == self.role => {}
+            Ok(other) => return Err(format!("{addr}: peer holds a {other} certificate, not a {}'s", self.role)),
+            Err(e) => return Err(format!("{addr}: {e}")),
+        }
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops the cached connection to `addr` (after a failure on it).
+    pub fn forget(&self, addr: SocketAddr) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+    }
+}

@@ -250,6 +250,20 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
     path
 }
 
+/// One voter with the generated dataset registered as "ads", and three live
+/// node daemons (serving "ads" themselves when `serve`). Returns the node
+/// handles' indexes in `nodes`.
+fn one_voter_three_nodes(serve: bool) -> (Cluster, Vec<usize>) {
+    let mut c = Cluster::new(1, 3000);
+    let (data, view) = dataset(c.tmp.path());
+    c.start(1);
+    c.wait_leader(None);
+    c.add_dataset("ads", &data, &view).expect("add");
+    let handles = (1..=3).map(|id| start_node_with(&mut c, id, serve.then_some(data.as_path()))).collect();
+    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    (c, handles)
+}
+
 /// Waits until each node's log says it knows the placement of three live
 /// nodes and one dataset version.
 fn wait_placement_known(c: &Cluster, ids: &[u64]) {
@@ -320,16 +334,7 @@ fn owners(c: &Cluster) -> (u64, Vec<(u64, u64, u64)>) {
 
 #[test]
 fn an_expired_lease_moves_only_that_nodes_shards() {
-    let mut c = Cluster::new(1, 3000);
-    let (data, view) = dataset(c.tmp.path());
-    c.start(1);
-    c.wait_leader(None);
-    c.add_dataset("ads", &data, &view).expect("add");
-    let mut handles = Vec::new();
-    for id in 1..=3 {
-        handles.push(start_node(&mut c, id));
-    }
-    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    let (mut c, handles) = one_voter_three_nodes(false);
     let (epoch_before, before) = owners(&c);
     assert_eq!(before.len(), 8);
 
@@ -463,15 +468,7 @@ fn an_unusable_data_folder_is_a_clear_error() {
 #[test]
 fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
     use granary_client::{ChunkSource, LocalSource};
-    let mut c = Cluster::new(1, 3000);
-    let (data, view) = dataset(c.tmp.path());
-    c.start(1);
-    c.wait_leader(None);
-    c.add_dataset("ads", &data, &view).expect("add");
-    for id in 1..=3 {
-        start_node_with(&mut c, id, Some(&data));
-    }
-    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    let (c, _) = one_voter_three_nodes(true);
     let (_, owners) = owners(&c);
     wait_placement_known(&c, &[1, 2, 3]);
     let sockets: Vec<PathBuf> = (1..=3).map(|id| c.tmp.path().join(format!("node-{id}/node.sock"))).collect();
@@ -509,16 +506,7 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
 #[test]
 fn a_dead_owner_costs_latency_not_errors() {
     use granary_client::{ChunkSource, LocalSource};
-    let mut c = Cluster::new(1, 3000);
-    let (data, view) = dataset(c.tmp.path());
-    c.start(1);
-    c.wait_leader(None);
-    c.add_dataset("ads", &data, &view).expect("add");
-    let mut handles = Vec::new();
-    for id in 1..=3 {
-        handles.push(start_node_with(&mut c, id, Some(&data)));
-    }
-    wait_status(&c, "three live nodes", |s| live_nodes(s) == [1, 2, 3]);
+    let (mut c, handles) = one_voter_three_nodes(true);
     let (_, owners) = owners(&c);
     assert!(owners.iter().any(|o| o.2 == 2), "node 2 owns something");
     wait_placement_known(&c, &[1, 3]);

@@ -139,3 +139,37 @@ async fn a_corrupt_chunk_from_a_peer_is_rejected() {
         other => panic!("a corrupt chunk was accepted: {:?}", other.map(|b| b.len())),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
+    let f = start().await;
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let stall =
+        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let stall_addr = stall.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Some(incoming) = stall.accept().await {
+            let Ok(conn) = incoming.await else { continue };
+            tokio::spawn(async move {
+                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    let _ = recv.read_to_end(1 << 16).await;
+                    // Announce a chunk, send half a kilobyte of it, then go quiet
+                    // with the stream open.
+                    let head = encode(&PeerResponse::Chunk { len: 1 << 20 });
+                    let _ = send.write_all(&(head.len() as u32).to_le_bytes()).await;
+                    let _ = send.write_all(&head).await;
+                    let _ = send.write_all(&[0u8; 512]).await;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+            });
+        }
+    });
+    let started = std::time::Instant::now();
+    match link(&f, "node").fetch(stall_addr, f.version, f.shard, Duration::from_millis(500)).await {
+        Err(PeerError::Timeout { addr, shard, .. }) => assert_eq!((addr, shard), (stall_addr, f.shard)),
+        other => panic!("a stalled transfer returned {:?}", other.map(|b| b.len())),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "the deadline bounds the fetch");
+    // The honest peer still serves through the same link.
+    link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+}

@@ -401,6 +401,7 @@ fn stats(socket: &std::path::Path, json: bool) -> Result<()> {
                 "chunk_memory_bytes": s.chunk_memory_bytes,
                 "peer_fetched": s.peer_fetched, "peer_fetched_bytes": s.peer_fetched_bytes,
                 "peer_failures": s.peer_failures, "peer_served": s.peer_served,
+                "guest_hits": s.guest_hits, "guest_bytes": s.guest_bytes,
             })
         );
     } else {

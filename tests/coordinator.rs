@@ -492,11 +492,20 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
     assert!(fetched.iter().all(|f| *f == fetched[0]), "every node hands out the same bytes");
     for (i, sock) in sockets.iter().enumerate() {
         let id = i as u64 + 1;
-        let stats = LocalSource::connect(sock).expect("connect").stats().expect("stats");
+        let src = LocalSource::connect(sock).expect("connect");
         let owned = owners.iter().filter(|o| o.2 == id).count() as u64;
+        let stats = src.stats().expect("stats");
         assert_eq!(stats.conversions, owned, "node {id} converted only its own shards");
         assert_eq!(stats.peer_fetched, 8 - owned, "node {id} fetched the others' shards from their owners");
         assert_eq!(stats.peer_failures, 0);
+        // A second pass is served from the guest copies: no new fetch.
+        let info = src.describe("ads").expect("describe");
+        for r in &info.shards {
+            src.fetch(info.version, r.shard).expect("fetch");
+        }
+        let again = src.stats().expect("stats");
+        assert_eq!((again.conversions, again.peer_fetched), (owned, 8 - owned), "node {id}: {again:?}");
+        assert!(again.guest_hits >= 8 - owned && again.guest_bytes > 0, "node {id}: {again:?}");
     }
 }
 

@@ -80,6 +80,10 @@ pub struct NodeConfig {
     /// SSD tier capacity. Default 64 GiB.
     #[serde(default = "default_ssd")]
     pub ssd_bytes: u64,
+    /// RAM for guest copies of chunks other nodes own (in a cluster), apart
+    /// from `ram_bytes`. Default: a quarter of `ram_bytes`.
+    #[serde(default)]
+    pub guest_bytes: Option<u64>,
     /// Largest chunk the SSD tier stores (its block size). Default 64 MiB.
     #[serde(default = "default_block")]
     pub ssd_block_bytes: u64,
@@ -151,6 +155,7 @@ impl Default for NodeConfig {
             ssd_dir: None,
             ram_bytes: default_ram(),
             ssd_bytes: default_ssd(),
+            guest_bytes: None,
             ssd_block_bytes: default_block(),
             prefetch_bytes: default_prefetch(),
             max_concurrent_loads: default_loads(),

@@ -20,7 +20,7 @@ use crate::dataset::{Dataset, OpenError};
 use crate::error::{FetchError, RemoteError};
 use crate::remote::{Remote, RemoteCounters, Throttle};
 use crate::shm::{ChunkWriter, SealedChunk};
-use crate::tier::{ChunkKey, ChunkTier, HitTier, SsdConfig, TierError};
+use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
 use arrow::array::RecordBatch;
 use futures::{FutureExt, TryStreamExt};
 use granary_proto::wire::{DatasetInfo, NodeStats};
@@ -48,12 +48,14 @@ struct Counters {
     peer_fetched_bytes: AtomicU64,
     peer_failures: AtomicU64,
     peer_served: AtomicU64,
+    guest_hits: AtomicU64,
 }
 
 struct Inner {
     datasets: BTreeMap<String, Arc<Dataset>>,
     by_version: BTreeMap<DatasetVersion, Arc<Dataset>>,
     tier: ChunkTier,
+    guests: GuestArea,
     inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Shared>>>>,
     loads: Semaphore,
     converts: Arc<Semaphore>,
@@ -124,6 +126,7 @@ impl Node {
                 datasets,
                 by_version,
                 tier,
+                guests: GuestArea::new(cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4)),
                 inflight: Mutex::new(HashMap::new()),
                 loads: Semaphore::new(cfg.max_concurrent_loads.max(1)),
                 converts: Arc::new(Semaphore::new(threads)),
@@ -167,6 +170,8 @@ impl Node {
             peer_fetched_bytes: c.peer_fetched_bytes.load(Ordering::Relaxed),
             peer_failures: c.peer_failures.load(Ordering::Relaxed),
             peer_served: c.peer_served.load(Ordering::Relaxed),
+            guest_hits: c.guest_hits.load(Ordering::Relaxed),
+            guest_bytes: self.inner.guests.usage_bytes(),
         }
     }
 
@@ -214,6 +219,10 @@ impl Node {
         // between the checks), so the re-check below is retried a bounded
         // number of times before loading anyway.
         for attempt in 0..3 {
+            if let Some(chunk) = self.inner.guests.get(key) {
+                self.inner.counters.guest_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(chunk);
+            }
             match self.inner.tier.get(key).await {
                 Ok(Some((chunk, tier))) => {
                     let c = &self.inner.counters;
@@ -235,7 +244,7 @@ impl Node {
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rx) = inflight.get(&key) {
                     rx.clone()
-                } else if attempt < 2 && self.inner.tier.contains(key) {
+                } else if attempt < 2 && (self.inner.tier.contains(key) || self.inner.guests.contains(key)) {
                     // A load finished between our lookup and the lock.
                     continue;
                 } else {
@@ -277,13 +286,22 @@ impl Node {
                 }))
             }
         };
-        let result = result.map(Arc::new).map_err(Arc::new);
+        let (result, guest) = match result {
+            Ok((chunk, guest)) => (Ok(Arc::new(chunk)), guest),
+            Err(e) => (Err(Arc::new(e)), false),
+        };
         if let Err(e) = &result {
             tracing::warn!(shard = %key.shard, error = %e, "loading shard failed");
         }
         let _ = tx.send(Some(result.clone()));
         if let Ok(chunk) = result {
-            self.inner.tier.insert(key, chunk).await;
+            // A chunk fetched from its owner is a guest copy: kept apart,
+            // never in the owned tier, never on SSD.
+            if guest {
+                self.inner.guests.insert(key, chunk);
+            } else {
+                self.inner.tier.insert(key, chunk).await;
+            }
         }
     }
 
@@ -301,9 +319,10 @@ impl Node {
 
     /// The chunk from the shard's owner when another live node owns it
     /// (and `forward`), else (or if the owner fails) read and converted here.
-    async fn load(&self, key: ChunkKey, forward: bool) -> Result<SealedChunk, FetchError> {
+    /// The flag is true for a chunk fetched from another node.
+    async fn load(&self, key: ChunkKey, forward: bool) -> Result<(SealedChunk, bool), FetchError> {
         let Some(cluster) = self.inner.cluster.get().filter(|_| forward) else {
-            return self.convert_here(key).await;
+            return self.convert_here(key).await.map(|c| (c, false));
         };
         let mut target = cluster.owner(key.version, key.shard);
         // Bounded: the owner, then at most two owners the placement moves
@@ -316,6 +335,7 @@ impl Node {
                     c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                     c.peer_fetched_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
                     return SealedChunk::copy_of(buf.as_slice())
+                        .map(|c| (c, true))
                         .map_err(|source| FetchError::Memory { shard: key.shard, source });
                 }
                 Err(e) => {
@@ -334,7 +354,7 @@ impl Node {
                 }
             }
         }
-        self.convert_here(key).await
+        self.convert_here(key).await.map(|c| (c, false))
     }
 
     /// Reads one row group and converts it into a sealed chunk.

@@ -237,3 +237,44 @@ impl ChunkTier {
         }
     }
 }
+
+/// Guest copies: chunks of shards other nodes own, fetched from them, kept
+/// in RAM only and bounded in bytes on their own, so they are always
+/// evicted before any chunk this node owns (they never compete with the
+/// owned tier) and never written to SSD.
+pub struct GuestArea {
+    cache: foyer::Cache<ChunkKey, Arc<SealedChunk>>,
+}
+
+impl GuestArea {
+    /// An area of `capacity_bytes` (0 keeps no guest copies).
+    pub fn new(capacity_bytes: u64) -> Self {
+        let cache = foyer::CacheBuilder::new(capacity_bytes.max(1) as usize)
+            .with_name("guests")
+            .with_weighter(|_k: &ChunkKey, v: &Arc<SealedChunk>| v.len())
+            .build();
+        Self { cache }
+    }
+
+    /// The guest copy of `key`, if kept.
+    pub fn get(&self, key: ChunkKey) -> Option<Arc<SealedChunk>> {
+        self.cache.get(&key).map(|e| e.value().clone())
+    }
+
+    /// Keeps a guest copy (evicting older guests if full).
+    pub fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>) {
+        if chunk.len() as u64 <= self.cache.capacity() as u64 {
+            self.cache.insert(key, chunk);
+        }
+    }
+
+    /// True when a guest copy of `key` is kept.
+    pub fn contains(&self, key: ChunkKey) -> bool {
+        self.cache.contains(&key)
+    }
+
+    /// Bytes of guest copies held.
+    pub fn usage_bytes(&self) -> u64 {
+        self.cache.usage() as u64
+    }
+}

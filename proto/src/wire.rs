@@ -110,6 +110,10 @@ pub struct NodeStats {
     pub peer_failures: u64,
     /// Chunk requests from other nodes answered.
     pub peer_served: u64,
+    /// Chunk requests answered from guest copies (chunks other nodes own).
+    pub guest_hits: u64,
+    /// Bytes of guest copies held.
+    pub guest_bytes: u64,
 }
 
 /// Kinds of failure a trainer can act on.

@@ -36,6 +36,13 @@ use tokio::sync::{Semaphore, watch};
 /// Fetches in flight to one peer at once; more wait. With chunks of at most
 /// the tier's block size this bounds the bytes in flight per peer.
 pub const MAX_FETCHES_PER_PEER: usize = 8;
+/// Chunk bytes being received from one peer at once; a fetch reserves its
+/// chunk's size (announced in the response header) before allocating the
+/// buffer, so a burst of large chunks cannot exhaust memory.
+pub const MAX_INFLIGHT_BYTES_PER_PEER: u64 = 256 << 20;
+/// Reservation granularity of [`MAX_INFLIGHT_BYTES_PER_PEER`].
+const BYTE_PERMIT: u64 = 64 << 10;
+
 /// Bound on establishing a connection to a peer (peers share a network).
 pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// After a peer could not be reached, fetches skip it for this long (the
@@ -102,6 +109,7 @@ pub enum PeerError {
 pub struct PeerLink {
     conns: Connections,
     slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
+    bytes: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
     down: Mutex<HashMap<SocketAddr, std::time::Instant>>,
 }
 
@@ -112,6 +120,7 @@ impl PeerLink {
         Ok(Self {
             conns: Connections::new(endpoint, config, Role::Node, PEER_CONNECT_TIMEOUT),
             slots: Mutex::new(HashMap::new()),
+            bytes: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),
         })
     }
@@ -127,6 +136,15 @@ impl PeerLink {
             self.down.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, std::time::Instant::now() + PEER_DOWN_FOR);
             err(reason)
         })
+    }
+
+    fn byte_budget(&self, addr: SocketAddr) -> Arc<Semaphore> {
+        self.bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(addr)
+            .or_insert_with(|| Arc::new(Semaphore::new((MAX_INFLIGHT_BYTES_PER_PEER / BYTE_PERMIT) as usize)))
+            .clone()
     }
 
     fn slot(&self, addr: SocketAddr) -> Arc<Semaphore> {
@@ -187,6 +205,10 @@ impl PeerLink {
                 if len > MAX_PEER_CHUNK_LEN {
                     return Err(transfer(format!("announced a chunk of {len} bytes, over {MAX_PEER_CHUNK_LEN}")));
                 }
+                // A chunk larger than the whole budget takes all of it.
+                let units = len.div_ceil(BYTE_PERMIT).clamp(1, MAX_INFLIGHT_BYTES_PER_PEER / BYTE_PERMIT) as u32;
+                let budget = self.byte_budget(addr);
+                let _reserved = budget.acquire_many(units).await.map_err(|e| transfer(e.to_string()))?;
                 let mut buf = AlignedBuf::zeroed(len as usize);
                 recv.read_exact(buf.as_mut_slice()).await.map_err(|e| transfer(format!("chunk bytes: {e}")))?;
                 let view = ChunkView::parse(buf.as_slice(), granary_proto::chunk::Verify::Full)

@@ -7,9 +7,10 @@
 //!   a new epoch or version ([`follow_placement`]).
 //! - [`PeerLink`] fetches a chunk from an owner: one connection per peer,
 //!   reused; one bidirectional stream per chunk (a large chunk never blocks
-//!   a small one); at most [`MAX_FETCHES_PER_PEER`] fetches in flight per
-//!   peer; every fetch bounded by a deadline; every chunk validated (header
-//!   and payload checksum) before it is used.
+//!   a small one); at most [`MAX_FETCHES_PER_PEER`] fetches and
+//!   [`MAX_INFLIGHT_BYTES_PER_PEER`] chunk bytes in flight per peer; every
+//!   fetch bounded by a deadline; every chunk validated (header and payload
+//!   checksum) before it is used.
 //! - [`serve`] answers other nodes: it requires a node certificate, reads
 //!   one [`PeerRequest`] per stream, and sends the chunk bytes as stored,
 //!   from the tier or from one load (single flight with local requests).

@@ -239,6 +239,7 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
         reserve_udp_port().expect("port"),
     );
     if let Some(data) = data {
+        toml = format!("ssd_dir = {:?}\nssd_bytes = {}\n", dir.join("ssd"), 256u64 << 20) + &toml;
         toml += &format!(
             "\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}/\"\n\n[dataset.view]\n{}",
             data.display(),
@@ -545,4 +546,47 @@ fn a_dead_owner_costs_latency_not_errors() {
         .collect();
     assert_eq!(stats.iter().map(|s| s.conversions).sum::<u64>(), 8, "each shard converted once: {stats:?}");
     assert!(stats.iter().any(|s| s.peer_failures > 0), "the dead owner was tried first");
+}
+
+/// A node stopped and started again serves the chunks it owns from its SSD
+/// tier: no remote read, no conversion, no peer fetch.
+#[test]
+fn a_restarted_node_serves_its_ssd_tier_without_converting_again() {
+    use granary_client::{ChunkSource, LocalSource};
+    let (mut c, handles) = one_voter_three_nodes(true);
+    wait_placement_known(&c, &[1, 2, 3]);
+    let mine =
+        |c: &Cluster| -> Vec<(u64, u64)> { owners(c).1.iter().filter(|o| o.2 == 1).map(|o| (o.0, o.1)).collect() };
+    let socket = c.tmp.path().join("node-1/node.sock");
+    let fetch = |shards: &[(u64, u64)]| {
+        let src = LocalSource::connect(&socket).expect("connect");
+        let info = src.describe("ads").expect("describe");
+        for &(file, row_group) in shards {
+            let shard = granary_proto::ShardId { file: file as u32, row_group: row_group as u32 };
+            src.fetch(info.version, shard).expect("fetch");
+        }
+        src.stats().expect("stats")
+    };
+    let before = mine(&c);
+    assert!(!before.is_empty(), "node 1 owns shards");
+    assert_eq!(fetch(&before).conversions, before.len() as u64);
+    // A clean stop (SIGTERM through the handle): loads in flight reach the tier.
+    let mut n1 = c.nodes.remove(handles[0]);
+    // SAFETY: kill(2) on our own child's pid; the child has not been reaped.
+    let rc = unsafe { libc::kill(n1.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while n1.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "node 1 did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let data = c.tmp.path().join("data");
+    start_node_with(&mut c, 1, Some(&data));
+    wait_placement_known(&c, &[1]);
+    let kept: Vec<(u64, u64)> = mine(&c).into_iter().filter(|s| before.contains(s)).collect();
+    assert!(!kept.is_empty(), "node 1 still owns some of its shards");
+    let stats = fetch(&kept);
+    assert_eq!(stats.conversions, 0, "{stats:?}");
+    assert_eq!(stats.peer_fetched, 0, "{stats:?}");
+    assert_eq!(stats.ssd_hits, kept.len() as u64, "{stats:?}");
 }

@@ -10,6 +10,13 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
+/// The last 20 lines of a child's log file (empty if unreadable).
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 /// A node daemon child process.
 pub struct NodeProcess {
     child: Child,
@@ -59,9 +66,7 @@ impl NodeProcess {
 
     /// The last lines of the daemon's log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        log_tail(&self.log)
     }
 
     /// Stops the daemon (SIGKILL through its handle) and reaps it.
@@ -309,9 +314,7 @@ impl CoordinatorProcess {
 
     /// The last lines of its log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        log_tail(&self.log)
     }
 
     /// SIGKILL through the handle, then reap.

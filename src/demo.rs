@@ -11,6 +11,8 @@
 //! 4. Runs everything again with different prefetch, loader and converter
 //!    settings and a cold cache, and checks that every rank received the same
 //!    batches, byte for byte, in the same order.
+//!
+//! With `--nodes N` (N ≥ 2) it runs a cluster instead ([`crate::demo_cluster`]).
 
 use anyhow::{Result, bail};
 use clap::Args;
@@ -37,9 +39,15 @@ pub struct DemoArgs {
     /// Rows per row group (one shard).
     #[arg(long, default_value_t = 10_000)]
     pub row_group_rows: u64,
-    /// Trainer processes.
+    /// Trainer processes (single node).
     #[arg(long, default_value_t = 4)]
     pub ranks: u32,
+    /// Node daemons; 2 or more runs a cluster with a coordinator.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u32,
+    /// Trainer ranks per node daemon (cluster).
+    #[arg(long, default_value_t = 2)]
+    pub ranks_per_node: u32,
     /// Epochs.
     #[arg(long, default_value_t = 3)]
     pub epochs: u64,
@@ -49,7 +57,7 @@ pub struct DemoArgs {
     /// Remote latency per request, ms.
     #[arg(long, default_value_t = 20)]
     pub latency_ms: u64,
-    /// Remote bandwidth shared by all requests, MiB/s.
+    /// Remote bandwidth shared by all requests (of one node), MiB/s.
     #[arg(long, default_value_t = 200)]
     pub bandwidth_mib: u64,
     /// RAM tier, MiB.
@@ -75,13 +83,13 @@ struct EpochRow {
     conversions: u64,
 }
 
-struct Pass {
+pub(crate) struct Pass {
     epochs: Vec<EpochRow>,
     /// (rank, epoch) -> digest
-    digests: BTreeMap<(u32, u64), String>,
+    pub(crate) digests: BTreeMap<(u32, u64), String>,
 }
 
-struct Settings {
+pub(crate) struct Settings {
     prefetch_bytes: u64,
     loads: usize,
     convert_threads: usize,
@@ -90,6 +98,12 @@ struct Settings {
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
+    if a.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    if a.nodes > 1 {
+        return crate::demo_cluster::run(a);
+    }
     let started = Instant::now();
     let exe = std::env::current_exe()?;
     let work = tempfile::tempdir()?;
@@ -101,29 +115,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     let say = |s: String| {
         if !a.json {
-            let _ = bars.println(s);
+            crate::demo::say_to(&bars, s);
         }
     };
 
-    let gen_bar = bars.add(ProgressBar::new(a.rows));
-    gen_bar.set_style(style("generating dataset"));
-    let spec = GenSpec {
-        seed: 42,
-        rows: a.rows,
-        files: a.files,
-        row_group_rows: a.row_group_rows,
-        compression: "snappy".into(),
-    };
-    let report = datagen::generate(&data, &spec, |n| gen_bar.set_position(n))?;
-    gen_bar.finish_and_clear();
-    say(format!(
-        "dataset: {} rows, {} files, {} shards, {:.1} MB of Parquet at {}",
-        report.rows,
-        report.files.len(),
-        a.rows.div_ceil(a.row_group_rows),
-        report.bytes as f64 / 1e6,
-        data.display()
-    ));
+    let report = generate(&a, &data, &bars)?;
     say(format!(
         "remote storage: file:// throttled to {} MiB/s shared, {} ms per request; {} ranks x {} epochs, batch {}",
         a.bandwidth_mib, a.latency_ms, a.ranks, a.epochs, a.batch_size
@@ -148,8 +144,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         let secs: f64 = ceiling.epochs.iter().map(|e| e.secs).sum();
         ratio(rows as f64, secs)
     };
-    let second =
-        Settings { prefetch_bytes: 24 << 20, loads: 1, convert_threads: 1, prefetch_batches: 5, ceiling: false };
+    let second = replay_settings();
     let replay = pass(&exe, &a, work.path(), "replay", &second, &data, bandwidth, report.bytes, &bars)?;
 
     let identical = main.digests == replay.digests && main.digests == ceiling.digests;
@@ -216,14 +211,59 @@ pub fn run(a: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-fn style(prefix: &str) -> ProgressStyle {
+/// The second run's settings: everything that must not change the batches
+/// is changed.
+pub(crate) fn replay_settings() -> Settings {
+    Settings { prefetch_bytes: 24 << 20, loads: 1, convert_threads: 1, prefetch_batches: 5, ceiling: false }
+}
+
+/// Generates the demo dataset into `data` with a progress bar.
+pub(crate) fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::GenReport> {
+    let gen_bar = bars.add(ProgressBar::new(a.rows));
+    gen_bar.set_style(style("generating dataset"));
+    let spec = GenSpec {
+        seed: 42,
+        rows: a.rows,
+        files: a.files,
+        row_group_rows: a.row_group_rows,
+        compression: "snappy".into(),
+    };
+    let report = datagen::generate(data, &spec, |n| gen_bar.set_position(n))?;
+    gen_bar.finish_and_clear();
+    if !a.json {
+        crate::demo::say_to(
+            bars,
+            format!(
+                "dataset: {} rows, {} files, {} shards, {:.1} MB of Parquet at {}",
+                report.rows,
+                report.files.len(),
+                a.rows.div_ceil(a.row_group_rows),
+                report.bytes as f64 / 1e6,
+                data.display()
+            ),
+        );
+    }
+    Ok(report)
+}
+
+/// Prints a line above the progress bars, or plainly when they are hidden
+/// (output is not a terminal).
+pub(crate) fn say_to(bars: &MultiProgress, line: String) {
+    if bars.is_hidden() {
+        println!("{line}");
+    } else {
+        let _ = bars.println(line);
+    }
+}
+
+pub(crate) fn style(prefix: &str) -> ProgressStyle {
     ProgressStyle::with_template(&format!("{prefix:>18} [{{bar:40}}] {{pos}}/{{len}} {{msg}}"))
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ")
 }
 
 #[allow(clippy::too_many_arguments)]
-fn pass(
+pub(crate) fn pass(
     exe: &Path,
     a: &DemoArgs,
     work: &Path,

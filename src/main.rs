@@ -15,6 +15,7 @@
 
 mod cluster;
 mod demo;
+mod demo_cluster;
 mod trainer;
 
 use anyhow::{Context, Result};
@@ -396,7 +397,7 @@ fn stats(socket: &std::path::Path, json: bool) -> Result<()> {
             serde_json::json!({
                 "remote_bytes": s.remote_bytes, "remote_requests": s.remote_requests,
                 "conversions": s.conversions, "converted_bytes": s.converted_bytes,
-                "ram_hits": s.ram_hits, "ssd_hits": s.ssd_hits, "misses": s.misses,
+                "ram_hits": s.ram_hits, "ssd_hits": s.ssd_hits, "misses": s.misses, "joined": s.joined,
                 "corrupt_entries": s.corrupt_entries, "prefetched": s.prefetched,
                 "chunk_memory_bytes": s.chunk_memory_bytes,
                 "peer_fetched": s.peer_fetched, "peer_fetched_bytes": s.peer_fetched_bytes,

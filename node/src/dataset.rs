@@ -98,8 +98,11 @@ impl Dataset {
             entries.push(FileEntry { path: path.clone(), size_bytes: m.size, version_tag, row_groups });
             files.push(DatasetFile { path: m.location, size: m.size, metadata, resolved: Arc::new(resolved) });
         }
-        let manifest =
-            Manifest { source: remote.url().to_string(), files: entries, tensors: layouts.unwrap_or_default() };
+        let manifest = Manifest {
+            source: granary_proto::manifest::canonical_source(remote.url()).to_string(),
+            files: entries,
+            tensors: layouts.unwrap_or_default(),
+        };
         let version = manifest.version(&view);
         Ok(Self { name: name.to_string(), view, manifest, version, files, remote })
     }

@@ -42,6 +42,7 @@ struct Counters {
     ram_hits: AtomicU64,
     ssd_hits: AtomicU64,
     misses: AtomicU64,
+    joined: AtomicU64,
     corrupt: AtomicU64,
     prefetched: AtomicU64,
     peer_fetched: AtomicU64,
@@ -163,6 +164,7 @@ impl Node {
             ram_hits: c.ram_hits.load(Ordering::Relaxed),
             ssd_hits: c.ssd_hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
+            joined: c.joined.load(Ordering::Relaxed),
             corrupt_entries: c.corrupt.load(Ordering::Relaxed),
             prefetched: c.prefetched.load(Ordering::Relaxed),
             chunk_memory_bytes: crate::shm::live_chunk_bytes(),
@@ -243,6 +245,7 @@ impl Node {
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rx) = inflight.get(&key) {
+                    self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
                     rx.clone()
                 } else if attempt < 2 && (self.inner.tier.contains(key) || self.inner.guests.contains(key)) {
                     // A load finished between our lookup and the lock.

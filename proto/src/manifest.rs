@@ -37,12 +37,20 @@ pub struct FileEntry {
     pub row_groups: Vec<RowGroupEntry>,
 }
 
+/// `url` as a manifest records it: trailing slashes removed (but never the
+/// `//` of `scheme://`), so `file:///data/` and `file:///data` name the same
+/// source and give the same dataset version on every node and coordinator.
+pub fn canonical_source(url: &str) -> &str {
+    let trimmed = url.trim_end_matches('/');
+    if trimmed.ends_with(':') { url } else { trimmed }
+}
+
 /// The files of a dataset version and the tensor layouts its view resolves to.
 #[derive(
     Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
 )]
 pub struct Manifest {
-    /// Source URL prefix.
+    /// Source URL prefix, as [`canonical_source`] writes it.
     pub source: String,
     /// Files sorted by path.
     pub files: Vec<FileEntry>,
@@ -183,6 +191,15 @@ mod tests {
             }],
         };
         (m, v)
+    }
+
+    #[test]
+    fn a_trailing_slash_does_not_change_the_source() {
+        assert_eq!(canonical_source("file:///data/"), "file:///data");
+        assert_eq!(canonical_source("file:///data"), "file:///data");
+        assert_eq!(canonical_source("s3://bucket/prefix//"), "s3://bucket/prefix");
+        assert_eq!(canonical_source("s3://bucket"), "s3://bucket");
+        assert_eq!(canonical_source("file:///"), "file:///");
     }
 
     #[test]

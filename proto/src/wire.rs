@@ -92,8 +92,11 @@ pub struct NodeStats {
     pub ram_hits: u64,
     /// Chunk requests answered from the SSD tier.
     pub ssd_hits: u64,
-    /// Chunk requests that had to read and convert.
+    /// Chunk requests that started a load (a peer fetch or a conversion).
     pub misses: u64,
+    /// Chunk requests that waited for a load another request had started
+    /// (single flight).
+    pub joined: u64,
     /// SSD entries that failed Granary's chunk validation and were re-read.
     /// Entries that foyer's own entry checksum rejects first are counted as
     /// misses instead.

@@ -116,6 +116,10 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// 1, 2 and 4 node daemons with a coordinator (processes on loopback):
+    /// remote reads, the cold epoch against its bound, warm rows/s per rank,
+    /// and peer chunk transfer against bare QUIC and kernel TCP.
+    Cluster(ClusterArgs),
     /// Kill the leader of a coordinator group (real processes) again and
     /// again: time to a new leader and to a committed write; no
     /// acknowledged write lost after a full restart.
@@ -194,6 +198,7 @@ fn main() -> Result<()> {
         Command::Status(c) => cluster::status(c),
         Command::Bench(BenchCommand::Local(a)) => bench_local(a),
         Command::Bench(BenchCommand::Placement { shards, nodes, json }) => bench_placement(shards, nodes, json),
+        Command::Bench(BenchCommand::Cluster(a)) => bench_cluster(a),
         Command::Bench(BenchCommand::Failover { voters, rounds, election_timeout_ms, heartbeat_ms, json }) => {
             let opts = granary_bench::failover::FailoverOpts { voters, rounds, election_timeout_ms, heartbeat_ms };
             bench_failover(&opts, json)
@@ -279,6 +284,113 @@ fn generate(a: GenArgs) -> Result<()> {
             view_path.display()
         );
     }
+    Ok(())
+}
+
+/// Options of `granary bench cluster`.
+#[derive(clap::Args)]
+struct ClusterArgs {
+    /// Rows in the generated dataset.
+    #[arg(long, default_value_t = 400_000)]
+    rows: u64,
+    /// Rows per row group (one shard).
+    #[arg(long, default_value_t = 10_000)]
+    row_group_rows: u64,
+    /// Epochs per cluster (the first is cold).
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Cluster sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    nodes: Vec<u32>,
+    /// Trainer ranks per node.
+    #[arg(long, default_value_t = 1)]
+    ranks_per_node: u32,
+    /// Remote bandwidth of each node's link, MiB/s.
+    #[arg(long, default_value_t = 25)]
+    bandwidth_mib: u64,
+    /// Remote latency per request, ms.
+    #[arg(long, default_value_t = 20)]
+    latency_ms: u64,
+    /// Rounds over the chunks in the transfer scenario.
+    #[arg(long, default_value_t = 4)]
+    transfer_rounds: u32,
+    /// JSON lines: one per scenario, the summary last.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bench_cluster(a: ClusterArgs) -> Result<()> {
+    let opts = granary_bench::cluster::ClusterOpts {
+        rows: a.rows,
+        row_group_rows: a.row_group_rows,
+        epochs: a.epochs.max(2),
+        node_counts: a.nodes,
+        ranks_per_node: a.ranks_per_node.max(1),
+        bandwidth_bytes_per_s: a.bandwidth_mib << 20,
+        latency_ms: a.latency_ms,
+        transfer_rounds: a.transfer_rounds.max(1),
+        ..Default::default()
+    };
+    let exe = std::env::current_exe()?;
+    let json = a.json;
+    let r = granary_bench::cluster::run(&exe, &opts, |line| {
+        if !json {
+            eprintln!("· {line}");
+        }
+    })?;
+    if json {
+        for s in &r.nodes {
+            println!("{}", serde_json::to_string(s)?);
+        }
+        println!("{}", serde_json::to_string(&r.transfer)?);
+        println!("{}", serde_json::to_string(&r.summary)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>5} {:>5} {:>22} {:>10} {:>13} {:>11} {:>10}",
+        "scenario", "nodes", "ranks", "epoch s", "cold/bound", "warm rows/s/r", "remote/data", "peer MB"
+    );
+    for s in &r.nodes {
+        let secs: Vec<String> = s.epoch_secs.iter().map(|x| format!("{x:.2}")).collect();
+        println!(
+            "{:<24} {:>5} {:>5} {:>22} {:>10.3} {:>13.0} {:>11.4} {:>10.1}",
+            s.scenario,
+            s.nodes,
+            s.ranks,
+            secs.join(" "),
+            s.cold_vs_bound,
+            s.warm_rows_per_s_per_rank,
+            s.remote_read_ratio,
+            s.peer_bytes as f64 / 1e6
+        );
+    }
+    let t = &r.transfer;
+    println!(
+        "transfer ({} chunks, {:.0} MB, {} at once): peer {:.0} MB/s, bare quinn {:.0} MB/s, kernel TCP {:.0} MB/s",
+        t.chunks,
+        t.bytes as f64 / 1e6,
+        t.concurrency,
+        t.peer_mb_s,
+        t.quic_raw_mb_s,
+        t.tcp_raw_mb_s
+    );
+    let s = &r.summary;
+    println!();
+    println!("with {} nodes:", s.nodes);
+    println!("remote read ratio    {:.4}  (target <= 1.01)", s.remote_read_ratio);
+    println!("cold / bound         {:.3}   (target <= 1.25)", s.cold_vs_bound);
+    println!("peer / bare quinn    {:.3}   (target >= 0.8)", s.peer_vs_quic_raw);
+    println!("peer / kernel TCP    {:.3}", s.peer_vs_tcp_raw);
+    println!("warm / single node   {:.3}   (target >= 0.9; one node serving as many ranks)", s.warm_vs_single_node);
+    println!(
+        "conditions: commit {} · {} cores · {} build · {} rows · {:.1} MB Parquet · {} MiB/s per node",
+        s.conditions.commit,
+        s.conditions.cores,
+        s.conditions.profile,
+        opts.rows,
+        s.source_bytes as f64 / 1e6,
+        s.bandwidth_bytes_per_s >> 20
+    );
     Ok(())
 }
 

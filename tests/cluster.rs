@@ -57,12 +57,7 @@ fn wait_epoch(t: &TrainerProcess, c: &LocalCluster) -> String {
         match t.next_event(TIMEOUT) {
             Ok(TrainerEvent::Progress { .. }) => {}
             Ok(TrainerEvent::Epoch { digest, .. }) => return digest,
-            other => panic!(
-                "rank {}: {other:?}\nnode 1:\n{}\nnode 3:\n{}",
-                t.rank,
-                c.log_tail(1),
-                c.log_tail(3)
-            ),
+            other => panic!("rank {}: {other:?}\nnode 1:\n{}\nnode 3:\n{}", t.rank, c.log_tail(1), c.log_tail(3)),
         }
     }
 }
@@ -115,7 +110,12 @@ fn a_node_killed_during_an_epoch_leaves_the_other_ranks_byte_identical() {
         let got = std::fs::read(dump.join(&name)).expect("dump");
         let want = std::fs::read(ref_dump.join(&name)).expect("reference dump");
         assert!(!want.is_empty());
-        assert!(got == want, "rank {r}: {} bytes received, {} in the fault-free run, not identical", got.len(), want.len());
+        assert!(
+            got == want,
+            "rank {r}: {} bytes received, {} in the fault-free run, not identical",
+            got.len(),
+            want.len()
+        );
     }
     // The survivors did lose a source: fetches from node 2 failed, and its
     // shards were read again by their new owners.

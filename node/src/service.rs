@@ -12,7 +12,7 @@
 //! [`Follower`] prefetches along one rank's plan: it computes the same
 //! [`RankPlan`] the trainer computes, and keeps the chunks of the next shards
 //! in that order loading, up to `prefetch_bytes` ahead of the last shard the
-//! trainer asked for.
+//! trainer asked for; after the epoch's own shards come the next epochs'.
 
 use crate::config::NodeConfig;
 use crate::convert::{Site, convert_into};
@@ -31,6 +31,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, watch};
+
+/// Epochs after the current one whose shards a rank's prefetch may fetch,
+/// budget permitting.
+pub const PREFETCH_EPOCHS_AHEAD: u64 = 3;
 
 /// A fetch result shared by every waiter of one load.
 pub type Shared = Result<Arc<SealedChunk>, Arc<FetchError>>;
@@ -418,20 +422,33 @@ impl Node {
         Ok(chunk)
     }
 
-    /// Starts prefetching along one rank's plan.
+    /// Starts prefetching along one rank's plan: the shards of its epoch in
+    /// the order it needs them, then the new shards of its next
+    /// [`PREFETCH_EPOCHS_AHEAD`] epochs (every epoch's plan is known in
+    /// advance). Later epochs' shards are fetched only while the budget
+    /// ahead of the rank has room, after the current epoch's, so they never
+    /// delay it; in a cluster their peer transfers overlap the current epoch
+    /// (above all the cold one, which waits on remote storage) instead of
+    /// stalling the next.
     pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
         let ds = self.dataset(version)?;
         let shards = ds.manifest.shards();
+        let with_size = |i: &u32| {
+            let s = shards[*i as usize].shard;
+            (s, ds.chunk_len(s).unwrap_or(0) as u64)
+        };
         let plan: RankPlan = plan_rank(version, &shards, params)?;
-        let order: Vec<(ShardId, u64)> = plan
-            .shard_order()
-            .iter()
-            .map(|&i| {
-                let s = shards[i as usize].shard;
-                (s, ds.chunk_len(s).unwrap_or(0) as u64)
-            })
-            .collect();
-        let position = order.iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
+        let mut order: Vec<(ShardId, u64)> = plan.shard_order().iter().map(with_size).collect();
+        let position: HashMap<ShardId, usize> = order.iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
+        let mut seen: std::collections::HashSet<ShardId> = position.keys().copied().collect();
+        for ahead in 1..=PREFETCH_EPOCHS_AHEAD {
+            if seen.len() == shards.len() {
+                break;
+            }
+            let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..params.clone() };
+            let later_plan: RankPlan = plan_rank(version, &shards, &later)?;
+            order.extend(later_plan.shard_order().iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
+        }
         let mut f = Follower { node: self.clone(), version, order, position, next: 0, issued: 0 };
         f.top_up();
         Ok(f)
@@ -475,8 +492,10 @@ impl Drop for InflightGuard<'_> {
 pub struct Follower {
     node: Node,
     version: DatasetVersion,
-    /// Shards in the order the plan first needs them, with chunk sizes.
+    /// Shards in the order the plan first needs them, with chunk sizes; the
+    /// next epoch's new shards last.
     order: Vec<(ShardId, u64)>,
+    /// Position of each of this epoch's shards in `order`.
     position: HashMap<ShardId, usize>,
     /// Index in `order` of the first shard the rank has not asked for yet.
     next: usize,

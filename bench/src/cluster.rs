@@ -1,0 +1,456 @@
+//! `granary bench cluster`: the peer fabric against its bounds, in one run.
+//!
+//! Scenarios, all on one generated dataset:
+//! - `nodes` (for each count in `node_counts`): a [`LocalCluster`] of that
+//!   many node daemons, each with its own throttled link to remote storage,
+//!   `ranks_per_node` trainer ranks on each, `epochs` epochs. Epoch 0 is
+//!   cold; the rest are warm. Reports remote bytes over the dataset size,
+//!   the cold epoch against the bound dataset bytes / (nodes × per-node
+//!   bandwidth), warm rows/s per rank and peer bytes.
+//! - `single_node_same_world`: one node daemon serving as many ranks as the
+//!   largest cluster has. It is the baseline of `warm_vs_single_node`: on a
+//!   machine that runs every process of the cluster, comparing with a
+//!   single node that serves fewer ranks would measure CPU sharing, not the
+//!   fabric.
+//! - `transfer`: chunk bytes between two processes on loopback, three ways,
+//!   one after another with the same chunk sizes and the same concurrency
+//!   ([`MAX_FETCHES_PER_PEER`]): `peer` (this process fetches the dataset's
+//!   chunks from a node daemon with the node's own [`PeerLink`]: request
+//!   frame, tier lookup, chunk bytes, validation), `quic_raw` (a bare quinn
+//!   stream per chunk with the same TLS identities and transport settings,
+//!   server in this process) and `tcp_raw` (a kernel TCP connection per
+//!   concurrent slot, server in this process).
+
+use crate::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
+use crate::report::{Conditions, ratio};
+use anyhow::{Context, Result, anyhow};
+use granary_client::{ChunkSource, LocalSource};
+use granary_net::tls::{self, ALPN_PEER, Identity, Role};
+use granary_node::datagen::{self, GenSpec};
+use granary_node::peer::{MAX_FETCHES_PER_PEER, PeerLink};
+use granary_proto::{AlignedBuf, ShardId};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What to run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterOpts {
+    /// Rows in the generated dataset.
+    pub rows: u64,
+    /// Files.
+    pub files: u32,
+    /// Rows per row group (shard).
+    pub row_group_rows: u64,
+    /// Rows per batch.
+    pub batch_size: u32,
+    /// Epochs per cluster (the first is cold).
+    pub epochs: u64,
+    /// Remote latency per request.
+    pub latency_ms: u64,
+    /// Remote bandwidth of each node's link.
+    pub bandwidth_bytes_per_s: u64,
+    /// Cluster sizes to run.
+    pub node_counts: Vec<u32>,
+    /// Trainer ranks per node.
+    pub ranks_per_node: u32,
+    /// RAM tier (and guest area) per node.
+    pub ram_bytes: u64,
+    /// Rounds over the dataset's chunks in the transfer scenario.
+    pub transfer_rounds: u32,
+}
+
+impl Default for ClusterOpts {
+    fn default() -> Self {
+        Self {
+            rows: 400_000,
+            files: 8,
+            row_group_rows: 10_000,
+            batch_size: 1024,
+            epochs: 3,
+            latency_ms: 20,
+            bandwidth_bytes_per_s: 25 << 20,
+            node_counts: vec![1, 2, 4],
+            ranks_per_node: 1,
+            ram_bytes: 1 << 30,
+            transfer_rounds: 4,
+        }
+    }
+}
+
+/// One cluster size.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodesScenario {
+    /// `nodes` or `single_node_same_world`.
+    pub scenario: &'static str,
+    /// Node daemons.
+    pub nodes: u32,
+    /// Trainer ranks in all.
+    pub ranks: u32,
+    /// Seconds per epoch.
+    pub epoch_secs: Vec<f64>,
+    /// Epoch 0 over dataset bytes / (nodes × per-node bandwidth).
+    pub cold_vs_bound: f64,
+    /// Rows per second per rank over the warm epochs.
+    pub warm_rows_per_s_per_rank: f64,
+    /// Remote bytes over all epochs / dataset bytes.
+    pub remote_read_ratio: f64,
+    /// Chunk bytes fetched from peers over all epochs.
+    pub peer_bytes: u64,
+    /// Share of chunk requests answered from a node's own tiers, last epoch.
+    pub last_epoch_local_hit_share: f64,
+    /// Counters at the end.
+    pub counters: ClusterCounters,
+}
+
+/// Chunk transfer throughput between two processes.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransferScenario {
+    /// `transfer`.
+    pub scenario: &'static str,
+    /// Chunks per way.
+    pub chunks: usize,
+    /// Bytes per way.
+    pub bytes: u64,
+    /// Concurrent requests.
+    pub concurrency: usize,
+    /// Peer fabric, MB/s (10^6).
+    pub peer_mb_s: f64,
+    /// Bare quinn streams, MB/s.
+    pub quic_raw_mb_s: f64,
+    /// Kernel TCP, MB/s.
+    pub tcp_raw_mb_s: f64,
+}
+
+/// The last line.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterSummary {
+    /// `summary`.
+    pub scenario: &'static str,
+    /// The largest cluster.
+    pub nodes: u32,
+    /// Its remote bytes over 3 epochs / dataset bytes (target ≤ 1.01).
+    pub remote_read_ratio: f64,
+    /// Its cold epoch over the bound (target ≤ 1.25).
+    pub cold_vs_bound: f64,
+    /// Peer fetch throughput / bare quinn (target ≥ 0.8).
+    pub peer_vs_quic_raw: f64,
+    /// Peer fetch throughput / kernel TCP.
+    pub peer_vs_tcp_raw: f64,
+    /// Its warm rows/s per rank / one node serving as many ranks (target ≥ 0.9).
+    pub warm_vs_single_node: f64,
+    /// Dataset bytes (Parquet).
+    pub source_bytes: u64,
+    /// Per-node remote bandwidth.
+    pub bandwidth_bytes_per_s: u64,
+    /// Where it ran.
+    pub conditions: Conditions,
+}
+
+/// Every scenario's line, in order.
+#[derive(Clone, Debug)]
+pub struct ClusterReport {
+    /// Cluster sizes, then the single-node baseline.
+    pub nodes: Vec<NodesScenario>,
+    /// Transfer throughput.
+    pub transfer: TransferScenario,
+    /// Summary.
+    pub summary: ClusterSummary,
+}
+
+/// Runs every scenario; `say` receives one line per step.
+pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<ClusterReport> {
+    let work = tempfile::tempdir()?;
+    let data = work.path().join("data");
+    say(&format!("generating {} rows", opts.rows));
+    let spec = GenSpec {
+        seed: 9,
+        rows: opts.rows,
+        files: opts.files,
+        row_group_rows: opts.row_group_rows,
+        compression: "snappy".into(),
+    };
+    let source_bytes = datagen::generate(&data, &spec, |_| {})?.bytes;
+    let largest = opts.node_counts.iter().copied().max().unwrap_or(1);
+    let mut scenarios = Vec::new();
+    let mut transfer = None;
+    for &n in &opts.node_counts {
+        say(&format!("{n} node(s), {} rank(s) each, {} epochs", opts.ranks_per_node, opts.epochs));
+        let dir = work.path().join(format!("nodes-{n}"));
+        let (s, cluster) = nodes_scenario(exe, &dir, &data, opts, n, opts.ranks_per_node, source_bytes, "nodes")?;
+        scenarios.push(s);
+        if n >= 2 && transfer.is_none() {
+            say("transfer: peer fetch, bare quinn, kernel TCP");
+            transfer = Some(transfer_scenario(&cluster, opts.transfer_rounds)?);
+        }
+    }
+    let world = largest * opts.ranks_per_node;
+    say(&format!("one node serving {world} ranks (baseline of warm_vs_single_node)"));
+    let (single, _) = nodes_scenario(
+        exe,
+        &work.path().join("single"),
+        &data,
+        opts,
+        1,
+        world,
+        source_bytes,
+        "single_node_same_world",
+    )?;
+    let transfer = transfer.ok_or_else(|| anyhow!("the transfer scenario needs a cluster of 2 or more nodes"))?;
+    let big = scenarios.iter().find(|s| s.nodes == largest).ok_or_else(|| anyhow!("no cluster ran"))?;
+    let summary = ClusterSummary {
+        scenario: "summary",
+        nodes: largest,
+        remote_read_ratio: big.remote_read_ratio,
+        cold_vs_bound: big.cold_vs_bound,
+        peer_vs_quic_raw: ratio(transfer.peer_mb_s, transfer.quic_raw_mb_s),
+        peer_vs_tcp_raw: ratio(transfer.peer_mb_s, transfer.tcp_raw_mb_s),
+        warm_vs_single_node: ratio(big.warm_rows_per_s_per_rank, single.warm_rows_per_s_per_rank),
+        source_bytes,
+        bandwidth_bytes_per_s: opts.bandwidth_bytes_per_s,
+        conditions: Conditions::current(),
+    };
+    scenarios.push(single);
+    Ok(ClusterReport { nodes: scenarios, transfer, summary })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn nodes_scenario(
+    exe: &Path,
+    dir: &Path,
+    data: &Path,
+    opts: &ClusterOpts,
+    nodes: u32,
+    ranks_per_node: u32,
+    source_bytes: u64,
+    scenario: &'static str,
+) -> Result<(NodesScenario, LocalCluster)> {
+    let spec = LocalClusterSpec {
+        nodes,
+        ram_bytes: opts.ram_bytes,
+        guest_bytes: opts.ram_bytes,
+        ssd_bytes: None,
+        prefetch_bytes: 256 << 20,
+        loads: 4,
+        convert_threads: 2,
+        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
+        lease_ms: 3000,
+    };
+    let cluster = LocalCluster::start(exe, dir, data, spec)?;
+    let world = nodes * ranks_per_node;
+    let sockets: Vec<PathBuf> = (0..world).map(|r| cluster.socket((r / ranks_per_node) as u64 + 1)).collect();
+    let args: Vec<String> = ["--batch-size", &opts.batch_size.to_string(), "--seed", "3", "--prefetch-batches", "2"]
+        .map(String::from)
+        .into();
+    let (mut ranks, _) = spawn_ranks(exe, &sockets, &args)?;
+    let mut epoch_secs = Vec::new();
+    let (mut warm_rows, mut warm_secs) = (0u64, 0f64);
+    let mut before = ClusterCounters::default();
+    let mut last_share = 0.0;
+    for epoch in 0..opts.epochs {
+        let out = run_epoch(&mut ranks, epoch, Duration::from_secs(600), |_, _| {}).map_err(|e| {
+            let tails: Vec<String> =
+                cluster.node_ids().iter().map(|&id| format!("node {id}:\n{}", cluster.log_tail(id))).collect();
+            anyhow!("{e:#}\n{}", tails.join("\n"))
+        })?;
+        epoch_secs.push(out.secs);
+        if epoch > 0 {
+            warm_rows += out.rows;
+            warm_secs += out.secs;
+        }
+        let now = cluster.total_stats()?;
+        last_share = now.local_hit_share(&before);
+        before = now;
+    }
+    for t in ranks {
+        t.finish(Duration::from_secs(30))?;
+    }
+    let bound = source_bytes as f64 / (nodes as f64 * opts.bandwidth_bytes_per_s as f64);
+    let s = NodesScenario {
+        scenario,
+        nodes,
+        ranks: world,
+        cold_vs_bound: ratio(epoch_secs.first().copied().unwrap_or(0.0), bound),
+        warm_rows_per_s_per_rank: ratio(warm_rows as f64, warm_secs) / world as f64,
+        remote_read_ratio: ratio(before.remote_bytes as f64, source_bytes as f64),
+        peer_bytes: before.peer_fetched_bytes,
+        last_epoch_local_hit_share: last_share,
+        counters: before,
+        epoch_secs,
+    };
+    Ok((s, cluster))
+}
+
+/// Fetches every chunk node 1 serves, `rounds` times, three ways.
+fn transfer_scenario(cluster: &LocalCluster, rounds: u32) -> Result<TransferScenario> {
+    let src = LocalSource::connect(cluster.socket(1))?;
+    let info = src.describe("ads")?;
+    let version = info.version;
+    let shards: Vec<ShardId> = info.shards.iter().map(|s| s.shard).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let identity = Identity::load(cluster.certs(), "node").context("loading the node certificate")?;
+    let node_addr = cluster.peer_addr(1);
+    let concurrency = MAX_FETCHES_PER_PEER;
+    rt.block_on(async move {
+        // peer: node 1's chunks through the fabric. A first round makes
+        // sure node 1 holds every chunk (it converts what it lacks), and
+        // gives the sizes for the raw ways.
+        let endpoint = tls::endpoint("127.0.0.1:0".parse()?, None)?;
+        let link = Arc::new(PeerLink::new(endpoint, &identity)?);
+        let sizes = peer_round(&link, node_addr, version, &shards, concurrency).await?;
+        let work: Vec<u64> = (0..rounds).flat_map(|_| sizes.iter().copied()).collect();
+        let bytes: u64 = work.iter().sum();
+        let start = Instant::now();
+        for _ in 0..rounds {
+            peer_round(&link, node_addr, version, &shards, concurrency).await?;
+        }
+        let peer = start.elapsed().as_secs_f64();
+        let quic = quic_raw(&identity, &work, concurrency).await?;
+        let tcp = tcp_raw(&work, concurrency).await?;
+        let mb = |secs: f64| ratio(bytes as f64 / 1e6, secs);
+        Ok(TransferScenario {
+            scenario: "transfer",
+            chunks: work.len(),
+            bytes,
+            concurrency,
+            peer_mb_s: mb(peer),
+            quic_raw_mb_s: mb(quic),
+            tcp_raw_mb_s: mb(tcp),
+        })
+    })
+}
+
+/// Fetches every shard once from `addr`, `concurrency` at a time; returns
+/// the chunk sizes in shard order.
+async fn peer_round(
+    link: &Arc<PeerLink>,
+    addr: SocketAddr,
+    version: granary_proto::DatasetVersion,
+    shards: &[ShardId],
+    concurrency: usize,
+) -> Result<Vec<u64>> {
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, &shard) in shards.iter().enumerate() {
+        let permit = sem.clone().acquire_owned().await?;
+        let link = link.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            let buf = link.fetch(addr, version, shard, Duration::from_secs(120)).await?;
+            Ok::<_, anyhow::Error>((i, buf.len() as u64))
+        });
+    }
+    let mut sizes = vec![0; shards.len()];
+    while let Some(r) = tasks.join_next().await {
+        let (i, n) = r??;
+        sizes[i] = n;
+    }
+    Ok(sizes)
+}
+
+/// Seconds to move `work` (chunk sizes) over bare quinn streams, one per
+/// chunk, `concurrency` at a time: the client sends the size wanted, the
+/// server answers that many bytes.
+async fn quic_raw(identity: &Identity, work: &[u64], concurrency: usize) -> Result<f64> {
+    let server = tls::server_endpoint(identity, "127.0.0.1:0".parse()?, identity.server_config(&[ALPN_PEER])?)?;
+    let addr = server.local_addr()?;
+    let max = work.iter().copied().max().unwrap_or(0) as usize;
+    let payload = Arc::new(vec![0x5au8; max]);
+    let serving = tokio::spawn({
+        let server = server.clone();
+        async move {
+            while let Some(incoming) = server.accept().await {
+                let payload = payload.clone();
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        let payload = payload.clone();
+                        tokio::spawn(async move {
+                            let mut len = [0u8; 8];
+                            if recv.read_exact(&mut len).await.is_ok() {
+                                let n = (u64::from_le_bytes(len) as usize).min(payload.len());
+                                let _ = send.write_all(&payload[..n]).await;
+                                let _ = send.finish();
+                            }
+                        });
+                    }
+                });
+            }
+        }
+    });
+    let client = tls::endpoint("127.0.0.1:0".parse()?, None)?;
+    let conn = client.connect_with(identity.client_config(ALPN_PEER)?, addr, Role::Node.server_name())?.await?;
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for &n in work {
+        let permit = sem.clone().acquire_owned().await?;
+        let conn = conn.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            let (mut send, mut recv) = conn.open_bi().await?;
+            send.write_all(&n.to_le_bytes()).await?;
+            let _ = send.finish();
+            let mut buf = AlignedBuf::zeroed(n as usize);
+            recv.read_exact(buf.as_mut_slice()).await?;
+            Ok::<_, anyhow::Error>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    conn.close(0u32.into(), b"done");
+    server.close(0u32.into(), b"done");
+    serving.abort();
+    Ok(secs)
+}
+
+/// Seconds to move `work` over kernel TCP on loopback: `concurrency`
+/// connections, each asking for one chunk at a time.
+async fn tcp_raw(work: &[u64], concurrency: usize) -> Result<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let max = work.iter().copied().max().unwrap_or(0) as usize;
+    let payload = Arc::new(vec![0x5au8; max]);
+    let serving = tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let payload = payload.clone();
+            tokio::spawn(async move {
+                let mut len = [0u8; 8];
+                while sock.read_exact(&mut len).await.is_ok() {
+                    let n = (u64::from_le_bytes(len) as usize).min(payload.len());
+                    if sock.write_all(&payload[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let queue = Arc::new(std::sync::Mutex::new(work.to_vec()));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let queue = queue.clone();
+        tasks.spawn(async move {
+            let mut sock = tokio::net::TcpStream::connect(addr).await?;
+            sock.set_nodelay(true)?;
+            loop {
+                let next = queue.lock().map_err(|_| anyhow!("queue lock"))?.pop();
+                let Some(n) = next else { return Ok::<_, anyhow::Error>(()) };
+                sock.write_all(&n.to_le_bytes()).await?;
+                let mut buf = AlignedBuf::zeroed(n as usize);
+                sock.read_exact(buf.as_mut_slice()).await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    serving.abort();
+    Ok(secs)
+}

@@ -445,7 +445,7 @@ impl Node {
             if seen.len() == shards.len() {
                 break;
             }
-            let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..params.clone() };
+            let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..*params };
             let later_plan: RankPlan = plan_rank(version, &shards, &later)?;
             order.extend(later_plan.shard_order().iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
         }

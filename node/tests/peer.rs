@@ -1,6 +1,7 @@
 //! The peer endpoint in process, over real QUIC with the cluster's
 //! certificates: a node fetches and validates a chunk; a non-node
-//! certificate, a malformed frame and a corrupt chunk are refused with a
+//! certificate, a malformed frame, a corrupt chunk, a stalled, truncated or
+//! dying peer are refused with a
 //! clear error and the endpoint keeps serving.
 
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
@@ -171,5 +172,51 @@ async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
     }
     assert!(started.elapsed() < Duration::from_secs(5), "the deadline bounds the fetch");
     // The honest peer still serves through the same link.
+    link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+}
+
+/// A peer that dies mid-transfer (its connection closes after part of a
+/// chunk) or truncates its response frame: the fetch fails at once with an
+/// error naming the peer and the shard, well before the deadline, and the
+/// link keeps working with other peers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once() {
+    let f = start().await;
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    for truncate_header in [false, true] {
+        let bad =
+            tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+        let bad_addr = bad.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Some(incoming) = bad.accept().await {
+                let Ok(conn) = incoming.await else { continue };
+                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    let _ = recv.read_to_end(1 << 16).await;
+                    let head = encode(&PeerResponse::Chunk { len: 1 << 20 });
+                    let _ = send.write_all(&(head.len() as u32).to_le_bytes()).await;
+                    if truncate_header {
+                        // Half the response frame, then the stream ends.
+                        let _ = send.write_all(&head[..head.len() / 2]).await;
+                        let _ = send.finish();
+                        let _ = send.stopped().await;
+                    } else {
+                        // Part of the chunk, then the process "dies".
+                        let _ = send.write_all(&head).await;
+                        let _ = send.write_all(&[0u8; 4096]).await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        conn.close(0u32.into(), b"gone");
+                    }
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        match link(&f, "node").fetch(bad_addr, f.version, f.shard, Duration::from_secs(20)).await {
+            Err(PeerError::Transfer { addr, shard, reason }) => {
+                assert_eq!((addr, shard), (bad_addr, f.shard), "{reason}");
+            }
+            other => panic!("truncate_header={truncate_header}: {:?}", other.map(|b| b.len())),
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "failed at once, not at the deadline");
+    }
     link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
 }

@@ -1,8 +1,7 @@
 //! The peer endpoint in process, over real QUIC with the cluster's
 //! certificates: a node fetches and validates a chunk; a non-node
 //! certificate, a malformed frame, a corrupt chunk, a stalled, truncated or
-//! dying peer are refused with a
-//! clear error and the endpoint keeps serving.
+//! dying peer are refused with a clear error and the endpoint keeps serving.
 
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::Node;

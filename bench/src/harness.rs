@@ -373,13 +373,13 @@ impl Default for LocalClusterSpec {
 }
 
 /// A cluster of real processes on loopback: one coordinator voter and node
-/// daemons 1..=N with `[cluster]` configs, serving the generated dataset
-/// (registered as `ads` on the coordinator and opened by every node from
-/// the same `file://` source). Everything is stopped on drop.
+/// daemons 1..=N with `[cluster]` configs and no `[[dataset]]`, serving the
+/// generated dataset, which is registered as `ads` on the coordinator: each
+/// node opens it when the placement watch lists it. Everything is stopped
+/// on drop.
 pub struct LocalCluster {
     exe: PathBuf,
     dir: PathBuf,
-    data: PathBuf,
     certs: PathBuf,
     spec: LocalClusterSpec,
     coordinator: std::net::SocketAddr,
@@ -410,26 +410,11 @@ impl LocalCluster {
             &dir.join("voter-1.log"),
             Duration::from_secs(30),
         )?;
-        let view = dir.join("view.toml");
-        std::fs::write(&view, granary_node::datagen::VIEW_TOML)?;
-        let out = Command::new(exe)
-            .args(["dataset", "add", "ads", "--source", &format!("file://{}/", data.display())])
-            .arg("--view")
-            .arg(&view)
-            .args(["--coordinators", &voter.addr.to_string(), "--cert-name", "admin", "--timeout-ms", "30000"])
-            .arg("--certs")
-            .arg(&certs)
-            .env("GRANARY_LOG", "warn")
-            .output()
-            .context("running `granary dataset add`")?;
-        if !out.status.success() {
-            bail!("dataset add failed: {}\n{}", String::from_utf8_lossy(&out.stderr), proc.log_tail());
-        }
+        add_dataset(exe, voter.addr, &certs, dir, "ads", data).map_err(|e| anyhow!("{e:#}\n{}", proc.log_tail()))?;
         let advertise = (0..spec.nodes).map(|_| reserve_udp_port()).collect::<Result<Vec<_>>>()?;
         let mut c = Self {
             exe: exe.to_path_buf(),
             dir: dir.to_path_buf(),
-            data: data.to_path_buf(),
             certs,
             coordinator: voter.addr,
             _voter: proc,
@@ -441,8 +426,14 @@ impl LocalCluster {
             c.start_node(id)?;
         }
         let all: Vec<u64> = (1..=c.spec.nodes as u64).collect();
-        c.wait_placement(&all, c.spec.nodes, Duration::from_secs(60))?;
+        c.wait_placement(&all, c.spec.nodes, 1, Duration::from_secs(60))?;
         Ok(c)
+    }
+
+    /// Registers the Parquet files in `data` as dataset `name` (the
+    /// generator's view) on the coordinator.
+    pub fn add_dataset(&self, name: &str, data: &Path) -> Result<()> {
+        add_dataset(&self.exe, self.coordinator, &self.certs, &self.dir, name, data)
     }
 
     /// Node ids, 1..=N.
@@ -509,9 +500,7 @@ impl LocalCluster {
             self.certs,
             self.peer_addr(id)
         );
-        t +=
-            &format!("\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}/\"\n\n[dataset.view]\n", self.data.display());
-        t += &granary_node::datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]");
+        // No [[dataset]]: the node opens what the coordinator lists.
         t
     }
 
@@ -534,14 +523,17 @@ impl LocalCluster {
     }
 
     /// Waits until each of `ids` logs that it knows a placement of `peers`
-    /// live nodes and the dataset's version.
-    pub fn wait_placement(&self, ids: &[u64], peers: u32, timeout: Duration) -> Result<()> {
+    /// live nodes and `versions` dataset versions.
+    pub fn wait_placement(&self, ids: &[u64], peers: u32, versions: u32, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let want = format!("peers={peers} ");
+        let want_versions = format!("versions={versions}");
         for &id in ids {
             loop {
                 let text = std::fs::read_to_string(self.log(id)).unwrap_or_default();
-                if text.lines().any(|l| l.contains("placement known") && l.contains(&want) && l.contains("versions=1"))
+                if text
+                    .lines()
+                    .any(|l| l.contains("placement known") && l.contains(&want) && l.contains(&want_versions))
                 {
                     break;
                 }
@@ -583,6 +575,33 @@ impl LocalCluster {
         }
         Ok(t)
     }
+}
+
+/// `granary dataset add NAME --source file://DATA/` with the generator's view.
+fn add_dataset(
+    exe: &Path,
+    coordinator: std::net::SocketAddr,
+    certs: &Path,
+    dir: &Path,
+    name: &str,
+    data: &Path,
+) -> Result<()> {
+    let view = dir.join("view.toml");
+    std::fs::write(&view, granary_node::datagen::VIEW_TOML)?;
+    let out = Command::new(exe)
+        .args(["dataset", "add", name, "--source", &format!("file://{}/", data.display())])
+        .arg("--view")
+        .arg(&view)
+        .args(["--coordinators", &coordinator.to_string(), "--cert-name", "admin", "--timeout-ms", "30000"])
+        .arg("--certs")
+        .arg(certs)
+        .env("GRANARY_LOG", "warn")
+        .output()
+        .context("running `granary dataset add`")?;
+    if !out.status.success() {
+        bail!("dataset add {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
 }
 
 /// Counters summed over a cluster's running nodes.

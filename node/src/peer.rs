@@ -4,7 +4,8 @@
 //! - [`Cluster`] holds what this node knows of placement: every node's
 //!   address and, per dataset version it serves, the owner of each shard. It
 //!   is refreshed from the coordinator whenever the placement watch reports
-//!   a new epoch or version ([`follow_placement`]).
+//!   a new epoch or version ([`follow_placement`]), which also opens the
+//!   datasets the coordinator lists that the node does not serve yet.
 //! - [`PeerLink`] fetches a chunk from an owner: one connection per peer,
 //!   reused; one bidirectional stream per chunk (a large chunk never blocks
 //!   a small one); at most [`MAX_FETCHES_PER_PEER`] fetches and
@@ -326,8 +327,48 @@ impl Cluster {
     }
 }
 
-/// Keeps `cluster` current: on every view from the placement watch, asks
-/// the coordinator for the owners of each dataset version `node` serves.
+/// Opens, on `node`, the coordinator's current version of each dataset in
+/// `view` that the node does not serve yet (its source and view come from
+/// `DescribeDataset`). Returns false if one could not be opened, so the
+/// caller tries again later.
+async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &PlacementView) -> bool {
+    let mut all = true;
+    for (name, version) in &view.datasets {
+        if node.dataset(*version).is_ok() {
+            continue;
+        }
+        match client.call(&ApiRequest::DescribeDataset { name: name.clone() }).await {
+            Ok((_, ApiResponse::Dataset { manifest, view: dview, .. })) => {
+                if manifest.version(&dview) != *version {
+                    tracing::debug!(dataset = %name, "the coordinator's current version moved on; waiting for the next view");
+                    continue;
+                }
+                match node.open_dataset(name, &manifest.source, dview).await {
+                    Ok(v) if v == *version => {}
+                    Ok(v) => tracing::warn!(dataset = %name, opened = %v, coordinator = %version,
+                        "the source changed since the coordinator read it; this node does not serve the coordinator's version"),
+                    Err(e) => {
+                        tracing::warn!(dataset = %name, source = %manifest.source, "cannot open the coordinator's dataset: {e}");
+                        all = false;
+                    }
+                }
+            }
+            Ok((_, other)) => tracing::debug!(dataset = %name, "dataset not described: {other:?}"),
+            Err(e) => {
+                tracing::warn!(dataset = %name, "cannot describe the dataset: {e}");
+                all = false;
+            }
+        }
+    }
+    all
+}
+
+/// Retry interval of [`open_listed_datasets`] after a failure.
+const OPEN_RETRY: Duration = Duration::from_secs(5);
+
+/// Keeps `cluster` current: on every view from the placement watch, opens
+/// the datasets the coordinator lists that `node` does not serve yet, then
+/// asks the coordinator for the owners of each dataset version it serves.
 pub async fn follow_placement(
     cluster: Arc<Cluster>,
     node: Node,
@@ -336,7 +377,9 @@ pub async fn follow_placement(
 ) {
     loop {
         let view = views.borrow_and_update().clone();
+        let mut retry = false;
         if let Some(view) = view {
+            retry = !open_listed_datasets(&node, &client, &view).await;
             let mut map = PlacementMap { epoch: view.placement_epoch, ..Default::default() };
             for n in view.nodes.iter().filter(|n| n.live) {
                 match n.addr.parse::<SocketAddr>() {
@@ -371,7 +414,12 @@ pub async fn follow_placement(
             );
             cluster.replace(map);
         }
-        if views.changed().await.is_err() {
+        if retry {
+            tokio::select! {
+                changed = views.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(OPEN_RETRY) => {}
+            }
+        } else if views.changed().await.is_err() {
             return;
         }
     }

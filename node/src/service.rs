@@ -57,8 +57,13 @@ struct Counters {
 }
 
 struct Inner {
-    datasets: BTreeMap<String, Arc<Dataset>>,
-    by_version: BTreeMap<DatasetVersion, Arc<Dataset>>,
+    /// Datasets by name (their current version) and every version opened;
+    /// a cluster node adds the coordinator's datasets while it runs.
+    datasets: std::sync::RwLock<BTreeMap<String, Arc<Dataset>>>,
+    by_version: std::sync::RwLock<BTreeMap<DatasetVersion, Arc<Dataset>>>,
+    /// Options and throttle for remote storage of datasets opened later.
+    remote_options: BTreeMap<String, String>,
+    throttle: Option<Arc<Throttle>>,
     tier: ChunkTier,
     guests: GuestArea,
     inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Shared>>>>,
@@ -128,8 +133,10 @@ impl Node {
             cfg.convert_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
         Ok(Node {
             inner: Arc::new(Inner {
-                datasets,
-                by_version,
+                datasets: std::sync::RwLock::new(datasets),
+                by_version: std::sync::RwLock::new(by_version),
+                remote_options: cfg.remote.clone(),
+                throttle,
                 tier,
                 guests: GuestArea::new(cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4)),
                 inflight: Mutex::new(HashMap::new()),
@@ -145,16 +152,35 @@ impl Node {
 
     /// Describes dataset `name`.
     pub fn describe(&self, name: &str) -> Result<DatasetInfo, FetchError> {
-        self.inner.datasets.get(name).map(|d| d.info()).ok_or_else(|| FetchError::UnknownDataset(name.to_string()))
+        let datasets = self.inner.datasets.read().unwrap_or_else(|p| p.into_inner());
+        datasets.get(name).map(|d| d.info()).ok_or_else(|| FetchError::UnknownDataset(name.to_string()))
+    }
+
+    /// Opens dataset `name` from `source` with `view` (listing the source and
+    /// reading every footer) and serves it from now on under that name; the
+    /// versions opened before stay servable. A cluster node calls this for
+    /// the datasets the coordinator lists. Returns the version opened.
+    pub async fn open_dataset(
+        &self,
+        name: &str,
+        source: &str,
+        view: granary_proto::View,
+    ) -> Result<DatasetVersion, OpenError> {
+        let remote =
+            Remote::open(source, &self.inner.remote_options, self.inner.throttle.clone(), self.inner.remote.clone())?;
+        let ds = Arc::new(Dataset::open(name, remote, view).await?);
+        let version = ds.version;
+        tracing::info!(dataset = %name, %version, files = ds.files.len(),
+            shards = ds.manifest.shards().len(), rows = ds.manifest.total_rows(), "dataset opened");
+        self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert_with(|| ds.clone());
+        self.inner.datasets.write().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), ds);
+        Ok(version)
     }
 
     /// The dataset of `version`.
     pub fn dataset(&self, version: DatasetVersion) -> Result<Arc<Dataset>, FetchError> {
-        self.inner
-            .by_version
-            .get(&version)
-            .cloned()
-            .ok_or_else(|| FetchError::UnknownDataset(format!("version {version}")))
+        let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
+        by_version.get(&version).cloned().ok_or_else(|| FetchError::UnknownDataset(format!("version {version}")))
     }
 
     /// Counters since start.

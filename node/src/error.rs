@@ -93,6 +93,17 @@ pub enum FetchError {
     /// An internal task failed.
     #[error("internal: {0}")]
     Internal(String),
+    /// No source delivered the chunk: the peers asked first, then remote
+    /// storage.
+    #[error("no source delivered {shard}: peers tried: {}; then remote storage: {source}", tried.join("; "))]
+    NoSource {
+        /// The shard.
+        shard: ShardId,
+        /// Each peer asked and why it did not deliver.
+        tried: Vec<String>,
+        /// Why reading remote storage here failed.
+        source: Box<FetchError>,
+    },
 }
 
 impl FetchError {
@@ -101,6 +112,7 @@ impl FetchError {
         match self {
             FetchError::UnknownDataset(_) | FetchError::UnknownShard(_) | FetchError::Plan(_) => ErrorKind::BadRequest,
             FetchError::Convert(_) | FetchError::Remote(RemoteError::Parquet { .. }) => ErrorKind::BadInput,
+            FetchError::NoSource { source, .. } => source.kind(),
             _ => ErrorKind::Unavailable,
         }
     }

@@ -236,7 +236,9 @@ pub struct Cluster {
     map: RwLock<PlacementMap>,
     /// Bumped on every placement update, so fetches can wait for one.
     updates: watch::Sender<u64>,
-    /// Bound on one fetch from a peer, retries of the caller excluded.
+    /// Bound on asking peers for one chunk: every owner tried and the waits
+    /// for the placement to move the shard, together. After it the node
+    /// reads remote storage itself.
     pub fetch_deadline: Duration,
     /// How long a fetch whose owner failed waits for a newer placement (the
     /// owner's lease expiring moves its shards) before reading remote
@@ -292,6 +294,19 @@ impl Cluster {
     fn replace(&self, map: PlacementMap) {
         *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
         self.updates.send_modify(|n| *n += 1);
+    }
+
+    /// Replaces what this node knows of placement: the live nodes'
+    /// addresses and, per dataset version, each shard's owner.
+    /// [`follow_placement`] calls it with what the coordinator says; tests
+    /// may call it directly.
+    pub fn apply_placement(
+        &self,
+        epoch: u64,
+        addrs: HashMap<NodeId, SocketAddr>,
+        owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+    ) {
+        self.replace(PlacementMap { epoch, addrs, owners });
     }
 
     /// Waits until the owner of `shard` is no longer `failed` (a newer

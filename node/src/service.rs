@@ -359,11 +359,19 @@ impl Node {
         };
         let mut target = cluster.owner(key.version, key.shard);
         // Bounded: the owner, then at most two owners the placement moves
-        // the shard to; then this node reads it itself.
+        // the shard to, all within one deadline; then this node reads it
+        // itself. Every peer that failed is named if that fails too.
+        let deadline = tokio::time::Instant::now() + cluster.fetch_deadline;
+        let mut tried = Vec::new();
         for _ in 0..3 {
             let Some((owner, addr)) = target else { break };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                tried.push(format!("{owner} at {addr}: not asked, the fetch deadline passed"));
+                break;
+            }
             let c = &self.inner.counters;
-            match cluster.link().fetch(addr, key.version, key.shard, cluster.fetch_deadline).await {
+            match cluster.link().fetch(addr, key.version, key.shard, left).await {
                 Ok(buf) => {
                     c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                     c.peer_fetched_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -374,10 +382,13 @@ impl Node {
                 Err(e) => {
                     c.peer_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(shard = %key.shard, %owner, "owner could not serve; waiting for the placement to move it: {e}");
+                    tried.push(format!("{owner}: {e}"));
                     // The owner's lease expiring moves its shards to one
                     // survivor, which reads them once; reading here at once
                     // would make every survivor read them.
-                    match cluster.reroute(key.version, key.shard, owner, cluster.reroute_wait).await {
+                    let wait =
+                        cluster.reroute_wait.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                    match cluster.reroute(key.version, key.shard, owner, wait).await {
                         Ok(next) => target = next,
                         Err(()) => {
                             tracing::warn!(shard = %key.shard, %owner, "placement did not move it in time; reading remote storage");
@@ -387,7 +398,11 @@ impl Node {
                 }
             }
         }
-        self.convert_here(key).await.map(|c| (c, false))
+        match self.convert_here(key).await {
+            Ok(c) => Ok((c, false)),
+            Err(e) if !tried.is_empty() => Err(FetchError::NoSource { shard: key.shard, tried, source: Box::new(e) }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads one row group and converts it into a sealed chunk.

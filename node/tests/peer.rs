@@ -7,10 +7,10 @@ use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_node::peer::{PeerError, PeerLink, serve};
+use granary_node::peer::{Cluster, PeerError, PeerLink, serve};
 use granary_proto::peer::PeerResponse;
 use granary_proto::wire::{ErrorKind, decode, encode};
-use granary_proto::{ChunkView, DatasetVersion, ShardId};
+use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -218,4 +218,32 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
         assert!(started.elapsed() < Duration::from_secs(5), "failed at once, not at the deadline");
     }
     link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+}
+
+/// The owner cannot be reached, the placement does not move the shard, and
+/// remote storage fails too: the trainer's error names the shard, the peer
+/// tried and the file, and comes within the fetch deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_no_source_delivers_the_error_names_the_shard_and_the_sources_tried() {
+    let f = start().await;
+    let dead = std::net::UdpSocket::bind(local()).expect("bind").local_addr().expect("addr");
+    let mut cluster = Cluster::new(NodeId(1), link(&f, "node"));
+    cluster.fetch_deadline = Duration::from_secs(2);
+    cluster.reroute_wait = Duration::from_millis(200);
+    let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(9))).collect())).collect();
+    cluster.apply_placement(1, std::iter::once((NodeId(9), dead)).collect(), owners);
+    assert!(f.node.join_cluster(std::sync::Arc::new(cluster)));
+    // The shard's file disappears from remote storage.
+    let file = f.node.dataset(f.version).expect("dataset").files[f.shard.file as usize].path.to_string();
+    let data = f._tmp.path().join("data");
+    for e in std::fs::read_dir(&data).expect("data") {
+        std::fs::remove_file(e.expect("entry").path()).expect("remove");
+    }
+    let started = std::time::Instant::now();
+    let err = f.node.chunk(f.version, f.shard).await.expect_err("no source can deliver");
+    let msg = err.to_string();
+    assert!(msg.contains(&f.shard.to_string()), "names the shard: {msg}");
+    assert!(msg.contains(&dead.to_string()), "names the peer tried: {msg}");
+    assert!(msg.contains(&file), "names the file: {msg}");
+    assert!(started.elapsed() < Duration::from_secs(5), "within the deadline: {:?}", started.elapsed());
 }

@@ -12,8 +12,9 @@
 //!   machine that runs every process of the cluster, comparing with a
 //!   single node that serves fewer ranks would measure CPU sharing, not the
 //!   fabric.
-//! - `transfer`: chunk bytes between two processes on loopback, three ways,
-//!   one after another with the same chunk sizes and the same concurrency
+//! - `transfer`: chunk bytes between two processes on loopback, three ways
+//!   taking turns round after round (medians reported), with the same chunk
+//!   sizes and the same concurrency
 //!   ([`MAX_FETCHES_PER_PEER`]): `peer` (this process fetches the dataset's
 //!   chunks from a node daemon with the node's own [`PeerLink`]: request
 //!   frame, tier lookup, chunk bytes, validation), `quic_raw` (a bare quinn
@@ -76,7 +77,7 @@ impl Default for ClusterOpts {
             node_counts: vec![1, 2, 4],
             ranks_per_node: 1,
             ram_bytes: 1 << 30,
-            transfer_rounds: 4,
+            transfer_rounds: 5,
         }
     }
 }
@@ -111,18 +112,28 @@ pub struct NodesScenario {
 pub struct TransferScenario {
     /// `transfer`.
     pub scenario: &'static str,
-    /// Chunks per way.
+    /// Chunks per round and way.
     pub chunks: usize,
-    /// Bytes per way.
+    /// Bytes per round and way.
     pub bytes: u64,
     /// Concurrent requests.
     pub concurrency: usize,
-    /// Peer fabric, MB/s (10^6).
+    /// Rounds; the three ways take turns in each.
+    pub rounds: u32,
+    /// Peer fabric, median over rounds, MB/s (10^6).
     pub peer_mb_s: f64,
-    /// Bare quinn streams, MB/s.
+    /// Bare quinn streams, median, MB/s.
     pub quic_raw_mb_s: f64,
-    /// Kernel TCP, MB/s.
+    /// Kernel TCP, median, MB/s.
     pub tcp_raw_mb_s: f64,
+    /// Each round, peer fabric.
+    pub peer_rounds_mb_s: Vec<f64>,
+    /// Each round, bare quinn.
+    pub quic_raw_rounds_mb_s: Vec<f64>,
+    /// Each round, kernel TCP.
+    pub tcp_raw_rounds_mb_s: Vec<f64>,
+    /// Path MTU the bare quinn connection reached (UDP payload bytes).
+    pub quic_mtu: u16,
 }
 
 /// The last line.
@@ -301,26 +312,45 @@ fn transfer_scenario(cluster: &LocalCluster, rounds: u32) -> Result<TransferScen
         let endpoint = tls::endpoint("127.0.0.1:0".parse()?, None)?;
         let link = Arc::new(PeerLink::new(endpoint, &identity)?);
         let sizes = peer_round(&link, node_addr, version, &shards, concurrency).await?;
-        let work: Vec<u64> = (0..rounds).flat_map(|_| sizes.iter().copied()).collect();
-        let bytes: u64 = work.iter().sum();
-        let start = Instant::now();
-        for _ in 0..rounds {
-            peer_round(&link, node_addr, version, &shards, concurrency).await?;
-        }
-        let peer = start.elapsed().as_secs_f64();
-        let quic = quic_raw(&identity, &work, concurrency).await?;
-        let tcp = tcp_raw(&work, concurrency).await?;
+        let bytes: u64 = sizes.iter().sum();
+        let quic = RawQuic::start(&identity, sizes.iter().copied().max().unwrap_or(0)).await?;
+        // The three ways take turns, round after round, so that a burst of
+        // other load on this shared machine hits them alike.
+        let (mut peer, mut raw, mut tcp) = (Vec::new(), Vec::new(), Vec::new());
         let mb = |secs: f64| ratio(bytes as f64 / 1e6, secs);
+        for _ in 0..rounds {
+            let start = Instant::now();
+            peer_round(&link, node_addr, version, &shards, concurrency).await?;
+            peer.push(mb(start.elapsed().as_secs_f64()));
+            raw.push(mb(quic.round(&sizes, concurrency).await?));
+            tcp.push(mb(tcp_raw(&sizes, concurrency).await?));
+        }
+        let quic_mtu = quic.close();
         Ok(TransferScenario {
             scenario: "transfer",
-            chunks: work.len(),
+            chunks: sizes.len(),
             bytes,
             concurrency,
-            peer_mb_s: mb(peer),
-            quic_raw_mb_s: mb(quic),
-            tcp_raw_mb_s: mb(tcp),
+            rounds,
+            peer_mb_s: median(&peer),
+            quic_raw_mb_s: median(&raw),
+            tcp_raw_mb_s: median(&tcp),
+            quic_mtu,
+            peer_rounds_mb_s: peer,
+            quic_raw_rounds_mb_s: raw,
+            tcp_raw_rounds_mb_s: tcp,
         })
     })
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Fetches every shard once from `addr`, `concurrency` at a time; returns
@@ -351,62 +381,80 @@ async fn peer_round(
     Ok(sizes)
 }
 
-/// Seconds to move `work` (chunk sizes) over bare quinn streams, one per
-/// chunk, `concurrency` at a time: the client sends the size wanted, the
-/// server answers that many bytes.
-async fn quic_raw(identity: &Identity, work: &[u64], concurrency: usize) -> Result<f64> {
-    let server = tls::server_endpoint(identity, "127.0.0.1:0".parse()?, identity.server_config(&[ALPN_PEER])?)?;
-    let addr = server.local_addr()?;
-    let max = work.iter().copied().max().unwrap_or(0) as usize;
-    let payload = Arc::new(vec![0x5au8; max]);
-    let serving = tokio::spawn({
-        let server = server.clone();
-        async move {
-            while let Some(incoming) = server.accept().await {
-                let payload = payload.clone();
-                tokio::spawn(async move {
-                    let Ok(conn) = incoming.await else { return };
-                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                        let payload = payload.clone();
-                        tokio::spawn(async move {
-                            let mut len = [0u8; 8];
-                            if recv.read_exact(&mut len).await.is_ok() {
-                                let n = (u64::from_le_bytes(len) as usize).min(payload.len());
-                                let _ = send.write_all(&payload[..n]).await;
-                                let _ = send.finish();
-                            }
-                        });
-                    }
-                });
+/// A bare quinn server in this process and one connection to it, with the
+/// node's TLS identity and transport settings: the client sends the size
+/// it wants on a new stream, the server answers that many bytes.
+struct RawQuic {
+    server: quinn::Endpoint,
+    conn: quinn::Connection,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl RawQuic {
+    async fn start(identity: &Identity, max_chunk: u64) -> Result<Self> {
+        let server = tls::server_endpoint(identity, "127.0.0.1:0".parse()?, identity.server_config(&[ALPN_PEER])?)?;
+        let addr = server.local_addr()?;
+        let payload = Arc::new(vec![0x5au8; max_chunk as usize]);
+        let serving = tokio::spawn({
+            let server = server.clone();
+            async move {
+                while let Some(incoming) = server.accept().await {
+                    let payload = payload.clone();
+                    tokio::spawn(async move {
+                        let Ok(conn) = incoming.await else { return };
+                        while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                            let payload = payload.clone();
+                            tokio::spawn(async move {
+                                let mut len = [0u8; 8];
+                                if recv.read_exact(&mut len).await.is_ok() {
+                                    let n = (u64::from_le_bytes(len) as usize).min(payload.len());
+                                    let _ = send.write_all(&payload[..n]).await;
+                                    let _ = send.finish();
+                                }
+                            });
+                        }
+                    });
+                }
             }
-        }
-    });
-    let client = tls::endpoint("127.0.0.1:0".parse()?, None)?;
-    let conn = client.connect_with(identity.client_config(ALPN_PEER)?, addr, Role::Node.server_name())?.await?;
-    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for &n in work {
-        let permit = sem.clone().acquire_owned().await?;
-        let conn = conn.clone();
-        tasks.spawn(async move {
-            let _permit = permit;
-            let (mut send, mut recv) = conn.open_bi().await?;
-            send.write_all(&n.to_le_bytes()).await?;
-            let _ = send.finish();
-            let mut buf = AlignedBuf::zeroed(n as usize);
-            recv.read_exact(buf.as_mut_slice()).await?;
-            Ok::<_, anyhow::Error>(())
         });
+        let client = tls::endpoint("127.0.0.1:0".parse()?, None)?;
+        let conn = client.connect_with(identity.client_config(ALPN_PEER)?, addr, Role::Node.server_name())?.await?;
+        Ok(Self { server, conn, serving })
     }
-    while let Some(r) = tasks.join_next().await {
-        r??;
+
+    /// Seconds to move `work` (chunk sizes), one stream per chunk,
+    /// `concurrency` at a time.
+    async fn round(&self, work: &[u64], concurrency: usize) -> Result<f64> {
+        let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for &n in work {
+            let permit = sem.clone().acquire_owned().await?;
+            let conn = self.conn.clone();
+            tasks.spawn(async move {
+                let _permit = permit;
+                let (mut send, mut recv) = conn.open_bi().await?;
+                send.write_all(&n.to_le_bytes()).await?;
+                let _ = send.finish();
+                let mut buf = AlignedBuf::zeroed(n as usize);
+                recv.read_exact(buf.as_mut_slice()).await?;
+                Ok::<_, anyhow::Error>(())
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        Ok(start.elapsed().as_secs_f64())
     }
-    let secs = start.elapsed().as_secs_f64();
-    conn.close(0u32.into(), b"done");
-    server.close(0u32.into(), b"done");
-    serving.abort();
-    Ok(secs)
+
+    /// Closes both ends; returns the path MTU the connection reached.
+    fn close(self) -> u16 {
+        let mtu = self.conn.stats().path.current_mtu;
+        self.conn.close(0u32.into(), b"done");
+        self.server.close(0u32.into(), b"done");
+        self.serving.abort();
+        mtu
+    }
 }
 
 /// Seconds to move `work` over kernel TCP on loopback: `concurrency`

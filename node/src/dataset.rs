@@ -4,6 +4,12 @@
 //! [`Dataset::open`] lists the source, reads every footer once, checks every
 //! file's schema against the view (naming the file, tensor and column that do
 //! not fit) and computes the [`DatasetVersion`].
+//!
+//! [`Dataset::from_manifest`] takes a manifest the coordinator already built
+//! from the same source: nothing is read until a shard of a file is
+//! converted, and then only that file's footer ([`Dataset::footer`]), checked
+//! against the manifest. A cluster node converts only the shards it owns, so
+//! it reads only the footers of files it owns shards of.
 
 use crate::convert::{Resolved, resolve_view};
 use crate::error::{FetchError, RemoteError};
@@ -14,12 +20,18 @@ use object_store::path::Path as StorePath;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use std::sync::Arc;
 
-/// One file of the dataset, with its decoded footer.
+/// One file of the dataset.
 pub struct DatasetFile {
     /// Object path.
     pub path: StorePath,
     /// Object size.
     pub size: u64,
+    /// Its footer, once read.
+    footer: tokio::sync::OnceCell<Footer>,
+}
+
+/// A file's decoded footer and the view resolved against its schema.
+pub struct Footer {
     /// Decoded footer and Arrow schema.
     pub metadata: ArrowReaderMetadata,
     /// The view resolved against this file's schema.
@@ -63,6 +75,12 @@ pub enum OpenError {
     },
 }
 
+/// What identifies one version of an object: its ETag, else its
+/// modification time.
+fn version_tag(m: &object_store::ObjectMeta) -> String {
+    m.e_tag.clone().unwrap_or_else(|| format!("mtime:{}", m.last_modified.timestamp_micros()))
+}
+
 impl Dataset {
     /// Lists `remote`, reads every footer and resolves `view`.
     pub async fn open(name: &str, remote: Remote, view: View) -> Result<Self, OpenError> {
@@ -93,10 +111,14 @@ impl Dataset {
                     compressed_bytes: rg.compressed_size().max(0) as u64,
                 })
                 .collect();
-            let version_tag =
-                m.e_tag.clone().unwrap_or_else(|| format!("mtime:{}", m.last_modified.timestamp_micros()));
+            let version_tag = version_tag(&m);
             entries.push(FileEntry { path: path.clone(), size_bytes: m.size, version_tag, row_groups });
-            files.push(DatasetFile { path: m.location, size: m.size, metadata, resolved: Arc::new(resolved) });
+            let footer = Footer { metadata, resolved: Arc::new(resolved) };
+            files.push(DatasetFile {
+                path: m.location,
+                size: m.size,
+                footer: tokio::sync::OnceCell::new_with(Some(footer)),
+            });
         }
         let manifest = Manifest {
             source: granary_proto::manifest::canonical_source(remote.url()).to_string(),
@@ -105,6 +127,80 @@ impl Dataset {
         };
         let version = manifest.version(&view);
         Ok(Self { name: name.to_string(), view, manifest, version, files, remote })
+    }
+
+    /// A dataset version described by `manifest` (built by whoever listed
+    /// the source, normally the coordinator) read through `remote`. Reads
+    /// nothing: footers are read when first needed.
+    pub fn from_manifest(name: &str, remote: Remote, view: View, manifest: Manifest) -> Self {
+        let files = manifest
+            .files
+            .iter()
+            .map(|f| DatasetFile {
+                path: StorePath::from(f.path.as_str()),
+                size: f.size_bytes,
+                footer: tokio::sync::OnceCell::new(),
+            })
+            .collect();
+        let version = manifest.version(&view);
+        Self { name: name.to_string(), view, manifest, version, files, remote }
+    }
+
+    /// The footer of file `index`, read (once) if not read yet, and checked
+    /// against the manifest: a file whose row groups or tensor layouts
+    /// differ from what was registered is an error naming it, never a
+    /// misread shard.
+    pub async fn footer(&self, index: usize) -> Result<&Footer, FetchError> {
+        let file = self.files.get(index).ok_or_else(|| FetchError::Internal(format!("no file {index}")))?;
+        let entry = &self.manifest.files[index];
+        file.footer
+            .get_or_try_init(|| async {
+                let path = file.path.to_string();
+                let changed = |what: String| {
+                    FetchError::Remote(RemoteError::Parquet {
+                        path: path.clone(),
+                        source: parquet::errors::ParquetError::General(format!(
+                            "the file changed since dataset version {} was registered: {what}",
+                            self.version
+                        )),
+                    })
+                };
+                let read = async {
+                    let md = self.remote.file(file.path.clone(), file.size).metadata().await?;
+                    ArrowReaderMetadata::try_new(md, ArrowReaderOptions::new())
+                        .map_err(|source| RemoteError::Parquet { path: path.clone(), source })
+                };
+                let metadata = match read.await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        // Tell a file replaced since registration from one
+                        // that is unreadable.
+                        if let Ok(now) = self.remote.head(&file.path).await {
+                            let tag = version_tag(&now);
+                            if now.size != file.size || tag != entry.version_tag {
+                                return Err(changed(format!(
+                                    "{} bytes, version {tag}; registered {} bytes, version {}",
+                                    now.size, file.size, entry.version_tag
+                                )));
+                            }
+                        }
+                        return Err(e.into());
+                    }
+                };
+                let rgs: Vec<u64> =
+                    metadata.metadata().row_groups().iter().map(|rg| rg.num_rows().max(0) as u64).collect();
+                let want: Vec<u64> = entry.row_groups.iter().map(|g| g.rows).collect();
+                if rgs != want {
+                    return Err(changed(format!("row group rows {rgs:?}, registered {want:?}")));
+                }
+                let resolved = resolve_view(&self.view, metadata.schema(), &path)
+                    .map_err(|e| changed(format!("the view no longer fits: {e}")))?;
+                if resolved.layouts != self.manifest.tensors {
+                    return Err(changed(format!("tensor layouts {:?}", resolved.layouts)));
+                }
+                Ok(Footer { metadata, resolved: Arc::new(resolved) })
+            })
+            .await
     }
 
     /// What a trainer needs to plan.
@@ -123,7 +219,7 @@ impl Dataset {
     pub fn locate(&self, shard: ShardId) -> Result<(&DatasetFile, usize), FetchError> {
         let file = self.files.get(shard.file as usize).ok_or(FetchError::UnknownShard(shard))?;
         let rg = shard.row_group as usize;
-        if rg >= file.metadata.metadata().num_row_groups() {
+        if rg >= self.manifest.files[shard.file as usize].row_groups.len() {
             return Err(FetchError::UnknownShard(shard));
         }
         Ok((file, rg))

@@ -342,10 +342,10 @@ impl Cluster {
     }
 }
 
-/// Opens, on `node`, the coordinator's current version of each dataset in
-/// `view` that the node does not serve yet (its source and view come from
-/// `DescribeDataset`). Returns false if one could not be opened, so the
-/// caller tries again later.
+/// Serves, on `node`, the coordinator's current version of each dataset in
+/// `view` that the node does not serve yet (manifest, source and view come
+/// from `DescribeDataset`; footers are read when first needed). Returns
+/// false if one could not be served, so the caller tries again later.
 async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &PlacementView) -> bool {
     let mut all = true;
     for (name, version) in &view.datasets {
@@ -358,14 +358,10 @@ async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &Pl
                     tracing::debug!(dataset = %name, "the coordinator's current version moved on; waiting for the next view");
                     continue;
                 }
-                match node.open_dataset(name, &manifest.source, dview).await {
-                    Ok(v) if v == *version => {}
-                    Ok(v) => tracing::warn!(dataset = %name, opened = %v, coordinator = %version,
-                        "the source changed since the coordinator read it; this node does not serve the coordinator's version"),
-                    Err(e) => {
-                        tracing::warn!(dataset = %name, source = %manifest.source, "cannot open the coordinator's dataset: {e}");
-                        all = false;
-                    }
+                let source = manifest.source.clone();
+                if let Err(e) = node.serve_manifest(name, dview, manifest) {
+                    tracing::warn!(dataset = %name, %source, "cannot serve the coordinator's dataset: {e}");
+                    all = false;
                 }
             }
             Ok((_, other)) => tracing::debug!(dataset = %name, "dataset not described: {other:?}"),

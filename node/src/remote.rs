@@ -147,6 +147,12 @@ impl Remote {
         Ok(metas)
     }
 
+    /// The object's current size and version (one request, no bytes).
+    pub async fn head(&self, path: &StorePath) -> Result<ObjectMeta, RemoteError> {
+        self.counters.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.store.head(path).await.map_err(|source| RemoteError::Store { path: path.to_string(), source })
+    }
+
     /// A Parquet reader over one object of known size.
     pub fn file(&self, path: StorePath, size: u64) -> RemoteFile {
         RemoteFile { remote: self.clone(), path, size }

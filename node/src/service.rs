@@ -156,25 +156,34 @@ impl Node {
         datasets.get(name).map(|d| d.info()).ok_or_else(|| FetchError::UnknownDataset(name.to_string()))
     }
 
-    /// Opens dataset `name` from `source` with `view` (listing the source and
-    /// reading every footer) and serves it from now on under that name; the
-    /// versions opened before stay servable. A cluster node calls this for
-    /// the datasets the coordinator lists. Returns the version opened.
-    pub async fn open_dataset(
+    /// Serves the dataset version `manifest` describes under `name` from now
+    /// on (the versions served before stay servable), reading nothing yet:
+    /// each file's footer is read when a shard of it is first converted. A
+    /// cluster node calls this with the coordinator's manifest. Returns the
+    /// version.
+    pub fn serve_manifest(
         &self,
         name: &str,
-        source: &str,
         view: granary_proto::View,
+        manifest: granary_proto::Manifest,
     ) -> Result<DatasetVersion, OpenError> {
-        let remote =
-            Remote::open(source, &self.inner.remote_options, self.inner.throttle.clone(), self.inner.remote.clone())?;
-        let ds = Arc::new(Dataset::open(name, remote, view).await?);
+        let remote = Remote::open(
+            &manifest.source,
+            &self.inner.remote_options,
+            self.inner.throttle.clone(),
+            self.inner.remote.clone(),
+        )?;
+        let ds = Arc::new(Dataset::from_manifest(name, remote, view, manifest));
+        Ok(self.publish(name, ds))
+    }
+
+    fn publish(&self, name: &str, ds: Arc<Dataset>) -> DatasetVersion {
         let version = ds.version;
         tracing::info!(dataset = %name, %version, files = ds.files.len(),
-            shards = ds.manifest.shards().len(), rows = ds.manifest.total_rows(), "dataset opened");
+            shards = ds.manifest.shards().len(), rows = ds.manifest.total_rows(), "serving dataset");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert_with(|| ds.clone());
         self.inner.datasets.write().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), ds);
-        Ok(version)
+        version
     }
 
     /// The dataset of `version`.
@@ -410,14 +419,15 @@ impl Node {
         let _permit = self.inner.loads.acquire().await.map_err(|e| FetchError::Internal(e.to_string()))?;
         let ds = self.dataset(key.version)?;
         let (file, rg) = ds.locate(key.shard)?;
+        let footer = ds.footer(key.shard.file as usize).await?;
         let path = file.path.to_string();
         let rows = ds.manifest.files[key.shard.file as usize].row_groups[rg].rows;
         // Errors name the file and the row group.
         let site = format!("{path} row group {rg}");
         let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
         let reader = ds.remote.file(file.path.clone(), file.size);
-        let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone());
-        let mask = ProjectionMask::roots(builder.parquet_schema(), file.resolved.projection.iter().copied());
+        let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.metadata.clone());
+        let mask = ProjectionMask::roots(builder.parquet_schema(), footer.resolved.projection.iter().copied());
         let stream = builder
             .with_row_groups(vec![rg])
             .with_projection(mask)
@@ -425,7 +435,7 @@ impl Node {
             .build()
             .map_err(parquet_err)?;
         let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(|e| unwrap_store_error(e, &site))?;
-        let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| file.metadata.schema().clone());
+        let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| footer.metadata.schema().clone());
         let batch = match batches.len() {
             1 => batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema.clone())),
             _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
@@ -443,7 +453,7 @@ impl Node {
         }
         let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
             .map_err(|e| FetchError::Internal(e.to_string()))?;
-        let resolved = file.resolved.clone();
+        let resolved = footer.resolved.clone();
         let permit =
             self.inner.converts.clone().acquire_owned().await.map_err(|e| FetchError::Internal(e.to_string()))?;
         let shard = key.shard;

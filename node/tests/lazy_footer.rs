@@ -1,0 +1,78 @@
+//! A dataset served from a manifest built elsewhere (the coordinator's):
+//! nothing is read until a shard is converted, then only that file's
+//! footer; a file that changed since registration is refused by name.
+
+use granary_node::Node;
+use granary_node::config::NodeConfig;
+use granary_node::datagen::{self, GenSpec};
+use granary_node::dataset::Dataset;
+use granary_node::remote::{Remote, RemoteCounters};
+use granary_proto::{Manifest, ShardId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+async fn registered(dir: &std::path::Path) -> Manifest {
+    let remote =
+        Remote::open(&format!("file://{}", dir.display()), &BTreeMap::new(), None, Arc::new(RemoteCounters::default()))
+            .expect("remote");
+    Dataset::open("ads", remote, datagen::view()).await.expect("open").manifest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_footer_of_a_converted_shards_file_is_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec = GenSpec { seed: 4, rows: 4_000, files: 4, row_group_rows: 500, compression: "snappy".into() };
+    datagen::generate(tmp.path(), &spec, |_| {}).expect("generate");
+    let manifest = registered(tmp.path()).await;
+    let node = Node::start(&NodeConfig { ram_bytes: 64 << 20, ..NodeConfig::default() }).await.expect("node");
+    let version = node.serve_manifest("ads", datagen::view(), manifest.clone()).expect("serve");
+    assert_eq!(node.describe("ads").expect("describe").version, version);
+    assert_eq!(node.stats().remote_bytes, 0, "serving a manifest reads nothing");
+
+    let shard = ShardId { file: 2, row_group: 1 };
+    let chunk = node.chunk(version, shard).await.expect("chunk");
+    let file = &manifest.files[2];
+    let read = node.stats().remote_bytes;
+    assert!(
+        read > 0 && read < file.size_bytes,
+        "read {read} bytes: one row group and one footer of a {}-byte file",
+        file.size_bytes
+    );
+
+    // The same bytes as a node that opened the dataset itself.
+    let eager = Node::start(&NodeConfig {
+        datasets: vec![granary_node::config::DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", tmp.path().display()),
+            view: granary_node::config::ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        ..NodeConfig::default()
+    })
+    .await
+    .expect("eager node");
+    assert_eq!(eager.describe("ads").expect("describe").version, version, "same version");
+    assert_eq!(eager.chunk(version, shard).await.expect("chunk").bytes(), chunk.bytes());
+
+    // A second shard of the same file reads no footer again.
+    let before = node.stats().remote_bytes;
+    node.chunk(version, ShardId { file: 2, row_group: 0 }).await.expect("chunk");
+    let second = node.stats().remote_bytes - before;
+    assert!(second < read, "no second footer read: {second} vs {read}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_since_registration_is_refused_by_name() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec = GenSpec { seed: 4, rows: 2_000, files: 2, row_group_rows: 500, compression: "snappy".into() };
+    datagen::generate(tmp.path(), &spec, |_| {}).expect("generate");
+    let manifest = registered(tmp.path()).await;
+    // The files are rewritten with other row groups after registration.
+    let other = GenSpec { row_group_rows: 400, ..spec };
+    datagen::generate(tmp.path(), &other, |_| {}).expect("regenerate");
+    let node = Node::start(&NodeConfig { ram_bytes: 64 << 20, ..NodeConfig::default() }).await.expect("node");
+    let version = node.serve_manifest("ads", datagen::view(), manifest.clone()).expect("serve");
+    let err = node.chunk(version, ShardId { file: 0, row_group: 0 }).await.expect_err("changed file");
+    let msg = err.to_string();
+    assert!(msg.contains(&manifest.files[0].path) && msg.contains("changed since"), "{msg}");
+}

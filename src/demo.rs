@@ -24,7 +24,7 @@ use granary_node::datagen::{self, GenSpec};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Demo options; every default is the embedded local default.
@@ -104,22 +104,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     if a.nodes > 1 {
         return crate::demo_cluster::run(a);
     }
-    let started = Instant::now();
-    let exe = std::env::current_exe()?;
-    let work = tempfile::tempdir()?;
-    let data = work.path().join("data");
+    let Setup { started, exe, work, data, bars, source_bytes } = Setup::new(&a)?;
     let bandwidth = a.bandwidth_mib << 20;
-    let bars = MultiProgress::new();
-    if a.json {
-        bars.set_draw_target(ProgressDrawTarget::hidden());
-    }
     let say = |s: String| {
         if !a.json {
-            crate::demo::say_to(&bars, s);
+            say_to(&bars, s);
         }
     };
-
-    let report = generate(&a, &data, &bars)?;
     say(format!(
         "remote storage: file:// throttled to {} MiB/s shared, {} ms per request; {} ranks x {} epochs, batch {}",
         a.bandwidth_mib, a.latency_ms, a.ranks, a.epochs, a.batch_size
@@ -127,7 +118,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let first =
         Settings { prefetch_bytes: 256 << 20, loads: 4, convert_threads: 2, prefetch_batches: 2, ceiling: false };
-    let main = pass(&exe, &a, work.path(), "run", &first, &data, bandwidth, report.bytes, &bars)?;
+    let main = pass(&exe, &a, work.path(), "run", &first, &data, bandwidth, source_bytes, &bars)?;
     let ceiling = pass(
         &exe,
         &a,
@@ -136,7 +127,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         &Settings { ceiling: true, ..first },
         &data,
         bandwidth,
-        report.bytes,
+        source_bytes,
         &bars,
     )?;
     let ceiling_rps = {
@@ -145,7 +136,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         ratio(rows as f64, secs)
     };
     let second = replay_settings();
-    let replay = pass(&exe, &a, work.path(), "replay", &second, &data, bandwidth, report.bytes, &bars)?;
+    let replay = pass(&exe, &a, work.path(), "replay", &second, &data, bandwidth, source_bytes, &bars)?;
 
     let identical = main.digests == replay.digests && main.digests == ceiling.digests;
     let mut rows_out = main.epochs.clone();
@@ -164,7 +155,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "deterministic": identical,
                 "ranks": a.ranks,
                 "epochs": a.epochs,
-                "source_bytes": report.bytes,
+                "source_bytes": source_bytes,
                 "bandwidth_bytes_per_s": bandwidth,
                 "latency_ms": a.latency_ms,
                 "secs": started.elapsed().as_secs_f64(),
@@ -217,8 +208,35 @@ pub(crate) fn replay_settings() -> Settings {
     Settings { prefetch_bytes: 24 << 20, loads: 1, convert_threads: 1, prefetch_batches: 5, ceiling: false }
 }
 
+/// What both demos start from: the binary, a work folder holding the
+/// generated dataset, and the progress bars (hidden with `--json`).
+pub(crate) struct Setup {
+    pub(crate) started: Instant,
+    pub(crate) exe: PathBuf,
+    pub(crate) work: tempfile::TempDir,
+    pub(crate) data: PathBuf,
+    pub(crate) bars: MultiProgress,
+    /// Parquet bytes of the dataset.
+    pub(crate) source_bytes: u64,
+}
+
+impl Setup {
+    pub(crate) fn new(a: &DemoArgs) -> Result<Self> {
+        let started = Instant::now();
+        let exe = std::env::current_exe()?;
+        let work = tempfile::tempdir()?;
+        let data = work.path().join("data");
+        let bars = MultiProgress::new();
+        if a.json {
+            bars.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        let source_bytes = generate(a, &data, &bars)?.bytes;
+        Ok(Self { started, exe, work, data, bars, source_bytes })
+    }
+}
+
 /// Generates the demo dataset into `data` with a progress bar.
-pub(crate) fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::GenReport> {
+fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::GenReport> {
     let gen_bar = bars.add(ProgressBar::new(a.rows));
     gen_bar.set_style(style("generating dataset"));
     let spec = GenSpec {
@@ -231,7 +249,7 @@ pub(crate) fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Resul
     let report = datagen::generate(data, &spec, |n| gen_bar.set_position(n))?;
     gen_bar.finish_and_clear();
     if !a.json {
-        crate::demo::say_to(
+        say_to(
             bars,
             format!(
                 "dataset: {} rows, {} files, {} shards, {:.1} MB of Parquet at {}",

@@ -17,15 +17,15 @@
 //!    on (dataset version, seed, epoch, rank layout), not on which node
 //!    served which shard.
 
-use crate::demo::{DemoArgs, Pass, generate, pass, replay_settings, style};
+use crate::demo::{DemoArgs, Pass, Setup, pass, replay_settings, say_to, style};
 use anyhow::{Result, bail};
 use granary_bench::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
 use granary_bench::report::{gbps, ratio};
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget};
+use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Debug, Serialize)]
 struct ClusterEpoch {
@@ -51,25 +51,17 @@ struct ClusterEpoch {
 
 /// Runs the cluster demo (`a.nodes` ≥ 2).
 pub fn run(a: DemoArgs) -> Result<()> {
-    let started = Instant::now();
-    let exe = std::env::current_exe()?;
-    let work = tempfile::tempdir()?;
-    let data = work.path().join("data");
-    let bandwidth = a.bandwidth_mib << 20;
-    let world = a.nodes * a.ranks_per_node;
     if a.ranks_per_node == 0 {
         bail!("--ranks-per-node must be at least 1");
     }
-    let bars = MultiProgress::new();
-    if a.json {
-        bars.set_draw_target(ProgressDrawTarget::hidden());
-    }
+    let world = a.nodes * a.ranks_per_node;
+    let bandwidth = a.bandwidth_mib << 20;
+    let Setup { started, exe, work, data, bars, source_bytes } = Setup::new(&a)?;
     let say = |s: String| {
         if !a.json {
-            crate::demo::say_to(&bars, s);
+            say_to(&bars, s);
         }
     };
-    let report = generate(&a, &data, &bars)?;
     say(format!(
         "cluster: 1 coordinator, {} node daemons, {} ranks each ({world} ranks) x {} epochs, batch {}; each node's link to remote storage (file://) is throttled to {} MiB/s, {} ms per request",
         a.nodes, a.ranks_per_node, a.epochs, a.batch_size, a.bandwidth_mib, a.latency_ms
@@ -137,7 +129,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             rows_per_s: ratio(out.rows as f64, out.secs),
             gb_per_s: gbps(out.bytes, out.secs),
             remote_bytes: now.remote_bytes,
-            source_bytes: report.bytes,
+            source_bytes,
             peer_bytes: now.peer_fetched_bytes,
             local_hit_share: now.local_hit_share(&before),
             conversions: now.conversions,
@@ -153,7 +145,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     // The same ranks against one node daemon, other settings, cold cache.
     let one = DemoArgs { ranks: world, ..a.clone() };
     let reference: Pass =
-        pass(&exe, &one, work.path(), "one-node", &replay_settings(), &data, bandwidth, report.bytes, &bars)?;
+        pass(&exe, &one, work.path(), "one-node", &replay_settings(), &data, bandwidth, source_bytes, &bars)?;
     let identical = reference.digests == digests;
 
     if a.json {
@@ -169,7 +161,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "epochs": a.epochs,
                 "deterministic": identical,
                 "peer_failures": failures,
-                "source_bytes": report.bytes,
+                "source_bytes": source_bytes,
                 "bandwidth_bytes_per_s_per_node": bandwidth,
                 "latency_ms": a.latency_ms,
                 "secs": started.elapsed().as_secs_f64(),

@@ -132,18 +132,21 @@ impl Dataset {
     /// A dataset version described by `manifest` (built by whoever listed
     /// the source, normally the coordinator) read through `remote`. Reads
     /// nothing: footers are read when first needed.
-    pub fn from_manifest(name: &str, remote: Remote, view: View, manifest: Manifest) -> Self {
+    pub fn from_manifest(name: &str, remote: Remote, view: View, manifest: Manifest) -> Result<Self, OpenError> {
         let files = manifest
             .files
             .iter()
-            .map(|f| DatasetFile {
-                path: StorePath::from(f.path.as_str()),
-                size: f.size_bytes,
-                footer: tokio::sync::OnceCell::new(),
+            .map(|f| {
+                // The manifest holds paths as the store prints them.
+                let path = StorePath::parse(&f.path).map_err(|e| RemoteError::Open {
+                    url: f.path.clone(),
+                    reason: format!("not an object path: {e}"),
+                })?;
+                Ok(DatasetFile { path, size: f.size_bytes, footer: tokio::sync::OnceCell::new() })
             })
-            .collect();
+            .collect::<Result<Vec<_>, OpenError>>()?;
         let version = manifest.version(&view);
-        Self { name: name.to_string(), view, manifest, version, files, remote }
+        Ok(Self { name: name.to_string(), view, manifest, version, files, remote })
     }
 
     /// The footer of file `index`, read (once) if not read yet, and checked

@@ -173,7 +173,7 @@ impl Node {
             self.inner.throttle.clone(),
             self.inner.remote.clone(),
         )?;
-        let ds = Arc::new(Dataset::from_manifest(name, remote, view, manifest));
+        let ds = Arc::new(Dataset::from_manifest(name, remote, view, manifest)?);
         Ok(self.publish(name, ds))
     }
 

@@ -48,6 +48,41 @@ fn a_dataset_added_to_the_coordinator_is_served_by_every_node() {
     assert_eq!(conversions, 6, "each shard converted once in the cluster");
 }
 
+/// A node stopped and started again, with no `[[dataset]]` of its own,
+/// serves the chunks it converted before from its SSD tier: the
+/// coordinator's manifest names the same version, and nothing is converted
+/// or read from remote storage again.
+#[test]
+fn a_restarted_node_serves_the_coordinators_dataset_from_its_ssd_tier() {
+    use granary_client::{ChunkSource, LocalSource};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = dataset(tmp.path());
+    // A lease long enough that the restart moves no shard.
+    let spec = LocalClusterSpec {
+        nodes: 2,
+        ssd_bytes: Some(256 << 20),
+        prefetch_bytes: 0,
+        lease_ms: 10_000,
+        ..LocalClusterSpec::default()
+    };
+    let mut c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let fetch_all = |c: &LocalCluster| -> Vec<Vec<u8>> {
+        let src = LocalSource::connect(c.socket(1)).expect("connect");
+        let info = src.describe("ads").expect("describe");
+        info.shards.iter().map(|s| src.fetch(info.version, s.shard).expect("fetch").bytes().to_vec()).collect()
+    };
+    let before = fetch_all(&c);
+    let owned = c.stats(1).expect("stats").conversions;
+    assert!(owned > 0, "node 1 owns and converted some shards");
+    c.terminate(1).expect("clean stop");
+    c.start_node(1).expect("restart");
+    c.wait_placement(&[1], 2, 1, TIMEOUT).expect("node 1 back");
+    assert_eq!(fetch_all(&c), before, "the same bytes after the restart");
+    let s = c.stats(1).expect("stats");
+    assert_eq!((s.conversions, s.remote_bytes), (0, 0), "{s:?}");
+    assert_eq!(s.ssd_hits, owned, "{s:?}");
+}
+
 fn trainer_args(dump: &Path) -> Vec<String> {
     ["--batch-size", "200", "--seed", "11", "--prefetch-batches", "2", "--dump", dump.to_str().expect("utf8")]
         .map(String::from)

@@ -70,6 +70,25 @@ impl NodeProcess {
         log_tail(&self.log)
     }
 
+    /// Asks the daemon to stop (SIGTERM: it finishes writing its SSD tier)
+    /// and waits up to `timeout` for it to exit.
+    pub fn terminate(mut self, timeout: Duration) -> Result<()> {
+        // SAFETY: kill(2) on our own child, which has not been reaped (we
+        // hold its handle), so the pid is still ours.
+        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        if rc != 0 {
+            bail!("SIGTERM to node {}: {}", self.child.id(), std::io::Error::last_os_error());
+        }
+        let deadline = Instant::now() + timeout;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("node did not stop within {timeout:?} of SIGTERM:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// Stops the daemon (SIGKILL through its handle) and reaps it.
     pub fn stop(mut self) {
         let _ = self.child.kill();
@@ -513,6 +532,14 @@ impl LocalCluster {
         let p = NodeProcess::spawn(&self.exe, &config, &self.socket(id), &self.log(id), Duration::from_secs(60))?;
         self.nodes[(id - 1) as usize] = Some(p);
         Ok(())
+    }
+
+    /// Stops node `id` cleanly (SIGTERM) and waits for it.
+    pub fn terminate(&mut self, id: u64) -> Result<()> {
+        match self.nodes.get_mut((id - 1) as usize).and_then(Option::take) {
+            Some(p) => p.terminate(Duration::from_secs(30)),
+            None => bail!("node {id} is not running"),
+        }
     }
 
     /// SIGKILLs node `id`.

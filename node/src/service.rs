@@ -473,6 +473,13 @@ impl Node {
         Ok(chunk)
     }
 
+    /// True when a load of `shard` would bring a new guest copy: another
+    /// live node owns it and no copy is held yet.
+    fn arrives_as_guest(&self, version: DatasetVersion, shard: ShardId) -> bool {
+        let key = ChunkKey { version, shard };
+        self.inner.cluster.get().is_some_and(|c| c.owner(version, shard).is_some()) && !self.inner.guests.contains(key)
+    }
+
     /// Starts prefetching along one rank's plan: the shards of its epoch in
     /// the order it needs them, then the new shards of its next
     /// [`PREFETCH_EPOCHS_AHEAD`] epochs (every epoch's plan is known in
@@ -491,6 +498,7 @@ impl Node {
         let plan: RankPlan = plan_rank(version, &shards, params)?;
         let mut order: Vec<(ShardId, u64)> = plan.shard_order().iter().map(with_size).collect();
         let position: HashMap<ShardId, usize> = order.iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
+        debug_assert_eq!(position.len(), order.len(), "a rank's epoch uses each shard once");
         let mut seen: std::collections::HashSet<ShardId> = position.keys().copied().collect();
         for ahead in 1..=PREFETCH_EPOCHS_AHEAD {
             if seen.len() == shards.len() {
@@ -500,7 +508,9 @@ impl Node {
             let later_plan: RankPlan = plan_rank(version, &shards, &later)?;
             order.extend(later_plan.shard_order().iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
         }
-        let mut f = Follower { node: self.clone(), version, order, position, next: 0, issued: 0 };
+        let epoch_len = position.len();
+        let mut f =
+            Follower { node: self.clone(), version, order, position, epoch_len, guest_bytes: 0, next: 0, issued: 0 };
         f.top_up();
         Ok(f)
     }
@@ -548,6 +558,10 @@ pub struct Follower {
     order: Vec<(ShardId, u64)>,
     /// Position of each of this epoch's shards in `order`.
     position: HashMap<ShardId, usize>,
+    /// Entries of `order` from here on belong to later epochs.
+    epoch_len: usize,
+    /// Bytes of guest copies this follower's prefetches bring in.
+    guest_bytes: u64,
     /// Index in `order` of the first shard the rank has not asked for yet.
     next: usize,
     /// Index in `order` of the first shard not yet prefetched.
@@ -565,7 +579,10 @@ impl Follower {
 
     /// Issues loads for the shards after the last one asked for, while the
     /// chunks ahead stay within the byte budget (always at least one). A
-    /// budget of 0 turns prefetch off.
+    /// budget of 0 turns prefetch off. Later epochs' shards that would
+    /// arrive as guest copies are fetched only while this rank's guest
+    /// copies fit the guest area, so looking ahead never evicts copies the
+    /// current epoch still needs.
     fn top_up(&mut self) {
         let budget = self.node.inner.prefetch_bytes;
         if budget == 0 {
@@ -577,6 +594,11 @@ impl Follower {
             if ahead + bytes > budget && self.issued > self.next {
                 return;
             }
+            let incoming = if self.node.arrives_as_guest(self.version, shard) { bytes } else { 0 };
+            if self.issued >= self.epoch_len && self.guest_bytes + incoming > self.node.inner.guests.capacity_bytes() {
+                return;
+            }
+            self.guest_bytes += incoming;
             self.issued += 1;
             let node = self.node.clone();
             let version = self.version;

@@ -249,7 +249,11 @@ pub struct GuestArea {
 impl GuestArea {
     /// An area of `capacity_bytes` (0 keeps no guest copies).
     pub fn new(capacity_bytes: u64) -> Self {
+        // One shard: foyer splits the capacity evenly between shards, and a
+        // guest area holds a few large chunks (accessed once per chunk
+        // request, so there is no contention to spread).
         let cache = foyer::CacheBuilder::new(capacity_bytes.max(1) as usize)
+            .with_shards(1)
             .with_name("guests")
             .with_weighter(|_k: &ChunkKey, v: &Arc<SealedChunk>| v.len())
             .build();
@@ -271,6 +275,11 @@ impl GuestArea {
     /// True when a guest copy of `key` is kept.
     pub fn contains(&self, key: ChunkKey) -> bool {
         self.cache.contains(&key)
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.cache.capacity() as u64
     }
 
     /// Bytes of guest copies held.

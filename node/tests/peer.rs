@@ -28,10 +28,16 @@ struct Fixture {
 }
 
 async fn start() -> Fixture {
+    start_with(1_000, 500).await
+}
+
+/// Node 1 serving a generated dataset of `rows` rows in row groups of
+/// `row_group_rows` to peers.
+async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 3, rows: 1_000, files: 1, row_group_rows: 500, compression: "snappy".into() };
+    let spec = GenSpec { seed: 3, rows, files: 1, row_group_rows, compression: "snappy".into() };
     datagen::generate(&data, &spec, |_| {}).expect("gen");
     let certs = tmp.path().join("certs");
     tls::init_cluster(&certs).expect("certs");
@@ -246,4 +252,60 @@ async fn when_no_source_delivers_the_error_names_the_shard_and_the_sources_tried
     assert!(msg.contains(&dead.to_string()), "names the peer tried: {msg}");
     assert!(msg.contains(&file), "names the file: {msg}");
     assert!(started.elapsed() < Duration::from_secs(5), "within the deadline: {:?}", started.elapsed());
+}
+
+/// Prefetch along a rank's plan fetches the current epoch's shards from
+/// their owner, and later epochs' only while this rank's guest copies fit
+/// the guest area: looking ahead never evicts what the epoch needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_looks_ahead_only_while_guest_copies_fit() {
+    use granary_proto::{PlanParams, Shuffle, plan_rank};
+    let f = start_with(4_000, 250).await;
+    let shards = f.node.dataset(f.version).expect("dataset").manifest.shards();
+    let chunk = f.node.dataset(f.version).expect("dataset").chunk_len(shards[0].shard).expect("len") as u64;
+    let params = PlanParams {
+        seed: 2,
+        epoch: 0,
+        world_size: 4,
+        rank: 0,
+        batch_size: 50,
+        shuffle: Shuffle::Windowed { window_shards: 2 },
+        drop_last: false,
+    };
+    let epoch0 = plan_rank(f.version, &shards, &params).expect("plan").shard_order().len() as u64;
+    let mut ahead = std::collections::BTreeSet::new();
+    for e in 0..=granary_node::service::PREFETCH_EPOCHS_AHEAD {
+        let p = PlanParams { epoch: e, ..params };
+        ahead.extend(plan_rank(f.version, &shards, &p).expect("plan").shard_order().iter().copied());
+    }
+    assert!(ahead.len() as u64 > epoch0 + 1, "later epochs bring new shards");
+    for (guest_chunks, want) in [(epoch0 + 1, epoch0 + 1), (64, ahead.len() as u64)] {
+        // Node 2: the same dataset, every shard owned by node 1.
+        let cfg = NodeConfig {
+            datasets: vec![DatasetConfig {
+                name: "ads".into(),
+                source: format!("file://{}", f._tmp.path().join("data").display()),
+                view: ViewRef::Inline(datagen::view()),
+            }],
+            ram_bytes: 64 << 20,
+            guest_bytes: Some(guest_chunks * chunk),
+            prefetch_bytes: 1 << 30,
+            ..NodeConfig::default()
+        };
+        let node2 = Node::start(&cfg).await.expect("node 2");
+        let cluster = Cluster::new(NodeId(2), link(&f, "node"));
+        let owners = std::iter::once((f.version, shards.iter().map(|s| (s.shard, NodeId(1))).collect())).collect();
+        cluster.apply_placement(1, std::iter::once((NodeId(1), f.addr)).collect(), owners);
+        assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
+        let _follower = node2.follow(f.version, &params).expect("follow");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while node2.stats().peer_fetched < want {
+            assert!(std::time::Instant::now() < deadline, "{:?}", node2.stats());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = node2.stats();
+        assert_eq!(s.peer_fetched, want, "guest area of {guest_chunks} chunks: {s:?}");
+        assert_eq!(s.conversions, 0, "{s:?}");
+    }
 }

@@ -496,7 +496,17 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
         let src = LocalSource::connect(sock).expect("connect");
         let owned = owners.iter().filter(|o| o.2 == id).count() as u64;
         let stats = src.stats().expect("stats");
-        assert_eq!(stats.conversions, owned, "node {id} converted only its own shards");
+        let logs = || {
+            (1..=3)
+                .map(|n| {
+                    let text = std::fs::read_to_string(c.tmp.path().join(format!("node-{n}.log"))).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    format!("node {n}:\n{}", lines[lines.len().saturating_sub(15)..].join("\n"))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(stats.conversions, owned, "node {id} converted only its own shards: {stats:?}\n{}", logs());
         assert_eq!(stats.peer_fetched, 8 - owned, "node {id} fetched the others' shards from their owners");
         assert_eq!(stats.peer_failures, 0);
         // A second pass is served from the guest copies: no new fetch.

@@ -45,8 +45,11 @@ pub const MAX_INFLIGHT_BYTES_PER_PEER: u64 = 256 << 20;
 /// Reservation granularity of [`MAX_INFLIGHT_BYTES_PER_PEER`].
 const BYTE_PERMIT: u64 = 64 << 10;
 
-/// Bound on establishing a connection to a peer (peers share a network).
-pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on establishing a connection to a peer. A dead peer costs about
+/// a lease anyway (its shards move only when its lease expires), so this
+/// is generous enough for a loaded host to finish a handshake: a live peer
+/// wrongly marked down makes this node read its shards itself.
+pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// After a peer could not be reached, fetches skip it for this long (the
 /// caller reads elsewhere at once instead of waiting out a connect timeout
 /// per shard) until the placement moves its shards away.

@@ -113,29 +113,52 @@ async fn a_malformed_request_is_answered_with_bad_request() {
     link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
 }
 
+/// A peer with a node certificate that reads each request and answers it
+/// with `answer(connection, stream)`.
+fn fake_peer<F, Fut>(f: &Fixture, answer: F) -> SocketAddr
+where
+    F: Fn(quinn::Connection, quinn::SendStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let addr = ep.local_addr().expect("addr");
+    let answer = std::sync::Arc::new(answer);
+    tokio::spawn(async move {
+        while let Some(incoming) = ep.accept().await {
+            let Ok(conn) = incoming.await else { continue };
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                while let Ok((send, mut recv)) = conn.accept_bi().await {
+                    let _ = recv.read_to_end(1 << 16).await;
+                    tokio::spawn(answer(conn.clone(), send));
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The response frame announcing a chunk of `len` bytes.
+fn chunk_head(len: u64) -> Vec<u8> {
+    let head = encode(&PeerResponse::Chunk { len });
+    [(head.len() as u32).to_le_bytes().to_vec(), head.to_vec()].concat()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_chunk_from_a_peer_is_rejected() {
     let f = start().await;
-    let good = f.node.chunk(f.version, f.shard).await.expect("chunk").bytes().to_vec();
     // A peer that flips one payload byte of every chunk it sends.
-    let identity = Identity::load(&f.certs, "node").expect("identity");
-    let evil =
-        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-    let evil_addr = evil.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Some(incoming) = evil.accept().await {
-            let Ok(conn) = incoming.await else { continue };
-            let mut bytes = good.clone();
-            let last = bytes.len() - 1;
-            bytes[last] ^= 0x40;
-            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                let _ = recv.read_to_end(1 << 16).await;
-                let head = encode(&PeerResponse::Chunk { len: bytes.len() as u64 });
-                let _ = send.write_all(&(head.len() as u32).to_le_bytes()).await;
-                let _ = send.write_all(&head).await;
-                let _ = send.write_all(&bytes).await;
-                let _ = send.finish();
-            }
+    let mut bytes = f.node.chunk(f.version, f.shard).await.expect("chunk").bytes().to_vec();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    let bytes = std::sync::Arc::new(bytes);
+    let evil_addr = fake_peer(&f, move |_, mut send| {
+        let bytes = bytes.clone();
+        async move {
+            let _ = send.write_all(&chunk_head(bytes.len() as u64)).await;
+            let _ = send.write_all(&bytes).await;
+            let _ = send.finish();
         }
     });
     match link(&f, "node").fetch(evil_addr, f.version, f.shard, Duration::from_secs(10)).await {
@@ -149,26 +172,12 @@ async fn a_corrupt_chunk_from_a_peer_is_rejected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
     let f = start().await;
-    let identity = Identity::load(&f.certs, "node").expect("identity");
-    let stall =
-        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-    let stall_addr = stall.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Some(incoming) = stall.accept().await {
-            let Ok(conn) = incoming.await else { continue };
-            tokio::spawn(async move {
-                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                    let _ = recv.read_to_end(1 << 16).await;
-                    // Announce a chunk, send half a kilobyte of it, then go quiet
-                    // with the stream open.
-                    let head = encode(&PeerResponse::Chunk { len: 1 << 20 });
-                    let _ = send.write_all(&(head.len() as u32).to_le_bytes()).await;
-                    let _ = send.write_all(&head).await;
-                    let _ = send.write_all(&[0u8; 512]).await;
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                }
-            });
-        }
+    // Announce a chunk, send half a kilobyte of it, then go quiet with the
+    // stream open.
+    let stall_addr = fake_peer(&f, |_, mut send| async move {
+        let _ = send.write_all(&chunk_head(1 << 20)).await;
+        let _ = send.write_all(&[0u8; 512]).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
     });
     let started = std::time::Instant::now();
     match link(&f, "node").fetch(stall_addr, f.version, f.shard, Duration::from_millis(500)).await {
@@ -187,31 +196,20 @@ async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once() {
     let f = start().await;
-    let identity = Identity::load(&f.certs, "node").expect("identity");
     for truncate_header in [false, true] {
-        let bad =
-            tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-        let bad_addr = bad.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Some(incoming) = bad.accept().await {
-                let Ok(conn) = incoming.await else { continue };
-                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                    let _ = recv.read_to_end(1 << 16).await;
-                    let head = encode(&PeerResponse::Chunk { len: 1 << 20 });
-                    let _ = send.write_all(&(head.len() as u32).to_le_bytes()).await;
-                    if truncate_header {
-                        // Half the response frame, then the stream ends.
-                        let _ = send.write_all(&head[..head.len() / 2]).await;
-                        let _ = send.finish();
-                        let _ = send.stopped().await;
-                    } else {
-                        // Part of the chunk, then the process "dies".
-                        let _ = send.write_all(&head).await;
-                        let _ = send.write_all(&[0u8; 4096]).await;
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        conn.close(0u32.into(), b"gone");
-                    }
-                }
+        let bad_addr = fake_peer(&f, move |conn, mut send| async move {
+            let head = chunk_head(1 << 20);
+            if truncate_header {
+                // Part of the response frame, then the stream ends.
+                let _ = send.write_all(&head[..head.len() / 2]).await;
+                let _ = send.finish();
+                let _ = send.stopped().await;
+            } else {
+                // Part of the chunk, then the process "dies".
+                let _ = send.write_all(&head).await;
+                let _ = send.write_all(&[0u8; 4096]).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                conn.close(0u32.into(), b"gone");
             }
         });
         let started = std::time::Instant::now();

@@ -146,6 +146,10 @@ impl ChunkTier {
             .with_name("granary-chunks")
             .with_policy(HybridCachePolicy::WriteOnInsertion)
             .memory(ram_bytes as usize)
+            // One shard: foyer splits the capacity evenly between shards,
+            // and the tier holds few, large chunks (one lookup per chunk
+            // request, so there is no contention to spread).
+            .with_shards(1)
             .with_weighter(|_k: &ChunkKey, v: &ChunkValue| v.0.len())
             .storage();
         let cache = match &ssd {

@@ -174,6 +174,15 @@ pub struct ClusterReport {
 
 /// Runs every scenario; `say` receives one line per step.
 pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<ClusterReport> {
+    if !opts.node_counts.iter().any(|&n| n >= 2) {
+        return Err(anyhow!(
+            "the cluster sizes {:?} include none of 2 or more nodes, which the transfer scenario needs",
+            opts.node_counts
+        ));
+    }
+    if opts.node_counts.contains(&0) {
+        return Err(anyhow!("a cluster needs at least one node"));
+    }
     let work = tempfile::tempdir()?;
     let data = work.path().join("data");
     say(&format!("generating {} rows", opts.rows));
@@ -210,7 +219,7 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
         source_bytes,
         "single_node_same_world",
     )?;
-    let transfer = transfer.ok_or_else(|| anyhow!("the transfer scenario needs a cluster of 2 or more nodes"))?;
+    let transfer = transfer.ok_or_else(|| anyhow!("no cluster of 2 or more nodes ran"))?;
     let big = scenarios.iter().find(|s| s.nodes == largest).ok_or_else(|| anyhow!("no cluster ran"))?;
     let summary = ClusterSummary {
         scenario: "summary",

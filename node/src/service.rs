@@ -109,19 +109,14 @@ impl Node {
     pub async fn start(cfg: &NodeConfig) -> Result<Node, StartError> {
         let remote_counters = Arc::new(RemoteCounters::default());
         let throttle = cfg.throttle.map(|t| Arc::new(Throttle::new(t)));
-        let mut datasets = BTreeMap::new();
-        let mut by_version = BTreeMap::new();
+        let mut opened = Vec::with_capacity(cfg.datasets.len());
         for d in &cfg.datasets {
             let view = d.view()?;
             let dataset_err =
                 |source: OpenError| StartError::Dataset { name: d.name.clone(), source: Box::new(source) };
             let remote = Remote::open(&d.source, &cfg.remote, throttle.clone(), remote_counters.clone())
                 .map_err(|e| dataset_err(e.into()))?;
-            let ds = Arc::new(Dataset::open(&d.name, remote, view).await.map_err(dataset_err)?);
-            tracing::info!(dataset = %d.name, version = %ds.version, files = ds.files.len(),
-                shards = ds.manifest.shards().len(), rows = ds.manifest.total_rows(), "dataset opened");
-            by_version.insert(ds.version, ds.clone());
-            datasets.insert(d.name.clone(), ds);
+            opened.push((d.name.as_str(), Arc::new(Dataset::open(&d.name, remote, view).await.map_err(dataset_err)?)));
         }
         let ssd = cfg.ssd_dir.as_ref().map(|dir| SsdConfig {
             dir: dir.clone(),
@@ -131,10 +126,10 @@ impl Node {
         let tier = ChunkTier::open(cfg.ram_bytes, ssd).await?;
         let threads =
             cfg.convert_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
-        Ok(Node {
+        let node = Node {
             inner: Arc::new(Inner {
-                datasets: std::sync::RwLock::new(datasets),
-                by_version: std::sync::RwLock::new(by_version),
+                datasets: std::sync::RwLock::new(BTreeMap::new()),
+                by_version: std::sync::RwLock::new(BTreeMap::new()),
                 remote_options: cfg.remote.clone(),
                 throttle,
                 tier,
@@ -147,7 +142,11 @@ impl Node {
                 prefetch_bytes: cfg.prefetch_bytes,
                 cluster: std::sync::OnceLock::new(),
             }),
-        })
+        };
+        for (name, ds) in opened {
+            node.publish(name, ds);
+        }
+        Ok(node)
     }
 
     /// Describes dataset `name`.

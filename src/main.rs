@@ -315,6 +315,10 @@ struct ClusterArgs {
     /// turns; medians are reported).
     #[arg(long, default_value_t = 5)]
     transfer_rounds: u32,
+    /// Keep the dataset, node configs and logs in this (new or empty)
+    /// folder instead of a temporary one.
+    #[arg(long)]
+    keep_dir: Option<PathBuf>,
     /// JSON lines: one per scenario, the summary last.
     #[arg(long)]
     json: bool,
@@ -330,6 +334,7 @@ fn bench_cluster(a: ClusterArgs) -> Result<()> {
         bandwidth_bytes_per_s: a.bandwidth_mib << 20,
         latency_ms: a.latency_ms,
         transfer_rounds: a.transfer_rounds.max(1),
+        keep_dir: a.keep_dir,
         ..Default::default()
     };
     let exe = std::env::current_exe()?;

@@ -62,6 +62,9 @@ pub struct ClusterOpts {
     pub ram_bytes: u64,
     /// Rounds over the dataset's chunks in the transfer scenario.
     pub transfer_rounds: u32,
+    /// Work folder to keep (dataset, node configs and logs); a temporary
+    /// folder removed at the end when `None`.
+    pub keep_dir: Option<PathBuf>,
 }
 
 impl Default for ClusterOpts {
@@ -78,6 +81,7 @@ impl Default for ClusterOpts {
             ranks_per_node: 1,
             ram_bytes: 1 << 30,
             transfer_rounds: 5,
+            keep_dir: None,
         }
     }
 }
@@ -183,8 +187,21 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
     if opts.node_counts.contains(&0) {
         return Err(anyhow!("a cluster needs at least one node"));
     }
-    let work = tempfile::tempdir()?;
-    let data = work.path().join("data");
+    let temp;
+    let work: &Path = match &opts.keep_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            if std::fs::read_dir(dir)?.next().is_some() {
+                return Err(anyhow!("{} is not empty; --keep-dir wants an empty or new folder", dir.display()));
+            }
+            dir
+        }
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path()
+        }
+    };
+    let data = work.join("data");
     say(&format!("generating {} rows", opts.rows));
     let spec = GenSpec {
         seed: 9,
@@ -199,7 +216,7 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
     let mut transfer = None;
     for &n in &opts.node_counts {
         say(&format!("{n} node(s), {} rank(s) each, {} epochs", opts.ranks_per_node, opts.epochs));
-        let dir = work.path().join(format!("nodes-{n}"));
+        let dir = work.join(format!("nodes-{n}"));
         let (s, cluster) = nodes_scenario(exe, &dir, &data, opts, n, opts.ranks_per_node, source_bytes, "nodes")?;
         scenarios.push(s);
         if n >= 2 && transfer.is_none() {
@@ -209,16 +226,8 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
     }
     let world = largest * opts.ranks_per_node;
     say(&format!("one node serving {world} ranks (baseline of warm_vs_single_node)"));
-    let (single, _) = nodes_scenario(
-        exe,
-        &work.path().join("single"),
-        &data,
-        opts,
-        1,
-        world,
-        source_bytes,
-        "single_node_same_world",
-    )?;
+    let (single, _) =
+        nodes_scenario(exe, &work.join("single"), &data, opts, 1, world, source_bytes, "single_node_same_world")?;
     let transfer = transfer.ok_or_else(|| anyhow!("no cluster of 2 or more nodes ran"))?;
     let big = scenarios.iter().find(|s| s.nodes == largest).ok_or_else(|| anyhow!("no cluster ran"))?;
     let summary = ClusterSummary {

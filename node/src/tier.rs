@@ -19,7 +19,7 @@
 use crate::shm::SealedChunk;
 use foyer::{
     BlockEngineConfig, Code, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, HybridCachePolicy,
-    RecoverMode, Source,
+    LruConfig, RecoverMode, Source,
 };
 use granary_proto::chunk::Verify;
 use granary_proto::{ChunkView, DatasetVersion, ShardId};
@@ -255,9 +255,13 @@ impl GuestArea {
     pub fn new(capacity_bytes: u64) -> Self {
         // One shard: foyer splits the capacity evenly between shards, and a
         // guest area holds a few large chunks (accessed once per chunk
-        // request, so there is no contention to spread).
+        // request, so there is no contention to spread). Plain LRU: copies
+        // are fetched for upcoming reads, so the least recently used one is
+        // the one most likely consumed already, and a new copy is never
+        // refused for being seen less often than old ones.
         let cache = foyer::CacheBuilder::new(capacity_bytes.max(1) as usize)
             .with_shards(1)
+            .with_eviction_config(LruConfig { high_priority_pool_ratio: 0.0 })
             .with_name("guests")
             .with_weighter(|_k: &ChunkKey, v: &Arc<SealedChunk>| v.len())
             .build();
@@ -269,7 +273,7 @@ impl GuestArea {
         self.cache.get(&key).map(|e| e.value().clone())
     }
 
-    /// Keeps a guest copy (evicting older guests if full).
+    /// Keeps a guest copy (evicting the least recently used guests if full).
     pub fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>) {
         if chunk.len() as u64 <= self.cache.capacity() as u64 {
             self.cache.insert(key, chunk);
@@ -289,5 +293,47 @@ impl GuestArea {
     /// Bytes of guest copies held.
     pub fn usage_bytes(&self) -> u64 {
         self.cache.usage() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u32) -> ChunkKey {
+        ChunkKey { version: DatasetVersion([7; 16]), shard: ShardId { file: 0, row_group: i } }
+    }
+
+    fn chunk(len: usize) -> Arc<SealedChunk> {
+        Arc::new(SealedChunk::copy_of(&vec![1u8; len]).expect("memory file"))
+    }
+
+    /// The whole capacity holds chunks (foyer's default 8 shards would
+    /// split it and hold fewer).
+    #[tokio::test]
+    async fn ram_tier_holds_its_whole_capacity() {
+        let len = 1 << 20;
+        let tier = ChunkTier::open(4 * len as u64, None).await.expect("tier");
+        for i in 0..4 {
+            tier.insert(key(i), chunk(len)).await;
+        }
+        assert!((0..4).all(|i| tier.contains(key(i))), "4 chunks fit a 4-chunk tier");
+        tier.insert(key(4), chunk(len)).await;
+        assert_eq!((0..5).filter(|&i| tier.contains(key(i))).count(), 4, "a fifth evicts one");
+    }
+
+    #[test]
+    fn guest_area_holds_its_whole_capacity_and_evicts_least_recently_used() {
+        let len = 1 << 20;
+        let guests = GuestArea::new(4 * len as u64);
+        for i in 0..4 {
+            guests.insert(key(i), chunk(len));
+        }
+        assert!((0..4).all(|i| guests.contains(key(i))));
+        assert_eq!(guests.usage_bytes(), 4 * len as u64);
+        assert!(guests.get(key(0)).is_some());
+        guests.insert(key(4), chunk(len));
+        assert!(guests.contains(key(0)) && !guests.contains(key(1)));
+        assert!((2..5).all(|i| guests.contains(key(i))));
     }
 }

@@ -17,9 +17,10 @@
 //!   sizes and the same concurrency
 //!   ([`MAX_FETCHES_PER_PEER`]): `peer` (this process fetches the dataset's
 //!   chunks from a node daemon with the node's own [`PeerLink`]: request
-//!   frame, tier lookup, chunk bytes, validation), `quic_raw` (a bare quinn
-//!   stream per chunk with the same TLS identities and transport settings,
-//!   server in this process) and `tcp_raw` (a kernel TCP connection per
+//!   frame, tier lookup, chunk bytes received into the shared-memory file
+//!   the node keeps and hands out, validation), `quic_raw` (a bare quinn
+//!   stream per chunk into a fresh heap buffer, with the same TLS
+//!   identities and transport settings, server in this process) and `tcp_raw` (a kernel TCP connection per
 //!   concurrent slot, server in this process).
 
 use crate::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};

@@ -22,13 +22,14 @@
 //! so a chunk from any node is as good as the owner's.
 
 use crate::service::Node;
+use crate::shm::{ChunkWriter, SealedChunk};
 use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
-use granary_proto::{AlignedBuf, ChunkView, DatasetVersion, NodeId, ShardId};
+use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
@@ -168,7 +169,7 @@ impl PeerLink {
         version: DatasetVersion,
         shard: ShardId,
         deadline: Duration,
-    ) -> Result<AlignedBuf, PeerError> {
+    ) -> Result<SealedChunk, PeerError> {
         let work = async {
             let slot = self.slot(addr);
             let _permit = slot.acquire().await.map_err(|e| PeerError::Connect { addr, reason: e.to_string() })?;
@@ -188,7 +189,7 @@ impl PeerLink {
         addr: SocketAddr,
         version: DatasetVersion,
         shard: ShardId,
-    ) -> Result<AlignedBuf, PeerError> {
+    ) -> Result<SealedChunk, PeerError> {
         let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| transfer(e.to_string()))?;
         let body = encode(&PeerRequest::FetchChunk { version, shard });
@@ -214,19 +215,26 @@ impl PeerLink {
                 let units = len.div_ceil(BYTE_PERMIT).clamp(1, MAX_INFLIGHT_BYTES_PER_PEER / BYTE_PERMIT) as u32;
                 let budget = self.byte_budget(addr);
                 let _reserved = budget.acquire_many(units).await.map_err(|e| transfer(e.to_string()))?;
-                let mut buf = AlignedBuf::zeroed(len as usize);
+                // Received straight into the memory file the chunk is kept
+                // and handed to trainers in: no zeroed staging buffer, no
+                // second copy.
+                if len == 0 {
+                    return Err(PeerError::Corrupt { addr, shard, reason: "announced an empty chunk".into() });
+                }
+                let mut buf = ChunkWriter::new(len as usize)
+                    .map_err(|e| transfer(format!("cannot allocate {len} bytes of chunk memory: {e}")))?;
                 recv.read_exact(buf.as_mut_slice()).await.map_err(|e| transfer(format!("chunk bytes: {e}")))?;
-                let view = ChunkView::parse(buf.as_slice(), granary_proto::chunk::Verify::Full)
+                let view = ChunkView::parse(buf.as_mut_slice(), granary_proto::chunk::Verify::Full)
                     .map_err(|e| PeerError::Corrupt { addr, shard, reason: e.to_string() })?;
-                let h = view.header();
-                if h.dataset_version != version || h.shard != shard {
+                let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
+                if got_version != version || got_shard != shard {
                     return Err(PeerError::Corrupt {
                         addr,
                         shard,
-                        reason: format!("it is the chunk of {} in version {}", h.shard, h.dataset_version),
+                        reason: format!("it is the chunk of {got_shard} in version {got_version}"),
                     });
                 }
-                Ok(buf)
+                buf.seal().map_err(|e| transfer(format!("cannot seal the chunk's memory: {e}")))
             }
         }
     }

@@ -380,12 +380,10 @@ impl Node {
             }
             let c = &self.inner.counters;
             match cluster.link().fetch(addr, key.version, key.shard, left).await {
-                Ok(buf) => {
+                Ok(chunk) => {
                     c.peer_fetched.fetch_add(1, Ordering::Relaxed);
-                    c.peer_fetched_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-                    return SealedChunk::copy_of(buf.as_slice())
-                        .map(|c| (c, true))
-                        .map_err(|source| FetchError::Memory { shard: key.shard, source });
+                    c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    return Ok((chunk, true));
                 }
                 Err(e) => {
                     c.peer_failures.fetch_add(1, Ordering::Relaxed);

@@ -62,10 +62,21 @@ impl ChunkWriter {
         }
         let fd = rustix::fs::memfd_create("granary-chunk", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
+        // Populated up front: one kernel pass allocates every page, instead
+        // of a fault per page while the chunk is written (a peer's chunk is
+        // written by the QUIC receive path, where each fault would stall
+        // the connection's other streams).
         // SAFETY: a fresh shared mapping of a file we own, `len` bytes long;
         // unmapped exactly once (in `seal` or Drop).
         let ptr = unsafe {
-            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::POPULATE,
+                &fd,
+                0,
+            )
         }?;
         Ok(Self { fd, ptr, len })
     }

@@ -69,10 +69,10 @@ fn link(f: &Fixture, name: &str) -> PeerLink {
 async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
     let f = start().await;
     let buf = link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
-    let view = ChunkView::parse(buf.as_slice(), granary_proto::chunk::Verify::Full).expect("valid");
+    let view = ChunkView::parse(buf.bytes(), granary_proto::chunk::Verify::Full).expect("valid");
     assert_eq!(view.header().shard, f.shard);
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
-    assert_eq!(buf.as_slice(), local.bytes(), "the bytes as stored");
+    assert_eq!(buf.bytes(), local.bytes(), "the bytes as stored");
     assert_eq!(f.node.stats().peer_served, 1);
 
     // A trainer's certificate is refused; the error names the peer.

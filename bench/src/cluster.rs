@@ -24,7 +24,7 @@
 //!   concurrent slot, server in this process).
 
 use crate::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
-use crate::report::{Conditions, ratio};
+use crate::report::{Conditions, CpuSample, CpuShares, ratio};
 use anyhow::{Context, Result, anyhow};
 use granary_client::{ChunkSource, LocalSource};
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
@@ -100,6 +100,11 @@ pub struct NodesScenario {
     pub epoch_secs: Vec<f64>,
     /// Epoch 0 over dataset bytes / (nodes × per-node bandwidth).
     pub cold_vs_bound: f64,
+    /// The machine's CPU time by kind during epoch 0 and during the warm
+    /// epochs (every process of the run shares the machine).
+    pub cpu_cold: Option<CpuShares>,
+    /// See `cpu_cold`.
+    pub cpu_warm: Option<CpuShares>,
     /// Rows per second per rank over the warm epochs.
     pub warm_rows_per_s_per_rank: f64,
     /// Remote bytes over all epochs / dataset bytes.
@@ -247,6 +252,14 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
     Ok(ClusterReport { nodes: scenarios, transfer, summary })
 }
 
+/// CPU shares between marks `i` and `i + 1`, when both were read.
+fn interval(marks: &[Option<CpuSample>], i: usize) -> Option<CpuShares> {
+    match (marks.get(i), marks.get(i + 1)) {
+        (Some(Some(a)), Some(Some(b))) => Some(b.since(a)),
+        _ => None,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn nodes_scenario(
     exe: &Path,
@@ -280,6 +293,7 @@ fn nodes_scenario(
     let (mut warm_rows, mut warm_secs) = (0u64, 0f64);
     let mut before = ClusterCounters::default();
     let mut last_share = 0.0;
+    let mut cpu_marks = vec![CpuSample::now()];
     for epoch in 0..opts.epochs {
         let out = run_epoch(&mut ranks, epoch, Duration::from_secs(600), |_, _| {}).map_err(|e| {
             let tails: Vec<String> =
@@ -290,6 +304,9 @@ fn nodes_scenario(
         if epoch > 0 {
             warm_rows += out.rows;
             warm_secs += out.secs;
+        }
+        if epoch == 0 || epoch + 1 == opts.epochs {
+            cpu_marks.push(CpuSample::now());
         }
         let now = cluster.total_stats()?;
         last_share = now.local_hit_share(&before);
@@ -304,6 +321,8 @@ fn nodes_scenario(
         nodes,
         ranks: world,
         cold_vs_bound: ratio(epoch_secs.first().copied().unwrap_or(0.0), bound),
+        cpu_cold: interval(&cpu_marks, 0),
+        cpu_warm: interval(&cpu_marks, 1),
         warm_rows_per_s_per_rank: ratio(warm_rows as f64, warm_secs) / world as f64,
         remote_read_ratio: ratio(before.remote_bytes as f64, source_bytes as f64),
         peer_bytes: before.peer_fetched_bytes,

@@ -44,8 +44,18 @@ fn a_dataset_added_to_the_coordinator_is_served_by_every_node() {
         })
         .collect();
     assert_eq!(fetched[0], fetched[1], "both nodes hand out the same bytes");
-    let conversions = c.stats(1).expect("stats").conversions + c.stats(2).expect("stats").conversions;
-    assert_eq!(conversions, 6, "each shard converted once in the cluster");
+    let (s1, s2) = (c.stats(1).expect("stats"), c.stats(2).expect("stats"));
+    assert_eq!(s1.conversions + s2.conversions, 6, "each shard converted once in the cluster");
+    // Each footer is read from remote storage once in the cluster, by the
+    // owner of its file's first row group; the other node asks that owner.
+    assert_eq!(s1.remote_footers + s2.remote_footers, 2, "{s1:?}\n{s2:?}");
+    let source: u64 =
+        std::fs::read_dir(&more).expect("ls").map(|e| e.expect("entry").metadata().expect("stat").len()).sum();
+    let remote = s1.remote_bytes + s2.remote_bytes;
+    assert!(
+        remote <= source + 2 * (64 << 10),
+        "the cluster read {remote} bytes of a {source}-byte dataset (at most each footer's 64 KiB read once more)"
+    );
 }
 
 /// A node stopped and started again, with no `[[dataset]]` of its own,

@@ -19,6 +19,7 @@ use granary_proto::{DatasetVersion, FileEntry, Manifest, RowGroupEntry, ShardId,
 use object_store::path::Path as StorePath;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// One file of the dataset.
 pub struct DatasetFile {
@@ -32,6 +33,8 @@ pub struct DatasetFile {
 
 /// A file's decoded footer and the view resolved against its schema.
 pub struct Footer {
+    /// The footer as stored at the end of the file (served to peers).
+    pub raw: bytes::Bytes,
     /// Decoded footer and Arrow schema.
     pub metadata: ArrowReaderMetadata,
     /// The view resolved against this file's schema.
@@ -90,8 +93,9 @@ impl Dataset {
         let mut layouts = None;
         for m in metas {
             let mut f = remote.file(m.location.clone(), m.size);
-            let md = f.metadata().await?;
             let path = m.location.to_string();
+            let raw = f.footer_bytes().await?;
+            let md = Arc::new(crate::remote::decode_footer(&path, &raw)?);
             let metadata = ArrowReaderMetadata::try_new(md, ArrowReaderOptions::new())
                 .map_err(|source| RemoteError::Parquet { path: path.clone(), source })?;
             let resolved = resolve_view(&view, metadata.schema(), &path)?;
@@ -113,7 +117,7 @@ impl Dataset {
                 .collect();
             let version_tag = version_tag(&m);
             entries.push(FileEntry { path: path.clone(), size_bytes: m.size, version_tag, row_groups });
-            let footer = Footer { metadata, resolved: Arc::new(resolved) };
+            let footer = Footer { raw, metadata, resolved: Arc::new(resolved) };
             files.push(DatasetFile {
                 path: m.location,
                 size: m.size,
@@ -154,56 +158,107 @@ impl Dataset {
     /// differ from what was registered is an error naming it, never a
     /// misread shard.
     pub async fn footer(&self, index: usize) -> Result<&Footer, FetchError> {
+        self.footer_via(index, None).await
+    }
+
+    /// Like [`Dataset::footer`], but when the footer is not held yet it is
+    /// first asked of `peer` (a future giving the footer's bytes, from the
+    /// node that reads this file's footer for the cluster). A peer that
+    /// fails, or whose bytes do not decode or do not match the manifest, is
+    /// logged and the footer is read from remote storage instead.
+    pub async fn footer_via(
+        &self,
+        index: usize,
+        peer: Option<futures::future::BoxFuture<'_, Result<bytes::Bytes, String>>>,
+    ) -> Result<&Footer, FetchError> {
         let file = self.files.get(index).ok_or_else(|| FetchError::Internal(format!("no file {index}")))?;
-        let entry = &self.manifest.files[index];
         file.footer
             .get_or_try_init(|| async {
-                let path = file.path.to_string();
-                let changed = |what: String| {
-                    FetchError::Remote(RemoteError::Parquet {
-                        path: path.clone(),
-                        source: parquet::errors::ParquetError::General(format!(
-                            "the file changed since dataset version {} was registered: {what}",
-                            self.version
-                        )),
-                    })
-                };
-                let read = async {
-                    let md = self.remote.file(file.path.clone(), file.size).metadata().await?;
-                    ArrowReaderMetadata::try_new(md, ArrowReaderOptions::new())
-                        .map_err(|source| RemoteError::Parquet { path: path.clone(), source })
-                };
-                let metadata = match read.await {
-                    Ok(m) => m,
-                    Err(e) => {
-                        // Tell a file replaced since registration from one
-                        // that is unreadable.
-                        if let Ok(now) = self.remote.head(&file.path).await {
-                            let tag = version_tag(&now);
-                            if now.size != file.size || tag != entry.version_tag {
-                                return Err(changed(format!(
-                                    "{} bytes, version {tag}; registered {} bytes, version {}",
-                                    now.size, file.size, entry.version_tag
-                                )));
+                if let Some(fetch) = peer {
+                    match fetch.await {
+                        Ok(raw) => match self.check_footer(index, raw) {
+                            Ok(footer) => {
+                                self.remote.counters().peer_footers.fetch_add(1, Ordering::Relaxed);
+                                return Ok(footer);
                             }
-                        }
-                        return Err(e.into());
+                            Err(e) => tracing::warn!(file = %file.path,
+                                "a peer's footer does not fit the manifest; reading it from remote storage: {e}"),
+                        },
+                        Err(e) => tracing::warn!(file = %file.path,
+                            "no footer from the peer; reading it from remote storage: {e}"),
                     }
+                }
+                let raw = match self.remote.file(file.path.clone(), file.size).footer_bytes().await {
+                    Ok(raw) => raw,
+                    Err(e) => return Err(self.replaced_or(index, e).await),
                 };
-                let rgs: Vec<u64> =
-                    metadata.metadata().row_groups().iter().map(|rg| rg.num_rows().max(0) as u64).collect();
-                let want: Vec<u64> = entry.row_groups.iter().map(|g| g.rows).collect();
-                if rgs != want {
-                    return Err(changed(format!("row group rows {rgs:?}, registered {want:?}")));
+                match self.check_footer(index, raw) {
+                    Err(FetchError::Remote(e @ RemoteError::Parquet { .. })) => Err(self.replaced_or(index, e).await),
+                    other => other,
                 }
-                let resolved = resolve_view(&self.view, metadata.schema(), &path)
-                    .map_err(|e| changed(format!("the view no longer fits: {e}")))?;
-                if resolved.layouts != self.manifest.tensors {
-                    return Err(changed(format!("tensor layouts {:?}", resolved.layouts)));
-                }
-                Ok(Footer { metadata, resolved: Arc::new(resolved) })
             })
             .await
+    }
+
+    /// `e`, or the clearer error that file `index` was replaced since the
+    /// version was registered (its size or version tag changed).
+    async fn replaced_or(&self, index: usize, e: RemoteError) -> FetchError {
+        let file = &self.files[index];
+        let entry = &self.manifest.files[index];
+        if let Ok(now) = self.remote.head(&file.path).await {
+            let tag = version_tag(&now);
+            if now.size != file.size || tag != entry.version_tag {
+                return self.changed(
+                    index,
+                    format!(
+                        "{} bytes, version {tag}; registered {} bytes, version {}",
+                        now.size, file.size, entry.version_tag
+                    ),
+                );
+            }
+        }
+        e.into()
+    }
+
+    fn changed(&self, index: usize, what: String) -> FetchError {
+        FetchError::Remote(RemoteError::Parquet {
+            path: self.files[index].path.to_string(),
+            source: parquet::errors::ParquetError::General(format!(
+                "the file changed since dataset version {} was registered: {what}",
+                self.version
+            )),
+        })
+    }
+
+    /// Decodes footer bytes of file `index` and checks them against the
+    /// manifest (row groups) and the view (tensor layouts).
+    fn check_footer(&self, index: usize, raw: bytes::Bytes) -> Result<Footer, FetchError> {
+        let path = self.files[index].path.to_string();
+        let entry = &self.manifest.files[index];
+        let md = crate::remote::decode_footer(&path, &raw)?;
+        let metadata = ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new())
+            .map_err(|source| RemoteError::Parquet { path: path.clone(), source })?;
+        // Rows and compressed bytes of every row group: the compressed sizes
+        // tell apart files of the same shape, so a footer can never be
+        // applied to another file's bytes.
+        let rgs: Vec<(u64, u64)> = metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|rg| (rg.num_rows().max(0) as u64, rg.compressed_size().max(0) as u64))
+            .collect();
+        let want: Vec<(u64, u64)> = entry.row_groups.iter().map(|g| (g.rows, g.compressed_bytes)).collect();
+        if rgs != want {
+            return Err(
+                self.changed(index, format!("row groups (rows, compressed bytes) {rgs:?}, registered {want:?}"))
+            );
+        }
+        let resolved = resolve_view(&self.view, metadata.schema(), &path)
+            .map_err(|e| self.changed(index, format!("the view no longer fits: {e}")))?;
+        if resolved.layouts != self.manifest.tensors {
+            return Err(self.changed(index, format!("tensor layouts {:?}", resolved.layouts)));
+        }
+        Ok(Footer { raw, metadata, resolved: Arc::new(resolved) })
     }
 
     /// What a trainer needs to plan.

@@ -27,7 +27,7 @@ use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
-use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
+use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
@@ -88,6 +88,17 @@ pub enum PeerError {
         kind: ErrorKind,
         /// The peer's message.
         message: String,
+    },
+    /// Asking for a file's footer failed: the stream, the protocol, or
+    /// the peer's own read.
+    #[error("peer {addr}, footer of file {file}: {reason}")]
+    Footer {
+        /// The peer.
+        addr: SocketAddr,
+        /// File index in the manifest.
+        file: u32,
+        /// Why.
+        reason: String,
     },
     /// The chunk failed validation.
     #[error("peer {addr} sent a corrupt chunk for {shard}: {reason}")]
@@ -183,6 +194,50 @@ impl PeerLink {
         tokio::time::timeout(deadline, work).await.map_err(|_| PeerError::Timeout { addr, shard, deadline })?
     }
 
+    /// Fetches the Parquet footer of file `file` of `version` from the node
+    /// at `addr` (bytes as stored; the caller decodes and checks them).
+    pub async fn fetch_footer(
+        &self,
+        addr: SocketAddr,
+        version: DatasetVersion,
+        file: u32,
+        deadline: Duration,
+    ) -> Result<bytes::Bytes, PeerError> {
+        let fail = |reason: String| PeerError::Footer { addr, file, reason };
+        let work = async {
+            let slot = self.slot(addr);
+            let _permit = slot.acquire().await.map_err(|e| fail(e.to_string()))?;
+            let conn = self.connection(addr).await?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| fail(e.to_string()))?;
+            let body = encode(&PeerRequest::FetchFooter { version, file });
+            let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+            frame.extend_from_slice(&body);
+            send.write_all(&frame).await.map_err(|e| fail(e.to_string()))?;
+            let _ = send.finish();
+            let mut prefix = [0u8; 4];
+            recv.read_exact(&mut prefix).await.map_err(|e| fail(format!("response header: {e}")))?;
+            let len = u32::from_le_bytes(prefix) as usize;
+            if len > MAX_PEER_FRAME_LEN {
+                return Err(fail(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
+            }
+            let mut head = vec![0u8; len];
+            recv.read_exact(&mut head).await.map_err(|e| fail(format!("response header: {e}")))?;
+            match decode::<PeerResponse>(&head).map_err(|e| fail(e.to_string()))? {
+                PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN => {
+                    let mut buf = vec![0u8; len as usize];
+                    recv.read_exact(&mut buf).await.map_err(|e| fail(format!("footer bytes: {e}")))?;
+                    Ok(bytes::Bytes::from(buf))
+                }
+                PeerResponse::Footer { len } => {
+                    Err(fail(format!("announced a footer of {len} bytes, over {MAX_PEER_FOOTER_LEN}")))
+                }
+                PeerResponse::Failed { kind, message } => Err(fail(format!("refused ({kind:?}): {message}"))),
+                PeerResponse::Chunk { .. } => Err(fail("answered with a chunk".into())),
+            }
+        };
+        tokio::time::timeout(deadline, work).await.map_err(|_| fail(format!("no footer within {deadline:?}")))?
+    }
+
     async fn exchange(
         &self,
         conn: &quinn::Connection,
@@ -207,6 +262,7 @@ impl PeerLink {
         recv.read_exact(&mut head).await.map_err(|e| transfer(format!("response header: {e}")))?;
         match decode::<PeerResponse>(&head).map_err(|e| transfer(e.to_string()))? {
             PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
+            PeerResponse::Footer { .. } => Err(transfer("answered with a footer".into())),
             PeerResponse::Chunk { len } => {
                 if len > MAX_PEER_CHUNK_LEN {
                     return Err(transfer(format!("announced a chunk of {len} bytes, over {MAX_PEER_CHUNK_LEN}")));
@@ -506,6 +562,21 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
     recv.read_exact(&mut body).await.map_err(|e| format!("request body: {e}"))?;
     let (version, shard) = match decode::<PeerRequest>(&body) {
         Ok(PeerRequest::FetchChunk { version, shard }) => (version, shard),
+        Ok(PeerRequest::FetchFooter { version, file }) => {
+            match node.footer_for_peer(version, file).await {
+                Ok(raw) => {
+                    let head = respond(&PeerResponse::Footer { len: raw.len() as u64 });
+                    send.write_all(&head).await.map_err(|e| e.to_string())?;
+                    send.write_all(&raw).await.map_err(|e| e.to_string())?;
+                }
+                Err(e) => {
+                    let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
+                    send.write_all(&respond(&resp)).await.map_err(|e| e.to_string())?;
+                }
+            }
+            let _ = send.finish();
+            return Ok(());
+        }
         Err(e) => {
             let msg = format!("malformed request: {e}");
             let _ = send

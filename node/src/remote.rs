@@ -32,6 +32,10 @@ pub struct RemoteCounters {
     pub bytes: AtomicU64,
     /// Requests made.
     pub requests: AtomicU64,
+    /// Parquet footers read from the store.
+    pub footers: AtomicU64,
+    /// Parquet footers received from peers instead.
+    pub peer_footers: AtomicU64,
 }
 
 /// A shared bandwidth budget plus a fixed latency per request.
@@ -64,6 +68,33 @@ impl Throttle {
         };
         tokio::time::sleep_until(done.into()).await;
     }
+}
+
+/// Bytes read from a file's end to find its footer in one request.
+const FOOTER_READ_HINT: u64 = 64 << 10;
+
+/// The length of the footer (metadata + 8) from a file's last bytes.
+fn footer_len(tail: &[u8]) -> Result<u64, String> {
+    let n = tail.len();
+    if n < 8 || &tail[n - 4..] != b"PAR1" {
+        return Err("no PAR1 magic at the end: not a Parquet file, or truncated".into());
+    }
+    let meta = u32::from_le_bytes([tail[n - 8], tail[n - 7], tail[n - 6], tail[n - 5]]);
+    Ok(meta as u64 + 8)
+}
+
+/// Decodes a footer as [`RemoteFile::footer_bytes`] returns it (from remote
+/// storage or from a peer); `path` names the file in errors.
+pub fn decode_footer(path: &str, raw: &[u8]) -> Result<ParquetMetaData, RemoteError> {
+    let bad = |source| RemoteError::Parquet { path: path.to_string(), source };
+    let need = footer_len(raw).map_err(|what| bad(parquet::errors::ParquetError::General(what)))?;
+    if need != raw.len() as u64 {
+        return Err(bad(parquet::errors::ParquetError::General(format!(
+            "footer says {need} bytes, {} given",
+            raw.len()
+        ))));
+    }
+    ParquetMetaDataReader::decode_metadata(&raw[..raw.len() - 8]).map_err(bad)
 }
 
 /// One source: a store, the prefix the dataset lives under, and counters.
@@ -186,7 +217,42 @@ impl RemoteFile {
 
     /// Reads and decodes the footer.
     pub async fn metadata(&mut self) -> Result<Arc<ParquetMetaData>, RemoteError> {
-        self.get_metadata(None).await.map_err(|source| RemoteError::Parquet { path: self.path.to_string(), source })
+        let raw = self.footer_bytes().await?;
+        decode_footer(self.path.as_ref(), &raw).map(Arc::new)
+    }
+
+    /// The footer as stored: the file's last bytes (metadata, its length,
+    /// the `PAR1` magic). One request when it fits the 64 KiB read from the
+    /// end, else two.
+    pub async fn footer_bytes(&mut self) -> Result<Bytes, RemoteError> {
+        let bad = |path: &StorePath, what: String| RemoteError::Parquet {
+            path: path.to_string(),
+            source: parquet::errors::ParquetError::General(what),
+        };
+        if self.size < 12 {
+            return Err(bad(&self.path, format!("{} bytes is too short for a Parquet file", self.size)));
+        }
+        let hint = self.size.min(FOOTER_READ_HINT);
+        let tail = self
+            .get_bytes(self.size - hint..self.size)
+            .await
+            .map_err(|source| RemoteError::Parquet { path: self.path.to_string(), source })?;
+        self.remote.counters.footers.fetch_add(1, Ordering::Relaxed);
+        let need = footer_len(&tail).map_err(|what| bad(&self.path, what))?;
+        if need > self.size - 4 {
+            return Err(bad(&self.path, format!("footer of {need} bytes in a file of {}", self.size)));
+        }
+        if need <= hint {
+            return Ok(tail.slice((hint - need) as usize..));
+        }
+        let head = self
+            .get_bytes(self.size - need..self.size - hint)
+            .await
+            .map_err(|source| RemoteError::Parquet { path: self.path.to_string(), source })?;
+        let mut all = Vec::with_capacity(need as usize);
+        all.extend_from_slice(&head);
+        all.extend_from_slice(&tail);
+        Ok(Bytes::from(all))
     }
 }
 
@@ -217,11 +283,10 @@ impl AsyncFileReader for RemoteFile {
         options: Option<&'a ArrowReaderOptions>,
     ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
         async move {
-            let size = self.size;
             // Page indexes are not used: whole row groups are read.
             let _ = options;
-            let reader = ParquetMetaDataReader::new().with_prefetch_hint(Some(64 << 10));
-            let md = reader.load_and_finish(self, size).await?;
+            let raw = self.footer_bytes().await.map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
+            let md = ParquetMetaDataReader::decode_metadata(&raw[..raw.len() - 8])?;
             Ok(Arc::new(md))
         }
         .boxed()

@@ -36,6 +36,10 @@ use tokio::sync::{Semaphore, watch};
 /// budget permitting.
 pub const PREFETCH_EPOCHS_AHEAD: u64 = 3;
 
+/// Bound on asking a peer for a footer before reading it from remote
+/// storage.
+const FOOTER_FETCH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A fetch result shared by every waiter of one load.
 pub type Shared = Result<Arc<SealedChunk>, Arc<FetchError>>;
 
@@ -197,6 +201,8 @@ impl Node {
         NodeStats {
             remote_bytes: self.inner.remote.bytes.load(Ordering::Relaxed),
             remote_requests: self.inner.remote.requests.load(Ordering::Relaxed),
+            remote_footers: self.inner.remote.footers.load(Ordering::Relaxed),
+            peer_footers: self.inner.remote.peer_footers.load(Ordering::Relaxed),
             conversions: c.conversions.load(Ordering::Relaxed),
             converted_bytes: c.converted_bytes.load(Ordering::Relaxed),
             ram_hits: c.ram_hits.load(Ordering::Relaxed),
@@ -226,6 +232,32 @@ impl Node {
     pub async fn chunk_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Shared {
         self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
         self.chunk_from(version, shard, false).await
+    }
+
+    /// A file's footer for another node: from memory, or read from remote
+    /// storage by this node (never asked of a third node).
+    pub async fn footer_for_peer(&self, version: DatasetVersion, file: u32) -> Result<bytes::Bytes, FetchError> {
+        let ds = self.dataset(version)?;
+        if file as usize >= ds.files.len() {
+            return Err(FetchError::Internal(format!("version {version} has no file {file}")));
+        }
+        Ok(ds.footer(file as usize).await?.raw.clone())
+    }
+
+    /// In a cluster, the fetch of file `file`'s footer from the owner of
+    /// its first row group (so each footer is read from remote storage
+    /// once per cluster); `None` when this node owns it or is alone.
+    fn footer_from_peer(
+        &self,
+        version: DatasetVersion,
+        file: u32,
+    ) -> Option<futures::future::BoxFuture<'static, Result<bytes::Bytes, String>>> {
+        let cluster = self.inner.cluster.get()?.clone();
+        let (owner, addr) = cluster.owner(version, ShardId { file, row_group: 0 })?;
+        let deadline = cluster.fetch_deadline.min(FOOTER_FETCH_DEADLINE);
+        Some(Box::pin(async move {
+            cluster.link().fetch_footer(addr, version, file, deadline).await.map_err(|e| format!("{owner}: {e}"))
+        }))
     }
 
     /// Waits (up to 30 s) for loads in flight to reach the tier, then
@@ -416,7 +448,7 @@ impl Node {
         let _permit = self.inner.loads.acquire().await.map_err(|e| FetchError::Internal(e.to_string()))?;
         let ds = self.dataset(key.version)?;
         let (file, rg) = ds.locate(key.shard)?;
-        let footer = ds.footer(key.shard.file as usize).await?;
+        let footer = ds.footer_via(key.shard.file as usize, self.footer_from_peer(key.version, key.shard.file)).await?;
         let path = file.path.to_string();
         let rows = ds.manifest.files[key.shard.file as usize].row_groups[rg].rows;
         // Errors name the file and the row group.

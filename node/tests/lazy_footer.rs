@@ -79,3 +79,47 @@ async fn a_file_changed_since_registration_is_refused_by_name() {
     let msg = err.to_string();
     assert!(msg.contains(&manifest.files[0].path) && msg.contains("changed since"), "{msg}");
 }
+
+/// A footer from a peer is used as is (no remote read); one that does not
+/// decode, or belongs to another file, is refused and the footer is read
+/// from remote storage instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_footer_is_used_when_it_fits_and_refused_when_it_does_not() {
+    use futures::FutureExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec = GenSpec { seed: 5, rows: 2_000, files: 2, row_group_rows: 500, compression: "snappy".into() };
+    datagen::generate(tmp.path(), &spec, |_| {}).expect("generate");
+    let manifest = registered(tmp.path()).await;
+    let open = || {
+        let counters = Arc::new(RemoteCounters::default());
+        let remote =
+            Remote::open(&format!("file://{}", tmp.path().display()), &BTreeMap::new(), None, counters.clone())
+                .expect("remote");
+        (Dataset::from_manifest("ads", remote, datagen::view(), manifest.clone()).expect("dataset"), counters)
+    };
+    let read = |c: &RemoteCounters| {
+        use std::sync::atomic::Ordering::Relaxed;
+        (c.footers.load(Relaxed), c.peer_footers.load(Relaxed))
+    };
+    // The bytes a peer would send: file 0's footer as this node reads it.
+    let (reader, _) = open();
+    let raw0 = reader.footer(0).await.expect("footer").raw.clone();
+    let raw1 = reader.footer(1).await.expect("footer").raw.clone();
+
+    let (ds, counters) = open();
+    let peer = async move { Ok(raw0) }.boxed();
+    let f = ds.footer_via(0, Some(peer)).await.expect("peer footer");
+    assert_eq!(f.metadata.metadata().num_row_groups(), manifest.files[0].row_groups.len());
+    assert_eq!(read(&counters), (0, 1), "no remote read");
+
+    // Garbage, a cut footer, and file 1's footer (same rows and schema,
+    // other compressed sizes).
+    for bad in [bytes::Bytes::from_static(b"garbage, not a footer"), raw1.slice(1..), raw1] {
+        let (ds, counters) = open();
+        ds.footer_via(0, Some(async move { Ok(bad) }.boxed())).await.expect("footer from remote storage");
+        assert_eq!(read(&counters), (1, 0), "read from remote storage after refusing the peer's bytes");
+    }
+    let (ds, counters) = open();
+    ds.footer_via(0, Some(async { Err("peer unreachable".to_string()) }.boxed())).await.expect("footer");
+    assert_eq!(read(&counters), (1, 0));
+}

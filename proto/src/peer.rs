@@ -1,14 +1,18 @@
 //! Messages between nodes (the peer fabric, over QUIC with mutual TLS).
 //!
-//! One bidirectional stream per chunk request: the asking node writes one
-//! frame (a u32 little-endian length, then an rkyv archive of
-//! [`PeerRequest`]) and finishes its side; the owner answers with one
-//! [`PeerResponse`] frame and, for [`PeerResponse::Chunk`], exactly `len`
-//! chunk bytes as stored (no re-encoding), then finishes. The asking node
-//! validates the chunk (header and payload checksum) before using it.
+//! One bidirectional stream per request: the asking node writes one frame
+//! (a u32 little-endian length, then an rkyv archive of [`PeerRequest`])
+//! and finishes its side; the owner answers with one [`PeerResponse`] frame
+//! and, for [`PeerResponse::Chunk`], exactly `len` chunk bytes as stored (no
+//! re-encoding), or for [`PeerResponse::Footer`] exactly `len` bytes of the
+//! file's Parquet footer as stored at the end of the file, then finishes.
+//! The asking node validates a chunk (header and payload checksum) before
+//! using it, and a footer by decoding it and checking it against the
+//! manifest.
 //!
-//! Frames are bounded by [`MAX_PEER_FRAME_LEN`] and chunks by
-//! [`MAX_PEER_CHUNK_LEN`], both checked before anything is allocated.
+//! Frames are bounded by [`MAX_PEER_FRAME_LEN`], chunks by
+//! [`MAX_PEER_CHUNK_LEN`] and footers by [`MAX_PEER_FOOTER_LEN`], all checked
+//! before anything is allocated.
 
 use crate::ids::{DatasetVersion, ShardId};
 use crate::wire::ErrorKind;
@@ -17,6 +21,8 @@ use crate::wire::ErrorKind;
 pub const MAX_PEER_FRAME_LEN: usize = 64 << 10;
 /// Largest chunk a peer may send.
 pub const MAX_PEER_CHUNK_LEN: u64 = 4 << 30;
+/// Largest Parquet footer a peer may send.
+pub const MAX_PEER_FOOTER_LEN: u64 = 256 << 20;
 
 pub use defs::{PeerRequest, PeerResponse};
 
@@ -35,6 +41,16 @@ mod defs {
             /// Shard.
             shard: ShardId,
         },
+        /// Send the Parquet footer of file `file` (its index in the
+        /// manifest) of `version`: asked of the owner of the file's first
+        /// row group, so each footer is read from remote storage once per
+        /// cluster.
+        FetchFooter {
+            /// Dataset version.
+            version: DatasetVersion,
+            /// File index in the manifest.
+            file: u32,
+        },
     }
 
     /// The owner's answer.
@@ -45,7 +61,13 @@ mod defs {
             /// Chunk length in bytes.
             len: u64,
         },
-        /// The owner could not produce the chunk.
+        /// `len` footer bytes follow on the stream: the file's last
+        /// `len` bytes (metadata, its length, the `PAR1` magic).
+        Footer {
+            /// Footer length in bytes.
+            len: u64,
+        },
+        /// The owner could not produce the chunk or footer.
         Failed {
             /// Category.
             kind: ErrorKind,
@@ -65,8 +87,11 @@ mod tests {
     fn messages_round_trip() {
         let r = PeerRequest::FetchChunk { version: DatasetVersion([3; 16]), shard: ShardId { file: 1, row_group: 2 } };
         assert_eq!(decode::<PeerRequest>(&encode(&r)).expect("decode"), r);
+        let f = PeerRequest::FetchFooter { version: DatasetVersion([4; 16]), file: 7 };
+        assert_eq!(decode::<PeerRequest>(&encode(&f)).expect("decode"), f);
         for resp in [
             PeerResponse::Chunk { len: 12345 },
+            PeerResponse::Footer { len: 73284 },
             PeerResponse::Failed { kind: ErrorKind::BadRequest, message: "no such version".into() },
         ] {
             assert_eq!(decode::<PeerResponse>(&encode(&resp)).expect("decode"), resp);

@@ -84,6 +84,11 @@ pub struct NodeStats {
     pub remote_bytes: u64,
     /// Requests made to remote storage.
     pub remote_requests: u64,
+    /// Parquet footers read from remote storage.
+    pub remote_footers: u64,
+    /// Parquet footers received from the peer that reads them for the
+    /// cluster instead.
+    pub peer_footers: u64,
     /// Shards converted.
     pub conversions: u64,
     /// Converted bytes produced.

@@ -6,7 +6,7 @@
 use crate::tls::{self, Role};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Outgoing connections to peers of one role.
@@ -16,13 +16,27 @@ pub struct Connections {
     role: Role,
     connect_timeout: Duration,
     map: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// Dials in progress: callers that find one wait for its outcome
+    /// instead of dialing again (one handshake per peer, not one per
+    /// concurrent request; one connect timeout for a dead peer, not one per
+    /// request in turn).
+    dialing: Mutex<HashMap<SocketAddr, Arc<Dial>>>,
 }
+
+type Dial = tokio::sync::OnceCell<Result<quinn::Connection, String>>;
 
 impl Connections {
     /// Dials from `endpoint` with `config`; every peer must present a
     /// certificate of `role` (and the name `role.server_name()`).
     pub fn new(endpoint: quinn::Endpoint, config: quinn::ClientConfig, role: Role, connect_timeout: Duration) -> Self {
-        Self { endpoint, config, role, connect_timeout, map: Mutex::new(HashMap::new()) }
+        Self {
+            endpoint,
+            config,
+            role,
+            connect_timeout,
+            map: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The endpoint dialed from.
@@ -31,12 +45,36 @@ impl Connections {
     }
 
     /// The open connection to `addr`, or a new one. The error names `addr`.
+    /// Concurrent callers share one dial.
     pub async fn get(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
-        if let Some(c) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
-            && c.close_reason().is_none()
-        {
-            return Ok(c.clone());
+        if let Some(c) = self.cached(addr) {
+            return Ok(c);
         }
+        let dial = self.dialing.lock().unwrap_or_else(|p| p.into_inner()).entry(addr).or_default().clone();
+        let result = dial
+            .get_or_init(|| async {
+                // A dial that finished just before ours was registered.
+                if let Some(c) = self.cached(addr) {
+                    return Ok(c);
+                }
+                self.dial(addr).await
+            })
+            .await
+            .clone();
+        // The next caller after this dial (failed, or its connection later
+        // closed) dials anew.
+        let mut dialing = self.dialing.lock().unwrap_or_else(|p| p.into_inner());
+        if dialing.get(&addr).is_some_and(|d| Arc::ptr_eq(d, &dial)) {
+            dialing.remove(&addr);
+        }
+        result
+    }
+
+    fn cached(&self, addr: SocketAddr) -> Option<quinn::Connection> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr).filter(|c| c.close_reason().is_none()).cloned()
+    }
+
+    async fn dial(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
         let connecting = self
             .endpoint
             .connect_with(self.config.clone(), addr, self.role.server_name())

@@ -231,7 +231,7 @@ impl Node {
     /// to a third node (this node reads the shard itself if it must).
     pub async fn chunk_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Shared {
         self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        self.chunk_from(version, shard, false).await
+        self.chunk_from(version, shard, false, false).await
     }
 
     /// A file's footer for another node: from memory, or read from remote
@@ -280,18 +280,26 @@ impl Node {
 
     /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
-        self.chunk_from(version, shard, true).await
+        self.chunk_from(version, shard, true, false).await
+    }
+
+    /// Prefetch for a later epoch: like [`Node::chunk`], but a guest copy
+    /// it brings is kept at low priority (evicted before any copy an epoch
+    /// in progress needs) until something asks for it now.
+    async fn chunk_ahead(&self, version: DatasetVersion, shard: ShardId) -> Shared {
+        self.chunk_from(version, shard, true, true).await
     }
 
     /// `forward`: a load may ask the shard's owner (requests from trainers
     /// and prefetch); peers' requests never are.
-    async fn chunk_from(&self, version: DatasetVersion, shard: ShardId, forward: bool) -> Shared {
+    /// `ahead`: prefetch for a later epoch (see [`Node::chunk_ahead`]).
+    async fn chunk_from(&self, version: DatasetVersion, shard: ShardId, forward: bool, ahead: bool) -> Shared {
         let key = ChunkKey { version, shard };
         // `contains` may be stale (an entry evicted or dropped from disk
         // between the checks), so the re-check below is retried a bounded
         // number of times before loading anyway.
         for attempt in 0..3 {
-            if let Some(chunk) = self.inner.guests.get(key) {
+            if let Some(chunk) = self.inner.guests.get(key, !ahead) {
                 self.inner.counters.guest_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(chunk);
             }
@@ -325,7 +333,7 @@ impl Node {
                     let (tx, rx) = watch::channel(None);
                     inflight.insert(key, rx.clone());
                     let node = self.clone();
-                    tokio::spawn(async move { node.load_and_publish(key, tx, forward).await });
+                    tokio::spawn(async move { node.load_and_publish(key, tx, forward, ahead).await });
                     rx
                 }
             };
@@ -338,7 +346,7 @@ impl Node {
         Err(Arc::new(FetchError::Internal(format!("lookup of {shard} did not settle"))))
     }
 
-    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>, forward: bool) {
+    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>, forward: bool, ahead: bool) {
         // Whatever happens below, even a panic, the shard must leave the
         // in-flight map, or every later request for it would wait forever.
         let _leave = InflightGuard { node: &self, key };
@@ -371,7 +379,7 @@ impl Node {
             // A chunk fetched from its owner is a guest copy: kept apart,
             // never in the owned tier, never on SSD.
             if guest {
-                self.inner.guests.insert(key, chunk);
+                self.inner.guests.insert(key, chunk, ahead);
             } else {
                 self.inner.tier.insert(key, chunk).await;
             }
@@ -628,12 +636,13 @@ impl Follower {
                 return;
             }
             self.guest_bytes += incoming;
+            let later = self.issued >= self.epoch_len;
             self.issued += 1;
             let node = self.node.clone();
             let version = self.version;
             node.inner.counters.prefetched.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let _ = node.chunk(version, shard).await;
+                let _ = if later { node.chunk_ahead(version, shard).await } else { node.chunk(version, shard).await };
             });
         }
     }

@@ -18,8 +18,8 @@
 
 use crate::shm::SealedChunk;
 use foyer::{
-    BlockEngineConfig, Code, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, HybridCachePolicy,
-    LruConfig, RecoverMode, Source,
+    BlockEngineConfig, CacheProperties, Code, DeviceBuilder, FsDeviceBuilder, Hint, HybridCache, HybridCacheBuilder,
+    HybridCachePolicy, LruConfig, RecoverMode, Source,
 };
 use granary_proto::chunk::Verify;
 use granary_proto::{ChunkView, DatasetVersion, ShardId};
@@ -255,28 +255,41 @@ impl GuestArea {
     pub fn new(capacity_bytes: u64) -> Self {
         // One shard: foyer splits the capacity evenly between shards, and a
         // guest area holds a few large chunks (accessed once per chunk
-        // request, so there is no contention to spread). Plain LRU: copies
-        // are fetched for upcoming reads, so the least recently used one is
-        // the one most likely consumed already, and a new copy is never
-        // refused for being seen less often than old ones.
+        // request, so there is no contention to spread). LRU: copies are
+        // fetched for upcoming reads, so the least recently used one is the
+        // one most likely consumed already, and a new copy is never refused
+        // for being seen less often than old ones.
         let cache = foyer::CacheBuilder::new(capacity_bytes.max(1) as usize)
             .with_shards(1)
-            .with_eviction_config(LruConfig { high_priority_pool_ratio: 0.0 })
+            // Regular copies all in the high-priority pool; copies fetched
+            // ahead (low priority) are evicted first.
+            .with_eviction_config(LruConfig { high_priority_pool_ratio: 1.0 })
             .with_name("guests")
             .with_weighter(|_k: &ChunkKey, v: &Arc<SealedChunk>| v.len())
             .build();
         Self { cache }
     }
 
-    /// The guest copy of `key`, if kept.
-    pub fn get(&self, key: ChunkKey) -> Option<Arc<SealedChunk>> {
-        self.cache.get(&key).map(|e| e.value().clone())
+    /// The guest copy of `key`, if kept. `now`: a copy kept for a later
+    /// epoch is needed now, so it becomes a regular copy.
+    pub fn get(&self, key: ChunkKey, now: bool) -> Option<Arc<SealedChunk>> {
+        let e = self.cache.get(&key)?;
+        let chunk = e.value().clone();
+        if now && e.properties().hint() == Hint::Low {
+            drop(e);
+            self.cache.insert_with_properties(key, chunk.clone(), CacheProperties::default().with_hint(Hint::Normal));
+        }
+        Some(chunk)
     }
 
-    /// Keeps a guest copy (evicting the least recently used guests if full).
-    pub fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>) {
+    /// Keeps a guest copy. Copies fetched ahead for a later epoch
+    /// (`ahead`) are evicted before any other (least recently used first
+    /// among each kind), so looking ahead never pushes out a copy an epoch
+    /// in progress needs.
+    pub fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>, ahead: bool) {
         if chunk.len() as u64 <= self.cache.capacity() as u64 {
-            self.cache.insert(key, chunk);
+            let hint = if ahead { Hint::Low } else { Hint::Normal };
+            self.cache.insert_with_properties(key, chunk, CacheProperties::default().with_hint(hint));
         }
     }
 
@@ -327,13 +340,31 @@ mod tests {
         let len = 1 << 20;
         let guests = GuestArea::new(4 * len as u64);
         for i in 0..4 {
-            guests.insert(key(i), chunk(len));
+            guests.insert(key(i), chunk(len), false);
         }
         assert!((0..4).all(|i| guests.contains(key(i))));
         assert_eq!(guests.usage_bytes(), 4 * len as u64);
-        assert!(guests.get(key(0)).is_some());
-        guests.insert(key(4), chunk(len));
+        assert!(guests.get(key(0), true).is_some());
+        guests.insert(key(4), chunk(len), false);
         assert!(guests.contains(key(0)) && !guests.contains(key(1)));
         assert!((2..5).all(|i| guests.contains(key(i))));
+    }
+
+    #[test]
+    fn guest_copies_fetched_ahead_are_evicted_first_unless_needed_now() {
+        let len = 1 << 20;
+        let guests = GuestArea::new(4 * len as u64);
+        guests.insert(key(0), chunk(len), false);
+        guests.insert(key(1), chunk(len), true);
+        guests.insert(key(2), chunk(len), true);
+        guests.insert(key(3), chunk(len), false);
+        // Copy 2 is needed now: it becomes a regular copy.
+        assert!(guests.get(key(2), true).is_some());
+        guests.insert(key(4), chunk(len), false);
+        assert!(!guests.contains(key(1)), "the copy fetched ahead goes first, though copy 0 is older");
+        assert!([0, 2, 3, 4].iter().all(|&i| guests.contains(key(i))));
+        guests.insert(key(5), chunk(len), false);
+        assert!(!guests.contains(key(0)), "then the least recently used regular copy");
+        assert!([2, 3, 4, 5].iter().all(|&i| guests.contains(key(i))));
     }
 }

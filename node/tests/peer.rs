@@ -307,3 +307,70 @@ async fn prefetch_looks_ahead_only_while_guest_copies_fit() {
         assert_eq!(s.conversions, 0, "{s:?}");
     }
 }
+
+/// Copies fetched ahead for later epochs give way first: a second rank's
+/// epoch filling a full guest area evicts the first rank's look-ahead
+/// copies, never the copies either epoch in progress needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn look_ahead_copies_give_way_to_the_epochs_in_progress() {
+    use granary_proto::{PlanParams, Shuffle, plan_rank};
+    let f = start_with(4_000, 250).await;
+    let shards = f.node.dataset(f.version).expect("dataset").manifest.shards();
+    let chunk = f.node.dataset(f.version).expect("dataset").chunk_len(shards[0].shard).expect("len") as u64;
+    let params = |rank| PlanParams {
+        seed: 2,
+        epoch: 0,
+        world_size: 4,
+        rank,
+        batch_size: 50,
+        shuffle: Shuffle::Windowed { window_shards: 2 },
+        drop_last: false,
+    };
+    let current: Vec<Vec<ShardId>> = (0..2)
+        .map(|r| {
+            let plan = plan_rank(f.version, &shards, &params(r)).expect("plan");
+            plan.shard_order().iter().map(|&i| shards[i as usize].shard).collect()
+        })
+        .collect();
+    let both = (current[0].len() + current[1].len()) as u64;
+    let cfg = NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", f._tmp.path().join("data").display()),
+            view: ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        guest_bytes: Some((both + 2) * chunk),
+        prefetch_bytes: 1 << 30,
+        ..NodeConfig::default()
+    };
+    let node2 = Node::start(&cfg).await.expect("node 2");
+    let cluster = Cluster::new(NodeId(2), link(&f, "node"));
+    let owners = std::iter::once((f.version, shards.iter().map(|s| (s.shard, NodeId(1))).collect())).collect();
+    cluster.apply_placement(1, std::iter::once((NodeId(1), f.addr)).collect(), owners);
+    assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
+    let settle = || async {
+        let mut last = u64::MAX;
+        for _ in 0..200 {
+            let now = node2.stats().peer_fetched;
+            if now == last && node2.stats().prefetched > 0 {
+                return now;
+            }
+            last = now;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("prefetch did not settle: {:?}", node2.stats());
+    };
+    // Rank 0 alone fills the whole area: its epoch, then later epochs'.
+    let _rank0 = node2.follow(f.version, &params(0)).expect("follow");
+    let fetched = settle().await;
+    assert_eq!(fetched, both + 2, "rank 0 looked ahead until the area was full: {:?}", node2.stats());
+    // Rank 1's epoch then needs room.
+    let _rank1 = node2.follow(f.version, &params(1)).expect("follow");
+    let fetched = settle().await;
+    for s in current.iter().flatten() {
+        node2.chunk(f.version, *s).await.expect("chunk");
+    }
+    let s = node2.stats();
+    assert_eq!(s.peer_fetched, fetched, "every shard of both epochs in progress was still held: {s:?}");
+}

@@ -208,21 +208,8 @@ impl PeerLink {
             let slot = self.slot(addr);
             let _permit = slot.acquire().await.map_err(|e| fail(e.to_string()))?;
             let conn = self.connection(addr).await?;
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| fail(e.to_string()))?;
-            let body = encode(&PeerRequest::FetchFooter { version, file });
-            let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-            frame.extend_from_slice(&body);
-            send.write_all(&frame).await.map_err(|e| fail(e.to_string()))?;
-            let _ = send.finish();
-            let mut prefix = [0u8; 4];
-            recv.read_exact(&mut prefix).await.map_err(|e| fail(format!("response header: {e}")))?;
-            let len = u32::from_le_bytes(prefix) as usize;
-            if len > MAX_PEER_FRAME_LEN {
-                return Err(fail(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
-            }
-            let mut head = vec![0u8; len];
-            recv.read_exact(&mut head).await.map_err(|e| fail(format!("response header: {e}")))?;
-            match decode::<PeerResponse>(&head).map_err(|e| fail(e.to_string()))? {
+            let (response, mut recv) = ask(&conn, &PeerRequest::FetchFooter { version, file }).await.map_err(fail)?;
+            match response {
                 PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN => {
                     let mut buf = vec![0u8; len as usize];
                     recv.read_exact(&mut buf).await.map_err(|e| fail(format!("footer bytes: {e}")))?;
@@ -246,21 +233,8 @@ impl PeerLink {
         shard: ShardId,
     ) -> Result<SealedChunk, PeerError> {
         let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| transfer(e.to_string()))?;
-        let body = encode(&PeerRequest::FetchChunk { version, shard });
-        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-        frame.extend_from_slice(&body);
-        send.write_all(&frame).await.map_err(|e| transfer(e.to_string()))?;
-        let _ = send.finish();
-        let mut prefix = [0u8; 4];
-        recv.read_exact(&mut prefix).await.map_err(|e| transfer(format!("response header: {e}")))?;
-        let len = u32::from_le_bytes(prefix) as usize;
-        if len > MAX_PEER_FRAME_LEN {
-            return Err(transfer(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
-        }
-        let mut head = vec![0u8; len];
-        recv.read_exact(&mut head).await.map_err(|e| transfer(format!("response header: {e}")))?;
-        match decode::<PeerResponse>(&head).map_err(|e| transfer(e.to_string()))? {
+        let (response, mut recv) = ask(conn, &PeerRequest::FetchChunk { version, shard }).await.map_err(transfer)?;
+        match response {
             PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
             PeerResponse::Footer { .. } => Err(transfer("answered with a footer".into())),
             PeerResponse::Chunk { len } => {
@@ -294,6 +268,28 @@ impl PeerLink {
             }
         }
     }
+}
+
+/// Opens a stream on `conn`, sends `request` as one frame, finishes the
+/// sending side and reads the response frame; bytes that follow it (a
+/// chunk, a footer) are left on the returned stream.
+async fn ask(conn: &quinn::Connection, request: &PeerRequest) -> Result<(PeerResponse, quinn::RecvStream), String> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    let body = encode(request);
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    send.write_all(&frame).await.map_err(|e| e.to_string())?;
+    let _ = send.finish();
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await.map_err(|e| format!("response header: {e}"))?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_PEER_FRAME_LEN {
+        return Err(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}"));
+    }
+    let mut head = vec![0u8; len];
+    recv.read_exact(&mut head).await.map_err(|e| format!("response header: {e}"))?;
+    let response = decode::<PeerResponse>(&head).map_err(|e| e.to_string())?;
+    Ok((response, recv))
 }
 
 /// What this node knows of placement.

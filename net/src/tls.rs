@@ -654,6 +654,17 @@ impl fmt::Debug for Identity {
     }
 }
 
+/// Makes ring the process-wide default rustls provider unless one is set
+/// already. HTTPS clients that take the process default (reqwest, under
+/// object_store's S3, GCS and HTTP stores) panic without one; this module's
+/// own configurations name their provider and do not need it.
+pub fn ensure_default_crypto_provider() {
+    if CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: one is set.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// The crypto provider of every configuration this module builds.
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

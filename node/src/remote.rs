@@ -123,6 +123,9 @@ impl Remote {
         counters: Arc<RemoteCounters>,
     ) -> Result<Self, RemoteError> {
         let open_err = |reason: String| RemoteError::Open { url: url.to_string(), reason };
+        // object_store's HTTP-based stores build reqwest clients that need a
+        // process-wide TLS provider; an embedding program may not set one.
+        granary_net::tls::ensure_default_crypto_provider();
         let parsed = url::Url::parse(url).map_err(|e| open_err(e.to_string()))?;
         let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
             "s3" | "s3a" => {

@@ -6,33 +6,13 @@
 //! tensor of every shard must equal what the same files give from
 //! `file://`.
 
+mod common;
+
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
 use granary_proto::{ChunkView, chunk::Verify};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::Path;
-
-/// Serves `root` (buckets are its sub-folders) on 127.0.0.1:0, no auth.
-async fn start_server(root: &Path) -> SocketAddr {
-    let fs = s3s_fs::FileSystem::new(root).map_err(|e| format!("{e:?}")).expect("s3s-fs");
-    let service = s3s::service::S3ServiceBuilder::new(fs).build();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((sock, _)) = listener.accept().await else { return };
-            let service = service.clone();
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(sock), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 fn node_config(source: String, remote: BTreeMap<String, String>) -> NodeConfig {
     NodeConfig {
@@ -50,7 +30,7 @@ async fn a_gs_source_gives_the_same_tensors_as_the_same_files_on_disk() {
     let data = tmp.path().join("train/ads");
     let spec = GenSpec { seed: 12, rows: 3_000, files: 2, row_group_rows: 1_000, compression: "snappy".into() };
     datagen::generate(&data, &spec, |_| {}).expect("generate");
-    let addr = start_server(tmp.path()).await;
+    let addr = common::serve_object_store(tmp.path(), None).await;
     let key = tmp.path().join("service-account.json");
     let account = format!(
         r#"{{"private_key": "unused", "private_key_id": "unused", "client_email": "test@example.invalid", "disable_oauth": true, "gcs_base_url": "http://{addr}"}}"#

@@ -4,6 +4,8 @@
 //! batch byte is compared with the naive path (decode and convert on demand,
 //! no cache, in this process).
 
+mod common;
+
 use granary_bench::harness::{NodeProcess, TrainerEvent, TrainerProcess};
 use granary_client::{Loader, LoaderConfig};
 use granary_node::EmbeddedNode;
@@ -19,28 +21,6 @@ const SEED: u64 = 99;
 const BATCH: u32 = 256;
 const WORLD: u32 = 2;
 const EPOCHS: u64 = 2;
-
-/// Serves `root` (buckets are its sub-folders) as S3 on 127.0.0.1:0.
-fn start_s3(rt: &tokio::runtime::Runtime, root: &Path) -> SocketAddr {
-    let fs = s3s_fs::FileSystem::new(root).map_err(|e| format!("{e:?}")).unwrap();
-    let mut builder = s3s::service::S3ServiceBuilder::new(fs);
-    builder.set_auth(s3s::auth::SimpleAuth::from_single("AKTEST", "SKTEST"));
-    let service = builder.build();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move {
-        loop {
-            let Ok((sock, _)) = listener.accept().await else { return };
-            let service = service.clone();
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(sock), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 fn node_toml(socket: &Path, ssd: &Path, s3: SocketAddr) -> String {
     format!(
@@ -119,7 +99,7 @@ fn daemon_and_two_trainers_over_s3_match_the_naive_path_byte_for_byte() {
     let report = datagen::generate(&data, &spec, |_| {}).unwrap();
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let s3 = start_s3(&rt, &tmp.path().join("s3"));
+    let s3 = rt.block_on(common::serve_object_store(&tmp.path().join("s3"), Some(("AKTEST", "SKTEST"))));
 
     let socket = tmp.path().join("node.sock");
     let config = tmp.path().join("node.toml");

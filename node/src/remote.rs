@@ -146,6 +146,13 @@ impl Remote {
                 let prefix = StorePath::from_url_path(parsed.path()).map_err(|e| open_err(e.to_string()))?;
                 (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix)
             }
+            "http" if options.get("allow_http").map(|v| v.eq_ignore_ascii_case("true")) != Some(true) => {
+                // object_store's client refuses plain HTTP with a bare
+                // "builder error" at the first request; say why up front.
+                return Err(open_err(
+                    "plain http:// is refused unless the node's [remote] options set allow_http = \"true\"".into(),
+                ));
+            }
             _ => {
                 let (store, prefix) =
                     object_store::parse_url_opts(&parsed, options.iter()).map_err(|e| open_err(e.to_string()))?;

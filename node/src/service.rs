@@ -70,7 +70,7 @@ struct Inner {
     throttle: Option<Arc<Throttle>>,
     tier: ChunkTier,
     guests: GuestArea,
-    inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Shared>>>>,
+    inflight: Mutex<HashMap<ChunkKey, Pending>>,
     loads: Semaphore,
     converts: Arc<Semaphore>,
     counters: Counters,
@@ -286,7 +286,7 @@ impl Node {
     /// Prefetch for a later epoch: like [`Node::chunk`], but a guest copy
     /// it brings is kept at low priority (evicted before any copy an epoch
     /// in progress needs) until something asks for it now.
-    async fn chunk_ahead(&self, version: DatasetVersion, shard: ShardId) -> Shared {
+    pub async fn chunk_ahead(&self, version: DatasetVersion, shard: ShardId) -> Shared {
         self.chunk_from(version, shard, true, true).await
     }
 
@@ -322,18 +322,24 @@ impl Node {
                 // The map is only touched briefly; a poisoned lock still
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(rx) = inflight.get(&key) {
+                if let Some(pending) = inflight.get(&key) {
                     self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
-                    rx.clone()
+                    if !ahead {
+                        // A load started for a later epoch is needed now:
+                        // its guest copy becomes a regular one.
+                        pending.wanted_now.store(true, Ordering::Relaxed);
+                    }
+                    pending.rx.clone()
                 } else if attempt < 2 && (self.inner.tier.contains(key) || self.inner.guests.contains(key)) {
                     // A load finished between our lookup and the lock.
                     continue;
                 } else {
                     self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                     let (tx, rx) = watch::channel(None);
-                    inflight.insert(key, rx.clone());
+                    let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
+                    inflight.insert(key, Pending { rx: rx.clone(), wanted_now: wanted_now.clone() });
                     let node = self.clone();
-                    tokio::spawn(async move { node.load_and_publish(key, tx, forward, ahead).await });
+                    tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now).await });
                     rx
                 }
             };
@@ -346,7 +352,15 @@ impl Node {
         Err(Arc::new(FetchError::Internal(format!("lookup of {shard} did not settle"))))
     }
 
-    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>, forward: bool, ahead: bool) {
+    /// `wanted_now`: false while only prefetch for a later epoch waits on
+    /// this load (its guest copy is then kept at low priority).
+    async fn load_and_publish(
+        self,
+        key: ChunkKey,
+        tx: watch::Sender<Option<Shared>>,
+        forward: bool,
+        wanted_now: Arc<std::sync::atomic::AtomicBool>,
+    ) {
         // Whatever happens below, even a panic, the shard must leave the
         // in-flight map, or every later request for it would wait forever.
         let _leave = InflightGuard { node: &self, key };
@@ -379,7 +393,7 @@ impl Node {
             // A chunk fetched from its owner is a guest copy: kept apart,
             // never in the owned tier, never on SSD.
             if guest {
-                self.inner.guests.insert(key, chunk, ahead);
+                self.inner.guests.insert(key, chunk, !wanted_now.load(Ordering::Relaxed));
             } else {
                 self.inner.tier.insert(key, chunk).await;
             }
@@ -572,6 +586,13 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
         };
     }
     FetchError::Remote(RemoteError::Parquet { path: site.to_string(), source: e })
+}
+
+/// A load in flight: its result channel, and whether anything other than
+/// prefetch for a later epoch waits on it.
+struct Pending {
+    rx: watch::Receiver<Option<Shared>>,
+    wanted_now: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Removes a shard from the in-flight map when dropped.

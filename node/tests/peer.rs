@@ -369,3 +369,31 @@ async fn look_ahead_copies_give_way_to_the_epochs_in_progress() {
     let s = node2.stats();
     assert_eq!(s.peer_fetched, fetched, "every shard of both epochs in progress was still held: {s:?}");
 }
+
+/// A load started for a later epoch that a current request joins while it
+/// is in flight keeps a regular guest copy, not a low-priority one: a later
+/// look-ahead copy gives way before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_ahead_load_joined_by_a_current_request_keeps_a_regular_copy() {
+    let f = start_with(2_000, 250).await;
+    let shards: Vec<ShardId> =
+        f.node.dataset(f.version).expect("dataset").manifest.shards().iter().map(|s| s.shard).collect();
+    let chunk = f.node.dataset(f.version).expect("dataset").chunk_len(shards[0]).expect("len") as u64;
+    assert!(shards.iter().all(|s| f.node.dataset(f.version).expect("ds").chunk_len(*s) == Some(chunk as usize)));
+    let node2 = guest_node(&f, 2 * chunk).await;
+    let (a, later, b) = (shards[0], shards[1], shards[2]);
+    // Polled in turn in one task: the look-ahead load of `a` is in flight
+    // (a peer round trip) when the current request for it arrives.
+    let (x, y) = futures::join!(node2.chunk_ahead(f.version, a), node2.chunk(f.version, a));
+    x.expect("ahead");
+    y.expect("now");
+    assert_eq!(node2.stats().joined, 1, "the current request joined the load: {:?}", node2.stats());
+    node2.chunk_ahead(f.version, later).await.expect("later");
+    // Room for `b` is taken from the look-ahead copy, not from `a`.
+    node2.chunk(f.version, b).await.expect("b");
+    let before = node2.stats();
+    node2.chunk(f.version, a).await.expect("a again");
+    let after = node2.stats();
+    assert_eq!(after.peer_fetched, before.peer_fetched, "a was still held: {after:?}");
+    assert_eq!(after.guest_hits, before.guest_hits + 1);
+}

@@ -3,7 +3,7 @@
 //! WebDAV file server on loopback (in this test's process). Every tensor of
 //! every shard must equal what the same files give from `file://`.
 
-mod common;
+mod webdav;
 
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
@@ -30,7 +30,7 @@ async fn an_http_source_gives_the_same_tensors_as_the_same_files_on_disk() {
     let spec = GenSpec { seed: 13, rows: 3_000, files: 2, row_group_rows: 1_000, compression: "snappy".into() };
     let generated = datagen::generate(&data, &spec, |_| {}).expect("generate");
     let requests = Arc::new(AtomicU64::new(0));
-    let addr = common::serve_webdav(tmp.path(), requests.clone()).await;
+    let addr = webdav::serve_webdav(tmp.path(), requests.clone()).await;
     let url = format!("http://{addr}/train/ads/");
 
     // Plain HTTP must be allowed explicitly; the refusal names the source.

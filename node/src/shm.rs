@@ -74,9 +74,10 @@ impl ChunkWriter {
         // Huge pages for the whole 2 MiB extents of the chunk, where the host
         // allows them for shared memory (transparent_hugepage/shmem_enabled
         // `advise`; elsewhere this is refused or ignored, harmlessly): one
-        // page to clear and map per 2 MiB instead of 512, here and in every
-        // trainer that maps the chunk. The tail stays in small pages, so no
-        // memory is allocated past the chunk's end.
+        // page to allocate, clear and map here per 2 MiB instead of 512
+        // (trainers map the same pages; without advice of their own, with
+        // small entries). The tail stays in small pages, so no memory is
+        // allocated past the chunk's end.
         let huge = len / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
         if huge > 0 {
             // SAFETY: advice on the first `huge` bytes of our own mapping.

@@ -7,22 +7,11 @@
 //! `file://`.
 
 mod common;
+mod sources;
 
 use granary_node::Node;
-use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_proto::{ChunkView, chunk::Verify};
 use std::collections::BTreeMap;
-
-fn node_config(source: String, remote: BTreeMap<String, String>) -> NodeConfig {
-    NodeConfig {
-        datasets: vec![DatasetConfig { name: "ads".into(), source, view: ViewRef::Inline(datagen::view()) }],
-        remote,
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gs_source_gives_the_same_tensors_as_the_same_files_on_disk() {
@@ -38,25 +27,11 @@ async fn a_gs_source_gives_the_same_tensors_as_the_same_files_on_disk() {
     std::fs::write(&key, account).expect("write service account");
     let remote = BTreeMap::from([("google_service_account".to_string(), key.display().to_string())]);
 
-    let gs = Node::start(&node_config("gs://train/ads/".into(), remote)).await.expect("gs:// node");
-    let disk = Node::start(&node_config(format!("file://{}", data.display()), BTreeMap::new())).await.expect("node");
-    let (a, b) = (gs.describe("ads").expect("describe"), disk.describe("ads").expect("describe"));
+    let gs = Node::start(&sources::node_config("gs://train/ads/".into(), remote)).await.expect("gs:// node");
+    let disk =
+        Node::start(&sources::node_config(format!("file://{}", data.display()), BTreeMap::new())).await.expect("node");
+    let a = sources::assert_same_tensors(&gs, &disk).await;
     assert_eq!(a.files.len(), 2);
-    assert_eq!(a.shards, b.shards, "same row groups");
-    for s in &a.shards {
-        let x = gs.chunk(a.version, s.shard).await.expect("gs chunk");
-        let y = disk.chunk(b.version, s.shard).await.expect("disk chunk");
-        let (x, y) = (
-            ChunkView::parse(x.bytes(), Verify::Full).expect("valid"),
-            ChunkView::parse(y.bytes(), Verify::Full).expect("valid"),
-        );
-        assert_eq!(x.rows(), y.rows());
-        let tensors = granary_node::datagen::view().tensors.len();
-        for i in 0..tensors {
-            assert_eq!(x.tensor_at(i).expect("tensor").1, y.tensor_at(i).expect("tensor").1, "{} tensor {i}", s.shard);
-        }
-        assert!(x.tensor_at(tensors).is_none());
-    }
     let stats = gs.stats();
     assert!(stats.remote_bytes > 0 && stats.conversions == a.shards.len() as u64, "{stats:?}");
 }

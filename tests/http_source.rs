@@ -3,25 +3,14 @@
 //! WebDAV file server on loopback (in this test's process). Every tensor of
 //! every shard must equal what the same files give from `file://`.
 
+mod sources;
 mod webdav;
 
 use granary_node::Node;
-use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_proto::{ChunkView, chunk::Verify};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-fn node_config(source: String, remote: BTreeMap<String, String>) -> NodeConfig {
-    NodeConfig {
-        datasets: vec![DatasetConfig { name: "ads".into(), source, view: ViewRef::Inline(datagen::view()) }],
-        remote,
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_source_gives_the_same_tensors_as_the_same_files_on_disk() {
@@ -34,30 +23,17 @@ async fn an_http_source_gives_the_same_tensors_as_the_same_files_on_disk() {
     let url = format!("http://{addr}/train/ads/");
 
     // Plain HTTP must be allowed explicitly; the refusal names the source.
-    let refused = Node::start(&node_config(url.clone(), BTreeMap::new())).await.err().expect("http needs allow_http");
+    let refused =
+        Node::start(&sources::node_config(url.clone(), BTreeMap::new())).await.err().expect("http needs allow_http");
     let message = refused.to_string();
     assert!(message.contains(&url) && message.contains("allow_http"), "{message}");
 
     let remote = BTreeMap::from([("allow_http".to_string(), "true".to_string())]);
-    let http = Node::start(&node_config(url, remote)).await.expect("http:// node");
-    let disk = Node::start(&node_config(format!("file://{}", data.display()), BTreeMap::new())).await.expect("node");
-    let (a, b) = (http.describe("ads").expect("describe"), disk.describe("ads").expect("describe"));
+    let http = Node::start(&sources::node_config(url, remote)).await.expect("http:// node");
+    let disk =
+        Node::start(&sources::node_config(format!("file://{}", data.display()), BTreeMap::new())).await.expect("node");
+    let a = sources::assert_same_tensors(&http, &disk).await;
     assert_eq!(a.files.len(), 2);
-    assert_eq!(a.shards, b.shards, "same row groups");
-    for s in &a.shards {
-        let x = http.chunk(a.version, s.shard).await.expect("http chunk");
-        let y = disk.chunk(b.version, s.shard).await.expect("disk chunk");
-        let (x, y) = (
-            ChunkView::parse(x.bytes(), Verify::Full).expect("valid"),
-            ChunkView::parse(y.bytes(), Verify::Full).expect("valid"),
-        );
-        assert_eq!(x.rows(), y.rows());
-        let tensors = datagen::view().tensors.len();
-        for i in 0..tensors {
-            assert_eq!(x.tensor_at(i).expect("tensor").1, y.tensor_at(i).expect("tensor").1, "{} tensor {i}", s.shard);
-        }
-        assert!(x.tensor_at(tensors).is_none());
-    }
     let stats = http.stats();
     assert_eq!(stats.conversions, a.shards.len() as u64, "{stats:?}");
     // Each row group once, plus each footer read as the file's last 64 KiB.

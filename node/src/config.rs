@@ -100,7 +100,10 @@ pub struct NodeConfig {
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
     /// object_store options (`aws_endpoint`, `aws_access_key_id`, ...).
-    /// The usual environment variables are read too.
+    /// The usual environment variables are read too. One option is
+    /// Granary's own: `ca_file`, a PEM file of CA certificates that
+    /// `s3://`, `gs://` and `http(s)://` sources trust besides the
+    /// system's (an endpoint with a private CA).
     #[serde(default)]
     pub remote: BTreeMap<String, String>,
     /// Simulated remote conditions. Default: none.

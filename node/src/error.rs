@@ -15,13 +15,16 @@ pub enum RemoteError {
         /// Why.
         reason: String,
     },
-    /// A request to the store failed (missing object, network, permission).
-    #[error("reading {path}: {source}")]
+    /// A request to the store failed (missing object, network, TLS,
+    /// permission). The message carries the store error's causes, which
+    /// travel to trainers as text: object_store's own message alone says
+    /// "error sending request" for a refused certificate.
+    #[error("reading {path}: {}", with_causes(error))]
     Store {
         /// Object path.
         path: String,
         /// The store's error.
-        source: object_store::Error,
+        error: object_store::Error,
     },
     /// The Parquet footer or a page could not be decoded.
     #[error("{path}: not a readable Parquet file: {source}")]
@@ -34,6 +37,22 @@ pub enum RemoteError {
     /// The source holds no Parquet file.
     #[error("source {0} holds no .parquet file")]
     Empty(String),
+}
+
+/// `e`'s message followed by each distinct cause's, joined with ": ".
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        // Wrappers often repeat their cause's message; say each once.
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }
 
 /// The data does not fit the view, or a value cannot be converted.

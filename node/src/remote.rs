@@ -127,24 +127,42 @@ impl Remote {
         // process-wide TLS provider; an embedding program may not set one.
         granary_net::tls::ensure_default_crypto_provider();
         let parsed = url::Url::parse(url).map_err(|e| open_err(e.to_string()))?;
+        // `ca_file` is ours, not object_store's: CA certificates (PEM) that
+        // the network stores trust besides the system's, for endpoints with
+        // a private CA (an internal MinIO, a WebDAV server).
+        let mut options = options.clone();
+        let mut client = object_store::ClientOptions::new();
+        let ca_file = options.remove("ca_file");
+        if let Some(ca_file) = &ca_file {
+            let pem = std::fs::read(ca_file).map_err(|e| open_err(format!("reading ca_file {ca_file}: {e}")))?;
+            let certs = object_store::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| open_err(format!("ca_file {ca_file}: {e}")))?;
+            if certs.is_empty() {
+                return Err(open_err(format!("ca_file {ca_file} holds no PEM certificate")));
+            }
+            for cert in certs {
+                client = client.with_root_certificate(cert);
+            }
+        }
+        let prefix_of =
+            |parsed: &url::Url| StorePath::from_url_path(parsed.path()).map_err(|e| open_err(e.to_string()));
         let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
             "s3" | "s3a" => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
-                for (k, v) in options {
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_client_options(client);
+                for (k, v) in &options {
                     let key = k.parse().map_err(|e: object_store::Error| open_err(e.to_string()))?;
                     b = b.with_config(key, v);
                 }
-                let prefix = StorePath::from_url_path(parsed.path()).map_err(|e| open_err(e.to_string()))?;
-                (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix)
+                (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix_of(&parsed)?)
             }
             "gs" => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
-                for (k, v) in options {
+                let mut b =
+                    object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).with_client_options(client);
+                for (k, v) in &options {
                     let key = k.parse().map_err(|e: object_store::Error| open_err(e.to_string()))?;
                     b = b.with_config(key, v);
                 }
-                let prefix = StorePath::from_url_path(parsed.path()).map_err(|e| open_err(e.to_string()))?;
-                (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix)
+                (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix_of(&parsed)?)
             }
             "http" if options.get("allow_http").map(|v| v.eq_ignore_ascii_case("true")) != Some(true) => {
                 // object_store's client refuses plain HTTP with a bare
@@ -152,6 +170,25 @@ impl Remote {
                 return Err(open_err(
                     "plain http:// is refused unless the node's [remote] options set allow_http = \"true\"".into(),
                 ));
+            }
+            "http" | "https"
+                if matches!(
+                    object_store::ObjectStoreScheme::parse(&parsed),
+                    Ok((object_store::ObjectStoreScheme::Http, _))
+                ) =>
+            {
+                // Built here rather than through `parse_url_opts`, which
+                // drops options it does not know without a word.
+                let origin = &parsed[..url::Position::BeforePath];
+                let mut b = object_store::http::HttpBuilder::new().with_url(origin).with_client_options(client);
+                for (k, v) in &options {
+                    let key = k.parse().map_err(|e: object_store::Error| open_err(e.to_string()))?;
+                    b = b.with_config(key, v);
+                }
+                (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix_of(&parsed)?)
+            }
+            _ if ca_file.is_some() => {
+                return Err(open_err("ca_file applies to s3://, gs://, http:// and https:// sources".into()));
             }
             _ => {
                 let (store, prefix) =
@@ -180,7 +217,7 @@ impl Remote {
             .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
             .try_collect()
             .await
-            .map_err(|source| RemoteError::Store { path: self.url.clone(), source })?;
+            .map_err(|source| RemoteError::Store { path: self.url.clone(), error: source })?;
         metas.sort_by(|a, b| a.location.cmp(&b.location));
         if metas.is_empty() {
             return Err(RemoteError::Empty(self.url.clone()));
@@ -191,7 +228,7 @@ impl Remote {
     /// The object's current size and version (one request, no bytes).
     pub async fn head(&self, path: &StorePath) -> Result<ObjectMeta, RemoteError> {
         self.counters.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.store.head(path).await.map_err(|source| RemoteError::Store { path: path.to_string(), source })
+        self.store.head(path).await.map_err(|source| RemoteError::Store { path: path.to_string(), error: source })
     }
 
     /// A Parquet reader over one object of known size.
@@ -222,7 +259,10 @@ impl RemoteFile {
     }
 
     fn store_err(&self, source: object_store::Error) -> parquet::errors::ParquetError {
-        parquet::errors::ParquetError::External(Box::new(RemoteError::Store { path: self.path.to_string(), source }))
+        parquet::errors::ParquetError::External(Box::new(RemoteError::Store {
+            path: self.path.to_string(),
+            error: source,
+        }))
     }
 
     /// Reads and decodes the footer.

@@ -574,8 +574,8 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
     if let parquet::errors::ParquetError::External(inner) = e {
         return match inner.downcast::<RemoteError>() {
             Ok(remote) => match *remote {
-                RemoteError::Store { source, .. } => {
-                    FetchError::Remote(RemoteError::Store { path: site.to_string(), source })
+                RemoteError::Store { error, .. } => {
+                    FetchError::Remote(RemoteError::Store { path: site.to_string(), error })
                 }
                 other => FetchError::Remote(other),
             },

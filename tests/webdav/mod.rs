@@ -2,29 +2,47 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 /// Serves the files under `root` read-only over plain HTTP on 127.0.0.1:0,
 /// with the part of WebDAV that object_store's HTTP store reads: `PROPFIND`
 /// (listing, depth 0, 1 or infinity), `HEAD`, and `GET` with one byte range
 /// (`bytes=a-b`, `bytes=a-`, `bytes=-n`). Anything else is 405. Runs on the
 /// current tokio runtime; `requests` counts every request served.
-pub async fn serve_webdav(root: &Path, requests: std::sync::Arc<std::sync::atomic::AtomicU64>) -> SocketAddr {
+pub async fn serve_webdav(root: &Path, requests: Arc<AtomicU64>) -> SocketAddr {
+    serve(root, requests, None).await
+}
+
+/// [`serve_webdav`] over HTTPS: every connection is a TLS session with
+/// `tls` (the test's server certificate).
+pub async fn serve_webdav_tls(root: &Path, requests: Arc<AtomicU64>, tls: Arc<rustls::ServerConfig>) -> SocketAddr {
+    serve(root, requests, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+}
+
+async fn serve(root: &Path, requests: Arc<AtomicU64>, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
     let root = root.to_path_buf();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         loop {
             let Ok((sock, _)) = listener.accept().await else { return };
-            let (root, requests) = (root.clone(), requests.clone());
+            let (root, requests, tls) = (root.clone(), requests.clone(), tls.clone());
             let service = hyper::service::service_fn(move |req| {
                 requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let root = root.clone();
                 async move { Ok::<_, std::convert::Infallible>(dav::answer(&root, &req)) }
             });
             tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(sock), service)
-                    .await;
+                let http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                let _ = match tls {
+                    // A client that refuses our certificate ends here.
+                    Some(tls) => match tls.accept(sock).await {
+                        Ok(stream) => http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await,
+                        Err(_) => return,
+                    },
+                    None => http.serve_connection(hyper_util::rt::TokioIo::new(sock), service).await,
+                };
             });
         }
     });

@@ -97,6 +97,22 @@ pub fn decode_footer(path: &str, raw: &[u8]) -> Result<ParquetMetaData, RemoteEr
     ParquetMetaDataReader::decode_metadata(&raw[..raw.len() - 8]).map_err(bad)
 }
 
+/// Builds object_store's usual reqwest client with extra trusted CA
+/// certificates (`[remote] ca_file`). A connector, rather than
+/// `with_client_options`, keeps the client options each builder derives
+/// from its defaults, the environment and the other `[remote]` options.
+#[derive(Debug)]
+struct TrustCa {
+    certs: Vec<object_store::Certificate>,
+}
+
+impl object_store::client::HttpConnector for TrustCa {
+    fn connect(&self, options: &object_store::ClientOptions) -> object_store::Result<object_store::client::HttpClient> {
+        let options = self.certs.iter().fold(options.clone(), |o, c| o.with_root_certificate(c.clone()));
+        object_store::client::ReqwestConnector::default().connect(&options)
+    }
+}
+
 /// One source: a store, the prefix the dataset lives under, and counters.
 #[derive(Clone)]
 pub struct Remote {
@@ -131,24 +147,27 @@ impl Remote {
         // the network stores trust besides the system's, for endpoints with
         // a private CA (an internal MinIO, a WebDAV server).
         let mut options = options.clone();
-        let mut client = object_store::ClientOptions::new();
         let ca_file = options.remove("ca_file");
-        if let Some(ca_file) = &ca_file {
-            let pem = std::fs::read(ca_file).map_err(|e| open_err(format!("reading ca_file {ca_file}: {e}")))?;
-            let certs = object_store::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| open_err(format!("ca_file {ca_file}: {e}")))?;
-            if certs.is_empty() {
-                return Err(open_err(format!("ca_file {ca_file} holds no PEM certificate")));
+        let trust = match &ca_file {
+            None => None,
+            Some(ca_file) => {
+                let pem = std::fs::read(ca_file).map_err(|e| open_err(format!("reading ca_file {ca_file}: {e}")))?;
+                let certs = object_store::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| open_err(format!("ca_file {ca_file}: {e}")))?;
+                if certs.is_empty() {
+                    return Err(open_err(format!("ca_file {ca_file} holds no PEM certificate")));
+                }
+                Some(TrustCa { certs })
             }
-            for cert in certs {
-                client = client.with_root_certificate(cert);
-            }
-        }
+        };
         let prefix_of =
             |parsed: &url::Url| StorePath::from_url_path(parsed.path()).map_err(|e| open_err(e.to_string()));
         let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
             "s3" | "s3a" => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_client_options(client);
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+                if let Some(trust) = trust {
+                    b = b.with_http_connector(trust);
+                }
                 for (k, v) in &options {
                     let key = k.parse().map_err(|e: object_store::Error| open_err(e.to_string()))?;
                     b = b.with_config(key, v);
@@ -156,8 +175,10 @@ impl Remote {
                 (Arc::new(b.build().map_err(|e| open_err(e.to_string()))?), prefix_of(&parsed)?)
             }
             "gs" => {
-                let mut b =
-                    object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).with_client_options(client);
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
+                if let Some(trust) = trust {
+                    b = b.with_http_connector(trust);
+                }
                 for (k, v) in &options {
                     let key = k.parse().map_err(|e: object_store::Error| open_err(e.to_string()))?;
                     b = b.with_config(key, v);
@@ -180,7 +201,10 @@ impl Remote {
                 // Built here rather than through `parse_url_opts`, which
                 // drops options it does not know without a word.
                 let origin = &parsed[..url::Position::BeforePath];
-                let mut b = object_store::http::HttpBuilder::new().with_url(origin).with_client_options(client);
+                let mut b = object_store::http::HttpBuilder::new().with_url(origin);
+                if let Some(trust) = trust {
+                    b = b.with_http_connector(trust);
+                }
                 for (k, v) in &options {
                     let key = k.parse().map_err(|e: object_store::Error| open_err(e.to_string()))?;
                     b = b.with_config(key, v);

@@ -120,6 +120,17 @@ enum BenchCommand {
     /// remote reads, the cold epoch against its bound, warm rows/s per rank,
     /// and peer chunk transfer against bare QUIC and kernel TCP.
     Cluster(ClusterArgs),
+    /// Serve bare quinn streams for `bench cluster`'s transfer scenario
+    /// (prints the address, serves until stdin closes).
+    #[command(hide = true)]
+    QuicServe {
+        /// The cluster's certificate folder (the `node` identity is used).
+        #[arg(long)]
+        certs: std::path::PathBuf,
+        /// Largest answer, bytes.
+        #[arg(long)]
+        bytes: u64,
+    },
     /// Kill the leader of a coordinator group (real processes) again and
     /// again: time to a new leader and to a committed write; no
     /// acknowledged write lost after a full restart.
@@ -199,6 +210,9 @@ fn main() -> Result<()> {
         Command::Bench(BenchCommand::Local(a)) => bench_local(a),
         Command::Bench(BenchCommand::Placement { shards, nodes, json }) => bench_placement(shards, nodes, json),
         Command::Bench(BenchCommand::Cluster(a)) => bench_cluster(a),
+        Command::Bench(BenchCommand::QuicServe { certs, bytes }) => {
+            granary_bench::cluster::serve_raw_quic(&certs, bytes)
+        }
         Command::Bench(BenchCommand::Failover { voters, rounds, election_timeout_ms, heartbeat_ms, json }) => {
             let opts = granary_bench::failover::FailoverOpts { voters, rounds, election_timeout_ms, heartbeat_ms };
             bench_failover(&opts, json)
@@ -372,13 +386,15 @@ fn bench_cluster(a: ClusterArgs) -> Result<()> {
     }
     let t = &r.transfer;
     println!(
-        "transfer ({} rounds of {} chunks, {:.0} MB, {} at once; medians): peer {:.0} MB/s, bare quinn {:.0} MB/s, kernel TCP {:.0} MB/s",
+        "transfer ({} rounds of {} chunks, {:.0} MB, {} at once; medians): peer {:.0} MB/s, bare quinn {:.0} MB/s \
+         (server in this process: {:.0}), kernel TCP {:.0} MB/s",
         t.rounds,
         t.chunks,
         t.bytes as f64 / 1e6,
         t.concurrency,
         t.peer_mb_s,
         t.quic_raw_mb_s,
+        t.quic_raw_in_process_mb_s,
         t.tcp_raw_mb_s
     );
     let s = &r.summary;

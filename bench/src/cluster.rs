@@ -12,16 +12,18 @@
 //!   machine that runs every process of the cluster, comparing with a
 //!   single node that serves fewer ranks would measure CPU sharing, not the
 //!   fabric.
-//! - `transfer`: chunk bytes between two processes on loopback, three ways
-//!   taking turns round after round (medians reported), with the same chunk
-//!   sizes and the same concurrency
-//!   ([`MAX_FETCHES_PER_PEER`]): `peer` (this process fetches the dataset's
-//!   chunks from a node daemon with the node's own [`PeerLink`]: request
-//!   frame, tier lookup, chunk bytes received into the shared-memory file
-//!   the node keeps and hands out, validation), `quic_raw` (a bare quinn
-//!   stream per chunk into a fresh heap buffer, with the same TLS
-//!   identities and transport settings, server in this process) and `tcp_raw` (a kernel TCP connection per
-//!   concurrent slot, server in this process).
+//! - `transfer`: chunk bytes on loopback, four ways taking turns round
+//!   after round (medians reported), with the same chunk sizes and the same
+//!   concurrency ([`MAX_FETCHES_PER_PEER`]): `peer` (this process fetches
+//!   the dataset's chunks from a node daemon with the node's own
+//!   [`PeerLink`]: request frame, tier lookup, chunk bytes received into the
+//!   shared-memory file the node keeps and hands out, validation),
+//!   `quic_raw` (a bare quinn stream per chunk into a fresh heap buffer,
+//!   with the same TLS identities and transport settings, from a server
+//!   process of its own, `granary bench quic-serve`: the same process
+//!   layout as `peer`), `quic_raw_in_process` (the same with the server in
+//!   this process, reported for comparison) and `tcp_raw` (a kernel TCP
+//!   connection per concurrent slot, server in this process).
 
 use crate::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
 use crate::report::{Conditions, CpuSample, CpuShares, ratio};
@@ -128,18 +130,23 @@ pub struct TransferScenario {
     pub bytes: u64,
     /// Concurrent requests.
     pub concurrency: usize,
-    /// Rounds; the three ways take turns in each.
+    /// Rounds; the four ways take turns in each.
     pub rounds: u32,
     /// Peer fabric, median over rounds, MB/s (10^6).
     pub peer_mb_s: f64,
-    /// Bare quinn streams, median, MB/s.
+    /// Bare quinn streams from a server process, median, MB/s.
     pub quic_raw_mb_s: f64,
+    /// Bare quinn streams from a server in the measuring process, median,
+    /// MB/s (the baseline before the server had a process of its own).
+    pub quic_raw_in_process_mb_s: f64,
     /// Kernel TCP, median, MB/s.
     pub tcp_raw_mb_s: f64,
     /// Each round, peer fabric.
     pub peer_rounds_mb_s: Vec<f64>,
-    /// Each round, bare quinn.
+    /// Each round, bare quinn from a server process.
     pub quic_raw_rounds_mb_s: Vec<f64>,
+    /// Each round, bare quinn in this process.
+    pub quic_raw_in_process_rounds_mb_s: Vec<f64>,
     /// Each round, kernel TCP.
     pub tcp_raw_rounds_mb_s: Vec<f64>,
     /// Path MTU the bare quinn connection reached (UDP payload bytes).
@@ -227,7 +234,7 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
         scenarios.push(s);
         if n >= 2 && transfer.is_none() {
             say("transfer: peer fetch, bare quinn, kernel TCP");
-            transfer = Some(transfer_scenario(&cluster, opts.transfer_rounds)?);
+            transfer = Some(transfer_scenario(exe, &cluster, opts.transfer_rounds)?);
         }
     }
     let world = largest * opts.ranks_per_node;
@@ -333,8 +340,8 @@ fn nodes_scenario(
     Ok((s, cluster))
 }
 
-/// Fetches every chunk node 1 serves, `rounds` times, three ways.
-fn transfer_scenario(cluster: &LocalCluster, rounds: u32) -> Result<TransferScenario> {
+/// Fetches every chunk node 1 serves, `rounds` times, four ways.
+fn transfer_scenario(exe: &Path, cluster: &LocalCluster, rounds: u32) -> Result<TransferScenario> {
     let src = LocalSource::connect(cluster.socket(1))?;
     let info = src.describe("ads")?;
     let version = info.version;
@@ -351,19 +358,27 @@ fn transfer_scenario(cluster: &LocalCluster, rounds: u32) -> Result<TransferScen
         let link = Arc::new(PeerLink::new(endpoint, &identity)?);
         let sizes = peer_round(&link, node_addr, version, &shards, concurrency).await?;
         let bytes: u64 = sizes.iter().sum();
-        let quic = RawQuic::start(&identity, sizes.iter().copied().max().unwrap_or(0)).await?;
-        // The three ways take turns, round after round, so that a burst of
-        // other load on this shared machine hits them alike.
-        let (mut peer, mut raw, mut tcp) = (Vec::new(), Vec::new(), Vec::new());
+        let max_chunk = sizes.iter().copied().max().unwrap_or(0);
+        let server_process = RawQuicProcess::spawn(exe, cluster.certs(), max_chunk)?;
+        let quic = RawQuicClient::connect(&identity, server_process.addr).await?;
+        let local_server = RawQuicServer::start(&identity, max_chunk)?;
+        let quic_local = RawQuicClient::connect(&identity, local_server.addr()?).await?;
+        // The ways take turns, round after round, so that a burst of other
+        // load on this shared machine hits them alike.
+        let (mut peer, mut raw, mut raw_local, mut tcp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mb = |secs: f64| ratio(bytes as f64 / 1e6, secs);
         for _ in 0..rounds {
             let start = Instant::now();
             peer_round(&link, node_addr, version, &shards, concurrency).await?;
             peer.push(mb(start.elapsed().as_secs_f64()));
             raw.push(mb(quic.round(&sizes, concurrency).await?));
+            raw_local.push(mb(quic_local.round(&sizes, concurrency).await?));
             tcp.push(mb(tcp_raw(&sizes, concurrency).await?));
         }
         let quic_mtu = quic.close();
+        quic_local.close();
+        local_server.close();
+        drop(server_process);
         Ok(TransferScenario {
             scenario: "transfer",
             chunks: sizes.len(),
@@ -372,10 +387,12 @@ fn transfer_scenario(cluster: &LocalCluster, rounds: u32) -> Result<TransferScen
             rounds,
             peer_mb_s: median(&peer),
             quic_raw_mb_s: median(&raw),
+            quic_raw_in_process_mb_s: median(&raw_local),
             tcp_raw_mb_s: median(&tcp),
             quic_mtu,
             peer_rounds_mb_s: peer,
             quic_raw_rounds_mb_s: raw,
+            quic_raw_in_process_rounds_mb_s: raw_local,
             tcp_raw_rounds_mb_s: tcp,
         })
     })
@@ -419,24 +436,24 @@ async fn peer_round(
     Ok(sizes)
 }
 
-/// A bare quinn server in this process and one connection to it, with the
-/// node's TLS identity and transport settings: the client sends the size
-/// it wants on a new stream, the server answers that many bytes.
-struct RawQuic {
-    server: quinn::Endpoint,
-    conn: quinn::Connection,
+/// A bare quinn server with the node's TLS identity and transport
+/// settings: on each new stream the client sends the size it wants, the
+/// server answers that many bytes from one shared buffer (as shared `Bytes`
+/// slices, as the node sends its chunks).
+struct RawQuicServer {
+    endpoint: quinn::Endpoint,
     serving: tokio::task::JoinHandle<()>,
 }
 
-impl RawQuic {
-    async fn start(identity: &Identity, max_chunk: u64) -> Result<Self> {
-        let server = tls::server_endpoint(identity, "127.0.0.1:0".parse()?, identity.server_config(&[ALPN_PEER])?)?;
-        let addr = server.local_addr()?;
-        let payload = Arc::new(vec![0x5au8; max_chunk as usize]);
+impl RawQuicServer {
+    /// Serves on 127.0.0.1:0 on the current runtime.
+    fn start(identity: &Identity, max_chunk: u64) -> Result<Self> {
+        let endpoint = tls::server_endpoint(identity, "127.0.0.1:0".parse()?, identity.server_config(&[ALPN_PEER])?)?;
+        let payload = bytes::Bytes::from(vec![0x5au8; max_chunk as usize]);
         let serving = tokio::spawn({
-            let server = server.clone();
+            let endpoint = endpoint.clone();
             async move {
-                while let Some(incoming) = server.accept().await {
+                while let Some(incoming) = endpoint.accept().await {
                     let payload = payload.clone();
                     tokio::spawn(async move {
                         let Ok(conn) = incoming.await else { return };
@@ -446,7 +463,7 @@ impl RawQuic {
                                 let mut len = [0u8; 8];
                                 if recv.read_exact(&mut len).await.is_ok() {
                                     let n = (u64::from_le_bytes(len) as usize).min(payload.len());
-                                    let _ = send.write_all(&payload[..n]).await;
+                                    let _ = send.write_chunk(payload.slice(..n)).await;
                                     let _ = send.finish();
                                 }
                             });
@@ -455,13 +472,104 @@ impl RawQuic {
                 }
             }
         });
-        let client = tls::endpoint("127.0.0.1:0".parse()?, None)?;
-        let conn = client.connect_with(identity.client_config(ALPN_PEER)?, addr, Role::Node.server_name())?.await?;
-        Ok(Self { server, conn, serving })
+        Ok(Self { endpoint, serving })
+    }
+
+    fn addr(&self) -> Result<SocketAddr> {
+        Ok(self.endpoint.local_addr()?)
+    }
+
+    fn close(self) {
+        self.endpoint.close(0u32.into(), b"done");
+        self.serving.abort();
+    }
+}
+
+/// `granary bench quic-serve`: a [`RawQuicServer`] in a process of its own,
+/// as a peer node is, so that the bare-quinn baseline of the transfer
+/// scenario has the same process layout as the peer fetch. Prints its
+/// address as the first line of stdout and serves until stdin closes.
+pub fn serve_raw_quic(certs: &Path, max_chunk: u64) -> Result<()> {
+    use std::io::{Read, Write};
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let identity = Identity::load(certs, "node").context("loading the node certificate")?;
+        let server = RawQuicServer::start(&identity, max_chunk)?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", server.addr()?)?;
+        out.flush()?;
+        drop(out);
+        tokio::task::spawn_blocking(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+        })
+        .await?;
+        server.close();
+        Ok(())
+    })
+}
+
+/// A `granary bench quic-serve` child process.
+struct RawQuicProcess {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl RawQuicProcess {
+    fn spawn(exe: &Path, certs: &Path, max_chunk: u64) -> Result<Self> {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(exe)
+            .args(["bench", "quic-serve", "--bytes", &max_chunk.to_string()])
+            .arg("--certs")
+            .arg(certs)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {} bench quic-serve", exe.display()))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("quic-serve has no stdout"))?;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let addr = line.trim().parse().with_context(|| format!("quic-serve printed {line:?}, not an address"));
+        // Owned before the parse can fail, so that Drop stops the child.
+        let mut proc = Self { child, addr: SocketAddr::from(([127, 0, 0, 1], 0)) };
+        proc.addr = addr?;
+        Ok(proc)
+    }
+}
+
+impl Drop for RawQuicProcess {
+    fn drop(&mut self) {
+        // Closing stdin asks it to stop; kill if it does not.
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One connection to a bare quinn server.
+struct RawQuicClient {
+    endpoint: quinn::Endpoint,
+    conn: quinn::Connection,
+}
+
+impl RawQuicClient {
+    async fn connect(identity: &Identity, addr: SocketAddr) -> Result<Self> {
+        let endpoint = tls::endpoint("127.0.0.1:0".parse()?, None)?;
+        let conn = endpoint.connect_with(identity.client_config(ALPN_PEER)?, addr, Role::Node.server_name())?.await?;
+        Ok(Self { endpoint, conn })
     }
 
     /// Seconds to move `work` (chunk sizes), one stream per chunk,
-    /// `concurrency` at a time.
+    /// `concurrency` at a time, each into a fresh heap buffer.
     async fn round(&self, work: &[u64], concurrency: usize) -> Result<f64> {
         let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
         let start = Instant::now();
@@ -485,12 +593,11 @@ impl RawQuic {
         Ok(start.elapsed().as_secs_f64())
     }
 
-    /// Closes both ends; returns the path MTU the connection reached.
+    /// Closes the connection; returns the path MTU it reached.
     fn close(self) -> u16 {
         let mtu = self.conn.stats().path.current_mtu;
         self.conn.close(0u32.into(), b"done");
-        self.server.close(0u32.into(), b"done");
-        self.serving.abort();
+        self.endpoint.close(0u32.into(), b"done");
         mtu
     }
 }

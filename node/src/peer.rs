@@ -586,7 +586,9 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
             send.write_all(&head).await.map_err(|e| e.to_string())?;
-            send.write_all(chunk.bytes()).await.map_err(|e| e.to_string())?;
+            // Handed to quinn as shared `Bytes`: it queues them without the
+            // copy `write_all` makes (a chunk is megabytes).
+            send.write_chunk(chunk.shared_bytes()).await.map_err(|e| e.to_string())?;
         }
         Err(e) => {
             let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };

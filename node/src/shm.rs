@@ -161,6 +161,24 @@ impl SealedChunk {
     }
 }
 
+/// A shared chunk as [`bytes::Bytes`] without copying: the `Bytes` keeps the
+/// mapping alive, so QUIC can send from it while the tier evicts.
+#[derive(Debug)]
+struct SharedChunkBytes(std::sync::Arc<SealedChunk>);
+
+impl AsRef<[u8]> for SharedChunkBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+impl SealedChunk {
+    /// The chunk's bytes as `Bytes` that share this mapping (no copy).
+    pub fn shared_bytes(self: &std::sync::Arc<Self>) -> bytes::Bytes {
+        bytes::Bytes::from_owner(SharedChunkBytes(self.clone()))
+    }
+}
+
 impl Drop for SealedChunk {
     fn drop(&mut self) {
         LIVE_CHUNK_BYTES.fetch_sub(self.len as u64, Ordering::Relaxed);

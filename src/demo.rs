@@ -300,6 +300,9 @@ pub(crate) fn pass(
     let settings = DaemonSettings {
         socket: &socket,
         ssd_dir: Some(&ssd),
+        // Room for every chunk twice (converted chunks are about the size
+        // of the Parquet here; foyer reclaims whole blocks).
+        ssd_bytes: (2 * source_bytes).max(1 << 30),
         data_dir: data,
         ram_bytes: a.ram_mib << 20,
         prefetch_bytes: s.prefetch_bytes,

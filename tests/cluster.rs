@@ -108,6 +108,7 @@ fn reference(dir: &Path, data: &Path, world: usize, dump: &Path) {
     let settings = DaemonSettings {
         socket: &socket,
         ssd_dir: None,
+        ssd_bytes: 0,
         data_dir: data,
         ram_bytes: 256 << 20,
         prefetch_bytes: 32 << 20,

@@ -26,6 +26,7 @@ fn node_toml(socket: &Path, ssd: &Path, s3: SocketAddr) -> String {
     format!(
         r#"socket = {socket:?}
 ssd_dir = {ssd:?}
+ssd_bytes = 268435456
 ram_bytes = 268435456
 prefetch_bytes = 16777216
 

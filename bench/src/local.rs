@@ -168,6 +168,8 @@ pub struct DaemonSettings<'a> {
     pub socket: &'a Path,
     /// SSD tier folder.
     pub ssd_dir: Option<&'a Path>,
+    /// SSD tier capacity (reserved on disk when the daemon starts).
+    pub ssd_bytes: u64,
     /// Folder of the generated Parquet files (served as `file://`).
     pub data_dir: &'a Path,
     /// RAM tier.
@@ -190,7 +192,7 @@ impl DaemonSettings<'_> {
             self.socket, self.ram_bytes, self.prefetch_bytes, self.loads, self.convert_threads
         );
         if let Some(d) = self.ssd_dir {
-            s += &format!("ssd_dir = {d:?}\nssd_bytes = {}\n", 4u64 << 30);
+            s += &format!("ssd_dir = {d:?}\nssd_bytes = {}\n", self.ssd_bytes);
         }
         if let Some((latency_ms, bw)) = self.throttle {
             s += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
@@ -266,6 +268,8 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let settings = DaemonSettings {
         socket: &socket,
         ssd_dir: Some(&ssd),
+        // Room for every chunk twice (foyer reclaims whole blocks).
+        ssd_bytes: (2 * converted_bytes).max(1 << 30),
         data_dir: &data,
         ram_bytes: opts.ram_bytes,
         prefetch_bytes: 256 << 20,

@@ -77,7 +77,8 @@ pub struct NodeConfig {
     /// RAM tier capacity. Default 4 GiB.
     #[serde(default = "default_ram")]
     pub ram_bytes: u64,
-    /// SSD tier capacity. Default 64 GiB.
+    /// SSD tier capacity, reserved on disk (`fallocate`) when the node
+    /// starts; a filesystem with less free space is refused. Default 64 GiB.
     #[serde(default = "default_ssd")]
     pub ssd_bytes: u64,
     /// RAM for guest copies of chunks other nodes own (in a cluster), apart

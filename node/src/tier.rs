@@ -24,7 +24,7 @@ use foyer::{
 use granary_proto::chunk::Verify;
 use granary_proto::{ChunkView, DatasetVersion, ShardId};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Cache key: one shard of one dataset version.
@@ -162,6 +162,7 @@ impl ChunkTier {
                 let probe = s.dir.join(".granary-write-probe");
                 std::fs::write(&probe, b"ok").map_err(|e| err(format!("not writable: {e}")))?;
                 let _ = std::fs::remove_file(&probe);
+                check_free_space(&s.dir, s.capacity_bytes).map_err(err)?;
                 // Direct I/O: chunks are written once and read rarely, so
                 // copying them through the page cache only costs CPU and
                 // memory that the trainers need.
@@ -187,6 +188,12 @@ impl ChunkTier {
             dir: ssd.as_ref().map(|s| s.dir.clone()).unwrap_or_default(),
             reason: e.to_string(),
         })?;
+        if let Some(s) = &ssd
+            && let Err(reason) = reserve_files(&s.dir)
+        {
+            let _ = cache.close().await;
+            return Err(TierError::Open { dir: s.dir.clone(), reason });
+        }
         Ok(Self { cache, ssd, disk_turn: tokio::sync::Mutex::new(()) })
     }
 
@@ -240,6 +247,66 @@ impl ChunkTier {
             tracing::warn!(error = %e, "closing the chunk tier");
         }
     }
+}
+
+/// Bytes the files directly in `dir` occupy on disk.
+fn allocated_in(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.blocks() * 512).sum()
+}
+
+/// Refuses an SSD capacity the filesystem cannot hold: free space plus what
+/// the tier's files already occupy (a restarted node) must cover it.
+fn check_free_space(dir: &Path, capacity: u64) -> Result<(), String> {
+    let st = rustix::fs::statvfs(dir).map_err(|e| format!("statvfs: {e}"))?;
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    let held = allocated_in(dir);
+    if free.saturating_add(held) < capacity {
+        return Err(format!(
+            "ssd_bytes is {capacity} but the filesystem has {free} bytes free (and the tier's files hold {held}); \
+             lower ssd_bytes or free space"
+        ));
+    }
+    Ok(())
+}
+
+/// Allocates every byte of the block files foyer created in `dir`.
+///
+/// foyer creates them sparse (`set_len`), so a filesystem that fills up
+/// later (another process, a smaller disk than configured) fails its writes
+/// with ENOSPC, and foyer 0.22's block manager then panics on its tasks and
+/// poisons its state (`assertion failed: inserted` in `on_writing_finish`):
+/// the SSD tier stops working. Reserving the space up front means writes
+/// into the files never need new disk blocks. A filesystem without
+/// `fallocate` keeps the sparse files, with a warning.
+fn reserve_files(dir: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("listing: {e}"))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() || meta.len() == 0 {
+            continue;
+        }
+        let file =
+            std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, meta.len()) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::OPNOTSUPP) => {
+                tracing::warn!(dir = %dir.display(),
+                    "the filesystem cannot reserve space (no fallocate); if it fills up, the SSD tier stops storing chunks");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "reserving {} bytes for {}: {e}; lower ssd_bytes or free space",
+                    meta.len(),
+                    path.display()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Guest copies: chunks of shards other nodes own, fetched from them, kept

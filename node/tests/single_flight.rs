@@ -14,6 +14,7 @@ fn config(data: &std::path::Path, ssd: Option<&std::path::Path>) -> NodeConfig {
             view: ViewRef::Inline(view),
         }],
         ssd_dir: ssd.map(|p| p.to_path_buf()),
+        ssd_bytes: 256 << 20,
         ram_bytes: 64 << 20,
         ..NodeConfig::default()
     }

@@ -128,6 +128,11 @@ const fn align_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// [`align_up`], or `None` where the result does not fit a `usize`.
+fn checked_align_up(n: usize) -> Option<usize> {
+    n.checked_next_multiple_of(ALIGN)
+}
+
 /// Where everything goes in a chunk about to be written.
 ///
 /// The writer asks for the layout, fills each tensor's byte range of a
@@ -163,7 +168,10 @@ impl ChunkLayout {
                 offset: offset as u64,
                 len: len as u64,
             });
-            offset = align_up(offset + len);
+            offset = offset
+                .checked_add(len)
+                .and_then(checked_align_up)
+                .ok_or_else(|| ChunkError::Layout(format!("tensor {:?} is too large", t.name)))?;
         }
         let header = ChunkHeader {
             format_version: FORMAT_VERSION,
@@ -176,7 +184,10 @@ impl ChunkLayout {
         };
         let header_len = encode_header(&header)?.len();
         let payload_start = align_up(PREFIX_LEN + header_len);
-        Ok(Self { header, header_len, payload_start, total_len: payload_start + offset })
+        let total_len = payload_start
+            .checked_add(offset)
+            .ok_or_else(|| ChunkError::Layout(format!("a payload of {offset} bytes is too large")))?;
+        Ok(Self { header, header_len, payload_start, total_len })
     }
 
     /// Length of the whole chunk in bytes.
@@ -340,7 +351,9 @@ fn check_layout(h: &ChunkHeader, payload_start: usize, total: usize) -> Result<(
     if h.format_version != FORMAT_VERSION {
         return Err(ChunkError::UnsupportedFormat(h.format_version));
     }
-    if payload_start as u64 + h.payload_len != total as u64 || !h.payload_len.is_multiple_of(ALIGN as u64) {
+    if (payload_start as u64).checked_add(h.payload_len) != Some(total as u64)
+        || !h.payload_len.is_multiple_of(ALIGN as u64)
+    {
         return bad(format!("payload of {} bytes does not end the {total}-byte chunk", h.payload_len));
     }
     let mut end = 0u64;
@@ -427,7 +440,70 @@ mod tests {
         }
     }
 
+    /// A chunk with header `h` (its checksum correct) and `payload`: what
+    /// a hostile peer or a corrupted-then-rewritten disk entry can send.
+    fn with_header(h: &ChunkHeader, payload: &[u8]) -> Vec<u8> {
+        let enc = encode_header(h).unwrap();
+        let start = align_up(PREFIX_LEN + enc.len());
+        let mut buf = vec![0u8; start + payload.len()];
+        let total = buf.len() as u64;
+        buf[0..8].copy_from_slice(&MAGIC);
+        buf[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        buf[12..16].copy_from_slice(&(enc.len() as u32).to_le_bytes());
+        buf[16..24].copy_from_slice(&xxh3_64(&enc).to_le_bytes());
+        buf[24..32].copy_from_slice(&total.to_le_bytes());
+        buf[PREFIX_LEN..PREFIX_LEN + enc.len()].copy_from_slice(&enc);
+        buf[start..].copy_from_slice(payload);
+        buf
+    }
+
+    #[test]
+    fn extreme_header_values_are_refused_not_overflowed() {
+        let good = build(5, 1);
+        let h = ChunkView::parse(&good, Verify::Full).unwrap().header().clone();
+        for payload_len in [u64::MAX, u64::MAX - 63, u64::MAX - 127] {
+            let buf = with_header(&ChunkHeader { payload_len, ..h.clone() }, &[0u8; 128]);
+            assert!(ChunkView::parse(&buf, Verify::Full).is_err(), "payload_len {payload_len}");
+        }
+        let mut huge = h.clone();
+        huge.tensors[0].offset = u64::MAX - 63;
+        huge.tensors[0].len = 128;
+        assert!(ChunkView::parse(&with_header(&huge, &[0u8; 128]), Verify::Full).is_err());
+    }
+
+    #[test]
+    fn a_layout_too_large_to_address_is_an_error() {
+        let wide = vec![
+            TensorLayout { name: "a".into(), dtype: DType::F64, shape: vec![u32::MAX] },
+            TensorLayout { name: "b".into(), dtype: DType::F64, shape: vec![u32::MAX] },
+        ];
+        for rows in [u64::from(u32::MAX), 1 << 30, u64::MAX] {
+            let r = ChunkLayout::new(DatasetVersion([0; 16]), ShardId { file: 0, row_group: 0 }, rows, &wide);
+            assert!(matches!(r, Err(ChunkError::Layout(_))), "rows {rows}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn hostile_headers_with_valid_checksums_never_panic(
+            payload_len in any::<u64>(),
+            rows in any::<u64>(),
+            offset in any::<u64>(),
+            len in any::<u64>(),
+            dim in any::<u32>(),
+            payload_lines in 0usize..4,
+        ) {
+            let good = build(5, 1);
+            let mut h = ChunkView::parse(&good, Verify::Full).unwrap().header().clone();
+            h.payload_len = payload_len;
+            h.rows = rows;
+            h.tensors[0].offset = offset;
+            h.tensors[0].len = len;
+            h.tensors[0].shape = vec![dim];
+            let buf = with_header(&h, &vec![0u8; payload_lines * 64]);
+            let _ = ChunkView::parse(&buf, Verify::Full);
+        }
+
         #[test]
         fn round_trip(rows in 0u64..300, seed in any::<u8>()) {
             let buf = build(rows, seed);

@@ -92,12 +92,13 @@ impl Manifest {
 
     /// Total rows.
     pub fn total_rows(&self) -> u64 {
-        self.files.iter().flat_map(|f| &f.row_groups).map(|g| g.rows).sum()
+        // Saturating: the counts come from footers and other processes.
+        self.files.iter().flat_map(|f| &f.row_groups).fold(0u64, |n, g| n.saturating_add(g.rows))
     }
 
     /// Total size of the source files in bytes.
     pub fn total_file_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size_bytes).sum()
+        self.files.iter().fold(0u64, |n, f| n.saturating_add(f.size_bytes))
     }
 
     /// Bytes per converted row, over all tensors.

@@ -124,6 +124,12 @@ pub enum PlanError {
     /// A shard with more rows than a plan can address.
     #[error("shard {0} has more than 2^32 rows")]
     ShardTooLarge(ShardId),
+    /// The rank's rows do not fit in memory.
+    #[error("a plan of {rows} rows for one rank cannot be allocated")]
+    TooManyRows {
+        /// Rows of the rank's plan.
+        rows: u64,
+    },
 }
 
 /// A rank's plan for one epoch.
@@ -212,7 +218,13 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
     }
 
     // 3. Rows, window by window.
-    let mut rows: Vec<RowRef> = Vec::with_capacity((hi - lo) as usize);
+    // The row count comes from Parquet footers: a corrupt one must give an
+    // error here, not abort the process on a failed allocation.
+    let mut rows: Vec<RowRef> = Vec::new();
+    usize::try_from(hi - lo)
+        .ok()
+        .and_then(|n| rows.try_reserve_exact(n).ok())
+        .ok_or(PlanError::TooManyRows { rows: hi - lo })?;
     let window = match params.shuffle {
         Shuffle::Off => segments.len().max(1),
         Shuffle::Windowed { window_shards } => window_shards as usize,

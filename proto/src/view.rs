@@ -94,6 +94,14 @@ pub enum ViewError {
         /// The pattern as written.
         pattern: String,
     },
+    /// A column pattern names more than [`MAX_PATTERN_COLUMNS`] columns.
+    #[error("tensor {tensor:?}: column pattern {pattern:?} names more than {MAX_PATTERN_COLUMNS} columns")]
+    TooManyColumns {
+        /// The tensor.
+        tensor: String,
+        /// The pattern.
+        pattern: String,
+    },
     /// A fill value does not fit the tensor's dtype.
     #[error("tensor {tensor:?}: fill value {fill} does not fit dtype {dtype}")]
     BadFill {
@@ -153,6 +161,11 @@ pub fn fill_fits(fill: f64, dtype: DType) -> bool {
     }
 }
 
+/// Columns one `prefix{a..b}` pattern may name: views come from other
+/// processes (an admin's `dataset add`), and an unbounded range would
+/// exhaust the memory of whoever expands it.
+pub const MAX_PATTERN_COLUMNS: u32 = 1 << 16;
+
 fn expand_pattern(tensor: &str, pattern: &str, out: &mut Vec<String>) -> Result<(), ViewError> {
     let Some(open) = pattern.find('{') else {
         out.push(pattern.to_string());
@@ -167,6 +180,9 @@ fn expand_pattern(tensor: &str, pattern: &str, out: &mut Vec<String>) -> Result<
     if a >= b || suffix.contains('{') {
         return Err(bad());
     }
+    if b - a > MAX_PATTERN_COLUMNS {
+        return Err(ViewError::TooManyColumns { tensor: tensor.to_string(), pattern: pattern.to_string() });
+    }
     out.extend((a..b).map(|i| format!("{prefix}{i}{suffix}")));
     Ok(())
 }
@@ -174,6 +190,16 @@ fn expand_pattern(tensor: &str, pattern: &str, out: &mut Vec<String>) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_naming_too_many_columns_is_refused() {
+        let mut out = Vec::new();
+        let e = expand_pattern("dense", "f{0..4000000000}", &mut out).unwrap_err();
+        assert!(matches!(e, ViewError::TooManyColumns { .. }), "{e}");
+        assert!(out.is_empty());
+        expand_pattern("dense", "f{0..65536}", &mut out).unwrap();
+        assert_eq!(out.len(), 65536);
+    }
 
     fn spec(name: &str, cols: &[&str]) -> TensorSpec {
         TensorSpec {

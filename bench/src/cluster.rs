@@ -345,7 +345,16 @@ fn transfer_scenario(exe: &Path, cluster: &LocalCluster, rounds: u32) -> Result<
     let src = LocalSource::connect(cluster.socket(1))?;
     let info = src.describe("ads")?;
     let version = info.version;
-    let shards: Vec<ShardId> = info.shards.iter().map(|s| s.shard).collect();
+    // Each shard with its chunk's length from the layout, which a fetch
+    // checks the owner's announcement against.
+    let shards = info
+        .shards
+        .iter()
+        .map(|s| {
+            let layout = granary_proto::ChunkLayout::new(version, s.shard, s.rows, &info.tensors)?;
+            Ok((s.shard, layout.total_len() as u64))
+        })
+        .collect::<Result<Vec<(ShardId, u64)>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let identity = Identity::load(cluster.certs(), "node").context("loading the node certificate")?;
     let node_addr = cluster.peer_addr(1);
@@ -414,17 +423,17 @@ async fn peer_round(
     link: &Arc<PeerLink>,
     addr: SocketAddr,
     version: granary_proto::DatasetVersion,
-    shards: &[ShardId],
+    shards: &[(ShardId, u64)],
     concurrency: usize,
 ) -> Result<Vec<u64>> {
     let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, &shard) in shards.iter().enumerate() {
+    for (i, &(shard, expected_len)) in shards.iter().enumerate() {
         let permit = sem.clone().acquire_owned().await?;
         let link = link.clone();
         tasks.spawn(async move {
             let _permit = permit;
-            let buf = link.fetch(addr, version, shard, Duration::from_secs(120)).await?;
+            let buf = link.fetch(addr, version, shard, expected_len, Duration::from_secs(120)).await?;
             Ok::<_, anyhow::Error>((i, buf.len() as u64))
         });
     }

@@ -174,18 +174,22 @@ impl PeerLink {
     }
 
     /// Fetches and validates the chunk of `shard` from the node at `addr`.
+    /// `expected_len` is the chunk's length from the manifest's layout
+    /// ([`granary_proto::ChunkLayout::total_len`]): a peer announcing any
+    /// other length is refused before memory is committed for it.
     pub async fn fetch(
         &self,
         addr: SocketAddr,
         version: DatasetVersion,
         shard: ShardId,
+        expected_len: u64,
         deadline: Duration,
     ) -> Result<SealedChunk, PeerError> {
         let work = async {
             let slot = self.slot(addr);
             let _permit = slot.acquire().await.map_err(|e| PeerError::Connect { addr, reason: e.to_string() })?;
             let conn = self.connection(addr).await?;
-            let result = self.exchange(&conn, addr, version, shard).await;
+            let result = self.exchange(&conn, addr, version, shard, expected_len).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
                 self.conns.forget(addr);
             }
@@ -196,11 +200,13 @@ impl PeerLink {
 
     /// Fetches the Parquet footer of file `file` of `version` from the node
     /// at `addr` (bytes as stored; the caller decodes and checks them).
+    /// `file_size` (from the manifest) bounds what the peer may announce.
     pub async fn fetch_footer(
         &self,
         addr: SocketAddr,
         version: DatasetVersion,
         file: u32,
+        file_size: u64,
         deadline: Duration,
     ) -> Result<bytes::Bytes, PeerError> {
         let fail = |reason: String| PeerError::Footer { addr, file, reason };
@@ -210,14 +216,15 @@ impl PeerLink {
             let conn = self.connection(addr).await?;
             let (response, mut recv) = ask(&conn, &PeerRequest::FetchFooter { version, file }).await.map_err(fail)?;
             match response {
-                PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN => {
+                PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN.min(file_size) => {
                     let mut buf = vec![0u8; len as usize];
                     recv.read_exact(&mut buf).await.map_err(|e| fail(format!("footer bytes: {e}")))?;
                     Ok(bytes::Bytes::from(buf))
                 }
-                PeerResponse::Footer { len } => {
-                    Err(fail(format!("announced a footer of {len} bytes, over {MAX_PEER_FOOTER_LEN}")))
-                }
+                PeerResponse::Footer { len } => Err(fail(format!(
+                    "announced a footer of {len} bytes, over {} (the file is {file_size} bytes)",
+                    MAX_PEER_FOOTER_LEN.min(file_size)
+                ))),
                 PeerResponse::Failed { kind, message } => Err(fail(format!("refused ({kind:?}): {message}"))),
                 PeerResponse::Chunk { .. } => Err(fail("answered with a chunk".into())),
             }
@@ -231,6 +238,7 @@ impl PeerLink {
         addr: SocketAddr,
         version: DatasetVersion,
         shard: ShardId,
+        expected_len: u64,
     ) -> Result<SealedChunk, PeerError> {
         let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
         let (response, mut recv) = ask(conn, &PeerRequest::FetchChunk { version, shard }).await.map_err(transfer)?;
@@ -240,6 +248,15 @@ impl PeerLink {
             PeerResponse::Chunk { len } => {
                 if len > MAX_PEER_CHUNK_LEN {
                     return Err(transfer(format!("announced a chunk of {len} bytes, over {MAX_PEER_CHUNK_LEN}")));
+                }
+                // The manifest fixes every chunk's length: refuse another
+                // before committing memory for it.
+                if len != expected_len {
+                    return Err(PeerError::Corrupt {
+                        addr,
+                        shard,
+                        reason: format!("announced a chunk of {len} bytes; the manifest's layout gives {expected_len}"),
+                    });
                 }
                 // A chunk larger than the whole budget takes all of it.
                 let units = len.div_ceil(BYTE_PERMIT).clamp(1, MAX_INFLIGHT_BYTES_PER_PEER / BYTE_PERMIT) as u32;

@@ -254,9 +254,14 @@ impl Node {
     ) -> Option<futures::future::BoxFuture<'static, Result<bytes::Bytes, String>>> {
         let cluster = self.inner.cluster.get()?.clone();
         let (owner, addr) = cluster.owner(version, ShardId { file, row_group: 0 })?;
+        let file_size = self.dataset(version).ok()?.files.get(file as usize)?.size;
         let deadline = cluster.fetch_deadline.min(FOOTER_FETCH_DEADLINE);
         Some(Box::pin(async move {
-            cluster.link().fetch_footer(addr, version, file, deadline).await.map_err(|e| format!("{owner}: {e}"))
+            cluster
+                .link()
+                .fetch_footer(addr, version, file, file_size, deadline)
+                .await
+                .map_err(|e| format!("{owner}: {e}"))
         }))
     }
 
@@ -419,6 +424,10 @@ impl Node {
         let Some(cluster) = self.inner.cluster.get().filter(|_| forward) else {
             return self.convert_here(key).await.map(|c| (c, false));
         };
+        // A peer's chunk must have the length the manifest's layout gives.
+        let Some(expected_len) = self.dataset(key.version).ok().and_then(|d| d.chunk_len(key.shard)) else {
+            return self.convert_here(key).await.map(|c| (c, false));
+        };
         let mut target = cluster.owner(key.version, key.shard);
         // Bounded: the owner, then at most two owners the placement moves
         // the shard to, all within one deadline; then this node reads it
@@ -433,7 +442,7 @@ impl Node {
                 break;
             }
             let c = &self.inner.counters;
-            match cluster.link().fetch(addr, key.version, key.shard, left).await {
+            match cluster.link().fetch(addr, key.version, key.shard, expected_len as u64, left).await {
                 Ok(chunk) => {
                     c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                     c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);

@@ -24,6 +24,8 @@ struct Fixture {
     addr: SocketAddr,
     version: DatasetVersion,
     shard: ShardId,
+    /// The chunk's length from the manifest's layout.
+    len: u64,
     node: Node,
 }
 
@@ -57,7 +59,11 @@ async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
         tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let addr = endpoint.local_addr().expect("addr");
     tokio::spawn(serve(node.clone(), endpoint));
-    Fixture { _tmp: tmp, certs, addr, version: info.version, shard: info.shards[1].shard, node }
+    let target = info.shards[1];
+    let len = granary_proto::ChunkLayout::new(info.version, target.shard, target.rows, &info.tensors)
+        .expect("layout")
+        .total_len() as u64;
+    Fixture { _tmp: tmp, certs, addr, version: info.version, shard: target.shard, len, node }
 }
 
 fn link(f: &Fixture, name: &str) -> PeerLink {
@@ -68,7 +74,7 @@ fn link(f: &Fixture, name: &str) -> PeerLink {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
     let f = start().await;
-    let buf = link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+    let buf = link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
     let view = ChunkView::parse(buf.bytes(), granary_proto::chunk::Verify::Full).expect("valid");
     assert_eq!(view.header().shard, f.shard);
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
@@ -77,12 +83,12 @@ async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
 
     // A trainer's certificate is refused; the error names the peer.
     let err =
-        link(&f, "trainer").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect_err("refused");
+        link(&f, "trainer").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect_err("refused");
     assert!(err.to_string().contains(&f.addr.to_string()), "{err}");
 
     // An unknown shard is a clear refusal, not a hang.
     let bad = ShardId { file: 9, row_group: 9 };
-    match link(&f, "node").fetch(f.addr, f.version, bad, Duration::from_secs(10)).await {
+    match link(&f, "node").fetch(f.addr, f.version, bad, f.len, Duration::from_secs(10)).await {
         Err(PeerError::Refused { kind: ErrorKind::BadRequest, .. }) => {}
         other => panic!("unknown shard: {other:?}"),
     }
@@ -110,7 +116,7 @@ async fn a_malformed_request_is_answered_with_bad_request() {
         assert!(matches!(resp, PeerResponse::Failed { kind: ErrorKind::BadRequest, .. }), "{resp:?}");
     }
     // Still serving.
-    link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A peer with a node certificate that reads each request and answers it
@@ -161,7 +167,7 @@ async fn a_corrupt_chunk_from_a_peer_is_rejected() {
             let _ = send.finish();
         }
     });
-    match link(&f, "node").fetch(evil_addr, f.version, f.shard, Duration::from_secs(10)).await {
+    match link(&f, "node").fetch(evil_addr, f.version, f.shard, f.len, Duration::from_secs(10)).await {
         Err(PeerError::Corrupt { addr, shard, .. }) => {
             assert_eq!((addr, shard), (evil_addr, f.shard));
         }
@@ -169,24 +175,48 @@ async fn a_corrupt_chunk_from_a_peer_is_rejected() {
     }
 }
 
+/// A peer announcing a chunk length other than the manifest's layout gives
+/// (here 3 GiB, under the 4 GiB frame cap) is refused at once, before any
+/// memory is committed for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_announcing_another_chunk_length_is_refused_before_memory_is_committed() {
+    let f = start().await;
+    let liar = fake_peer(&f, |_, mut send| async move {
+        let _ = send.write_all(&chunk_head(3 << 30)).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let before = granary_node::shm::live_chunk_bytes();
+    let started = std::time::Instant::now();
+    match link(&f, "node").fetch(liar, f.version, f.shard, f.len, Duration::from_secs(20)).await {
+        Err(PeerError::Corrupt { addr, shard, reason }) => {
+            assert_eq!((addr, shard), (liar, f.shard));
+            assert!(reason.contains(&(3u64 << 30).to_string()) && reason.contains(&f.len.to_string()), "{reason}");
+        }
+        other => panic!("a 3 GiB announcement gave {:?}", other.map(|b| b.len())),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "refused at once, not at the deadline");
+    assert!(granary_node::shm::live_chunk_bytes() < before + (1 << 30), "no memory committed for the announcement");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
     let f = start().await;
     // Announce a chunk, send half a kilobyte of it, then go quiet with the
     // stream open.
-    let stall_addr = fake_peer(&f, |_, mut send| async move {
-        let _ = send.write_all(&chunk_head(1 << 20)).await;
+    let len = f.len;
+    let stall_addr = fake_peer(&f, move |_, mut send| async move {
+        let _ = send.write_all(&chunk_head(len)).await;
         let _ = send.write_all(&[0u8; 512]).await;
         tokio::time::sleep(Duration::from_secs(3600)).await;
     });
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(stall_addr, f.version, f.shard, Duration::from_millis(500)).await {
+    match link(&f, "node").fetch(stall_addr, f.version, f.shard, f.len, Duration::from_millis(500)).await {
         Err(PeerError::Timeout { addr, shard, .. }) => assert_eq!((addr, shard), (stall_addr, f.shard)),
         other => panic!("a stalled transfer returned {:?}", other.map(|b| b.len())),
     }
     assert!(started.elapsed() < Duration::from_secs(5), "the deadline bounds the fetch");
     // The honest peer still serves through the same link.
-    link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A peer that dies mid-transfer (its connection closes after part of a
@@ -196,9 +226,10 @@ async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once() {
     let f = start().await;
+    let len = f.len;
     for truncate_header in [false, true] {
         let bad_addr = fake_peer(&f, move |conn, mut send| async move {
-            let head = chunk_head(1 << 20);
+            let head = chunk_head(len);
             if truncate_header {
                 // Part of the response frame, then the stream ends.
                 let _ = send.write_all(&head[..head.len() / 2]).await;
@@ -213,7 +244,7 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
             }
         });
         let started = std::time::Instant::now();
-        match link(&f, "node").fetch(bad_addr, f.version, f.shard, Duration::from_secs(20)).await {
+        match link(&f, "node").fetch(bad_addr, f.version, f.shard, f.len, Duration::from_secs(20)).await {
             Err(PeerError::Transfer { addr, shard, reason }) => {
                 assert_eq!((addr, shard), (bad_addr, f.shard), "{reason}");
             }
@@ -221,7 +252,7 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
         }
         assert!(started.elapsed() < Duration::from_secs(5), "failed at once, not at the deadline");
     }
-    link(&f, "node").fetch(f.addr, f.version, f.shard, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// The owner cannot be reached, the placement does not move the shard, and

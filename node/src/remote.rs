@@ -70,6 +70,9 @@ impl Throttle {
     }
 }
 
+/// The largest footer read (the same bound as a footer from a peer).
+const MAX_FOOTER_LEN: u64 = granary_proto::peer::MAX_PEER_FOOTER_LEN;
+
 /// Bytes read from a file's end to find its footer in one request.
 const FOOTER_READ_HINT: u64 = 64 << 10;
 
@@ -282,6 +285,24 @@ impl RemoteFile {
         }
     }
 
+    /// object_store clamps a range to the object's current size, so an
+    /// object replaced by a shorter one answers with fewer bytes than
+    /// asked: an error here, never bytes from the wrong offsets.
+    fn check_len(&self, range: &Range<u64>, b: &Bytes) -> parquet::errors::Result<()> {
+        let want = range.end.saturating_sub(range.start);
+        if b.len() as u64 != want {
+            return Err(parquet::errors::ParquetError::General(format!(
+                "{}: {} bytes returned for bytes {}..{} of a {}-byte object: it changed since it was listed",
+                self.path,
+                b.len(),
+                range.start,
+                range.end,
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
     fn store_err(&self, source: object_store::Error) -> parquet::errors::ParquetError {
         parquet::errors::ParquetError::External(Box::new(RemoteError::Store {
             path: self.path.to_string(),
@@ -316,6 +337,9 @@ impl RemoteFile {
         if need > self.size - 4 {
             return Err(bad(&self.path, format!("footer of {need} bytes in a file of {}", self.size)));
         }
+        if need > MAX_FOOTER_LEN {
+            return Err(bad(&self.path, format!("footer of {need} bytes, over the {MAX_FOOTER_LEN} this node reads")));
+        }
         if need <= hint {
             return Ok(tail.slice((hint - need) as usize..));
         }
@@ -333,8 +357,9 @@ impl RemoteFile {
 impl AsyncFileReader for RemoteFile {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
-            let b = self.remote.store.get_range(&self.path, range).await.map_err(|e| self.store_err(e))?;
+            let b = self.remote.store.get_range(&self.path, range.clone()).await.map_err(|e| self.store_err(e))?;
             self.account(b.len() as u64, 1).await;
+            self.check_len(&range, &b)?;
             Ok(b)
         }
         .boxed()
@@ -347,6 +372,17 @@ impl AsyncFileReader for RemoteFile {
             // object_store coalesces nearby ranges into fewer requests; count
             // one request per call, which is what a throttled link would see.
             self.account(n, 1).await;
+            if out.len() != ranges.len() {
+                return Err(parquet::errors::ParquetError::General(format!(
+                    "{}: {} ranges asked, {} returned",
+                    self.path,
+                    ranges.len(),
+                    out.len()
+                )));
+            }
+            for (range, b) in ranges.iter().zip(&out) {
+                self.check_len(range, b)?;
+            }
             Ok(out)
         }
         .boxed()

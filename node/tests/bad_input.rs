@@ -1215,3 +1215,33 @@ fn run_starved_daemon(socket: PathBuf, data: PathBuf) {
     daemon.assert_alive();
     daemon.stop();
 }
+
+/// An object that got shorter after it was listed: object_store clamps a
+/// range read to the object's current size, so the footer read returns
+/// fewer bytes than asked. That is an error naming the file and saying it
+/// changed (it used to slice past the returned bytes and panic).
+#[test]
+fn an_object_shorter_than_listed_is_an_error_not_a_panic() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let files = generate(tmp.path(), 1, 4_000, 1_000, "snappy");
+    let dir = tmp.path().to_path_buf();
+    let message = within("footer of a shrunk object", move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            let counters = Arc::new(granary_node::remote::RemoteCounters::default());
+            let remote = granary_node::remote::Remote::open(
+                &format!("file://{}", dir.display()),
+                &std::collections::BTreeMap::new(),
+                None,
+                counters,
+            )
+            .expect("open");
+            let listed = remote.list_parquet().await.expect("list");
+            // As listed when it was 60 KB longer than it is now.
+            let mut file = remote.file(listed[0].location.clone(), listed[0].size + 60_000);
+            file.footer_bytes().await.expect_err("a shorter object").to_string()
+        })
+    });
+    let name = files[0].file_name().expect("name").to_string_lossy().to_string();
+    assert_names(&message, &[&name, "changed since it was listed"]);
+}

@@ -156,6 +156,19 @@ impl ChunkTier {
             None => builder.build().await,
             Some(s) => {
                 let err = |reason: String| TierError::Open { dir: s.dir.clone(), reason };
+                if s.block_bytes < 2 * FOYER_PAGE || !s.block_bytes.is_multiple_of(FOYER_PAGE) {
+                    return Err(err(format!(
+                        "ssd_block_bytes is {}: it must be a multiple of {FOYER_PAGE} and at least {}",
+                        s.block_bytes,
+                        2 * FOYER_PAGE
+                    )));
+                }
+                if s.capacity_bytes < 2 * s.block_bytes {
+                    return Err(err(format!(
+                        "ssd_bytes ({}) holds fewer than two blocks of ssd_block_bytes ({})",
+                        s.capacity_bytes, s.block_bytes
+                    )));
+                }
                 std::fs::create_dir_all(&s.dir).map_err(|e| err(e.to_string()))?;
                 // Probe writability with a real file: foyer's errors for an
                 // unwritable folder are less specific.
@@ -220,7 +233,7 @@ impl ChunkTier {
             self.cache.insert(key, ChunkValue(chunk));
             return;
         };
-        if chunk.len() as u64 + 64 > ssd.block_bytes {
+        if !fits_block(chunk.len() as u64, ssd.block_bytes) {
             tracing::warn!(shard = %key.shard, bytes = chunk.len(), block = ssd.block_bytes,
                 "chunk is larger than the SSD block size; kept in RAM only (raise ssd_block_bytes)");
             self.cache.memory().insert(key, ChunkValue(chunk));
@@ -247,6 +260,20 @@ impl ChunkTier {
             tracing::warn!(error = %e, "closing the chunk tier");
         }
     }
+}
+
+/// foyer's I/O page: block sizes and entries are multiples of it.
+const FOYER_PAGE: u64 = 4096;
+
+/// Whether foyer's block engine stores a chunk of `len` bytes in blocks of
+/// `block` bytes. An entry is foyer's 36-byte header, our 24-byte key and
+/// our 8-byte length prefix plus the chunk, rounded up to a page, and must
+/// fit a block less its 4 KiB blob index (foyer-storage 0.22
+/// `Buffer::push`, `max_entry_size`). A larger entry is dropped by foyer
+/// without an error, so the tier must not rely on it being written.
+fn fits_block(len: u64, block: u64) -> bool {
+    let entry = (36 + 24 + 8 + len).div_ceil(FOYER_PAGE) * FOYER_PAGE;
+    entry + FOYER_PAGE <= block
 }
 
 /// Bytes the files directly in `dir` occupy on disk.
@@ -386,6 +413,49 @@ mod tests {
 
     fn chunk(len: usize) -> Arc<SealedChunk> {
         Arc::new(SealedChunk::copy_of(&vec![1u8; len]).expect("memory file"))
+    }
+
+    /// A valid chunk of exactly `len` bytes (a multiple of 64): one u8
+    /// tensor whose rows fill the payload.
+    fn chunk_of_len(len: usize, shard: ShardId) -> Arc<SealedChunk> {
+        use granary_proto::{ChunkLayout, DType, TensorLayout};
+        let t = [TensorLayout { name: "b".into(), dtype: DType::U8, shape: vec![] }];
+        let version = DatasetVersion([7; 16]);
+        let empty = ChunkLayout::new(version, shard, 0, &t).expect("layout").total_len();
+        let layout = ChunkLayout::new(version, shard, (len - empty) as u64, &t).expect("layout");
+        assert_eq!(layout.total_len(), len);
+        let mut buf = vec![0u8; len];
+        buf[layout.tensor_range(0)].fill(9);
+        layout.seal(&mut buf).expect("seal");
+        Arc::new(SealedChunk::copy_of(&buf).expect("memory file"))
+    }
+
+    /// The largest chunk `fits_block` admits is really written: it is
+    /// there after the tier is closed and opened again.
+    #[tokio::test]
+    async fn the_largest_chunk_a_block_admits_is_on_disk_after_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let block = 1u64 << 20;
+        let ssd = SsdConfig { dir: dir.path().to_path_buf(), capacity_bytes: 4 * block, block_bytes: block };
+        let largest = (0..block / 64).rev().map(|k| k * 64).find(|&n| fits_block(n, block)).expect("some size");
+        assert!(!fits_block(largest + 64, block));
+        let tier = ChunkTier::open(1, Some(ssd.clone())).await.expect("tier");
+        tier.insert(key(1), chunk_of_len(largest as usize, key(1).shard)).await;
+        tier.close().await;
+        drop(tier);
+        let tier = ChunkTier::open(1, Some(ssd)).await.expect("reopened");
+        let (got, from) = tier.get(key(1)).await.expect("read").expect("on disk");
+        assert_eq!((got.len() as u64, from), (largest, HitTier::Ssd));
+    }
+
+    #[tokio::test]
+    async fn block_sizes_foyer_cannot_use_are_refused_naming_the_setting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (capacity_bytes, block_bytes) in [(1 << 20, 0), (1 << 20, 5000), (1 << 20, 1 << 20)] {
+            let ssd = SsdConfig { dir: dir.path().to_path_buf(), capacity_bytes, block_bytes };
+            let e = ChunkTier::open(1 << 20, Some(ssd)).await.err().expect("refused").to_string();
+            assert!(e.contains("ssd_block_bytes"), "{e}");
+        }
     }
 
     /// The whole capacity holds chunks (foyer's default 8 shards would

@@ -371,6 +371,11 @@ impl Cluster {
         self.map.read().unwrap_or_else(|p| p.into_inner()).epoch
     }
 
+    /// The owners last known for `version`.
+    fn owners_of(&self, version: DatasetVersion) -> Option<HashMap<ShardId, NodeId>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version).cloned()
+    }
+
     fn replace(&self, map: PlacementMap) {
         *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
         self.updates.send_modify(|n| *n += 1);
@@ -493,8 +498,19 @@ pub async fn follow_placement(
                             .collect();
                         map.owners.insert(*version, owners);
                     }
-                    Ok((_, other)) => tracing::debug!(dataset = %name, "placement not current yet: {other:?}"),
-                    Err(e) => tracing::warn!(dataset = %name, "cannot read placement: {e}"),
+                    // Keep what was known for this version (a slightly old
+                    // owner still serves; no owner at all would make this
+                    // node read every shard itself) and ask again soon.
+                    Ok((_, other)) => {
+                        tracing::debug!(dataset = %name, "placement not current yet: {other:?}");
+                        map.owners.extend(cluster.owners_of(*version).map(|o| (*version, o)));
+                        retry = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(dataset = %name, "cannot read placement; keeping the last known owners: {e}");
+                        map.owners.extend(cluster.owners_of(*version).map(|o| (*version, o)));
+                        retry = true;
+                    }
                 }
             }
             tracing::info!(
@@ -554,9 +570,25 @@ pub async fn serve(node: Node, endpoint: quinn::Endpoint) {
     }
 }
 
+/// How long a peer may take to send its request frame once it opened a
+/// stream. QUIC keep-alives keep an idle connection open, so without it a
+/// stream that never sends would hold a task forever.
+const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a requester may take to receive a response of `len` bytes: a
+/// minute (its own fetch deadline and byte budget included) plus 1 MiB/s.
+/// Past it the stream is reset, so a requester that stops reading cannot
+/// pin a chunk the tier has evicted.
+fn response_timeout(len: u64) -> Duration {
+    Duration::from_secs(60) + Duration::from_secs(len >> 20)
+}
+
 async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn::RecvStream) -> Result<(), String> {
     let mut prefix = [0u8; 4];
-    recv.read_exact(&mut prefix).await.map_err(|e| format!("request header: {e}"))?;
+    tokio::time::timeout(PEER_REQUEST_TIMEOUT, recv.read_exact(&mut prefix))
+        .await
+        .map_err(|_| format!("no request within {PEER_REQUEST_TIMEOUT:?}"))?
+        .map_err(|e| format!("request header: {e}"))?;
     let len = u32::from_le_bytes(prefix) as usize;
     let respond = |resp: &PeerResponse| {
         let body = encode(resp);
@@ -572,15 +604,28 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
         return Err(msg);
     }
     let mut body = vec![0u8; len];
-    recv.read_exact(&mut body).await.map_err(|e| format!("request body: {e}"))?;
+    tokio::time::timeout(PEER_REQUEST_TIMEOUT, recv.read_exact(&mut body))
+        .await
+        .map_err(|_| format!("no complete request within {PEER_REQUEST_TIMEOUT:?}"))?
+        .map_err(|e| format!("request body: {e}"))?;
     let (version, shard) = match decode::<PeerRequest>(&body) {
         Ok(PeerRequest::FetchChunk { version, shard }) => (version, shard),
         Ok(PeerRequest::FetchFooter { version, file }) => {
             match node.footer_for_peer(version, file).await {
                 Ok(raw) => {
                     let head = respond(&PeerResponse::Footer { len: raw.len() as u64 });
-                    send.write_all(&head).await.map_err(|e| e.to_string())?;
-                    send.write_all(&raw).await.map_err(|e| e.to_string())?;
+                    let limit = response_timeout(raw.len() as u64);
+                    let write = async {
+                        send.write_all(&head).await?;
+                        send.write_chunk(raw.clone()).await
+                    };
+                    match tokio::time::timeout(limit, write).await {
+                        Ok(r) => r.map_err(|e| e.to_string())?,
+                        Err(_) => {
+                            let _ = send.reset(0u32.into());
+                            return Err(format!("the requester did not take the footer of file {file} within {limit:?}"));
+                        }
+                    }
                 }
                 Err(e) => {
                     let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
@@ -602,10 +647,20 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
     match node.chunk_for_peer(version, shard).await {
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
-            send.write_all(&head).await.map_err(|e| e.to_string())?;
             // Handed to quinn as shared `Bytes`: it queues them without the
             // copy `write_all` makes (a chunk is megabytes).
-            send.write_chunk(chunk.shared_bytes()).await.map_err(|e| e.to_string())?;
+            let limit = response_timeout(chunk.len() as u64);
+            let write = async {
+                send.write_all(&head).await?;
+                send.write_chunk(chunk.shared_bytes()).await
+            };
+            match tokio::time::timeout(limit, write).await {
+                Ok(r) => r.map_err(|e| e.to_string())?,
+                Err(_) => {
+                    let _ = send.reset(0u32.into());
+                    return Err(format!("the requester did not take the {} bytes of {shard} within {limit:?}", chunk.len()));
+                }
+            }
         }
         Err(e) => {
             let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };

@@ -428,3 +428,28 @@ async fn a_look_ahead_load_joined_by_a_current_request_keeps_a_regular_copy() {
     assert_eq!(after.peer_fetched, before.peer_fetched, "a was still held: {after:?}");
     assert_eq!(after.guest_hits, before.guest_hits + 1);
 }
+
+/// A peer that opens a stream and never sends its request does not hold
+/// the serving task: the node gives up on it after 10 s and ends the
+/// stream, and keeps serving others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_never_sends_its_request_is_ended_by_the_server() {
+    let f = start().await;
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep = tls::endpoint(local(), None).expect("endpoint");
+    let conn = ep
+        .connect_with(identity.client_config(ALPN_PEER).expect("cfg"), f.addr, tls::Role::Node.server_name())
+        .expect("connect")
+        .await
+        .expect("handshake");
+    let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+    // Opening a stream is only seen by the server once something is sent
+    // on it: send one byte of the 4-byte frame length, then go quiet.
+    send.write_all(&[0]).await.expect("one byte");
+    let started = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(30), recv.read_to_end(1 << 16)).await;
+    assert!(ended.is_ok(), "the server still holds the stream after 30 s");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(9) && waited < Duration::from_secs(20), "ended after {waited:?}");
+    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+}

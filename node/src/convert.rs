@@ -110,10 +110,9 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                     }
                     // The width comes from the file's schema: refuse what
                     // no tensor row can be (negative, zero, over u32).
-                    let width = u32::try_from(*k)
-                        .ok()
-                        .filter(|&w| w > 0)
-                        .ok_or_else(|| err(col, format!("is a FixedSizeList of width {k}, which no tensor can have")))?;
+                    let width = u32::try_from(*k).ok().filter(|&w| w > 0).ok_or_else(|| {
+                        err(col, format!("is a FixedSizeList of width {k}, which no tensor can have"))
+                    })?;
                     (child.data_type().clone(), Kind::List(width as usize))
                 }
                 dt if castable(dt) => (dt.clone(), if spec.columns.len() > 1 { Kind::Stacked } else { Kind::Scalar }),

@@ -112,6 +112,13 @@ pub enum FetchError {
     /// An internal task failed.
     #[error("internal: {0}")]
     Internal(String),
+    /// A peer asked for a shard this node is itself fetching from the node
+    /// it believes owns it: their placements disagree for now.
+    #[error("this node is itself fetching {shard} from the node it believes owns it; ask again when placement settles")]
+    Forwarding {
+        /// The shard.
+        shard: ShardId,
+    },
     /// No source delivered the chunk: the peers asked first, then remote
     /// storage.
     #[error("no source delivered {shard}: peers tried: {}; then remote storage: {source}", tried.join("; "))]

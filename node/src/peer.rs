@@ -15,8 +15,9 @@
 //! - [`serve`] answers other nodes: it requires a node certificate, reads
 //!   one [`PeerRequest`] per stream, and sends the chunk bytes as stored,
 //!   from the tier or from one load (single flight with local requests).
-//!   A peer's request is never forwarded, so two nodes that disagree about
-//!   placement cannot chase each other.
+//!   A peer's request is never forwarded, and is answered at once when it
+//!   meets a load this node forwards, so two nodes that disagree about
+//!   placement cannot chase or wait on each other.
 //!
 //! Wire format: `granary_proto::peer`. Chunks are immutable and versioned,
 //! so a chunk from any node is as good as the owner's.
@@ -623,7 +624,9 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
                         Ok(r) => r.map_err(|e| e.to_string())?,
                         Err(_) => {
                             let _ = send.reset(0u32.into());
-                            return Err(format!("the requester did not take the footer of file {file} within {limit:?}"));
+                            return Err(format!(
+                                "the requester did not take the footer of file {file} within {limit:?}"
+                            ));
                         }
                     }
                 }
@@ -658,7 +661,10 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
                 Ok(r) => r.map_err(|e| e.to_string())?,
                 Err(_) => {
                     let _ = send.reset(0u32.into());
-                    return Err(format!("the requester did not take the {} bytes of {shard} within {limit:?}", chunk.len()));
+                    return Err(format!(
+                        "the requester did not take the {} bytes of {shard} within {limit:?}",
+                        chunk.len()
+                    ));
                 }
             }
         }

@@ -328,6 +328,14 @@ impl Node {
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(pending) = inflight.get(&key) {
+                    if !forward && pending.forwards {
+                        // A peer asks this node for a shard this node is
+                        // itself asking another node for: the two disagree
+                        // about placement. Joining could wait on a cycle
+                        // (A waits on B waits on A) for the whole fetch
+                        // deadline; answer at once instead.
+                        return Err(Arc::new(FetchError::Forwarding { shard }));
+                    }
                     self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
                     if !ahead {
                         // A load started for a later epoch is needed now:
@@ -342,7 +350,8 @@ impl Node {
                     self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                     let (tx, rx) = watch::channel(None);
                     let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
-                    inflight.insert(key, Pending { rx: rx.clone(), wanted_now: wanted_now.clone() });
+                    let forwards = forward && self.inner.cluster.get().and_then(|c| c.owner(version, shard)).is_some();
+                    inflight.insert(key, Pending { rx: rx.clone(), wanted_now: wanted_now.clone(), forwards });
                     let node = self.clone();
                     tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now).await });
                     rx
@@ -602,6 +611,8 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
 struct Pending {
     rx: watch::Receiver<Option<Shared>>,
     wanted_now: Arc<std::sync::atomic::AtomicBool>,
+    /// The load asks another node (this node believed another owns it).
+    forwards: bool,
 }
 
 /// Removes a shard from the in-flight map when dropped.

@@ -82,8 +82,10 @@ async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
     assert_eq!(f.node.stats().peer_served, 1);
 
     // A trainer's certificate is refused; the error names the peer.
-    let err =
-        link(&f, "trainer").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect_err("refused");
+    let err = link(&f, "trainer")
+        .fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10))
+        .await
+        .expect_err("refused");
     assert!(err.to_string().contains(&f.addr.to_string()), "{err}");
 
     // An unknown shard is a clear refusal, not a hang.
@@ -452,4 +454,44 @@ async fn a_stream_that_never_sends_its_request_is_ended_by_the_server() {
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(9) && waited < Duration::from_secs(20), "ended after {waited:?}");
     link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+}
+
+/// Two nodes whose placements disagree (each believes the other owns a
+/// shard) and whose trainers ask for it at once: each node's load asks the
+/// other, whose server would join its own forwarding load, a cycle that
+/// lasted the whole fetch deadline. A peer's request that meets a
+/// forwarding load is now answered at once ("placement disagrees"), each
+/// node waits briefly for placement and reads the shard itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
+    let f = start().await;
+    let cfg = NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", f._tmp.path().join("data").display()),
+            view: ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        prefetch_bytes: 0,
+        ..NodeConfig::default()
+    };
+    let node2 = Node::start(&cfg).await.expect("node 2");
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep2 = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let addr2 = ep2.local_addr().expect("addr");
+    tokio::spawn(serve(node2.clone(), ep2));
+    let addrs: std::collections::HashMap<_, _> = [(NodeId(1), f.addr), (NodeId(2), addr2)].into_iter().collect();
+    for (node, me, other) in [(&f.node, 1, 2), (&node2, 2, 1)] {
+        let mut cluster = Cluster::new(NodeId(me), link(&f, "node"));
+        cluster.fetch_deadline = Duration::from_secs(10);
+        cluster.reroute_wait = Duration::from_millis(200);
+        let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(other))).collect())).collect();
+        cluster.apply_placement(1, addrs.clone(), owners);
+        assert!(node.join_cluster(std::sync::Arc::new(cluster)));
+    }
+    let started = std::time::Instant::now();
+    let (a, b) = tokio::join!(f.node.chunk(f.version, f.shard), node2.chunk(f.version, f.shard));
+    let (a, b) = (a.expect("node 1"), b.expect("node 2"));
+    assert_eq!(a.bytes(), b.bytes());
+    assert!(started.elapsed() < Duration::from_secs(5), "no wait for the fetch deadline: {:?}", started.elapsed());
 }

@@ -40,10 +40,20 @@ pub const DEFAULT_MAPPING_CACHE_BYTES: u64 = 1 << 30;
 /// A connection to the local node.
 pub struct LocalSource {
     path: PathBuf,
-    stream: Mutex<UnixStream>,
+    /// The connection; `None` once an error left it out of step with the
+    /// node (a reply not read to its end), after which every call fails.
+    stream: Mutex<Option<UnixStream>>,
     verify: Verify,
     mappings: Mutex<MappingCache>,
+    /// Every chunk's length by version and shard, from the descriptions
+    /// this source received: a chunk reply of another length is refused
+    /// before its memory file is mapped.
+    chunk_lens: Mutex<HashMap<DatasetVersion, HashMap<ShardId, u64>>>,
 }
+
+/// The largest chunk mapped when its dataset was not described through
+/// this source (the bound on a chunk from a peer).
+const MAX_UNDESCRIBED_CHUNK_LEN: u64 = granary_proto::peer::MAX_PEER_CHUNK_LEN;
 
 /// Recently used chunk mappings, bounded in bytes, least recently used out.
 struct MappingCache {
@@ -92,7 +102,13 @@ impl LocalSource {
             UnixStream::connect(&path).map_err(|source| ClientError::Connect { path: path.clone(), source })?;
         let mappings =
             MappingCache { budget_bytes: DEFAULT_MAPPING_CACHE_BYTES, bytes: 0, tick: 0, entries: HashMap::new() };
-        Ok(Self { path, stream: Mutex::new(stream), verify: Verify::HeaderOnly, mappings: Mutex::new(mappings) })
+        Ok(Self {
+            path,
+            stream: Mutex::new(Some(stream)),
+            verify: Verify::HeaderOnly,
+            mappings: Mutex::new(mappings),
+            chunk_lens: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Keeps up to `bytes` of recently used chunk mappings (0 disables).
@@ -129,17 +145,36 @@ impl LocalSource {
         let body = wire::encode(req);
         // A poisoned lock only means another thread panicked mid-call; the
         // stream may hold half a frame, so refuse rather than desynchronise.
-        let mut stream = self.stream.lock().map_err(|_| ClientError::Protocol("connection poisoned".into()))?;
+        let mut guard = self.stream.lock().map_err(|_| ClientError::Protocol("connection poisoned".into()))?;
+        let Some(stream) = guard.as_mut() else {
+            return Err(ClientError::Protocol(format!(
+                "the connection to the node at {} is out of step after an earlier error; connect again",
+                self.path.display()
+            )));
+        };
         let mut frame = Vec::with_capacity(4 + body.len());
         frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
         frame.extend_from_slice(&body);
-        stream.write_all(&frame)?;
-        let (len, fd) = read_prefix_with_fd(&stream)?;
-        if len > MAX_FRAME_LEN {
-            return Err(ClientError::Protocol(format!("reply frame of {len} bytes is over the limit")));
-        }
-        let mut reply = vec![0u8; len];
-        stream.read_exact(&mut reply)?;
+        // Until the whole reply is read, an error leaves the stream out of
+        // step (the next reply would be read from the middle of this one).
+        let exchange = (|| -> Result<(Vec<u8>, Option<OwnedFd>), ClientError> {
+            stream.write_all(&frame)?;
+            let (len, fd) = read_prefix_with_fd(stream)?;
+            if len > MAX_FRAME_LEN {
+                return Err(ClientError::Protocol(format!("reply frame of {len} bytes is over the limit")));
+            }
+            let mut reply = vec![0u8; len];
+            stream.read_exact(&mut reply)?;
+            Ok((reply, fd))
+        })();
+        let (reply, fd) = match exchange {
+            Ok(r) => r,
+            Err(e) => {
+                *guard = None;
+                return Err(e);
+            }
+        };
+        drop(guard);
         let resp = wire::decode::<LocalResponse>(&reply).map_err(|e| ClientError::Protocol(e.to_string()))?;
         if let LocalResponse::Failed { kind, message } = resp {
             return Err(ClientError::Node { kind, message });
@@ -238,7 +273,27 @@ impl Drop for MappedChunk {
 impl ChunkSource for LocalSource {
     fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError> {
         match self.call(&LocalRequest::Describe { dataset: dataset.to_string() })?.0 {
-            LocalResponse::Described(info) => Ok(info),
+            LocalResponse::Described(info) if info.name != dataset => Err(ClientError::Protocol(format!(
+                "asked to describe dataset {dataset:?}, the node described {:?}",
+                info.name
+            ))),
+            LocalResponse::Described(info) => {
+                // A layout that cannot be computed leaves those shards
+                // bounded by MAX_UNDESCRIBED_CHUNK_LEN only.
+                let lens = info
+                    .shards
+                    .iter()
+                    .filter_map(|s| {
+                        granary_proto::ChunkLayout::new(info.version, s.shard, s.rows, &info.tensors)
+                            .ok()
+                            .map(|l| (s.shard, l.total_len() as u64))
+                    })
+                    .collect();
+                if let Ok(mut m) = self.chunk_lens.lock() {
+                    m.insert(info.version, lens);
+                }
+                Ok(info)
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -261,6 +316,20 @@ impl ChunkSource for LocalSource {
         }
         match self.call(&LocalRequest::FetchChunk { version, shard })? {
             (LocalResponse::Chunk { len }, Some(fd)) => {
+                let expected = self.chunk_lens.lock().ok().and_then(|m| m.get(&version)?.get(&shard).copied());
+                match expected {
+                    Some(want) if want != len => {
+                        return Err(ClientError::Protocol(format!(
+                            "the node announced {len} bytes for {shard}; the dataset's layout gives {want}"
+                        )));
+                    }
+                    None if len > MAX_UNDESCRIBED_CHUNK_LEN => {
+                        return Err(ClientError::Protocol(format!(
+                            "the node announced {len} bytes for {shard}, over {MAX_UNDESCRIBED_CHUNK_LEN}"
+                        )));
+                    }
+                    _ => {}
+                }
                 let mapped = MappedChunk::map(&fd, len as usize)?;
                 let chunk = Chunk::new(Arc::new(mapped), version, shard, self.verify)?;
                 if let Ok(mut m) = self.mappings.lock() {

@@ -23,11 +23,22 @@ use tokio::net::{UnixListener, UnixStream};
 /// Pause after a failed accept before trying again.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
+/// The largest request frame: every request is a few hundred bytes (replies,
+/// such as a large dataset description, may be up to `MAX_FRAME_LEN`).
+const MAX_REQUEST_LEN: usize = 64 << 10;
+
+/// `Follow` requests planned at once. Planning materialises a rank's rows
+/// for this epoch and the next ones (CPU and memory in proportion to the
+/// dataset), so it runs on the blocking pool, a few at a time, never on the
+/// runtime's workers that also keep the lease and serve peers.
+const CONCURRENT_FOLLOWS: usize = 2;
+
 /// Binds `path` (replacing a stale socket file) and serves until `shutdown`
 /// resolves. A failed accept is logged and retried, never fatal.
 pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
     let listener = bind(path)?;
     tracing::info!(socket = %path.display(), "serving trainers");
+    let follows = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENT_FOLLOWS));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -46,10 +57,11 @@ pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<O
                         continue;
                     }
                 };
-                let node = node.clone();
+                let (node, follows) = (node.clone(), follows.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = connection(node, stream).await {
-                        tracing::debug!(error = %e, "trainer connection ended");
+                    let client = client_name(&stream);
+                    if let Err(e) = connection(node, stream, &client, follows).await {
+                        tracing::debug!(%client, error = %e, "trainer connection ended");
                     }
                 });
             }
@@ -80,8 +92,21 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// Names the process at the other end of a trainer connection for logs.
+fn client_name(stream: &UnixStream) -> String {
+    match stream.peer_cred() {
+        Ok(c) => format!("pid {} uid {}", c.pid().map_or_else(|| "?".to_string(), |p| p.to_string()), c.uid()),
+        Err(_) => "an unknown process".to_string(),
+    }
+}
+
 /// A connection's state: the plan it follows, if any.
-async fn connection(node: Node, mut stream: UnixStream) -> io::Result<()> {
+async fn connection(
+    node: Node,
+    mut stream: UnixStream,
+    client: &str,
+    follows: std::sync::Arc<tokio::sync::Semaphore>,
+) -> io::Result<()> {
     let mut follower: Option<Follower> = None;
     loop {
         let mut len = [0u8; 4];
@@ -91,9 +116,10 @@ async fn connection(node: Node, mut stream: UnixStream) -> io::Result<()> {
             Err(e) => return Err(e),
         }
         let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_FRAME_LEN {
-            tracing::warn!(bytes = len, "oversized request frame; closing the connection");
-            let reply = failed(ErrorKind::BadRequest, format!("request frame of {len} bytes exceeds {MAX_FRAME_LEN}"));
+        if len > MAX_REQUEST_LEN {
+            tracing::warn!(%client, bytes = len, "oversized request frame; closing the connection");
+            let reply =
+                failed(ErrorKind::BadRequest, format!("request frame of {len} bytes exceeds {MAX_REQUEST_LEN}"));
             return send(&stream, &reply, None).await;
         }
         let mut body = vec![0u8; len];
@@ -101,7 +127,7 @@ async fn connection(node: Node, mut stream: UnixStream) -> io::Result<()> {
         let req = match wire::decode::<LocalRequest>(&body) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, "malformed request frame; closing the connection");
+                tracing::warn!(%client, error = %e, "malformed request frame; closing the connection");
                 return send(&stream, &failed(ErrorKind::BadRequest, format!("malformed request: {e}")), None).await;
             }
         };
@@ -114,7 +140,19 @@ async fn connection(node: Node, mut stream: UnixStream) -> io::Result<()> {
                 send(&stream, &reply, None).await?;
             }
             LocalRequest::Follow { version, params } => {
-                let reply = match node.follow(version, &params) {
+                let planned = match follows.clone().acquire_owned().await {
+                    Ok(permit) => {
+                        let node = node.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let _permit = permit;
+                            node.follow(version, &params)
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(crate::error::FetchError::Internal(format!("planning failed: {e}"))))
+                    }
+                    Err(e) => Err(crate::error::FetchError::Internal(e.to_string())),
+                };
+                let reply = match planned {
                     Ok(f) => {
                         follower = Some(f);
                         LocalResponse::Following
@@ -152,7 +190,20 @@ fn failed(kind: ErrorKind, message: String) -> LocalResponse {
 
 /// Writes one frame, attaching `fd` to its first byte.
 async fn send(stream: &UnixStream, msg: &LocalResponse, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    let body = wire::encode(msg);
+    let mut body = wire::encode(msg);
+    if body.len() > MAX_FRAME_LEN {
+        // The client would refuse it as oversized without saying why;
+        // say why here (a description of millions of row groups).
+        let what = match msg {
+            LocalResponse::Described(info) => format!("the description of dataset {:?}", info.name),
+            _ => "the reply".to_string(),
+        };
+        let reply = failed(
+            ErrorKind::Unavailable,
+            format!("{what} is {} bytes, over the {MAX_FRAME_LEN}-byte frame limit", body.len()),
+        );
+        body = wire::encode(&reply);
+    }
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(&body);

@@ -112,9 +112,9 @@ pub enum FetchError {
     /// An internal task failed.
     #[error("internal: {0}")]
     Internal(String),
-    /// A peer asked for a shard this node is itself fetching from the node
-    /// it believes owns it: their placements disagree for now.
-    #[error("this node is itself fetching {shard} from the node it believes owns it; ask again when placement settles")]
+    /// A peer asked for a shard this node is itself fetching from that
+    /// peer: their placements disagree for now.
+    #[error("this node is itself fetching {shard} from the node asking for it; ask again when placement settles")]
     Forwarding {
         /// The shard.
         shard: ShardId,

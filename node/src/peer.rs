@@ -16,8 +16,8 @@
 //!   one [`PeerRequest`] per stream, and sends the chunk bytes as stored,
 //!   from the tier or from one load (single flight with local requests).
 //!   A peer's request is never forwarded, and is answered at once when it
-//!   meets a load this node forwards, so two nodes that disagree about
-//!   placement cannot chase or wait on each other.
+//!   meets a load of this node that is asking that peer, so two nodes that
+//!   disagree about placement cannot chase or wait on each other.
 //!
 //! Wire format: `granary_proto::peer`. Chunks are immutable and versioned,
 //! so a chunk from any node is as good as the owner's.
@@ -562,7 +562,7 @@ pub async fn serve(node: Node, endpoint: quinn::Endpoint) {
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let node = node.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = serve_stream(&node, send, recv).await {
+                    if let Err(e) = serve_stream(&node, peer, send, recv).await {
                         tracing::warn!(%peer, "peer request failed: {e}");
                     }
                 });
@@ -584,7 +584,12 @@ fn response_timeout(len: u64) -> Duration {
     Duration::from_secs(60) + Duration::from_secs(len >> 20)
 }
 
-async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn::RecvStream) -> Result<(), String> {
+async fn serve_stream(
+    node: &Node,
+    peer: SocketAddr,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) -> Result<(), String> {
     let mut prefix = [0u8; 4];
     tokio::time::timeout(PEER_REQUEST_TIMEOUT, recv.read_exact(&mut prefix))
         .await
@@ -647,7 +652,7 @@ async fn serve_stream(node: &Node, mut send: quinn::SendStream, mut recv: quinn:
             return Err(msg);
         }
     };
-    match node.chunk_for_peer(version, shard).await {
+    match node.chunk_for_peer(version, shard, peer).await {
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
             // Handed to quinn as shared `Bytes`: it queues them without the

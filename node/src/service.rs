@@ -9,8 +9,9 @@
 //! only then leaves `inflight`, so there is never a moment when a finished
 //! shard is in neither place (which would cost a second remote read).
 //!
-//! [`Follower`] prefetches along one rank's plan: it computes the same
-//! [`RankPlan`] the trainer computes, and keeps the chunks of the next shards
+//! [`Follower`] prefetches along one rank's plan: it computes the shard order
+//! of the same plan the trainer computes ([`rank_shard_order`], without the
+//! rows), and keeps the chunks of the next shards
 //! in that order loading, up to `prefetch_bytes` ahead of the last shard the
 //! trainer asked for; after the epoch's own shards come the next epochs'.
 
@@ -24,7 +25,7 @@ use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError}
 use arrow::array::RecordBatch;
 use futures::{FutureExt, TryStreamExt};
 use granary_proto::wire::{DatasetInfo, NodeStats};
-use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, RankPlan, ShardId, plan_rank};
+use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, ShardId, rank_shard_order};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
@@ -227,11 +228,18 @@ impl Node {
         self.inner.cluster.set(cluster).is_ok()
     }
 
-    /// A chunk for another node: like [`Node::chunk`], but never forwarded
-    /// to a third node (this node reads the shard itself if it must).
-    pub async fn chunk_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Shared {
+    /// A chunk for another node (at `requester`): like [`Node::chunk`], but
+    /// never forwarded to a third node (this node reads the shard itself if
+    /// it must), and refused at once while this node's own load of it is
+    /// asking `requester` (the two disagree about the owner).
+    pub async fn chunk_for_peer(
+        &self,
+        version: DatasetVersion,
+        shard: ShardId,
+        requester: std::net::SocketAddr,
+    ) -> Shared {
         self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        self.chunk_from(version, shard, false, false).await
+        self.chunk_from(version, shard, false, false, Some(requester)).await
     }
 
     /// A file's footer for another node: from memory, or read from remote
@@ -285,20 +293,28 @@ impl Node {
 
     /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
-        self.chunk_from(version, shard, true, false).await
+        self.chunk_from(version, shard, true, false, None).await
     }
 
     /// Prefetch for a later epoch: like [`Node::chunk`], but a guest copy
     /// it brings is kept at low priority (evicted before any copy an epoch
     /// in progress needs) until something asks for it now.
     pub async fn chunk_ahead(&self, version: DatasetVersion, shard: ShardId) -> Shared {
-        self.chunk_from(version, shard, true, true).await
+        self.chunk_from(version, shard, true, true, None).await
     }
 
     /// `forward`: a load may ask the shard's owner (requests from trainers
     /// and prefetch); peers' requests never are.
     /// `ahead`: prefetch for a later epoch (see [`Node::chunk_ahead`]).
-    async fn chunk_from(&self, version: DatasetVersion, shard: ShardId, forward: bool, ahead: bool) -> Shared {
+    /// `requester`: the peer asking, for a peer's request.
+    async fn chunk_from(
+        &self,
+        version: DatasetVersion,
+        shard: ShardId,
+        forward: bool,
+        ahead: bool,
+        requester: Option<std::net::SocketAddr>,
+    ) -> Shared {
         let key = ChunkKey { version, shard };
         // `contains` may be stale (an entry evicted or dropped from disk
         // between the checks), so the re-check below is retried a bounded
@@ -328,12 +344,14 @@ impl Node {
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(pending) = inflight.get(&key) {
-                    if !forward && pending.forwards {
+                    let asking = *pending.asking.lock().unwrap_or_else(|p| p.into_inner());
+                    if requester.is_some() && asking == requester {
                         // A peer asks this node for a shard this node is
-                        // itself asking another node for: the two disagree
-                        // about placement. Joining could wait on a cycle
+                        // itself asking that peer for: the two disagree
+                        // about the owner. Joining would wait on a cycle
                         // (A waits on B waits on A) for the whole fetch
-                        // deadline; answer at once instead.
+                        // deadline; answer at once instead. A load asking
+                        // a third node (say, a dead owner) is joined.
                         return Err(Arc::new(FetchError::Forwarding { shard }));
                     }
                     self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
@@ -350,10 +368,13 @@ impl Node {
                     self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                     let (tx, rx) = watch::channel(None);
                     let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
-                    let forwards = forward && self.inner.cluster.get().and_then(|c| c.owner(version, shard)).is_some();
-                    inflight.insert(key, Pending { rx: rx.clone(), wanted_now: wanted_now.clone(), forwards });
+                    let asking = Asking::default();
+                    inflight.insert(
+                        key,
+                        Pending { rx: rx.clone(), wanted_now: wanted_now.clone(), asking: asking.clone() },
+                    );
                     let node = self.clone();
-                    tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now).await });
+                    tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now, asking).await });
                     rx
                 }
             };
@@ -374,13 +395,14 @@ impl Node {
         tx: watch::Sender<Option<Shared>>,
         forward: bool,
         wanted_now: Arc<std::sync::atomic::AtomicBool>,
+        asking: Asking,
     ) {
         // Whatever happens below, even a panic, the shard must leave the
         // in-flight map, or every later request for it would wait forever.
         let _leave = InflightGuard { node: &self, key };
         // The Parquet decoder can panic on hostile page headers; a panic is
         // turned into an error naming the shard instead of killing the task.
-        let result = match AssertUnwindSafe(self.load(key, forward)).catch_unwind().await {
+        let result = match AssertUnwindSafe(self.load(key, forward, &asking)).catch_unwind().await {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -429,7 +451,7 @@ impl Node {
     /// The chunk from the shard's owner when another live node owns it
     /// (and `forward`), else (or if the owner fails) read and converted here.
     /// The flag is true for a chunk fetched from another node.
-    async fn load(&self, key: ChunkKey, forward: bool) -> Result<(SealedChunk, bool), FetchError> {
+    async fn load(&self, key: ChunkKey, forward: bool, asking: &Asking) -> Result<(SealedChunk, bool), FetchError> {
         let Some(cluster) = self.inner.cluster.get().filter(|_| forward) else {
             return self.convert_here(key).await.map(|c| (c, false));
         };
@@ -451,7 +473,10 @@ impl Node {
                 break;
             }
             let c = &self.inner.counters;
-            match cluster.link().fetch(addr, key.version, key.shard, expected_len as u64, left).await {
+            *asking.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+            let fetched = cluster.link().fetch(addr, key.version, key.shard, expected_len as u64, left).await;
+            *asking.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            match fetched {
                 Ok(chunk) => {
                     c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                     c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -564,8 +589,10 @@ impl Node {
             let s = shards[*i as usize].shard;
             (s, ds.chunk_len(s).unwrap_or(0) as u64)
         };
-        let plan: RankPlan = plan_rank(version, &shards, params)?;
-        let mut order: Vec<(ShardId, u64)> = plan.shard_order().iter().map(with_size).collect();
+        // Only the shard order is needed: computed a window at a time, not
+        // by materialising the rank's rows (for this epoch and 3 ahead).
+        let mut order: Vec<(ShardId, u64)> =
+            rank_shard_order(version, &shards, params)?.iter().map(with_size).collect();
         let position: HashMap<ShardId, usize> = order.iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
         debug_assert_eq!(position.len(), order.len(), "a rank's epoch uses each shard once");
         let mut seen: std::collections::HashSet<ShardId> = position.keys().copied().collect();
@@ -574,8 +601,8 @@ impl Node {
                 break;
             }
             let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..*params };
-            let later_plan: RankPlan = plan_rank(version, &shards, &later)?;
-            order.extend(later_plan.shard_order().iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
+            let later_order = rank_shard_order(version, &shards, &later)?;
+            order.extend(later_order.iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
         }
         let epoch_len = position.len();
         let mut f =
@@ -611,9 +638,12 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
 struct Pending {
     rx: watch::Receiver<Option<Shared>>,
     wanted_now: Arc<std::sync::atomic::AtomicBool>,
-    /// The load asks another node (this node believed another owns it).
-    forwards: bool,
+    /// The peer the load is asking for the chunk right now, if any.
+    asking: Asking,
 }
+
+/// The peer address a load is fetching from at the moment.
+type Asking = Arc<std::sync::Mutex<Option<std::net::SocketAddr>>>;
 
 /// Removes a shard from the in-flight map when dropped.
 struct InflightGuard<'a> {

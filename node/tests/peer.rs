@@ -461,7 +461,8 @@ async fn a_stream_that_never_sends_its_request_is_ended_by_the_server() {
 /// other, whose server would join its own forwarding load, a cycle that
 /// lasted the whole fetch deadline. A peer's request that meets a
 /// forwarding load is now answered at once ("placement disagrees"), each
-/// node waits briefly for placement and reads the shard itself.
+/// node waits briefly for placement and reads the shard itself. (A load
+/// asking a third node, such as a dead owner, is still joined.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
     let f = start().await;
@@ -476,13 +477,21 @@ async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
         ..NodeConfig::default()
     };
     let node2 = Node::start(&cfg).await.expect("node 2");
+    // Each node serves peers and dials them from one endpoint, as a node
+    // does, so a request's source address is the requester's peer address.
     let identity = Identity::load(&f.certs, "node").expect("identity");
-    let ep2 = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-    let addr2 = ep2.local_addr().expect("addr");
-    tokio::spawn(serve(node2.clone(), ep2));
-    let addrs: std::collections::HashMap<_, _> = [(NodeId(1), f.addr), (NodeId(2), addr2)].into_iter().collect();
-    for (node, me, other) in [(&f.node, 1, 2), (&node2, 2, 1)] {
-        let mut cluster = Cluster::new(NodeId(me), link(&f, "node"));
+    let mut endpoints = Vec::new();
+    for node in [&f.node, &node2] {
+        let ep =
+            tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+        tokio::spawn(serve(node.clone(), ep.clone()));
+        endpoints.push(ep);
+    }
+    let addr = |i: usize| endpoints[i].local_addr().expect("addr");
+    let addrs: std::collections::HashMap<_, _> = [(NodeId(1), addr(0)), (NodeId(2), addr(1))].into_iter().collect();
+    for (i, (node, me, other)) in [(&f.node, 1, 2), (&node2, 2, 1)].into_iter().enumerate() {
+        let link = PeerLink::new(endpoints[i].clone(), &identity).expect("link");
+        let mut cluster = Cluster::new(NodeId(me), link);
         cluster.fetch_deadline = Duration::from_secs(10);
         cluster.reroute_wait = Duration::from_millis(200);
         let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(other))).collect())).collect();

@@ -176,8 +176,23 @@ impl RankPlan {
     }
 }
 
-/// Plans one rank's epoch. Pure: same inputs, same plan, byte for byte.
-pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> Result<RankPlan, PlanError> {
+/// Steps 1 and 2 of a rank's plan, shared by [`plan_rank`] and
+/// [`rank_shard_order`].
+struct Split {
+    /// The epoch's shard order (indices into the manifest's shards).
+    order: Vec<u32>,
+    /// This rank's segments: (shard index, first row, end row).
+    segments: Vec<(u32, u32, u32)>,
+    /// Rows in the dataset.
+    total: u64,
+    /// This rank's range of the ordered row sequence.
+    lo: u64,
+    hi: u64,
+    /// Segments per shuffle window.
+    window: usize,
+}
+
+fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> Result<Split, PlanError> {
     let w = u64::from(params.world_size);
     if params.world_size == 0 || params.rank >= params.world_size {
         return Err(PlanError::BadRank { rank: params.rank, world_size: params.world_size });
@@ -203,7 +218,7 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
     let r = u64::from(params.rank);
     let lo = (u128::from(total) * u128::from(r) / u128::from(w)) as u64;
     let hi = (u128::from(total) * u128::from(r + 1) / u128::from(w)) as u64;
-    let mut segments: Vec<(u32, u32, u32)> = Vec::new(); // (shard index, first row, end row)
+    let mut segments: Vec<(u32, u32, u32)> = Vec::new();
     let mut pos = 0u64;
     for &s in &order {
         let rows = shards[s as usize].rows;
@@ -216,6 +231,102 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
             break;
         }
     }
+    let window = match params.shuffle {
+        Shuffle::Off => segments.len().max(1),
+        Shuffle::Windowed { window_shards } => window_shards as usize,
+    };
+    Ok(Split { order, segments, total, lo, hi, window })
+}
+
+/// The rows of window `wi` (its `segments`), shuffled as the plan shuffles
+/// them, appended to `rows`.
+fn window_rows(
+    version: DatasetVersion,
+    params: &PlanParams,
+    wi: usize,
+    segments: &[(u32, u32, u32)],
+    rows: &mut Vec<RowRef>,
+) {
+    let first = rows.len();
+    for &(s, a, b) in segments {
+        rows.extend((a..b).map(|row| RowRef { shard_index: s, row }));
+    }
+    if let Shuffle::Windowed { .. } = params.shuffle {
+        let (w, r) = (u64::from(params.world_size), u64::from(params.rank));
+        let seed = seed_of(&[version.prefix_u64(), params.seed, params.epoch, w, r, wi as u64, 0x524f_5753]);
+        Rng::new(seed).shuffle(&mut rows[first..]);
+    }
+}
+
+/// The shard indices of a rank's plan in the order it first needs them:
+/// equal to `plan_rank(version, shards, params)?.shard_order()`, computed
+/// one shuffle window at a time, so memory stays bounded by a window's rows
+/// rather than the rank's whole epoch (a node computes it for every rank it
+/// serves, for several epochs ahead).
+pub fn rank_shard_order(
+    version: DatasetVersion,
+    shards: &[ShardRows],
+    params: &PlanParams,
+) -> Result<Vec<u32>, PlanError> {
+    let sp = split(version, shards, params)?;
+    let w = u64::from(params.world_size);
+    let b = u64::from(params.batch_size);
+    // drop_last keeps the first K*B rows; otherwise every row is kept.
+    let keep = if params.drop_last { sp.total / w / b * b } else { u64::MAX };
+    let mut seen = vec![false; shards.len()];
+    let mut out = Vec::new();
+    let mut note = |s: u32| {
+        if !std::mem::replace(&mut seen[s as usize], true) {
+            out.push(s);
+        }
+    };
+    let mut emitted = 0u64;
+    let mut rows: Vec<RowRef> = Vec::new();
+    for (wi, win) in sp.segments.chunks(sp.window).enumerate() {
+        if emitted >= keep {
+            break;
+        }
+        match params.shuffle {
+            // Unshuffled rows appear in segment order.
+            Shuffle::Off => {
+                for &(s, a, e) in win {
+                    if emitted >= keep {
+                        break;
+                    }
+                    note(s);
+                    emitted += u64::from(e - a);
+                }
+            }
+            Shuffle::Windowed { .. } => {
+                let n: u64 = win.iter().map(|&(_, a, e)| u64::from(e - a)).sum();
+                rows.clear();
+                usize::try_from(n)
+                    .ok()
+                    .and_then(|n| rows.try_reserve_exact(n).ok())
+                    .ok_or(PlanError::TooManyRows { rows: n })?;
+                window_rows(version, params, wi, win, &mut rows);
+                let take = usize::try_from((keep - emitted).min(n)).unwrap_or(usize::MAX);
+                for r in &rows[..take.min(rows.len())] {
+                    note(r.shard_index);
+                }
+                emitted += n;
+            }
+        }
+    }
+    // Wrap-around padding gives a rank without rows one row of the global
+    // order; a rank with rows only repeats its own.
+    if !params.drop_last && sp.total > 0 && sp.hi == sp.lo {
+        let r = u64::from(params.rank);
+        note(global_row(&sp.order, shards, r % sp.total).shard_index);
+    }
+    Ok(out)
+}
+
+/// Plans one rank's epoch. Pure: same inputs, same plan, byte for byte.
+pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> Result<RankPlan, PlanError> {
+    let Split { order, segments, total, lo, hi, window } = split(version, shards, params)?;
+    let w = u64::from(params.world_size);
+    let r = u64::from(params.rank);
 
     // 3. Rows, window by window.
     // The row count comes from Parquet footers: a corrupt one must give an
@@ -225,19 +336,8 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
         .ok()
         .and_then(|n| rows.try_reserve_exact(n).ok())
         .ok_or(PlanError::TooManyRows { rows: hi - lo })?;
-    let window = match params.shuffle {
-        Shuffle::Off => segments.len().max(1),
-        Shuffle::Windowed { window_shards } => window_shards as usize,
-    };
     for (wi, win) in segments.chunks(window).enumerate() {
-        let first = rows.len();
-        for &(s, a, b) in win {
-            rows.extend((a..b).map(|row| RowRef { shard_index: s, row }));
-        }
-        if let Shuffle::Windowed { .. } = params.shuffle {
-            let seed = seed_of(&[version.prefix_u64(), params.seed, params.epoch, w, r, wi as u64, 0x524f_5753]);
-            Rng::new(seed).shuffle(&mut rows[first..]);
-        }
+        window_rows(version, params, wi, win, &mut rows);
     }
 
     // 4. Batches.
@@ -361,6 +461,17 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn the_shard_order_alone_equals_the_plans(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
+                                 w in 1u32..6, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+            let s = shards(&rows);
+            for r in 0..w {
+                let p = params(seed, 5, w, r, b, window, drop_last);
+                let plan = plan_rank(V, &s, &p).unwrap();
+                prop_assert_eq!(rank_shard_order(V, &s, &p).unwrap(), plan.shard_order().to_vec());
+            }
+        }
+
         #[test]
         fn same_inputs_same_plan(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
                                  w in 1u32..5, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {

@@ -1,6 +1,7 @@
 //! The loader: plan, fetch, assemble, in that order, one epoch at a time.
 //!
-//! [`Loader::epoch`] computes the rank's [`RankPlan`] locally and starts one
+//! [`Loader::epoch`] walks the rank's plan locally ([`PlanCursor`]: a shuffle
+//! window of rows at a time, never the whole epoch's) and starts one
 //! background thread that walks it: it fetches each chunk when a batch first
 //! needs it, copies the batch's rows out of the chunks into pooled buffers,
 //! and drops each chunk after the last batch that reads it, so at most a
@@ -16,7 +17,7 @@ use crate::error::ClientError;
 use crate::local::LocalSource;
 use crate::source::{Chunk, ChunkSource};
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{AlignedBuf, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
+use granary_proto::{AlignedBuf, PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,8 +101,8 @@ impl Loader {
     /// A loader reading from any source.
     pub fn new(source: Arc<dyn ChunkSource>, cfg: LoaderConfig) -> Result<Self, ClientError> {
         let info = source.describe(&cfg.dataset)?;
-        // Validate the parameters once, up front.
-        plan_rank(info.version, &info.shards, &cfg.params(0))?;
+        // Validate the parameters once, up front (a cursor holds no rows).
+        PlanCursor::new(info.version, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
         Ok(Self { source, info: Arc::new(info), layouts, cfg })
     }
@@ -116,7 +117,8 @@ impl Loader {
         &self.cfg
     }
 
-    /// This rank's plan for `epoch`.
+    /// This rank's plan for `epoch`, whole (every row of the epoch: for
+    /// inspection and tests; the loader itself walks a [`PlanCursor`]).
     pub fn plan(&self, epoch: u64) -> Result<RankPlan, ClientError> {
         Ok(plan_rank(self.info.version, &self.info.shards, &self.cfg.params(epoch))?)
     }
@@ -128,8 +130,10 @@ impl Loader {
 
     /// The batches of `pos.epoch` from batch `pos.batch` on.
     pub fn resume(&self, pos: Position) -> Result<EpochStream, ClientError> {
-        let plan = self.plan(pos.epoch)?;
-        let total = plan.num_batches() as u64;
+        let params = self.cfg.params(pos.epoch);
+        let start = usize::try_from(pos.batch).unwrap_or(usize::MAX);
+        let cursor = PlanCursor::new(self.info.version, &self.info.shards, &params, start)?;
+        let total = cursor.num_batches() as u64;
         let start = pos.batch.min(total);
         let (tx, rx) = sync_channel(self.cfg.prefetch_batches.max(1));
         let stop = Arc::new(AtomicBool::new(false));
@@ -137,9 +141,8 @@ impl Loader {
             source: self.source.clone(),
             info: self.info.clone(),
             layouts: self.layouts.clone(),
-            plan,
+            cursor,
             epoch: pos.epoch,
-            start: start as usize,
             stop: stop.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -219,39 +222,31 @@ struct Producer {
     source: Arc<dyn ChunkSource>,
     info: Arc<DatasetInfo>,
     layouts: Arc<[TensorLayout]>,
-    plan: RankPlan,
+    /// At the first batch to produce.
+    cursor: PlanCursor,
     epoch: u64,
-    start: usize,
     stop: Arc<AtomicBool>,
 }
 
 impl Producer {
-    fn run(self, tx: SyncSender<Result<Batch, ClientError>>) {
+    fn run(mut self, tx: SyncSender<Result<Batch, ClientError>>) {
         if let Err(e) = self.walk(&tx) {
             let _ = tx.send(Err(e));
         }
     }
 
-    fn walk(&self, tx: &SyncSender<Result<Batch, ClientError>>) -> Result<(), ClientError> {
+    fn walk(&mut self, tx: &SyncSender<Result<Batch, ClientError>>) -> Result<(), ClientError> {
         let version = self.info.version;
-        self.source.follow(version, self.plan.params())?;
-        let n_shards = self.info.shards.len();
-        let k = self.plan.num_batches();
-        // Last batch that reads each shard, so chunks are dropped after it.
-        let mut last_use = vec![0usize; n_shards];
-        for i in self.start..k {
-            for r in self.plan.batch(i) {
-                last_use[r.shard_index as usize] = i;
-            }
-        }
+        self.source.follow(version, self.cursor.params())?;
         let mut held: Vec<(u32, Chunk)> = Vec::new();
         let (pool_tx, pool_rx) = sync_channel::<Vec<AlignedBuf>>(4);
-        for i in self.start..k {
+        let mut rows: Vec<RowRef> = Vec::new();
+        loop {
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            let rows = self.plan.batch(i);
-            for r in rows {
+            let Some(i) = self.cursor.next_batch(&mut rows) else { return Ok(()) };
+            for r in &rows {
                 if !held.iter().any(|(s, _)| *s == r.shard_index) {
                     let chunk = self.fetch(r.shard_index)?;
                     held.push((r.shard_index, chunk));
@@ -263,8 +258,10 @@ impl Producer {
                     vec![AlignedBuf::zeroed(0); self.layouts.len()]
                 }
             };
-            assemble(rows, &held, &self.layouts, &mut bufs);
-            held.retain(|(s, _)| last_use[*s as usize] > i);
+            assemble(&rows, &held, &self.layouts, &mut bufs);
+            // A shard's rows all lie in one shuffle window: once none of
+            // them is left to hand out, its chunk is not needed again.
+            held.retain(|(s, _)| self.cursor.pending(*s));
             let batch = Batch {
                 position: crate::Position { epoch: self.epoch, batch: i as u64 },
                 rows: rows.len(),
@@ -276,7 +273,6 @@ impl Producer {
                 return Ok(());
             }
         }
-        Ok(())
     }
 
     /// Fetches a chunk and checks it matches the description the plan used.

@@ -46,5 +46,5 @@ pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
 pub use placement::{
     NodeWeight, Placement, PlacementBench, PlacementError, bench_placement, plan_placement, shard_key,
 };
-pub use plan::{PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order};
+pub use plan::{PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order};
 pub use view::{TensorLayout, TensorSpec, View, ViewError};

@@ -495,8 +495,21 @@ impl PlanCursor {
         let end = *self.batch_ends.get(i)?;
         let start = if i == 0 { 0 } else { self.batch_ends[i - 1] };
         out.clear();
-        for pos in start..end {
-            out.push(self.row_at(pos));
+        // The rank's own rows, drained from the buffer in one go.
+        let own_end = end.min(self.own_rows);
+        if start < own_end {
+            self.skip_to(start);
+            self.fill_to(own_end - 1);
+            let n = (own_end - start).min(self.buffer.len());
+            for r in self.buffer.drain(..n) {
+                self.pending[r.shard_index as usize] -= 1;
+                out.push(r);
+            }
+            self.buffer_start += n;
+        }
+        // Wrap-around padding (at most a row or two, at the end).
+        for pos in start.max(self.own_rows)..end {
+            out.push(self.padding_row(pos - self.own_rows));
         }
         self.next_batch += 1;
         Some(i)
@@ -531,27 +544,6 @@ impl PlanCursor {
                 }
                 None => break,
             }
-        }
-    }
-
-    /// The row at `pos` of the rank's batches; positions are asked for in
-    /// increasing order.
-    fn row_at(&mut self, pos: usize) -> RowRef {
-        if pos >= self.own_rows {
-            // Wrap-around padding (at most a row or two, at the end): the
-            // rank's first row, or a global row for a rank with none.
-            return self.padding_row(pos - self.own_rows);
-        }
-        self.skip_to(pos);
-        self.fill_to(pos);
-        match self.buffer.pop_front() {
-            Some(r) => {
-                self.pending[r.shard_index as usize] -= 1;
-                self.buffer_start += 1;
-                r
-            }
-            // Unreachable: positions below own_rows are always generated.
-            None => RowRef { shard_index: 0, row: 0 },
         }
     }
 

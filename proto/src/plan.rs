@@ -410,6 +410,9 @@ pub struct PlanCursor {
     batch_ends: Vec<usize>,
     /// Rows of the rank's own sequence (before padding or truncation).
     own_rows: usize,
+    /// Rows the batches hold: positions at or past it are never handed
+    /// out (`drop_last`), so they are not counted as pending.
+    rows_len: usize,
     /// Start position of each window in the rank's sequence.
     window_starts: Vec<usize>,
     /// Generated rows not yet handed out, from position `buffer_start`.
@@ -436,17 +439,23 @@ impl PlanCursor {
             // generate them a segment at a time.
             split.window = 1;
         }
-        let own_rows = usize::try_from(split.hi - split.lo).map_err(|_| PlanError::TooManyRows {
-            rows: split.hi - split.lo,
-        })?;
+        let own_rows =
+            usize::try_from(split.hi - split.lo).map_err(|_| PlanError::TooManyRows { rows: split.hi - split.lo })?;
         let w = u64::from(params.world_size);
-        let (batch_ends, _) = batch_ends(split.total, w, u64::from(params.batch_size), own_rows, params.drop_last);
+        let (batch_ends, rows_len) =
+            batch_ends(split.total, w, u64::from(params.batch_size), own_rows, params.drop_last);
         let mut window_starts = Vec::new();
         let mut pos = 0usize;
+        let mut largest = 0usize;
         for win in split.segments.chunks(split.window) {
             window_starts.push(pos);
-            pos += win.iter().map(|&(_, a, e)| (e - a) as usize).sum::<usize>();
+            let n = win.iter().map(|&(_, a, e)| (e - a) as usize).sum::<usize>();
+            largest = largest.max(n);
+            pos += n;
         }
+        // Row counts come from footers: a window that cannot be allocated is
+        // an error here, not an abort in the loader's thread later.
+        Vec::<RowRef>::new().try_reserve_exact(largest).map_err(|_| PlanError::TooManyRows { rows: largest as u64 })?;
         let next_batch = start.min(batch_ends.len());
         let first = if next_batch == 0 { 0 } else { batch_ends[next_batch - 1] };
         // Start at the window holding the first row to hand out.
@@ -459,6 +468,7 @@ impl PlanCursor {
             split,
             batch_ends,
             own_rows,
+            rows_len,
             window_starts,
             buffer: std::collections::VecDeque::new(),
             buffer_start,
@@ -523,6 +533,9 @@ impl PlanCursor {
                 self.split.segments.chunks(self.split.window).nth(wi).map(<[_]>::to_vec).unwrap_or_default();
             let mut rows = Vec::new();
             window_rows(self.version, &self.params, wi, &segs, &mut rows);
+            // Rows past the batches (`drop_last`) are never handed out.
+            let at = self.buffer_start + self.buffer.len();
+            rows.truncate(self.rows_len.saturating_sub(at));
             for r in &rows {
                 self.pending[r.shard_index as usize] += 1;
             }
@@ -648,7 +661,74 @@ mod tests {
         (0..p.world_size).map(|r| plan_rank(V, s, &PlanParams { rank: r, ..p }).unwrap()).collect()
     }
 
+    /// Ranks without rows of their own (N < W) pad with a global row; the
+    /// cursor gives it too, from any start.
+    #[test]
+    fn a_cursor_pads_a_rank_without_rows_like_the_plan() {
+        let s = shards(&[2]);
+        for b in [1, 3] {
+            for r in 0..4 {
+                for window in [0, 1] {
+                    let p = params(9, 1, 4, r, b, window, false);
+                    let plan = plan_rank(V, &s, &p).unwrap();
+                    for start in [0, 1, 5] {
+                        let mut cursor = PlanCursor::new(V, &s, &p, start).unwrap();
+                        let mut out = Vec::new();
+                        while let Some(i) = cursor.next_batch(&mut out) {
+                            assert_eq!(&out[..], plan.batch(i), "rank {r} batch {i} start {start}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     proptest! {
+        /// `pending` says exactly whether a shard's rows are still to come
+        /// (the loader drops a chunk when it turns false).
+        #[test]
+        fn a_cursor_knows_which_shards_are_still_needed(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
+                                 w in 1u32..5, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+            let s = shards(&rows);
+            for r in 0..w {
+                let p = params(seed, 4, w, r, b, window, drop_last);
+                let plan = plan_rank(V, &s, &p).unwrap();
+                // The last batch reading each shard, from the rank's own
+                // rows (a padding row repeats the first row at the end).
+                let mut last_use = vec![None; s.len()];
+                let mut first_row = None;
+                for i in 0..plan.num_batches() {
+                    for (j, row) in plan.batch(i).iter().enumerate() {
+                        if first_row.is_none() && (i, j) == (0, 0) {
+                            first_row = Some(*row);
+                        }
+                        last_use[row.shard_index as usize] = Some(i);
+                    }
+                }
+                let mut cursor = PlanCursor::new(V, &s, &p, 0).unwrap();
+                let mut out = Vec::new();
+                let mut seen = vec![false; s.len()];
+                while let Some(i) = cursor.next_batch(&mut out) {
+                    for row in &out {
+                        seen[row.shard_index as usize] = true;
+                    }
+                    for (shard, used) in last_use.iter().enumerate() {
+                        if !seen[shard] {
+                            continue;
+                        }
+                        // A padding row at the very end may reuse a shard
+                        // the cursor already let go (it fetches it again).
+                        let padded_later = used.is_some_and(|u| u > i) && !cursor.pending(shard as u32);
+                        if padded_later {
+                            prop_assert_eq!(Some(shard as u32), first_row.map(|r| r.shard_index));
+                            continue;
+                        }
+                        prop_assert_eq!(cursor.pending(shard as u32), used.is_some_and(|u| u > i), "shard {} after batch {}", shard, i);
+                    }
+                }
+            }
+        }
+
         #[test]
         fn a_cursor_gives_the_plans_batches_from_any_start(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
                                  w in 1u32..6, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>(), start in 0usize..20) {

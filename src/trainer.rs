@@ -93,7 +93,7 @@ fn drive(a: TrainerArgs) -> Result<()> {
     } else {
         Loader::new(source, cfg)?
     };
-    emit(&TrainerEvent::Ready { rank: a.rank, batches: loader.plan(0)?.num_batches() as u64 });
+    emit(&TrainerEvent::Ready { rank: a.rank, batches: loader.num_batches(0)? as u64 });
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         let Some(epoch) = line.strip_prefix("epoch ").and_then(|n| n.trim().parse::<u64>().ok()) else {

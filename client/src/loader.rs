@@ -123,6 +123,11 @@ impl Loader {
         Ok(plan_rank(self.info.version, &self.info.shards, &self.cfg.params(epoch))?)
     }
 
+    /// Batches in `epoch` (equal on every rank), without building the plan.
+    pub fn num_batches(&self, epoch: u64) -> Result<usize, ClientError> {
+        Ok(PlanCursor::new(self.info.version, &self.info.shards, &self.cfg.params(epoch), 0)?.num_batches())
+    }
+
     /// All batches of `epoch`, from the first.
     pub fn epoch(&self, epoch: u64) -> Result<EpochStream, ClientError> {
         self.resume(Position { epoch, batch: 0 })

@@ -565,25 +565,14 @@ impl PlanCursor {
             let r = u64::from(self.params.rank);
             return global_row(&self.split.order, &self.shards, r % self.split.total.max(1));
         }
-        // Padding repeats rows[i % own_rows]; only the first window holds
-        // them, regenerated here (rare: a row or two per epoch).
-        let segs: Vec<(u32, u32, u32)> =
-            self.split.segments.chunks(self.split.window).next().map(<[_]>::to_vec).unwrap_or_default();
+        // Padding repeats rows[i % own_rows], and K exceeds the rank's own
+        // rows by at most one (B = 1 with W not dividing N), so `i` is 0:
+        // the rank's first row, which the first window holds, regenerated
+        // here (once an epoch, at the end).
+        let first = &self.split.segments[..self.split.window.min(self.split.segments.len())];
         let mut rows = Vec::new();
-        window_rows(self.version, &self.params, 0, &segs, &mut rows);
-        let i = i % self.own_rows;
-        if i < rows.len() {
-            return rows[i];
-        }
-        // More padding than the first window holds: walk the sequence.
-        let mut all = Vec::new();
-        for (wi, win) in self.split.segments.chunks(self.split.window).enumerate() {
-            window_rows(self.version, &self.params, wi, win, &mut all);
-            if all.len() > i {
-                break;
-            }
-        }
-        all.get(i).copied().unwrap_or(RowRef { shard_index: 0, row: 0 })
+        window_rows(self.version, &self.params, 0, first, &mut rows);
+        rows.get(i % self.own_rows).or(rows.first()).copied().unwrap_or(RowRef { shard_index: 0, row: 0 })
     }
 }
 

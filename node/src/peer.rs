@@ -584,6 +584,30 @@ fn response_timeout(len: u64) -> Duration {
     Duration::from_secs(60) + Duration::from_secs(len >> 20)
 }
 
+/// Writes a response frame and its bytes (`what`, for the error), within
+/// [`response_timeout`]; past it the stream is reset. The bytes go to quinn
+/// as shared `Bytes`: it queues them without the copy `write_all` makes (a
+/// chunk is megabytes).
+async fn send_response(
+    send: &mut quinn::SendStream,
+    head: &[u8],
+    body: bytes::Bytes,
+    what: &str,
+) -> Result<(), String> {
+    let limit = response_timeout(body.len() as u64);
+    let write = async {
+        send.write_all(head).await?;
+        send.write_chunk(body).await
+    };
+    match tokio::time::timeout(limit, write).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => {
+            let _ = send.reset(0u32.into());
+            Err(format!("the requester did not take {what} within {limit:?}"))
+        }
+    }
+}
+
 async fn serve_stream(
     node: &Node,
     peer: SocketAddr,
@@ -620,20 +644,7 @@ async fn serve_stream(
             match node.footer_for_peer(version, file).await {
                 Ok(raw) => {
                     let head = respond(&PeerResponse::Footer { len: raw.len() as u64 });
-                    let limit = response_timeout(raw.len() as u64);
-                    let write = async {
-                        send.write_all(&head).await?;
-                        send.write_chunk(raw.clone()).await
-                    };
-                    match tokio::time::timeout(limit, write).await {
-                        Ok(r) => r.map_err(|e| e.to_string())?,
-                        Err(_) => {
-                            let _ = send.reset(0u32.into());
-                            return Err(format!(
-                                "the requester did not take the footer of file {file} within {limit:?}"
-                            ));
-                        }
-                    }
+                    send_response(&mut send, &head, raw, &format!("the footer of file {file}")).await?;
                 }
                 Err(e) => {
                     let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
@@ -655,23 +666,8 @@ async fn serve_stream(
     match node.chunk_for_peer(version, shard, peer).await {
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
-            // Handed to quinn as shared `Bytes`: it queues them without the
-            // copy `write_all` makes (a chunk is megabytes).
-            let limit = response_timeout(chunk.len() as u64);
-            let write = async {
-                send.write_all(&head).await?;
-                send.write_chunk(chunk.shared_bytes()).await
-            };
-            match tokio::time::timeout(limit, write).await {
-                Ok(r) => r.map_err(|e| e.to_string())?,
-                Err(_) => {
-                    let _ = send.reset(0u32.into());
-                    return Err(format!(
-                        "the requester did not take the {} bytes of {shard} within {limit:?}",
-                        chunk.len()
-                    ));
-                }
-            }
+            let what = format!("the {} bytes of {shard}", chunk.len());
+            send_response(&mut send, &head, chunk.shared_bytes(), &what).await?;
         }
         Err(e) => {
             let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };

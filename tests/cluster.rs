@@ -70,7 +70,7 @@ fn a_restarted_node_serves_the_coordinators_dataset_from_its_ssd_tier() {
     // A lease long enough that the restart moves no shard.
     let spec = LocalClusterSpec {
         nodes: 2,
-        ssd_bytes: Some(256 << 20),
+        ssd_bytes: Some(64 << 20),
         prefetch_bytes: 0,
         lease_ms: 10_000,
         ..LocalClusterSpec::default()

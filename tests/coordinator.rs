@@ -239,7 +239,9 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
         reserve_udp_port().expect("port"),
     );
     if let Some(data) = data {
-        toml = format!("ssd_dir = {:?}\nssd_bytes = {}\n", dir.join("ssd"), 256u64 << 20) + &toml;
+        toml =
+            format!("ssd_dir = {:?}\nssd_bytes = {}\nssd_block_bytes = {}\n", dir.join("ssd"), 64u64 << 20, 8u64 << 20)
+                + &toml;
         toml += &format!(
             "\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}/\"\n\n[dataset.view]\n{}",
             data.display(),

@@ -26,7 +26,8 @@ fn node_toml(socket: &Path, ssd: &Path, s3: SocketAddr) -> String {
     format!(
         r#"socket = {socket:?}
 ssd_dir = {ssd:?}
-ssd_bytes = 268435456
+ssd_bytes = 67108864
+ssd_block_bytes = 8388608
 ram_bytes = 268435456
 prefetch_bytes = 16777216
 

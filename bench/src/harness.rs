@@ -11,11 +11,33 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-/// The last 20 lines of a child's log file (empty if unreadable).
+/// The last 20 lines of a child's log file (empty if unreadable), without
+/// backtrace frames, and with the error a child exited with (`Error: …`
+/// and its causes, as `main` prints it) always included: with
+/// `RUST_BACKTRACE` set, the frames alone would fill the tail.
 fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
+    tail_of(&text)
+}
+
+fn tail_of(text: &str) -> String {
+    let is_frame = |l: &str| {
+        let t = l.trim_start();
+        t.starts_with("at ")
+            || t.split_once(": ").is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !is_frame(l)).collect();
+    let mut start = lines.len().saturating_sub(20);
+    if let Some(err) = lines.iter().rposition(|l| l.starts_with("Error: ")) {
+        start = start.min(err);
+    }
+    lines[start..].join("\n")
+}
+
+/// A child's environment: errors a child returns from `main` print without
+/// a backtrace even where `RUST_BACKTRACE` is set (panics keep theirs).
+fn quiet_errors(cmd: &mut Command) -> &mut Command {
+    cmd.env("RUST_LIB_BACKTRACE", "0")
 }
 
 /// A node daemon child process.
@@ -30,7 +52,7 @@ impl NodeProcess {
     /// socket accepts connections.
     pub fn spawn(exe: &Path, config: &Path, socket: &Path, log: &Path, timeout: Duration) -> Result<Self> {
         let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(exe)
+        let child = quiet_errors(&mut Command::new(exe))
             .arg("node")
             .arg("--config")
             .arg(config)
@@ -184,7 +206,7 @@ pub struct TrainerProcess {
 impl TrainerProcess {
     /// Starts `exe trainer ARGS`; the reader thread parses its stdout.
     pub fn spawn(exe: &Path, rank: u32, args: &[String]) -> Result<Self> {
-        let mut child = Command::new(exe)
+        let mut child = quiet_errors(&mut Command::new(exe))
             .arg("trainer")
             .args(args)
             .stdin(Stdio::piped())
@@ -292,7 +314,7 @@ impl CoordinatorProcess {
             .append(true)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
-        let mut child = Command::new(exe)
+        let mut child = quiet_errors(&mut Command::new(exe))
             .args(["coordinator", "--json", "--id", &me.id.to_string(), "--listen", &me.addr.to_string()])
             .args(["--peers", &peers])
             .arg("--data-dir")
@@ -508,7 +530,10 @@ impl LocalCluster {
             s.convert_threads
         );
         if let Some(ssd) = s.ssd_bytes {
-            t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\n", dir.join("ssd"));
+            // Blocks of an eighth of the tier (at most the default 64 MiB):
+            // small test tiers stay small on disk, where it is reserved.
+            let block = (ssd / 8 / 4096 * 4096).clamp(8192, 64 << 20);
+            t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\nssd_block_bytes = {block}\n", dir.join("ssd"));
         }
         if let Some((latency_ms, bw)) = s.throttle {
             t += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
@@ -735,4 +760,28 @@ pub fn run_epoch(
     }
     out.secs = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail_of;
+
+    #[test]
+    fn a_log_tail_keeps_the_error_and_drops_backtrace_frames() {
+        let mut log =
+            String::from("INFO starting\nError: ssd folder /x: no space\n\nCaused by:\n    full\n\nStack backtrace:\n");
+        for i in 0..40 {
+            log += &format!("  {i}: some::frame\n             at ./src/x.rs:{i}:5\n");
+        }
+        let tail = tail_of(&log);
+        assert!(tail.contains("Error: ssd folder /x: no space"), "{tail}");
+        assert!(tail.contains("full") && !tail.contains("some::frame") && !tail.contains("at ./src"), "{tail}");
+        // The error stays in the tail however much was logged after it.
+        let later: String = (0..30).map(|i| format!("INFO shutting down {i}\n")).collect();
+        let tail = tail_of(&format!("Error: refused\n{later}"));
+        assert!(tail.starts_with("Error: refused") && tail.ends_with("down 29"), "{tail}");
+        let plain: String = (0..30).map(|i| format!("line {i}\n")).collect();
+        assert_eq!(tail_of(&plain).lines().count(), 20);
+        assert!(tail_of(&plain).starts_with("line 10"));
+    }
 }

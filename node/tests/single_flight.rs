@@ -14,7 +14,8 @@ fn config(data: &std::path::Path, ssd: Option<&std::path::Path>) -> NodeConfig {
             view: ViewRef::Inline(view),
         }],
         ssd_dir: ssd.map(|p| p.to_path_buf()),
-        ssd_bytes: 256 << 20,
+        ssd_bytes: 64 << 20,
+        ssd_block_bytes: 8 << 20,
         ram_bytes: 64 << 20,
         ..NodeConfig::default()
     }

@@ -245,6 +245,7 @@ fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::
         files: a.files,
         row_group_rows: a.row_group_rows,
         compression: "snappy".into(),
+        ..GenSpec::default()
     };
     let report = datagen::generate(data, &spec, |n| gen_bar.set_position(n))?;
     gen_bar.finish_and_clear();

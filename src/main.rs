@@ -91,6 +91,10 @@ struct GenArgs {
     /// none, snappy, zstd, lz4 or gzip.
     #[arg(long, default_value = "snappy")]
     compression: String,
+    /// Feature values: uniform (random floats, plain encoding) or mixed
+    /// (continuous, count-like and bucketised features, dictionary-encoded).
+    #[arg(long, default_value = "uniform")]
+    values: granary_node::datagen::Values,
     /// Seed of every value.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -170,6 +174,10 @@ struct LocalArgs {
     /// Parquet compression: none, snappy, zstd, lz4, gzip.
     #[arg(long, default_value = "snappy")]
     compression: String,
+    /// Feature values of the generated dataset: uniform or mixed (see
+    /// `granary dataset gen --help`).
+    #[arg(long, default_value = "uniform")]
+    values: granary_node::datagen::Values,
     /// Simulated remote latency per request, ms.
     #[arg(long, default_value_t = 20)]
     latency_ms: u64,
@@ -274,6 +282,7 @@ fn generate(a: GenArgs) -> Result<()> {
         files: a.files,
         row_group_rows: a.row_group_rows,
         compression: a.compression,
+        values: a.values,
     };
     let bar = indicatif::ProgressBar::new(a.rows);
     if a.json {
@@ -427,6 +436,7 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         bandwidth_bytes_per_s: a.bandwidth_mib << 20,
         ram_bytes: a.ram_mib << 20,
         compression: a.compression,
+        values: a.values,
         ..Default::default()
     };
     let exe = std::env::current_exe()?;

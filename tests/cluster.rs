@@ -14,7 +14,14 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 
 fn dataset(dir: &Path) -> PathBuf {
     let data = dir.join("data");
-    let spec = GenSpec { seed: 5, rows: 24_000, files: 4, row_group_rows: 1_500, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 5,
+        rows: 24_000,
+        files: 4,
+        row_group_rows: 1_500,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(&data, &spec, |_| {}).expect("generate");
     data
 }
@@ -30,7 +37,14 @@ fn a_dataset_added_to_the_coordinator_is_served_by_every_node() {
     let spec = LocalClusterSpec { nodes: 2, prefetch_bytes: 0, ..LocalClusterSpec::default() };
     let c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
     let more = tmp.path().join("more");
-    let spec2 = GenSpec { seed: 8, rows: 3_000, files: 2, row_group_rows: 500, compression: "zstd".into() };
+    let spec2 = GenSpec {
+        seed: 8,
+        rows: 3_000,
+        files: 2,
+        row_group_rows: 500,
+        compression: "zstd".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(&more, &spec2, |_| {}).expect("generate");
     c.add_dataset("clicks", &more).expect("add");
     c.wait_placement(&[1, 2], 2, 2, TIMEOUT).expect("both nodes serve two versions");

@@ -17,7 +17,14 @@ use std::collections::BTreeMap;
 async fn a_gs_source_gives_the_same_tensors_as_the_same_files_on_disk() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("train/ads");
-    let spec = GenSpec { seed: 12, rows: 3_000, files: 2, row_group_rows: 1_000, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 12,
+        rows: 3_000,
+        files: 2,
+        row_group_rows: 1_000,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(&data, &spec, |_| {}).expect("generate");
     let addr = common::serve_object_store(tmp.path(), None).await;
     let key = tmp.path().join("service-account.json");

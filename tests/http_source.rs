@@ -16,7 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 async fn an_http_source_gives_the_same_tensors_as_the_same_files_on_disk() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("train/ads");
-    let spec = GenSpec { seed: 13, rows: 3_000, files: 2, row_group_rows: 1_000, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 13,
+        rows: 3_000,
+        files: 2,
+        row_group_rows: 1_000,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     let generated = datagen::generate(&data, &spec, |_| {}).expect("generate");
     let requests = Arc::new(AtomicU64::new(0));
     let addr = webdav::serve_webdav(tmp.path(), requests.clone()).await;
@@ -75,7 +82,14 @@ fn private_ca_server() -> (String, Arc<rustls::ServerConfig>) {
 async fn an_https_source_with_a_private_ca_is_read_once_ca_file_trusts_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("train/ads");
-    let spec = GenSpec { seed: 14, rows: 2_000, files: 2, row_group_rows: 1_000, compression: "zstd".into() };
+    let spec = GenSpec {
+        seed: 14,
+        rows: 2_000,
+        files: 2,
+        row_group_rows: 1_000,
+        compression: "zstd".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(&data, &spec, |_| {}).expect("generate");
     let (ca_pem, tls) = private_ca_server();
     let requests = Arc::new(AtomicU64::new(0));

@@ -97,7 +97,14 @@ fn daemon_and_two_trainers_over_s3_match_the_naive_path_byte_for_byte() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("s3").join("train").join("ads");
-    let spec = GenSpec { seed: 5, rows: 7_000, files: 3, row_group_rows: 1_000, compression: "zstd".into() };
+    let spec = GenSpec {
+        seed: 5,
+        rows: 7_000,
+        files: 3,
+        row_group_rows: 1_000,
+        compression: "zstd".into(),
+        ..GenSpec::default()
+    };
     let report = datagen::generate(&data, &spec, |_| {}).unwrap();
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

@@ -66,7 +66,14 @@ fn the_ssd_tier_reserves_its_space_and_serves_correct_chunks_when_the_filesystem
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
     // 40 shards of ~0.75 MB converted (1,000 rows of 748 bytes).
-    let spec = GenSpec { seed: 21, rows: 40_000, files: 4, row_group_rows: 1_000, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 21,
+        rows: 40_000,
+        files: 4,
+        row_group_rows: 1_000,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     let generated = datagen::generate(&data, &spec, |_| {}).expect("generate");
     let view = tmp.path().join("view.toml");
     std::fs::write(&view, datagen::VIEW_TOML).expect("view");

@@ -222,6 +222,7 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
         files: opts.files,
         row_group_rows: opts.row_group_rows,
         compression: "snappy".into(),
+        ..GenSpec::default()
     };
     let source_bytes = datagen::generate(&data, &spec, |_| {})?.bytes;
     let largest = opts.node_counts.iter().copied().max().unwrap_or(1);

@@ -50,6 +50,8 @@ pub struct LocalOpts {
     pub window_shards: u32,
     /// Parquet compression of the generated files.
     pub compression: String,
+    /// Feature values of the generated files.
+    pub values: datagen::Values,
 }
 
 impl Default for LocalOpts {
@@ -65,6 +67,7 @@ impl Default for LocalOpts {
             ram_bytes: 1 << 30,
             window_shards: 4,
             compression: "snappy".into(),
+            values: datagen::Values::Uniform,
         }
     }
 }
@@ -231,6 +234,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         files: opts.files,
         row_group_rows: opts.row_group_rows,
         compression: opts.compression.clone(),
+        values: opts.values,
     };
     let report = datagen::generate(&data, &spec, |_| {})?;
     let loader_cfg = LoaderConfig {

@@ -52,7 +52,7 @@ pub const ALPN_API: &[u8] = b"granary-api/1";
 /// ALPN protocol of Raft traffic between coordinators.
 pub const ALPN_RAFT: &[u8] = b"granary-raft/1";
 /// ALPN protocol of node-to-node and trainer-to-node data traffic.
-pub const ALPN_PEER: &[u8] = b"granary-peer/1";
+pub const ALPN_PEER: &[u8] = b"granary-peer/2";
 
 /// Prefix of the URI subject-alternative name that carries a certificate's role.
 pub const ROLE_URI_PREFIX: &str = "urn:granary:role:";

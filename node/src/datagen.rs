@@ -2,9 +2,16 @@
 //!
 //! Columns: `f0`..`f149` (f32 dense features), `emb` (`FixedSizeList<f32,
 //! 32>`), `user_id` and `item_id` (i64), `label` (f32). Every value is a pure
-//! function of (seed, global row, column), so a test can recompute any value
-//! without reading the files back. Files are written one row group at a time
-//! (bounded memory) and the same arguments always give the same bytes.
+//! function of (seed, global row, column, [`Values`]), so a test can
+//! recompute any value without reading the files back. Files are written one
+//! row group at a time (bounded memory) and the same arguments always give
+//! the same bytes.
+//!
+//! Two value profiles ([`Values`]): `uniform` (every feature a random float,
+//! no dictionaries: the cheapest data to decode and the least compressible)
+//! and `mixed` (continuous, count-like and bucketised features in equal
+//! parts, dictionary-encoded as Parquet writers do by default: closer to
+//! click logs, and dearer to decode).
 
 use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
@@ -33,11 +40,57 @@ pub struct GenSpec {
     pub row_group_rows: u64,
     /// Compression: `none`, `snappy`, `zstd`, `lz4`, `gzip`.
     pub compression: String,
+    /// How feature values are distributed and encoded.
+    pub values: Values,
 }
 
 impl Default for GenSpec {
     fn default() -> Self {
-        Self { seed: 0, rows: 100_000, files: 4, row_group_rows: 10_000, compression: "snappy".into() }
+        Self {
+            seed: 0,
+            rows: 100_000,
+            files: 4,
+            row_group_rows: 10_000,
+            compression: "snappy".into(),
+            values: Values::Uniform,
+        }
+    }
+}
+
+/// How the dense feature values are distributed, and whether the files use
+/// dictionary encoding. The embedding, ids and label are the same in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Values {
+    /// Every dense feature uniform in [-1, 1); plain encoding. Incompressible
+    /// and decoded at nearly memory speed: the case where caching converted
+    /// chunks gains least over decoding every epoch.
+    #[default]
+    Uniform,
+    /// Features `f{3k}` continuous (uniform in [-1, 1)), `f{3k+1}`
+    /// count-like (`ln(1 + n)` with n geometric: half zeros, ~20 distinct
+    /// values), `f{3k+2}` bucketised (64 levels in [0, 1]); dictionary
+    /// encoding on, Parquet's default.
+    Mixed,
+}
+
+impl std::str::FromStr for Values {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uniform" => Ok(Self::Uniform),
+            "mixed" => Ok(Self::Mixed),
+            other => Err(format!("unknown value profile {other:?} (uniform, mixed)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Values {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Uniform => "uniform",
+            Self::Mixed => "mixed",
+        })
     }
 }
 
@@ -124,9 +177,23 @@ fn bits(seed: u64, row: u64, col: u64) -> u64 {
     mix64(seed ^ mix64(row.wrapping_mul(0x1_0000_0001).wrapping_add(col)))
 }
 
-/// Dense feature `col` of global row `row`: uniform in [-1, 1).
+/// Dense feature `col` of global row `row` under [`Values::Uniform`]:
+/// uniform in [-1, 1).
 pub fn dense_value(seed: u64, row: u64, col: usize) -> f32 {
     ((bits(seed, row, col as u64) >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+}
+
+/// Dense feature `col` of global row `row` under `values`.
+pub fn dense_value_in(values: Values, seed: u64, row: u64, col: usize) -> f32 {
+    match (values, col % 3) {
+        (Values::Uniform, _) | (Values::Mixed, 0) => dense_value(seed, row, col),
+        (Values::Mixed, 1) => {
+            // n zero with probability 1/2, then 1 with 1/4, ...: a count.
+            let n = bits(seed, row, col as u64).trailing_ones().min(24);
+            (n as f32).ln_1p()
+        }
+        _ => (bits(seed, row, col as u64) % 64) as f32 / 63.0,
+    }
 }
 
 /// Embedding element `k` of row `row`.
@@ -149,11 +216,19 @@ pub fn label(seed: u64, row: u64) -> f32 {
     (bits(seed, row, LABEL_COL) & 1) as f32
 }
 
-/// One record batch of rows `start..start + n`.
+/// One record batch of rows `start..start + n` ([`Values::Uniform`]).
 pub fn batch(seed: u64, start: u64, n: usize) -> RecordBatch {
+    batch_in(Values::Uniform, seed, start, n)
+}
+
+/// One record batch of rows `start..start + n` under `values`.
+pub fn batch_in(values: Values, seed: u64, start: u64, n: usize) -> RecordBatch {
     let rows = start..start + n as u64;
     let mut cols: Vec<ArrayRef> = (0..DENSE)
-        .map(|c| Arc::new(Float32Array::from_iter_values(rows.clone().map(|r| dense_value(seed, r, c)))) as ArrayRef)
+        .map(|c| {
+            Arc::new(Float32Array::from_iter_values(rows.clone().map(|r| dense_value_in(values, seed, r, c))))
+                as ArrayRef
+        })
         .collect();
     let emb = Float32Array::from_iter_values(rows.clone().flat_map(|r| (0..EMB).map(move |k| emb_value(seed, r, k))));
     let item = Arc::new(Field::new("item", DataType::Float32, false));
@@ -187,7 +262,7 @@ pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Re
     std::fs::create_dir_all(dir).map_err(|e| GenError::Write { path: dir.to_path_buf(), reason: e.to_string() })?;
     let props = WriterProperties::builder()
         .set_compression(codec)
-        .set_dictionary_enabled(false)
+        .set_dictionary_enabled(spec.values == Values::Mixed)
         .set_max_row_group_row_count(Some(spec.row_group_rows as usize))
         .build();
     let per_file = spec.rows / u64::from(spec.files);
@@ -203,7 +278,7 @@ pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Re
         let end = row + n;
         while row < end {
             let take = (end - row).min(spec.row_group_rows) as usize;
-            w.write(&batch(spec.seed, row, take)).map_err(|e| werr(&e))?;
+            w.write(&batch_in(spec.values, spec.seed, row, take)).map_err(|e| werr(&e))?;
             w.flush().map_err(|e| werr(&e))?;
             row += take as u64;
             report.rows += take as u64;
@@ -218,6 +293,57 @@ pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Re
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mixed_profile_has_its_three_kinds_of_features() {
+        let distinct = |col: usize| {
+            let mut v: Vec<u32> = (0..10_000).map(|r| dense_value_in(Values::Mixed, 3, r, col).to_bits()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v.len()
+        };
+        assert!(distinct(0) > 9_000, "continuous");
+        assert!((10..=25).contains(&distinct(1)), "count-like: {}", distinct(1));
+        assert_eq!(distinct(2), 64, "bucketised");
+        let zeros = (0..10_000).filter(|&r| dense_value_in(Values::Mixed, 3, r, 4) == 0.0).count();
+        assert!((4_500..5_500).contains(&zeros), "half the counts are zero: {zeros}");
+        assert_eq!(dense_value_in(Values::Uniform, 3, 17, 4), dense_value(3, 17, 4));
+        assert_eq!("mixed".parse::<Values>(), Ok(Values::Mixed));
+        assert!("gauss".parse::<Values>().is_err());
+    }
+
+    #[test]
+    fn mixed_files_use_dictionaries_and_hold_the_generated_values() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let spec =
+            GenSpec { rows: 3_000, files: 1, row_group_rows: 1_000, values: Values::Mixed, ..GenSpec::default() };
+        let report = generate(dir.path(), &spec, |_| {}).unwrap();
+        let file = std::fs::File::open(&report.files[0]).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let rg = reader.metadata().row_group(0);
+        assert!(rg.column(2).dictionary_page_offset().is_some(), "bucketised feature dictionary-encoded");
+        let arrow = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(&report.files[0]).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let mut row = 0u64;
+        for b in arrow {
+            let b = b.unwrap();
+            for col in [0usize, 1, 2, 149] {
+                let a = b.column(col).as_any().downcast_ref::<Float32Array>().unwrap();
+                for i in 0..b.num_rows() {
+                    assert_eq!(a.value(i), dense_value_in(Values::Mixed, 0, row + i as u64, col));
+                }
+            }
+            row += b.num_rows() as u64;
+        }
+        assert_eq!(row, 3_000);
+    }
+
     #[test]
     fn the_view_resolves_against_the_generated_schema() {
         let v = super::view();

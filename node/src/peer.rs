@@ -28,7 +28,10 @@ use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
-use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
+use granary_proto::peer::{
+    MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, MAX_PEER_FRAME_LEN, PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT,
+    PeerRequest, PeerResponse,
+};
 use granary_proto::wire::{ErrorKind, decode, encode};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
@@ -110,6 +113,21 @@ pub enum PeerError {
         shard: ShardId,
         /// What failed.
         reason: String,
+    },
+    /// The peer, alive, sent nothing on the stream (no progress frame, no
+    /// chunk bytes; see `read_live`) for [`PEER_STALL_TIMEOUT`]: the stream
+    /// is dropped and the caller reads elsewhere without waiting for the
+    /// placement to move.
+    #[error("peer {addr}, {shard}: stalled for {idle:?} ({during})")]
+    Stalled {
+        /// The peer.
+        addr: SocketAddr,
+        /// The shard.
+        shard: ShardId,
+        /// How long nothing came.
+        idle: Duration,
+        /// What the stall interrupted.
+        during: String,
     },
     /// The deadline passed.
     #[error("peer {addr}: no chunk for {shard} within {deadline:?}")]
@@ -215,11 +233,12 @@ impl PeerLink {
             let slot = self.slot(addr);
             let _permit = slot.acquire().await.map_err(|e| fail(e.to_string()))?;
             let conn = self.connection(addr).await?;
-            let (response, mut recv) = ask(&conn, &PeerRequest::FetchFooter { version, file }).await.map_err(fail)?;
+            let (response, mut recv) =
+                ask(&conn, &PeerRequest::FetchFooter { version, file }).await.map_err(|e| fail(e.to_string()))?;
             match response {
                 PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN.min(file_size) => {
                     let mut buf = vec![0u8; len as usize];
-                    recv.read_exact(&mut buf).await.map_err(|e| fail(format!("footer bytes: {e}")))?;
+                    read_live(&mut recv, &mut buf, "footer bytes").await.map_err(|e| fail(e.to_string()))?;
                     Ok(bytes::Bytes::from(buf))
                 }
                 PeerResponse::Footer { len } => Err(fail(format!(
@@ -228,6 +247,7 @@ impl PeerLink {
                 ))),
                 PeerResponse::Failed { kind, message } => Err(fail(format!("refused ({kind:?}): {message}"))),
                 PeerResponse::Chunk { .. } => Err(fail("answered with a chunk".into())),
+                PeerResponse::Working => Err(fail("a progress frame was taken for an answer".into())),
             }
         };
         tokio::time::timeout(deadline, work).await.map_err(|_| fail(format!("no footer within {deadline:?}")))?
@@ -242,10 +262,15 @@ impl PeerLink {
         expected_len: u64,
     ) -> Result<SealedChunk, PeerError> {
         let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
-        let (response, mut recv) = ask(conn, &PeerRequest::FetchChunk { version, shard }).await.map_err(transfer)?;
+        let failed = |e: StreamError| match e {
+            StreamError::Stalled { idle, during } => PeerError::Stalled { addr, shard, idle, during },
+            StreamError::Failed(reason) => PeerError::Transfer { addr, shard, reason },
+        };
+        let (response, mut recv) = ask(conn, &PeerRequest::FetchChunk { version, shard }).await.map_err(failed)?;
         match response {
             PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
             PeerResponse::Footer { .. } => Err(transfer("answered with a footer".into())),
+            PeerResponse::Working => Err(transfer("a progress frame was taken for an answer".into())),
             PeerResponse::Chunk { len } => {
                 if len > MAX_PEER_CHUNK_LEN {
                     return Err(transfer(format!("announced a chunk of {len} bytes, over {MAX_PEER_CHUNK_LEN}")));
@@ -271,7 +296,7 @@ impl PeerLink {
                 }
                 let mut buf = ChunkWriter::new(len as usize)
                     .map_err(|e| transfer(format!("cannot allocate {len} bytes of chunk memory: {e}")))?;
-                recv.read_exact(buf.as_mut_slice()).await.map_err(|e| transfer(format!("chunk bytes: {e}")))?;
+                read_live(&mut recv, buf.as_mut_slice(), "chunk bytes").await.map_err(failed)?;
                 let view = ChunkView::parse(buf.as_mut_slice(), granary_proto::chunk::Verify::Full)
                     .map_err(|e| PeerError::Corrupt { addr, shard, reason: e.to_string() })?;
                 let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
@@ -288,26 +313,88 @@ impl PeerLink {
     }
 }
 
+/// Reading a peer's stream failed.
+#[derive(Debug)]
+enum StreamError {
+    /// The stream stalled for `idle` ([`PEER_STALL_TIMEOUT`]).
+    Stalled { idle: Duration, during: String },
+    /// The stream or connection failed, or the peer broke the protocol.
+    Failed(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stalled { idle, during } => write!(f, "stalled for {idle:?} ({during})"),
+            Self::Failed(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Bytes [`read_live`] reads under one stall timer.
+const STALL_PIECE: usize = 1 << 20;
+
+/// Fills `buf` from `recv`, failing when the stream ends early or stalls
+/// (`what` names the bytes). A stall is a piece of [`STALL_PIECE`] bytes
+/// (or the rest of `buf`) not completed within [`PEER_STALL_TIMEOUT`]: an
+/// owner that sends nothing, or under 200 KiB/s, is given up on. One timer
+/// per piece, not per read, so a fast transfer pays nothing for it.
+async fn read_live(recv: &mut quinn::RecvStream, buf: &mut [u8], what: &str) -> Result<(), StreamError> {
+    let len = buf.len();
+    let mut pos = 0;
+    for piece in buf.chunks_mut(STALL_PIECE) {
+        match tokio::time::timeout(PEER_STALL_TIMEOUT, recv.read_exact(piece)).await {
+            Ok(Ok(())) => pos += piece.len(),
+            Ok(Err(quinn::ReadExactError::FinishedEarly(n))) => {
+                return Err(StreamError::Failed(format!("{what}: the stream ended after {} of {len} bytes", pos + n)));
+            }
+            Ok(Err(quinn::ReadExactError::ReadError(e))) => return Err(StreamError::Failed(format!("{what}: {e}"))),
+            Err(_) => {
+                return Err(StreamError::Stalled {
+                    idle: PEER_STALL_TIMEOUT,
+                    during: format!("{what}: {} more bytes did not come after {pos} of {len}", piece.len()),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens a stream on `conn`, sends `request` as one frame, finishes the
-/// sending side and reads the response frame; bytes that follow it (a
-/// chunk, a footer) are left on the returned stream.
-async fn ask(conn: &quinn::Connection, request: &PeerRequest) -> Result<(PeerResponse, quinn::RecvStream), String> {
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-    let body = encode(request);
+/// sending side and reads the response frame, skipping the owner's
+/// [`PeerResponse::Working`] frames; bytes that follow the answer (a chunk,
+/// a footer) are left on the returned stream. An owner that sends nothing
+/// for [`PEER_STALL_TIMEOUT`] has stalled.
+async fn ask(
+    conn: &quinn::Connection,
+    request: &PeerRequest,
+) -> Result<(PeerResponse, quinn::RecvStream), StreamError> {
+    let failed = |e: &dyn std::fmt::Display| StreamError::Failed(e.to_string());
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
+    send.write_all(&frame(encode(request))).await.map_err(|e| failed(&e))?;
+    let _ = send.finish();
+    loop {
+        let mut prefix = [0u8; 4];
+        read_live(&mut recv, &mut prefix, "response header").await?;
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > MAX_PEER_FRAME_LEN {
+            return Err(StreamError::Failed(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
+        }
+        let mut head = vec![0u8; len];
+        read_live(&mut recv, &mut head, "response header").await?;
+        match decode::<PeerResponse>(&head).map_err(|e| failed(&e))? {
+            PeerResponse::Working => continue,
+            response => return Ok((response, recv)),
+        }
+    }
+}
+
+/// One frame: a u32 little-endian length, then `body` (a message's
+/// archive from [`encode`]).
+fn frame(body: Vec<u8>) -> Vec<u8> {
     let mut frame = (body.len() as u32).to_le_bytes().to_vec();
     frame.extend_from_slice(&body);
-    send.write_all(&frame).await.map_err(|e| e.to_string())?;
-    let _ = send.finish();
-    let mut prefix = [0u8; 4];
-    recv.read_exact(&mut prefix).await.map_err(|e| format!("response header: {e}"))?;
-    let len = u32::from_le_bytes(prefix) as usize;
-    if len > MAX_PEER_FRAME_LEN {
-        return Err(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}"));
-    }
-    let mut head = vec![0u8; len];
-    recv.read_exact(&mut head).await.map_err(|e| format!("response header: {e}"))?;
-    let response = decode::<PeerResponse>(&head).map_err(|e| e.to_string())?;
-    Ok((response, recv))
+    frame
 }
 
 /// What this node knows of placement.
@@ -608,6 +695,37 @@ async fn send_response(
     }
 }
 
+/// Awaits `work` (the answer to a peer's request), telling the requester
+/// every [`PEER_PROGRESS_INTERVAL`] that it is coming
+/// ([`PeerResponse::Working`]), so the requester can tell a slow answer
+/// (a remote read, a conversion) from a stalled owner. Fails, and stops
+/// waiting, if the requester has gone or stopped reading; the load itself
+/// goes on for whoever else waits for it.
+async fn with_progress<T>(
+    send: &mut quinn::SendStream,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    tokio::pin!(work);
+    let working = frame(encode(&PeerResponse::Working));
+    let start = tokio::time::Instant::now() + PEER_PROGRESS_INTERVAL;
+    let mut tick = tokio::time::interval_at(start, PEER_PROGRESS_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return Ok(out),
+            _ = tick.tick() => match tokio::time::timeout(PEER_STALL_TIMEOUT, send.write_all(&working)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(format!("the requester left while the answer was produced: {e}")),
+                Err(_) => {
+                    let _ = send.reset(0u32.into());
+                    return Err("the requester stopped reading while the answer was produced".into());
+                }
+            },
+        }
+    }
+}
+
 async fn serve_stream(
     node: &Node,
     peer: SocketAddr,
@@ -620,12 +738,7 @@ async fn serve_stream(
         .map_err(|_| format!("no request within {PEER_REQUEST_TIMEOUT:?}"))?
         .map_err(|e| format!("request header: {e}"))?;
     let len = u32::from_le_bytes(prefix) as usize;
-    let respond = |resp: &PeerResponse| {
-        let body = encode(resp);
-        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-        frame.extend_from_slice(&body);
-        frame
-    };
+    let respond = |resp: &PeerResponse| frame(encode(resp));
     if len > MAX_PEER_FRAME_LEN {
         let msg = format!("request frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}");
         let _ =
@@ -641,7 +754,7 @@ async fn serve_stream(
     let (version, shard) = match decode::<PeerRequest>(&body) {
         Ok(PeerRequest::FetchChunk { version, shard }) => (version, shard),
         Ok(PeerRequest::FetchFooter { version, file }) => {
-            match node.footer_for_peer(version, file).await {
+            match with_progress(&mut send, node.footer_for_peer(version, file)).await? {
                 Ok(raw) => {
                     let head = respond(&PeerResponse::Footer { len: raw.len() as u64 });
                     send_response(&mut send, &head, raw, &format!("the footer of file {file}")).await?;
@@ -663,7 +776,7 @@ async fn serve_stream(
             return Err(msg);
         }
     };
-    match node.chunk_for_peer(version, shard, peer).await {
+    match with_progress(&mut send, node.chunk_for_peer(version, shard, peer)).await? {
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
             let what = format!("the {} bytes of {shard}", chunk.len());

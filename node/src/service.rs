@@ -19,6 +19,7 @@ use crate::config::NodeConfig;
 use crate::convert::{Site, convert_into};
 use crate::dataset::{Dataset, OpenError};
 use crate::error::{FetchError, RemoteError};
+use crate::peer::PeerError;
 use crate::remote::{Remote, RemoteCounters, Throttle};
 use crate::shm::{ChunkWriter, SealedChunk};
 use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
@@ -481,6 +482,15 @@ impl Node {
                     c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                     c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     return Ok((chunk, true));
+                }
+                Err(e @ PeerError::Stalled { .. }) => {
+                    // The owner is alive (its connection answers) but this
+                    // answer stopped coming: the placement will not move the
+                    // shard, so waiting for it would only add to the stall.
+                    c.peer_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(shard = %key.shard, %owner, "owner stalled; reading remote storage: {e}");
+                    tried.push(format!("{owner}: {e}"));
+                    break;
                 }
                 Err(e) => {
                     c.peer_failures.fetch_add(1, Ordering::Relaxed);

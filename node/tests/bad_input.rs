@@ -72,7 +72,8 @@ fn config(dir: &Path, view: View) -> NodeConfig {
 }
 
 fn generate(dir: &Path, files: u32, rows: u64, row_group_rows: u64, compression: &str) -> Vec<PathBuf> {
-    let spec = GenSpec { seed: SEED, rows, files, row_group_rows, compression: compression.into() };
+    let spec =
+        GenSpec { seed: SEED, rows, files, row_group_rows, compression: compression.into(), ..GenSpec::default() };
     datagen::generate(dir, &spec, |_| {}).expect("generate dataset").files
 }
 

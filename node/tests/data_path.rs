@@ -29,7 +29,14 @@ fn node_config(dir: &std::path::Path) -> NodeConfig {
 #[test]
 fn every_batch_value_matches_the_generator() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = GenSpec { seed: 11, rows: 2_500, files: 3, row_group_rows: 300, compression: "zstd".into() };
+    let spec = GenSpec {
+        seed: 11,
+        rows: 2_500,
+        files: 3,
+        row_group_rows: 300,
+        compression: "zstd".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(dir.path(), &spec, |_| {}).unwrap();
     let node = Arc::new(EmbeddedNode::start(&node_config(dir.path()), 2).unwrap());
     let info = node.describe("ads").unwrap();

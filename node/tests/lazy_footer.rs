@@ -21,7 +21,14 @@ async fn registered(dir: &std::path::Path) -> Manifest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_footer_of_a_converted_shards_file_is_read() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let spec = GenSpec { seed: 4, rows: 4_000, files: 4, row_group_rows: 500, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 4,
+        rows: 4_000,
+        files: 4,
+        row_group_rows: 500,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     let files = datagen::generate(tmp.path(), &spec, |_| {}).expect("generate").files;
     // A name the store must escape survives the manifest round trip.
     std::fs::rename(&files[2], tmp.path().join("part-00002 [copy #2].parquet")).expect("rename");
@@ -67,7 +74,14 @@ async fn only_the_footer_of_a_converted_shards_file_is_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_changed_since_registration_is_refused_by_name() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let spec = GenSpec { seed: 4, rows: 2_000, files: 2, row_group_rows: 500, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 4,
+        rows: 2_000,
+        files: 2,
+        row_group_rows: 500,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(tmp.path(), &spec, |_| {}).expect("generate");
     let manifest = registered(tmp.path()).await;
     // The files are rewritten with other row groups after registration.
@@ -87,7 +101,14 @@ async fn a_file_changed_since_registration_is_refused_by_name() {
 async fn a_peers_footer_is_used_when_it_fits_and_refused_when_it_does_not() {
     use futures::FutureExt;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let spec = GenSpec { seed: 5, rows: 2_000, files: 2, row_group_rows: 500, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 5,
+        rows: 2_000,
+        files: 2,
+        row_group_rows: 500,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(tmp.path(), &spec, |_| {}).expect("generate");
     let manifest = registered(tmp.path()).await;
     let open = || {

@@ -39,7 +39,7 @@ async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 3, rows, files: 1, row_group_rows, compression: "snappy".into() };
+    let spec = GenSpec { seed: 3, rows, files: 1, row_group_rows, compression: "snappy".into(), ..GenSpec::default() };
     datagen::generate(&data, &spec, |_| {}).expect("gen");
     let certs = tmp.path().join("certs");
     tls::init_cluster(&certs).expect("certs");
@@ -503,4 +503,147 @@ async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
     let (a, b) = (a.expect("node 1"), b.expect("node 2"));
     assert_eq!(a.bytes(), b.bytes());
     assert!(started.elapsed() < Duration::from_secs(5), "no wait for the fetch deadline: {:?}", started.elapsed());
+}
+
+/// The response frame saying the owner is still working on the answer.
+fn working_frame() -> Vec<u8> {
+    let head = encode(&PeerResponse::Working);
+    [(head.len() as u32).to_le_bytes().to_vec(), head.to_vec()].concat()
+}
+
+/// An owner that accepts a request and then sends nothing, before its
+/// answer or in the middle of the chunk, is given up on after
+/// `PEER_STALL_TIMEOUT` of silence (not at the fetch deadline), with an
+/// error naming the peer, the shard and where the stream stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
+    use granary_proto::peer::PEER_STALL_TIMEOUT;
+    let f = start().await;
+    let len = f.len;
+    let silent = fake_peer(&f, |_, send| async move {
+        // Holds the stream open (dropping it would finish it) and says nothing.
+        let _open = send;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let mid_chunk = fake_peer(&f, move |_, mut send| async move {
+        let _ = send.write_all(&chunk_head(len)).await;
+        let _ = send.write_all(&[0u8; 512]).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let started = std::time::Instant::now();
+    let l = link(&f, "node");
+    let deadline = Duration::from_secs(60);
+    let (a, b) = tokio::join!(
+        l.fetch(silent, f.version, f.shard, f.len, deadline),
+        l.fetch(mid_chunk, f.version, f.shard, f.len, deadline)
+    );
+    let mid = format!("chunk bytes: {} more bytes did not come after 0 of {len}", len.min(1 << 20));
+    for (result, addr, during) in
+        [(a, silent, "response header: 4 more bytes did not come after 0 of 4"), (b, mid_chunk, &*mid)]
+    {
+        match result {
+            Err(e @ PeerError::Stalled { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(&addr.to_string()) && msg.contains(&f.shard.to_string()), "{msg}");
+                assert!(msg.contains(during), "{msg}");
+            }
+            other => panic!("a quiet peer gave {:?}", other.map(|c| c.len())),
+        }
+    }
+    let took = started.elapsed();
+    assert!(took >= PEER_STALL_TIMEOUT && took < PEER_STALL_TIMEOUT + Duration::from_secs(3), "{took:?}");
+    // The link still fetches from the honest owner.
+    l.fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+}
+
+/// An owner whose answer takes longer than the stall timeout (a slow
+/// remote read) keeps the fetch alive with progress frames: a scripted
+/// owner that says "working" for longer than the timeout, and a real node
+/// whose remote storage answers each request after 6 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
+    use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
+    let f = start().await;
+    let bytes = std::sync::Arc::new(f.node.chunk(f.version, f.shard).await.expect("chunk").bytes().to_vec());
+    let slow = fake_peer(&f, move |_, mut send| {
+        let bytes = bytes.clone();
+        async move {
+            let started = tokio::time::Instant::now();
+            while started.elapsed() < PEER_STALL_TIMEOUT + Duration::from_secs(2) {
+                let _ = send.write_all(&working_frame()).await;
+                tokio::time::sleep(PEER_PROGRESS_INTERVAL).await;
+            }
+            let _ = send.write_all(&chunk_head(bytes.len() as u64)).await;
+            let _ = send.write_all(&bytes).await;
+            let _ = send.finish();
+        }
+    });
+    // A real owner with a slow remote store, serving peers.
+    let cfg = NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", f._tmp.path().join("data").display()),
+            view: ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        prefetch_bytes: 0,
+        throttle: Some(granary_node::config::ThrottleConfig { latency_ms: 6_000, bandwidth_bytes_per_s: 1 << 30 }),
+        ..NodeConfig::default()
+    };
+    let owner = Node::start(&cfg).await.expect("slow owner");
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let owner_addr = ep.local_addr().expect("addr");
+    tokio::spawn(serve(owner.clone(), ep));
+
+    let l = link(&f, "node");
+    let started = std::time::Instant::now();
+    let deadline = Duration::from_secs(60);
+    let (a, b) = tokio::join!(
+        l.fetch(slow, f.version, f.shard, f.len, deadline),
+        l.fetch(owner_addr, f.version, f.shard, f.len, deadline)
+    );
+    let (a, b) = (a.expect("the scripted slow owner's chunk"), b.expect("the slow node's chunk"));
+    assert_eq!(a.bytes(), b.bytes());
+    assert!(started.elapsed() > PEER_STALL_TIMEOUT, "the answers took longer than the stall timeout");
+    assert_eq!(owner.stats().conversions, 1);
+}
+
+/// A node whose owner stalls reads the shard from remote storage itself at
+/// once: it does not wait for the placement to move the shard (the owner
+/// is alive and keeps its lease, so it never would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_placement() {
+    use granary_proto::peer::PEER_STALL_TIMEOUT;
+    let f = start().await;
+    let quiet = fake_peer(&f, |_, send| async move {
+        // Holds the stream open (dropping it would finish it) and says nothing.
+        let _open = send;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let cfg = NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", f._tmp.path().join("data").display()),
+            view: ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        prefetch_bytes: 0,
+        ..NodeConfig::default()
+    };
+    let node2 = Node::start(&cfg).await.expect("node 2");
+    let mut cluster = Cluster::new(NodeId(2), link(&f, "node"));
+    cluster.fetch_deadline = Duration::from_secs(60);
+    cluster.reroute_wait = Duration::from_secs(60);
+    let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(9))).collect())).collect();
+    cluster.apply_placement(1, std::iter::once((NodeId(9), quiet)).collect(), owners);
+    assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
+    let started = std::time::Instant::now();
+    let chunk = node2.chunk(f.version, f.shard).await.expect("read here after the stall");
+    let local = f.node.chunk(f.version, f.shard).await.expect("owner's copy");
+    assert_eq!(chunk.bytes(), local.bytes());
+    let took = started.elapsed();
+    assert!(took < PEER_STALL_TIMEOUT + Duration::from_secs(3), "no wait for placement: {took:?}");
+    let s = node2.stats();
+    assert_eq!((s.peer_failures, s.conversions), (1, 1), "{s:?}");
 }

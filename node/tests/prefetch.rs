@@ -10,7 +10,14 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 fn start(dir: &std::path::Path, prefetch_bytes: u64) -> EmbeddedNode {
-    let spec = GenSpec { seed: 3, rows: 4_000, files: 2, row_group_rows: 250, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 3,
+        rows: 4_000,
+        files: 2,
+        row_group_rows: 250,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(dir, &spec, |_| {}).expect("generate");
     let cfg = NodeConfig {
         datasets: vec![DatasetConfig {

@@ -24,7 +24,14 @@ fn config(data: &std::path::Path, ssd: Option<&std::path::Path>) -> NodeConfig {
 #[test]
 fn sixty_four_concurrent_requests_make_one_read_and_one_conversion() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = GenSpec { seed: 1, rows: 2_000, files: 1, row_group_rows: 500, compression: "snappy".into() };
+    let spec = GenSpec {
+        seed: 1,
+        rows: 2_000,
+        files: 1,
+        row_group_rows: 500,
+        compression: "snappy".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(dir.path(), &spec, |_| {}).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
@@ -58,7 +65,14 @@ fn a_restarted_node_serves_its_ssd_tier_without_remote_reads() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let ssd = dir.path().join("ssd");
-    let spec = GenSpec { seed: 2, rows: 3_000, files: 2, row_group_rows: 500, compression: "zstd".into() };
+    let spec = GenSpec {
+        seed: 2,
+        rows: 3_000,
+        files: 2,
+        row_group_rows: 500,
+        compression: "zstd".into(),
+        ..GenSpec::default()
+    };
     datagen::generate(&data, &spec, |_| {}).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let first: Vec<Vec<u8>> = rt.block_on(async {

@@ -10,6 +10,12 @@
 //! using it, and a footer by decoding it and checking it against the
 //! manifest.
 //!
+//! While the owner is still producing the answer (reading remote storage,
+//! converting) it sends a [`PeerResponse::Working`] frame at least every
+//! [`PEER_PROGRESS_INTERVAL`] before the answer's frame, so the asking node
+//! tells a slow owner from a stalled one: it gives up on a stream that
+//! sends nothing (no frame, no byte) for [`PEER_STALL_TIMEOUT`].
+//!
 //! Frames are bounded by [`MAX_PEER_FRAME_LEN`], chunks by
 //! [`MAX_PEER_CHUNK_LEN`] and footers by [`MAX_PEER_FOOTER_LEN`], all checked
 //! before anything is allocated.
@@ -23,6 +29,14 @@ pub const MAX_PEER_FRAME_LEN: usize = 64 << 10;
 pub const MAX_PEER_CHUNK_LEN: u64 = 4 << 30;
 /// Largest Parquet footer a peer may send.
 pub const MAX_PEER_FOOTER_LEN: u64 = 256 << 20;
+
+/// How often an owner that is still producing an answer says so
+/// ([`PeerResponse::Working`]).
+pub const PEER_PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long an asking node waits for anything on a stream (a frame, chunk
+/// or footer bytes) before it treats the owner as stalled: several
+/// progress intervals, so a loaded owner is not mistaken for a stalled one.
+pub const PEER_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub use defs::{PeerRequest, PeerResponse};
 
@@ -67,6 +81,8 @@ mod defs {
             /// Footer length in bytes.
             len: u64,
         },
+        /// The owner is still producing the answer; another frame follows.
+        Working,
         /// The owner could not produce the chunk or footer.
         Failed {
             /// Category.
@@ -92,6 +108,7 @@ mod tests {
         for resp in [
             PeerResponse::Chunk { len: 12345 },
             PeerResponse::Footer { len: 73284 },
+            PeerResponse::Working,
             PeerResponse::Failed { kind: ErrorKind::BadRequest, message: "no such version".into() },
         ] {
             assert_eq!(decode::<PeerResponse>(&encode(&resp)).expect("decode"), resp);

@@ -161,6 +161,11 @@ impl Dataset {
         self.footer_via(index, None).await
     }
 
+    /// The footer of file `index` if it is held already.
+    pub fn held_footer(&self, index: usize) -> Option<&Footer> {
+        self.files.get(index)?.footer.get()
+    }
+
     /// Like [`Dataset::footer`], but when the footer is not held yet it is
     /// first asked of `peer` (a future giving the footer's bytes, from the
     /// node that reads this file's footer for the cluster). A peer that

@@ -119,6 +119,17 @@ pub enum FetchError {
         /// The shard.
         shard: ShardId,
     },
+    /// A peer asked for the footer of a file whose first row group this
+    /// node believes another node owns: its placement disagrees with the
+    /// asker's for now, and answering would mean asking a third node (or
+    /// the asker) in turn.
+    #[error("this node does not read the footer of file {file}: by its placement {owner} does")]
+    NotFooterOwner {
+        /// File index in the manifest.
+        file: u32,
+        /// The owner this node knows.
+        owner: granary_proto::NodeId,
+    },
     /// No source delivered the chunk: the peers asked first, then remote
     /// storage.
     #[error("no source delivered {shard}: peers tried: {}; then remote storage: {source}", tried.join("; "))]

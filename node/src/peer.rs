@@ -40,7 +40,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 
-/// Fetches in flight to one peer at once; more wait. With chunks of at most
+/// Chunk fetches in flight to one peer at once; more wait (footer fetches
+/// take no slot: see [`PeerLink::fetch_footer`]). With chunks of at most
 /// the tier's block size this bounds the bytes in flight per peer.
 pub const MAX_FETCHES_PER_PEER: usize = 8;
 /// Chunk bytes being received from one peer at once; a fetch reserves its
@@ -220,6 +221,14 @@ impl PeerLink {
     /// Fetches the Parquet footer of file `file` of `version` from the node
     /// at `addr` (bytes as stored; the caller decodes and checks them).
     /// `file_size` (from the manifest) bounds what the peer may announce.
+    ///
+    /// Footer fetches take no fetch slot: a load that needs a footer waits
+    /// on it with its load permit held, while chunk fetches hold the slots
+    /// waiting on the other node's loads, which can be waiting on footers
+    /// from this node. Sharing the slots closed that cycle between two
+    /// nodes until the footer deadline (10 s) broke it, in about a third of
+    /// two-node cold epochs (docs/BENCHMARKS.md). Footer fetches are
+    /// bounded anyway: only a load holding a load permit makes one.
     pub async fn fetch_footer(
         &self,
         addr: SocketAddr,
@@ -230,8 +239,6 @@ impl PeerLink {
     ) -> Result<bytes::Bytes, PeerError> {
         let fail = |reason: String| PeerError::Footer { addr, file, reason };
         let work = async {
-            let slot = self.slot(addr);
-            let _permit = slot.acquire().await.map_err(|e| fail(e.to_string()))?;
             let conn = self.connection(addr).await?;
             let (response, mut recv) =
                 ask(&conn, &PeerRequest::FetchFooter { version, file }).await.map_err(|e| fail(e.to_string()))?;

@@ -244,11 +244,23 @@ impl Node {
     }
 
     /// A file's footer for another node: from memory, or read from remote
-    /// storage by this node (never asked of a third node).
+    /// storage by this node, never asked of a third node. A node that
+    /// believes another node reads that footer (their placements disagree
+    /// for now) answers at once that it does not, instead of joining its
+    /// own load of the footer, which would be asking that other node: two
+    /// nodes that each think the other reads a footer would otherwise wait
+    /// on each other until the footer deadline.
     pub async fn footer_for_peer(&self, version: DatasetVersion, file: u32) -> Result<bytes::Bytes, FetchError> {
         let ds = self.dataset(version)?;
         if file as usize >= ds.files.len() {
             return Err(FetchError::Internal(format!("version {version} has no file {file}")));
+        }
+        if let Some(footer) = ds.held_footer(file as usize) {
+            return Ok(footer.raw.clone());
+        }
+        let first = ShardId { file, row_group: 0 };
+        if let Some((owner, _)) = self.inner.cluster.get().and_then(|c| c.owner(version, first)) {
+            return Err(FetchError::NotFooterOwner { file, owner });
         }
         Ok(ds.footer(file as usize).await?.raw.clone())
     }

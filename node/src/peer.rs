@@ -115,10 +115,12 @@ pub enum PeerError {
         /// What failed.
         reason: String,
     },
-    /// The peer, alive, sent nothing on the stream (no progress frame, no
-    /// chunk bytes; see `read_live`) for [`PEER_STALL_TIMEOUT`]: the stream
-    /// is dropped and the caller reads elsewhere without waiting for the
-    /// placement to move.
+    /// The peer sent nothing on the stream (no progress frame, no chunk
+    /// byte; see `read_live`) for [`PEER_STALL_TIMEOUT`] while its
+    /// connection still answered (see `peer_answers`): the stream is
+    /// dropped and the caller reads elsewhere without waiting for the
+    /// placement to move. A stall on a connection that went quiet too is a
+    /// [`PeerError::Transfer`]: the peer is gone.
     #[error("peer {addr}, {shard}: stalled for {idle:?} ({during})")]
     Stalled {
         /// The peer.
@@ -269,11 +271,23 @@ impl PeerLink {
         expected_len: u64,
     ) -> Result<SealedChunk, PeerError> {
         let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
-        let failed = |e: StreamError| match e {
-            StreamError::Stalled { idle, during } => PeerError::Stalled { addr, shard, idle, during },
+        // A stall on a connection that hears nothing at all is a dead
+        // peer: a transfer failure, which waits for the placement.
+        let failed = async |e: StreamError| match e {
+            StreamError::Stalled { idle, during } if peer_answers(conn).await => {
+                PeerError::Stalled { addr, shard, idle, during }
+            }
+            StreamError::Stalled { idle, during } => PeerError::Transfer {
+                addr,
+                shard,
+                reason: format!("nothing for {idle:?} ({during}), and the connection went quiet too: the peer is gone"),
+            },
             StreamError::Failed(reason) => PeerError::Transfer { addr, shard, reason },
         };
-        let (response, mut recv) = ask(conn, &PeerRequest::FetchChunk { version, shard }).await.map_err(failed)?;
+        let (response, mut recv) = match ask(conn, &PeerRequest::FetchChunk { version, shard }).await {
+            Ok(answer) => answer,
+            Err(e) => return Err(failed(e).await),
+        };
         match response {
             PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
             PeerResponse::Footer { .. } => Err(transfer("answered with a footer".into())),
@@ -303,7 +317,9 @@ impl PeerLink {
                 }
                 let mut buf = ChunkWriter::new(len as usize)
                     .map_err(|e| transfer(format!("cannot allocate {len} bytes of chunk memory: {e}")))?;
-                read_live(&mut recv, buf.as_mut_slice(), "chunk bytes").await.map_err(failed)?;
+                if let Err(e) = read_live(&mut recv, buf.as_mut_slice(), "chunk bytes").await {
+                    return Err(failed(e).await);
+                }
                 let view = ChunkView::parse(buf.as_mut_slice(), granary_proto::chunk::Verify::Full)
                     .map_err(|e| PeerError::Corrupt { addr, shard, reason: e.to_string() })?;
                 let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
@@ -338,33 +354,74 @@ impl std::fmt::Display for StreamError {
     }
 }
 
-/// Bytes [`read_live`] reads under one stall timer.
-const STALL_PIECE: usize = 1 << 20;
-
-/// Fills `buf` from `recv`, failing when the stream ends early or stalls
-/// (`what` names the bytes). A stall is a piece of [`STALL_PIECE`] bytes
-/// (or the rest of `buf`) not completed within [`PEER_STALL_TIMEOUT`]: an
-/// owner that sends nothing, or under 200 KiB/s, is given up on. One timer
-/// per piece, not per read, so a fast transfer pays nothing for it.
+/// Fills `buf` from `recv`, failing when the stream ends early or when no
+/// byte arrives for [`PEER_STALL_TIMEOUT`] (`what` names the bytes). A
+/// transfer that keeps moving, however slowly, is not a stall (the whole
+/// fetch's deadline bounds it). One timer per quiet period, not per read:
+/// each read notes the time, and a timer that fires after bytes came is
+/// set again from the last of them.
 async fn read_live(recv: &mut quinn::RecvStream, buf: &mut [u8], what: &str) -> Result<(), StreamError> {
     let len = buf.len();
     let mut pos = 0;
-    for piece in buf.chunks_mut(STALL_PIECE) {
-        match tokio::time::timeout(PEER_STALL_TIMEOUT, recv.read_exact(piece)).await {
-            Ok(Ok(())) => pos += piece.len(),
-            Ok(Err(quinn::ReadExactError::FinishedEarly(n))) => {
-                return Err(StreamError::Failed(format!("{what}: the stream ended after {} of {len} bytes", pos + n)));
+    let mut last = tokio::time::Instant::now();
+    while pos < len {
+        let until = last + PEER_STALL_TIMEOUT;
+        let reading = async {
+            while pos < len {
+                match recv.read(&mut buf[pos..]).await {
+                    Ok(Some(n)) => {
+                        pos += n;
+                        last = tokio::time::Instant::now();
+                    }
+                    Ok(None) => {
+                        return Err(StreamError::Failed(format!(
+                            "{what}: the stream ended after {pos} of {len} bytes"
+                        )));
+                    }
+                    Err(e) => return Err(StreamError::Failed(format!("{what}: {e}"))),
+                }
             }
-            Ok(Err(quinn::ReadExactError::ReadError(e))) => return Err(StreamError::Failed(format!("{what}: {e}"))),
+            Ok(())
+        };
+        match tokio::time::timeout_at(until, reading).await {
+            Ok(done) => return done,
+            // Bytes came since the timer was set: set it from the last.
+            Err(_) if last + PEER_STALL_TIMEOUT > tokio::time::Instant::now() => continue,
             Err(_) => {
                 return Err(StreamError::Stalled {
                     idle: PEER_STALL_TIMEOUT,
-                    during: format!("{what}: {} more bytes did not come after {pos} of {len}", piece.len()),
+                    during: format!("{what}: nothing came after {pos} of {len} bytes"),
                 });
             }
         }
     }
     Ok(())
+}
+
+/// Whether the other end of `conn` still answers, asked after a stream on
+/// it stalled: a live peer acknowledges the keep-alive this side sends
+/// every [`tls::KEEP_ALIVE_INTERVAL`] while nothing else is sent, so some
+/// datagram arrives within two intervals. A peer that died (SIGKILL, a
+/// lost host) sends nothing, and its connection's idle timeout closes it
+/// about then too. Telling the two apart matters: a stalled owner is
+/// alive and keeps its lease, so the asker reads elsewhere at once; a
+/// dead owner's shards move to one survivor, which the asker waits for.
+async fn peer_answers(conn: &quinn::Connection) -> bool {
+    if conn.close_reason().is_some() {
+        return false;
+    }
+    let heard = conn.stats().udp_rx.datagrams;
+    let until = tokio::time::Instant::now() + 2 * tls::KEEP_ALIVE_INTERVAL + Duration::from_millis(100);
+    while tokio::time::Instant::now() < until {
+        tokio::select! {
+            _ = conn.closed() => return false,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        if conn.stats().udp_rx.datagrams > heard {
+            return true;
+        }
+    }
+    false
 }
 
 /// Opens a stream on `conn`, sends `request` as one frame, finishes the

@@ -537,9 +537,9 @@ async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
         l.fetch(silent, f.version, f.shard, f.len, deadline),
         l.fetch(mid_chunk, f.version, f.shard, f.len, deadline)
     );
-    let mid = format!("chunk bytes: {} more bytes did not come after 0 of {len}", len.min(1 << 20));
+    let mid = format!("chunk bytes: nothing came after 512 of {len} bytes");
     for (result, addr, during) in
-        [(a, silent, "response header: 4 more bytes did not come after 0 of 4"), (b, mid_chunk, &*mid)]
+        [(a, silent, "response header: nothing came after 0 of 4 bytes"), (b, mid_chunk, &*mid)]
     {
         match result {
             Err(e @ PeerError::Stalled { .. }) => {
@@ -554,6 +554,109 @@ async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
     assert!(took >= PEER_STALL_TIMEOUT && took < PEER_STALL_TIMEOUT + Duration::from_secs(3), "{took:?}");
     // The link still fetches from the honest owner.
     l.fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+}
+
+/// A UDP relay on loopback in front of `to` that forwards datagrams both
+/// ways until `cut` is set, and then drops everything: a host that
+/// vanished (no close, no reset, nothing).
+struct Relay {
+    addr: SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn relay(to: SocketAddr) -> Relay {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::net::UdpSocket;
+    let front = std::sync::Arc::new(UdpSocket::bind(local()).await.expect("front"));
+    let back = std::sync::Arc::new(UdpSocket::bind(local()).await.expect("back"));
+    back.connect(to).await.expect("connect");
+    let addr = front.local_addr().expect("addr");
+    let cut = std::sync::Arc::new(AtomicBool::new(false));
+    let client = std::sync::Arc::new(std::sync::Mutex::new(None::<SocketAddr>));
+    let (f, b, c, k) = (front.clone(), back.clone(), cut.clone(), client.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok((n, from)) = f.recv_from(&mut buf).await {
+            *k.lock().expect("lock") = Some(from);
+            if !c.load(Ordering::Relaxed) {
+                let _ = b.send(&buf[..n]).await;
+            }
+        }
+    });
+    let c = cut.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = back.recv(&mut buf).await {
+            let to = *client.lock().expect("lock");
+            if let Some(to) = to
+                && !c.load(Ordering::Relaxed)
+            {
+                let _ = front.send_to(&buf[..n], to).await;
+            }
+        }
+    });
+    Relay { addr, cut }
+}
+
+/// An owner whose host vanishes mid-chunk (after it, nothing arrives at
+/// all: no close, no reset) is taken for gone, not for stalled: the fetch
+/// fails as a transfer failure, after which a node waits for the placement
+/// to move the shard to one survivor instead of reading remote storage
+/// itself (as it does for a live owner that stalls). The error names the
+/// peer and the shard, and comes within a few seconds of the stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_host_vanishes_mid_chunk_is_taken_for_gone_not_stalled() {
+    use granary_proto::peer::PEER_STALL_TIMEOUT;
+    let f = start().await;
+    let len = f.len;
+    let owner = fake_peer(&f, move |_, mut send| async move {
+        let _ = send.write_all(&chunk_head(len)).await;
+        let _ = send.write_all(&[0u8; 512]).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let relay = relay(owner).await;
+    let cut = relay.cut.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let started = std::time::Instant::now();
+    match link(&f, "node").fetch(relay.addr, f.version, f.shard, f.len, Duration::from_secs(60)).await {
+        Err(PeerError::Transfer { addr, shard, reason }) => {
+            assert_eq!((addr, shard), (relay.addr, f.shard), "{reason}");
+        }
+        other => panic!("a vanished owner gave {:?}", other.map(|c| c.len())),
+    }
+    let took = started.elapsed();
+    assert!(took < PEER_STALL_TIMEOUT + Duration::from_secs(4), "{took:?}");
+}
+
+/// An owner that sends a chunk slowly but steadily (eight parts, one every
+/// 0.9 s: longer in all than the stall timeout, never quiet that long) is
+/// not taken for stalled: the chunk arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_sending_slowly_but_steadily_is_not_taken_for_stalled() {
+    use granary_proto::peer::PEER_STALL_TIMEOUT;
+    let f = start().await;
+    let bytes = std::sync::Arc::new(f.node.chunk(f.version, f.shard).await.expect("chunk").bytes().to_vec());
+    let slow = fake_peer(&f, move |_, mut send| {
+        let bytes = bytes.clone();
+        async move {
+            let _ = send.write_all(&chunk_head(bytes.len() as u64)).await;
+            for part in bytes.chunks(bytes.len().div_ceil(8)) {
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let _ = send.write_all(part).await;
+            }
+            let _ = send.finish();
+            let _ = send.stopped().await;
+        }
+    });
+    let started = std::time::Instant::now();
+    let chunk =
+        link(&f, "node").fetch(slow, f.version, f.shard, f.len, Duration::from_secs(60)).await.expect("the slow chunk");
+    assert!(started.elapsed() > PEER_STALL_TIMEOUT, "the transfer took longer than the stall timeout");
+    let local = f.node.chunk(f.version, f.shard).await.expect("local");
+    assert_eq!(chunk.bytes(), local.bytes());
 }
 
 /// An owner whose answer takes longer than the stall timeout (a slow

@@ -23,7 +23,7 @@
 //! so a chunk from any node is as good as the owner's.
 
 use crate::service::Node;
-use crate::shm::{ChunkWriter, SealedChunk};
+use crate::shm::{ChunkFile, SealedChunk};
 use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
 use granary_net::conn::Connections;
@@ -309,18 +309,19 @@ impl PeerLink {
                 let units = len.div_ceil(BYTE_PERMIT).clamp(1, MAX_INFLIGHT_BYTES_PER_PEER / BYTE_PERMIT) as u32;
                 let budget = self.byte_budget(addr);
                 let _reserved = budget.acquire_many(units).await.map_err(|e| transfer(e.to_string()))?;
-                // Received straight into the memory file the chunk is kept
-                // and handed to trainers in: no zeroed staging buffer, no
-                // second copy.
+                // Written straight from QUIC's receive buffers into the
+                // memory file the chunk is kept and handed to trainers in:
+                // one copy, and no page cleared before it is filled.
                 if len == 0 {
                     return Err(PeerError::Corrupt { addr, shard, reason: "announced an empty chunk".into() });
                 }
-                let mut buf = ChunkWriter::new(len as usize)
+                let mut file = ChunkFile::new(len as usize)
                     .map_err(|e| transfer(format!("cannot allocate {len} bytes of chunk memory: {e}")))?;
-                if let Err(e) = read_live(&mut recv, buf.as_mut_slice(), "chunk bytes").await {
+                if let Err(e) = read_into(&mut recv, &mut file, "chunk bytes").await {
                     return Err(failed(e).await);
                 }
-                let view = ChunkView::parse(buf.as_mut_slice(), granary_proto::chunk::Verify::Full)
+                let chunk = file.seal().map_err(|e| transfer(format!("cannot seal the chunk's memory: {e}")))?;
+                let view = ChunkView::parse(chunk.bytes(), granary_proto::chunk::Verify::Full)
                     .map_err(|e| PeerError::Corrupt { addr, shard, reason: e.to_string() })?;
                 let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
                 if got_version != version || got_shard != shard {
@@ -330,7 +331,7 @@ impl PeerLink {
                         reason: format!("it is the chunk of {got_shard} in version {got_version}"),
                     });
                 }
-                buf.seal().map_err(|e| transfer(format!("cannot seal the chunk's memory: {e}")))
+                Ok(chunk)
             }
         }
     }
@@ -391,6 +392,51 @@ async fn read_live(recv: &mut quinn::RecvStream, buf: &mut [u8], what: &str) -> 
                 return Err(StreamError::Stalled {
                     idle: PEER_STALL_TIMEOUT,
                     during: format!("{what}: nothing came after {pos} of {len} bytes"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pieces [`read_into`] takes from QUIC per write into the file.
+const PIECES_PER_WRITE: usize = 64;
+
+/// Fills `file` from `recv` the way [`read_live`] fills a buffer (the same
+/// stall rule), but without copying into memory first: the pieces QUIC
+/// received are written into the file as they are, as many as are there
+/// at once per write. A peer sending more than the file holds is refused.
+async fn read_into(recv: &mut quinn::RecvStream, file: &mut ChunkFile, what: &str) -> Result<(), StreamError> {
+    let len = file.len();
+    let mut last = tokio::time::Instant::now();
+    let mut pieces: [bytes::Bytes; PIECES_PER_WRITE] = std::array::from_fn(|_| bytes::Bytes::new());
+    while file.written() < len {
+        let until = last + PEER_STALL_TIMEOUT;
+        let reading = async {
+            while file.written() < len {
+                let n = match recv.read_chunks(&mut pieces).await {
+                    Ok(Some(n)) => n,
+                    Ok(None) => {
+                        return Err(StreamError::Failed(format!(
+                            "{what}: the stream ended after {} of {len} bytes",
+                            file.written()
+                        )));
+                    }
+                    Err(e) => return Err(StreamError::Failed(format!("{what}: {e}"))),
+                };
+                last = tokio::time::Instant::now();
+                file.append(&pieces[..n]).map_err(|e| StreamError::Failed(format!("{what}: {e}")))?;
+                pieces[..n].fill(bytes::Bytes::new());
+            }
+            Ok(())
+        };
+        match tokio::time::timeout_at(until, reading).await {
+            Ok(done) => return done,
+            Err(_) if last + PEER_STALL_TIMEOUT > tokio::time::Instant::now() => continue,
+            Err(_) => {
+                return Err(StreamError::Stalled {
+                    idle: PEER_STALL_TIMEOUT,
+                    during: format!("{what}: nothing came after {} of {len} bytes", file.written()),
                 });
             }
         }

@@ -130,6 +130,98 @@ impl Drop for ChunkWriter {
     }
 }
 
+/// A memory file filled by writes, with no mapping while it is filled: the
+/// kernel takes each page as bytes are written into it, so unlike
+/// [`ChunkWriter`] (which maps the file and populates it first) no page is
+/// cleared before it is filled. For bytes that arrive in pieces from
+/// elsewhere (a peer's chunk): one copy, from the pieces into the file.
+pub struct ChunkFile {
+    fd: OwnedFd,
+    len: usize,
+    written: usize,
+}
+
+impl ChunkFile {
+    /// An empty memory file of `len` bytes.
+    pub fn new(len: usize) -> io::Result<Self> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty chunk"));
+        }
+        let fd = rustix::fs::memfd_create("granary-chunk", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        Ok(Self { fd, len, written: 0 })
+    }
+
+    /// The file's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty file (never: [`ChunkFile::new`] refuses one).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes written so far, from the start.
+    pub fn written(&self) -> usize {
+        self.written
+    }
+
+    /// Writes `pieces`, in order, after what was written. More bytes than
+    /// the file has room for are refused, and nothing of them is written.
+    pub fn append(&mut self, pieces: &[bytes::Bytes]) -> io::Result<()> {
+        let total: usize = pieces.iter().map(bytes::Bytes::len).sum();
+        if total > self.len - self.written {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{total} more bytes after {} of {}", self.written, self.len),
+            ));
+        }
+        let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = rustix::io::pwritev(&self.fd, rest, self.written as u64)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "the memory file took no bytes"));
+            }
+            self.written += n;
+            io::IoSlice::advance_slices(&mut rest, n);
+        }
+        Ok(())
+    }
+
+    /// Seals the file (it must be full) and maps it read-only.
+    pub fn seal(self) -> io::Result<SealedChunk> {
+        if self.written != self.len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{} of {} bytes written", self.written, self.len),
+            ));
+        }
+        rustix::fs::fcntl_add_seals(
+            &self.fd,
+            SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )?;
+        // Populated: every page exists already (the writes made them), so
+        // this maps them in one pass instead of a fault per page when the
+        // chunk is first read (its checksum is checked next).
+        // SAFETY: a read-only mapping of a sealed file we own, unmapped once
+        // in SealedChunk's Drop.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                self.len,
+                ProtFlags::READ,
+                MapFlags::SHARED | MapFlags::POPULATE,
+                &self.fd,
+                0,
+            )
+        }?;
+        LIVE_CHUNK_BYTES.fetch_add(self.len as u64, Ordering::Relaxed);
+        Ok(SealedChunk { fd: self.fd, ptr, len: self.len })
+    }
+}
+
 impl SealedChunk {
     /// A sealed copy of `bytes` (used when a chunk comes back from SSD).
     pub fn copy_of(bytes: &[u8]) -> io::Result<Self> {
@@ -208,5 +300,23 @@ mod tests {
         assert!(seals.contains(SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW));
         assert!(rustix::io::write(s.fd(), b"x").is_err());
         assert!(rustix::fs::ftruncate(s.fd(), 10).is_err());
+    }
+
+    #[test]
+    fn a_chunk_file_takes_pieces_in_order_and_refuses_overflow_and_short_fills() {
+        let mut f = ChunkFile::new(10).unwrap();
+        f.append(&[bytes::Bytes::from_static(b"abc"), bytes::Bytes::from_static(b"defg")]).unwrap();
+        assert_eq!(f.written(), 7);
+        assert!(f.append(&[bytes::Bytes::from_static(b"hijk")]).is_err(), "past the end");
+        assert_eq!(f.written(), 7, "nothing of a refused append is written");
+        let short = ChunkFile::new(4).unwrap();
+        assert!(short.seal().is_err(), "a file not filled is not sealed");
+        f.append(&[bytes::Bytes::from_static(b"hij")]).unwrap();
+        let s = f.seal().unwrap();
+        assert_eq!(s.bytes(), b"abcdefghij");
+        let seals = rustix::fs::fcntl_get_seals(s.fd()).unwrap();
+        assert!(seals.contains(SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW));
+        assert!(rustix::io::write(s.fd(), b"x").is_err());
+        assert!(live_chunk_bytes() >= 10);
     }
 }

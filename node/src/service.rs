@@ -24,7 +24,7 @@ use crate::remote::{Remote, RemoteCounters, Throttle};
 use crate::shm::{ChunkWriter, SealedChunk};
 use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
 use arrow::array::RecordBatch;
-use futures::{FutureExt, TryStreamExt};
+use futures::FutureExt;
 use granary_proto::wire::{DatasetInfo, NodeStats};
 use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, ShardId, rank_shard_order};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
@@ -418,11 +418,7 @@ impl Node {
         let result = match AssertUnwindSafe(self.load(key, forward, &asking)).catch_unwind().await {
             Ok(r) => r,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("unknown panic");
+                let what = panic_text(&*panic);
                 let site = self.site(key);
                 Err(FetchError::Remote(RemoteError::Parquet {
                     path: site,
@@ -544,37 +540,55 @@ impl Node {
         let reader = ds.remote.file(file.path.clone(), file.size);
         let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.metadata.clone());
         let mask = ProjectionMask::roots(builder.parquet_schema(), footer.resolved.projection.iter().copied());
-        let stream = builder
+        let mut stream = builder
             .with_row_groups(vec![rg])
             .with_projection(mask)
             .with_batch_size(rows.clamp(1, 1 << 24) as usize)
             .build()
             .map_err(parquet_err)?;
-        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(|e| unwrap_store_error(e, &site))?;
-        let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| footer.metadata.schema().clone());
-        let batch = match batches.len() {
-            1 => batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema.clone())),
-            _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
-                FetchError::Internal(format!("{path} row group {rg}: cannot join decoded batches: {e}"))
-            })?,
-        };
-        if batch.num_rows() as u64 != rows {
-            return Err(FetchError::Remote(RemoteError::Parquet {
-                path: site.clone(),
-                source: parquet::errors::ParquetError::General(format!(
-                    "decoded to {} rows, the footer says {rows}",
-                    batch.num_rows()
-                )),
-            }));
-        }
+        // The row group's column chunks are fetched here, on the runtime;
+        // decoding them is CPU work and runs with the conversion on the
+        // converter pool, so a long decode never holds up the node's other
+        // requests (its trainers', its peers', the progress frames it owes
+        // them).
+        let decoder =
+            stream.next_row_group().await.map_err(|e| unwrap_store_error(e, &site))?.ok_or_else(|| {
+                parquet_err(parquet::errors::ParquetError::General("the row group is missing".into()))
+            })?;
         let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
             .map_err(|e| FetchError::Internal(e.to_string()))?;
         let resolved = footer.resolved.clone();
+        let schema = footer.metadata.schema().clone();
         let permit =
             self.inner.converts.clone().acquire_owned().await.map_err(|e| FetchError::Internal(e.to_string()))?;
         let shard = key.shard;
         let chunk = tokio::task::spawn_blocking(move || {
             let _permit = permit;
+            let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
+            // The decoder can panic on hostile pages: an error naming the
+            // shard, not a lost task.
+            let decoded = std::panic::catch_unwind(AssertUnwindSafe(|| decoder.collect::<Result<Vec<_>, _>>()))
+                .map_err(|panic| {
+                    parquet_err(parquet::errors::ParquetError::General(format!(
+                        "the decoder panicked: {}",
+                        panic_text(&*panic)
+                    )))
+                })?;
+            let batches: Vec<RecordBatch> =
+                decoded.map_err(|e| parquet_err(parquet::errors::ParquetError::General(e.to_string())))?;
+            let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
+            let batch = match batches.len() {
+                1 => batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema.clone())),
+                _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
+                    FetchError::Internal(format!("{path} row group {rg}: cannot join decoded batches: {e}"))
+                })?,
+            };
+            if batch.num_rows() as u64 != rows {
+                return Err(parquet_err(parquet::errors::ParquetError::General(format!(
+                    "decoded to {} rows, the footer says {rows}",
+                    batch.num_rows()
+                ))));
+            }
             let mut w = ChunkWriter::new(layout.total_len()).map_err(|source| FetchError::Memory { shard, source })?;
             convert_into(&batch, &resolved, &layout, w.as_mut_slice(), Site { file: &path, row_group: rg })?;
             layout.seal(w.as_mut_slice()).map_err(|e| FetchError::Internal(e.to_string()))?;
@@ -632,6 +646,15 @@ impl Node {
         f.top_up();
         Ok(f)
     }
+}
+
+/// The message a panic carried, if it is text.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
 }
 
 /// Turns a store error wrapped by the Parquet reader back into a clear

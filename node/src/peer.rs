@@ -247,7 +247,9 @@ impl PeerLink {
             match response {
                 PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN.min(file_size) => {
                     let mut buf = vec![0u8; len as usize];
-                    read_live(&mut recv, &mut buf, "footer bytes").await.map_err(|e| fail(e.to_string()))?;
+                    read_live(&mut recv, &mut Buffer { buf: &mut buf, pos: 0 }, "footer bytes")
+                        .await
+                        .map_err(|e| fail(e.to_string()))?;
                     Ok(bytes::Bytes::from(buf))
                 }
                 PeerResponse::Footer { len } => Err(fail(format!(
@@ -317,7 +319,7 @@ impl PeerLink {
                 }
                 let mut file = ChunkFile::new(len as usize)
                     .map_err(|e| transfer(format!("cannot allocate {len} bytes of chunk memory: {e}")))?;
-                if let Err(e) = read_into(&mut recv, &mut file, "chunk bytes").await {
+                if let Err(e) = read_live(&mut recv, &mut Pieces::new(&mut file), "chunk bytes").await {
                     return Err(failed(e).await);
                 }
                 let chunk = file.seal().map_err(|e| transfer(format!("cannot seal the chunk's memory: {e}")))?;
@@ -355,28 +357,98 @@ impl std::fmt::Display for StreamError {
     }
 }
 
-/// Fills `buf` from `recv`, failing when the stream ends early or when no
+/// Where [`read_live`] puts what it reads.
+trait Fill {
+    /// Bytes wanted in all.
+    fn len(&self) -> usize;
+    /// Bytes taken so far.
+    fn filled(&self) -> usize;
+    /// Takes what `recv` has, waiting for at least one byte; false when
+    /// the stream ended first.
+    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String>;
+}
+
+/// A buffer filled by copying.
+struct Buffer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl Fill for Buffer<'_> {
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn filled(&self) -> usize {
+        self.pos
+    }
+
+    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String> {
+        match recv.read(&mut self.buf[self.pos..]).await.map_err(|e| e.to_string())? {
+            Some(n) => {
+                self.pos += n;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// Pieces [`Pieces`] takes from QUIC per write into the file.
+const PIECES_PER_WRITE: usize = 64;
+
+/// A memory file filled with the pieces QUIC received, as they are (no
+/// copy into memory first), as many as are there at once per write. A
+/// peer sending more than the file holds is refused.
+struct Pieces<'a> {
+    file: &'a mut ChunkFile,
+    pieces: [bytes::Bytes; PIECES_PER_WRITE],
+}
+
+impl<'a> Pieces<'a> {
+    fn new(file: &'a mut ChunkFile) -> Self {
+        Self { file, pieces: std::array::from_fn(|_| bytes::Bytes::new()) }
+    }
+}
+
+impl Fill for Pieces<'_> {
+    fn len(&self) -> usize {
+        self.file.len()
+    }
+
+    fn filled(&self) -> usize {
+        self.file.written()
+    }
+
+    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String> {
+        let Some(n) = recv.read_chunks(&mut self.pieces).await.map_err(|e| e.to_string())? else {
+            return Ok(false);
+        };
+        let written = self.file.append(&self.pieces[..n]).map_err(|e| e.to_string());
+        self.pieces[..n].fill(bytes::Bytes::new());
+        written.map(|()| true)
+    }
+}
+
+/// Fills `into` from `recv`, failing when the stream ends early or when no
 /// byte arrives for [`PEER_STALL_TIMEOUT`] (`what` names the bytes). A
 /// transfer that keeps moving, however slowly, is not a stall (the whole
 /// fetch's deadline bounds it). One timer per quiet period, not per read:
 /// each read notes the time, and a timer that fires after bytes came is
 /// set again from the last of them.
-async fn read_live(recv: &mut quinn::RecvStream, buf: &mut [u8], what: &str) -> Result<(), StreamError> {
-    let len = buf.len();
-    let mut pos = 0;
+async fn read_live(recv: &mut quinn::RecvStream, into: &mut impl Fill, what: &str) -> Result<(), StreamError> {
+    let len = into.len();
     let mut last = tokio::time::Instant::now();
-    while pos < len {
+    while into.filled() < len {
         let until = last + PEER_STALL_TIMEOUT;
         let reading = async {
-            while pos < len {
-                match recv.read(&mut buf[pos..]).await {
-                    Ok(Some(n)) => {
-                        pos += n;
-                        last = tokio::time::Instant::now();
-                    }
-                    Ok(None) => {
+            while into.filled() < len {
+                match into.take(recv).await {
+                    Ok(true) => last = tokio::time::Instant::now(),
+                    Ok(false) => {
+                        let got = into.filled();
                         return Err(StreamError::Failed(format!(
-                            "{what}: the stream ended after {pos} of {len} bytes"
+                            "{what}: the stream ended after {got} of {len} bytes"
                         )));
                     }
                     Err(e) => return Err(StreamError::Failed(format!("{what}: {e}"))),
@@ -391,52 +463,7 @@ async fn read_live(recv: &mut quinn::RecvStream, buf: &mut [u8], what: &str) -> 
             Err(_) => {
                 return Err(StreamError::Stalled {
                     idle: PEER_STALL_TIMEOUT,
-                    during: format!("{what}: nothing came after {pos} of {len} bytes"),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Pieces [`read_into`] takes from QUIC per write into the file.
-const PIECES_PER_WRITE: usize = 64;
-
-/// Fills `file` from `recv` the way [`read_live`] fills a buffer (the same
-/// stall rule), but without copying into memory first: the pieces QUIC
-/// received are written into the file as they are, as many as are there
-/// at once per write. A peer sending more than the file holds is refused.
-async fn read_into(recv: &mut quinn::RecvStream, file: &mut ChunkFile, what: &str) -> Result<(), StreamError> {
-    let len = file.len();
-    let mut last = tokio::time::Instant::now();
-    let mut pieces: [bytes::Bytes; PIECES_PER_WRITE] = std::array::from_fn(|_| bytes::Bytes::new());
-    while file.written() < len {
-        let until = last + PEER_STALL_TIMEOUT;
-        let reading = async {
-            while file.written() < len {
-                let n = match recv.read_chunks(&mut pieces).await {
-                    Ok(Some(n)) => n,
-                    Ok(None) => {
-                        return Err(StreamError::Failed(format!(
-                            "{what}: the stream ended after {} of {len} bytes",
-                            file.written()
-                        )));
-                    }
-                    Err(e) => return Err(StreamError::Failed(format!("{what}: {e}"))),
-                };
-                last = tokio::time::Instant::now();
-                file.append(&pieces[..n]).map_err(|e| StreamError::Failed(format!("{what}: {e}")))?;
-                pieces[..n].fill(bytes::Bytes::new());
-            }
-            Ok(())
-        };
-        match tokio::time::timeout_at(until, reading).await {
-            Ok(done) => return done,
-            Err(_) if last + PEER_STALL_TIMEOUT > tokio::time::Instant::now() => continue,
-            Err(_) => {
-                return Err(StreamError::Stalled {
-                    idle: PEER_STALL_TIMEOUT,
-                    during: format!("{what}: nothing came after {} of {len} bytes", file.written()),
+                    during: format!("{what}: nothing came after {} of {len} bytes", into.filled()),
                 });
             }
         }
@@ -485,13 +512,13 @@ async fn ask(
     let _ = send.finish();
     loop {
         let mut prefix = [0u8; 4];
-        read_live(&mut recv, &mut prefix, "response header").await?;
+        read_live(&mut recv, &mut Buffer { buf: &mut prefix, pos: 0 }, "response header").await?;
         let len = u32::from_le_bytes(prefix) as usize;
         if len > MAX_PEER_FRAME_LEN {
             return Err(StreamError::Failed(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
         }
         let mut head = vec![0u8; len];
-        read_live(&mut recv, &mut head, "response header").await?;
+        read_live(&mut recv, &mut Buffer { buf: &mut head, pos: 0 }, "response header").await?;
         match decode::<PeerResponse>(&head).map_err(|e| failed(&e))? {
             PeerResponse::Working => continue,
             response => return Ok((response, recv)),

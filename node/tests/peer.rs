@@ -43,15 +43,7 @@ async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
     datagen::generate(&data, &spec, |_| {}).expect("gen");
     let certs = tmp.path().join("certs");
     tls::init_cluster(&certs).expect("certs");
-    let cfg = NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", data.display()),
-            view: ViewRef::Inline(datagen::view()),
-        }],
-        ram_bytes: 64 << 20,
-        ..NodeConfig::default()
-    };
+    let cfg = node_config(&data);
     let node = Node::start(&cfg).await.expect("node");
     let info = node.describe("ads").expect("describe");
     let identity = Identity::load(&certs, "node").expect("identity");
@@ -64,6 +56,27 @@ async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
         .expect("layout")
         .total_len() as u64;
     Fixture { _tmp: tmp, certs, addr, version: info.version, shard: target.shard, len, node }
+}
+
+/// A node serving the generated dataset in `data` as "ads", with a 64 MiB
+/// RAM tier.
+fn node_config(data: &std::path::Path) -> NodeConfig {
+    NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", data.display()),
+            view: ViewRef::Inline(datagen::view()),
+        }],
+        ram_bytes: 64 << 20,
+        ..NodeConfig::default()
+    }
+}
+
+impl Fixture {
+    /// The configuration of another node serving the fixture's dataset.
+    fn node_config(&self) -> NodeConfig {
+        node_config(&self._tmp.path().join("data"))
+    }
 }
 
 fn link(f: &Fixture, name: &str) -> PeerLink {
@@ -288,17 +301,7 @@ async fn when_no_source_delivers_the_error_names_the_shard_and_the_sources_tried
 /// Node 2: the fixture's dataset with a guest area of `guest_bytes` and a
 /// large prefetch budget, in a cluster where node 1 owns every shard.
 async fn guest_node(f: &Fixture, guest_bytes: u64) -> Node {
-    let cfg = NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", f._tmp.path().join("data").display()),
-            view: ViewRef::Inline(datagen::view()),
-        }],
-        ram_bytes: 64 << 20,
-        guest_bytes: Some(guest_bytes),
-        prefetch_bytes: 1 << 30,
-        ..NodeConfig::default()
-    };
+    let cfg = NodeConfig { guest_bytes: Some(guest_bytes), prefetch_bytes: 1 << 30, ..f.node_config() };
     let node2 = Node::start(&cfg).await.expect("node 2");
     let shards = f.node.dataset(f.version).expect("dataset").manifest.shards();
     let cluster = Cluster::new(NodeId(2), link(f, "node"));
@@ -466,16 +469,7 @@ async fn a_stream_that_never_sends_its_request_is_ended_by_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
     let f = start().await;
-    let cfg = NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", f._tmp.path().join("data").display()),
-            view: ViewRef::Inline(datagen::view()),
-        }],
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    };
+    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
     let node2 = Node::start(&cfg).await.expect("node 2");
     // Each node serves peers and dials them from one endpoint, as a node
     // does, so a request's source address is the requester's peer address.
@@ -683,15 +677,9 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     });
     // A real owner with a slow remote store, serving peers.
     let cfg = NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", f._tmp.path().join("data").display()),
-            view: ViewRef::Inline(datagen::view()),
-        }],
-        ram_bytes: 64 << 20,
         prefetch_bytes: 0,
         throttle: Some(granary_node::config::ThrottleConfig { latency_ms: 6_000, bandwidth_bytes_per_s: 1 << 30 }),
-        ..NodeConfig::default()
+        ..f.node_config()
     };
     let owner = Node::start(&cfg).await.expect("slow owner");
     let identity = Identity::load(&f.certs, "node").expect("identity");
@@ -724,16 +712,7 @@ async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_plac
         let _open = send;
         tokio::time::sleep(Duration::from_secs(3600)).await;
     });
-    let cfg = NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", f._tmp.path().join("data").display()),
-            view: ViewRef::Inline(datagen::view()),
-        }],
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    };
+    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
     let node2 = Node::start(&cfg).await.expect("node 2");
     let mut cluster = Cluster::new(NodeId(2), link(&f, "node"));
     cluster.fetch_deadline = Duration::from_secs(60);

@@ -207,8 +207,18 @@ fn a_node_killed_during_an_epoch_leaves_the_other_ranks_byte_identical() {
         );
     }
     // The survivors did lose a source: fetches from node 2 failed, and its
-    // shards were read again by their new owners.
+    // shards were read again by their new owners...
     let s1 = c.stats(1).expect("stats");
     let s3 = c.stats(3).expect("stats");
     assert!(s1.peer_failures + s3.peer_failures > 0, "nothing depended on node 2: {s1:?} {s3:?}");
+    // ...once each: the survivors waited for the placement to give each of
+    // node 2's shards one new owner instead of each reading them itself
+    // (a dead owner is not taken for a stalled one), so between them they
+    // converted no shard twice.
+    let shards = 24_000 / 1_500;
+    assert!(
+        s1.conversions + s3.conversions <= shards,
+        "the survivors converted {} shards of {shards}: a shard was read by more than one\n{s1:?}\n{s3:?}",
+        s1.conversions + s3.conversions
+    );
 }

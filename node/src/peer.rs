@@ -398,8 +398,8 @@ impl Fill for Buffer<'_> {
 const PIECES_PER_WRITE: usize = 64;
 
 /// A memory file filled with the pieces QUIC received, as they are (no
-/// copy into memory first), as many as are there at once per write. A
-/// peer sending more than the file holds is refused.
+/// copy into memory first), as many as are there at once per write. Bytes
+/// past the file's length are not taken.
 struct Pieces<'a> {
     file: &'a mut ChunkFile,
     pieces: [bytes::Bytes; PIECES_PER_WRITE],
@@ -424,6 +424,13 @@ impl Fill for Pieces<'_> {
         let Some(n) = recv.read_chunks(&mut self.pieces).await.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
+        // What comes after the chunk's announced length is not the chunk:
+        // left unwritten, as a read of exactly that length would leave it.
+        let mut room = self.file.len() - self.file.written();
+        for piece in &mut self.pieces[..n] {
+            piece.truncate(room);
+            room -= piece.len();
+        }
         let written = self.file.append(&self.pieces[..n]).map_err(|e| e.to_string());
         self.pieces[..n].fill(bytes::Bytes::new());
         written.map(|()| true)

@@ -551,10 +551,14 @@ impl Node {
         // converter pool, so a long decode never holds up the node's other
         // requests (its trainers', its peers', the progress frames it owes
         // them).
-        let decoder =
-            stream.next_row_group().await.map_err(|e| unwrap_store_error(e, &site))?.ok_or_else(|| {
-                parquet_err(parquet::errors::ParquetError::General("the row group is missing".into()))
-            })?;
+        // None: the reader skips a row group without rows (the manifest
+        // keeps it as a shard, converted to an empty chunk).
+        let decoder = stream.next_row_group().await.map_err(|e| unwrap_store_error(e, &site))?;
+        if decoder.is_none() && rows != 0 {
+            return Err(parquet_err(parquet::errors::ParquetError::General(format!(
+                "the reader returned no rows; the footer says {rows}"
+            ))));
+        }
         let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
             .map_err(|e| FetchError::Internal(e.to_string()))?;
         let resolved = footer.resolved.clone();
@@ -565,24 +569,33 @@ impl Node {
         let chunk = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
-            // The decoder can panic on hostile pages: an error naming the
-            // shard, not a lost task.
-            let decoded = std::panic::catch_unwind(AssertUnwindSafe(|| decoder.collect::<Result<Vec<_>, _>>()))
+            // Decoding can panic on hostile pages: an error naming the file
+            // and the row group, not a lost task.
+            let decode = || -> Result<RecordBatch, parquet::errors::ParquetError> {
+                let batches = match decoder {
+                    Some(d) => d.collect::<Result<Vec<RecordBatch>, _>>().map_err(|e| match e {
+                        arrow::error::ArrowError::ParquetError(m) => parquet::errors::ParquetError::General(m),
+                        other => parquet::errors::ParquetError::ArrowError(other.to_string()),
+                    })?,
+                    None => Vec::new(),
+                };
+                let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
+                match batches.len() {
+                    0 => Ok(RecordBatch::new_empty(schema)),
+                    1 => Ok(batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema))),
+                    _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
+                        parquet::errors::ParquetError::General(format!("cannot join decoded batches: {e}"))
+                    }),
+                }
+            };
+            let batch = std::panic::catch_unwind(AssertUnwindSafe(decode))
                 .map_err(|panic| {
                     parquet_err(parquet::errors::ParquetError::General(format!(
                         "the decoder panicked: {}",
                         panic_text(&*panic)
                     )))
-                })?;
-            let batches: Vec<RecordBatch> =
-                decoded.map_err(|e| parquet_err(parquet::errors::ParquetError::General(e.to_string())))?;
-            let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
-            let batch = match batches.len() {
-                1 => batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema.clone())),
-                _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
-                    FetchError::Internal(format!("{path} row group {rg}: cannot join decoded batches: {e}"))
-                })?,
-            };
+                })?
+                .map_err(parquet_err)?;
             if batch.num_rows() as u64 != rows {
                 return Err(parquet_err(parquet::errors::ParquetError::General(format!(
                     "decoded to {} rows, the footer says {rows}",

@@ -653,6 +653,27 @@ async fn an_owner_sending_slowly_but_steadily_is_not_taken_for_stalled() {
     assert_eq!(chunk.bytes(), local.bytes());
 }
 
+/// Bytes a peer sends after the chunk's announced length (in the same
+/// write as its last bytes) are not part of the chunk: the chunk is taken,
+/// whole and valid, and the rest left unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_past_the_announced_chunk_are_not_taken() {
+    let f = start().await;
+    let bytes = std::sync::Arc::new(f.node.chunk(f.version, f.shard).await.expect("chunk").bytes().to_vec());
+    let chatty = fake_peer(&f, move |_, mut send| {
+        let bytes = bytes.clone();
+        async move {
+            let _ = send.write_all(&[chunk_head(bytes.len() as u64), bytes.to_vec(), vec![0xAB; 5000]].concat()).await;
+            let _ = send.finish();
+            let _ = send.stopped().await;
+        }
+    });
+    let chunk =
+        link(&f, "node").fetch(chatty, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("the chunk");
+    let local = f.node.chunk(f.version, f.shard).await.expect("local");
+    assert_eq!(chunk.bytes(), local.bytes());
+}
+
 /// An owner whose answer takes longer than the stall timeout (a slow
 /// remote read) keeps the fetch alive with progress frames: a scripted
 /// owner that says "working" for longer than the timeout, and a real node

@@ -436,6 +436,36 @@ fn write_crc_parquet(path: &Path, row_groups: &[Vec<i64>]) -> Vec<u64> {
     value_offsets
 }
 
+/// A row group without rows (valid Parquet, which some writers leave) is a
+/// shard whose chunk holds no rows; the row groups around it are served
+/// exactly.
+#[test]
+fn a_row_group_without_rows_is_an_empty_shard() {
+    use parquet::data_type::Int64Type;
+    use parquet::file::writer::SerializedFileWriter;
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Arc::new(parquet::schema::parser::parse_message_type("message m { required int64 v; }").unwrap());
+    let groups: Vec<Vec<i64>> = vec![vec![1, 2, 3], vec![], vec![4, 5]];
+    let file = std::fs::File::create(dir.path().join("sparse.parquet")).unwrap();
+    let mut w = SerializedFileWriter::new(file, schema, Default::default()).unwrap();
+    for values in &groups {
+        let mut rg = w.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().expect("one column");
+        col.typed::<Int64Type>().write_batch(values, None, None).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+    let node = start(config(dir.path(), parse_view("[[tensor]]\nname = \"v\"\ndtype = \"i64\"\ncolumns = [\"v\"]\n")));
+    let info = describe(&node);
+    assert_eq!(info.shards.len(), groups.len(), "every row group is a shard");
+    for (shard, values) in info.shards.iter().zip(&groups) {
+        assert_eq!(shard.rows, values.len() as u64);
+        let chunk = fetch(&node, info.version, shard.shard).expect("served");
+        assert_eq!(i64s(chunk.tensor_bytes(0)), *values, "{}", shard.shard);
+    }
+}
+
 #[test]
 fn corrupt_page_with_a_crc_is_an_error_naming_file_and_row_group() {
     assert_eq!(crc32(b"123456789"), 0xCBF4_3926, "the CRC-32 used in page headers");

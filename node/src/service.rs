@@ -550,9 +550,8 @@ impl Node {
         // decoding them is CPU work and runs with the conversion on the
         // converter pool, so a long decode never holds up the node's other
         // requests (its trainers', its peers', the progress frames it owes
-        // them).
-        // None: the reader skips a row group without rows (the manifest
-        // keeps it as a shard, converted to an empty chunk).
+        // them). The reader gives no decoder for a row group without rows
+        // (the manifest keeps it as a shard, converted to an empty chunk).
         let decoder = stream.next_row_group().await.map_err(|e| unwrap_store_error(e, &site))?;
         if decoder.is_none() && rows != 0 {
             return Err(parquet_err(parquet::errors::ParquetError::General(format!(

@@ -333,7 +333,7 @@ pub(crate) fn pass(
         if s.ceiling {
             args.push("--ceiling".into());
         }
-        ranks.push(TrainerProcess::spawn(exe, r, &args)?);
+        ranks.push(TrainerProcess::spawn(exe, r, a.ranks as usize, &args)?);
     }
     let timeout = Duration::from_secs(300);
     let mut batches = 0;

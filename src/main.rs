@@ -187,6 +187,16 @@ struct LocalArgs {
     /// RAM tier of the daemon, MiB.
     #[arg(long, default_value_t = 1024)]
     ram_mib: u64,
+    /// Batches per permuted group of the block-shuffle scenario.
+    #[arg(long, default_value_t = 16)]
+    window_batches: u32,
+    /// The loader's batch assembly threads (0: its default for this machine).
+    #[arg(long, default_value_t = 0)]
+    assembly_threads: usize,
+    /// Trainer processes: 1 runs every scenario in this process; more runs
+    /// copy, warm and block-shuffle ranks as processes on one daemon.
+    #[arg(long, default_value_t = 1)]
+    ranks: u32,
     /// One JSON object per scenario, then a summary line.
     #[arg(long)]
     json: bool,
@@ -437,10 +447,36 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         ram_bytes: a.ram_mib << 20,
         compression: a.compression,
         values: a.values,
+        window_batches: a.window_batches,
+        assembly_threads: a.assembly_threads,
         ..Default::default()
     };
     let exe = std::env::current_exe()?;
     let json = a.json;
+    if a.ranks > 1 {
+        let s = granary_bench::local_ranks::run(&exe, &opts, a.ranks, |line| {
+            if !json {
+                eprintln!("· {line}");
+            }
+        })?;
+        if json {
+            println!("{}", serde_json::to_string(&s)?);
+            return Ok(());
+        }
+        println!("{:<8} {:>12}   ({} trainer processes, one node daemon)", "scenario", "rows/s", s.ranks);
+        for (name, r) in [("copy", s.copy_rows_per_s), ("warm", s.warm_rows_per_s), ("blocks", s.blocks_rows_per_s)] {
+            println!("{name:<8} {r:>12.0}");
+        }
+        println!();
+        println!("warm / copy          {:.3}   (target >= 0.85)", s.warm_vs_copy);
+        println!("blocks / copy        {:.3}   (target >= 0.95)", s.blocks_vs_copy);
+        println!("cold epoch           {:.2} s", s.cold_secs);
+        println!(
+            "conditions: commit {} · {} cores · {} build · {} rows · batch {}",
+            s.conditions.commit, s.conditions.cores, s.conditions.profile, opts.rows, opts.batch_size
+        );
+        return Ok(());
+    }
     let (scenarios, summary) = granary_bench::local::run(&exe, &opts, |line| {
         if !json {
             eprintln!("· {line}");
@@ -458,6 +494,12 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         println!("{:<8} {:>12.0} {:>8.2} {:>10}", s.scenario, s.rows_per_s, s.gb_per_s, s.epochs.len());
     }
     println!();
+    println!("warm / copy          {:.3}   (target >= 0.85)", summary.warm_vs_copy);
+    println!(
+        "blocks / copy        {:.3}   (target >= 0.95; {:.0}% of its batches were views)",
+        summary.blocks_vs_copy,
+        100.0 * summary.blocks_view_share
+    );
     println!("warm / ceiling       {:.3}   (target >= 0.9)", summary.warm_vs_ceiling);
     println!("warm / naive         {:.1}   (target >= 15)", summary.warm_vs_naive);
     println!("cold / bound         {:.3}   (target <= 1.25)", summary.cold_vs_bound);
@@ -465,8 +507,17 @@ fn bench_local(a: LocalArgs) -> Result<()> {
     println!("node memory / budget {:.3}   (target <= 1)", summary.node_rss_over_budget);
     println!("streams identical    {}", summary.streams_identical);
     println!(
-        "conditions: commit {} · {} cores · {} build · {} rows · batch {}",
-        summary.conditions.commit, summary.conditions.cores, summary.conditions.profile, opts.rows, opts.batch_size
+        "memory copy          {:.2} GB/s one thread, {:.2} GB/s {} threads; copy scenario / one thread {:.3}",
+        summary.memcpy_1t_gbps, summary.memcpy_all_gbps, summary.memcpy_threads, summary.copy_vs_memcpy
+    );
+    println!(
+        "conditions: commit {} · {} cores · {} build · {} rows · batch {} · {} assembly threads",
+        summary.conditions.commit,
+        summary.conditions.cores,
+        summary.conditions.profile,
+        opts.rows,
+        opts.batch_size,
+        summary.assembly_threads
     );
     Ok(())
 }

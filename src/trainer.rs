@@ -3,13 +3,15 @@
 //! Driven over stdin (`epoch N` lines) so that a driver (the demo) can keep
 //! ranks in lockstep per epoch, and reporting JSON lines on stdout
 //! ([`granary_bench::harness::TrainerEvent`]). Consuming a batch means
-//! checksumming it: every byte is read, and the checksums prove that two runs
-//! delivered the same bytes in the same order.
+//! checksumming it (every byte is read, and the checksums prove that two runs
+//! delivered the same bytes in the same order), or with `--consume copy`
+//! copying it into a staging buffer, as a trainer feeding a device would.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use granary_bench::consume::Staging;
 use granary_bench::harness::TrainerEvent;
-use granary_client::{ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource};
+use granary_client::{Batch, ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource};
 use granary_proto::{AlignedBuf, Shuffle};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -40,6 +42,24 @@ pub struct TrainerArgs {
     /// Shuffle window in shards (0 = no shuffle).
     #[arg(long, default_value_t = 4)]
     pub window: u32,
+    /// Block shuffle in groups of this many batches instead of the windowed
+    /// one (0 = windowed): batches inside one chunk are handed out in place.
+    #[arg(long, default_value_t = 0)]
+    pub window_batches: u32,
+    /// Batch assembly threads (0: the loader's default for this machine).
+    #[arg(long, default_value_t = 0)]
+    pub assembly_threads: usize,
+    /// Bytes of chunk mappings kept for later epochs.
+    #[arg(long, default_value_t = granary_client::local::DEFAULT_MAPPING_CACHE_BYTES)]
+    pub mapping_cache_bytes: u64,
+    /// What consuming a batch means: checksum (proves which bytes came) or
+    /// copy (into a staging buffer; the epoch digest is then empty).
+    #[arg(long, value_enum, default_value_t = ConsumeArg::Checksum)]
+    pub consume: ConsumeArg,
+    /// Assemble epoch 1 once at start and hand out those batches every
+    /// epoch (the copy scenario: the fastest any loader could feed).
+    #[arg(long)]
+    pub preassembled: bool,
     /// Batches assembled ahead.
     #[arg(long, default_value_t = 2)]
     pub prefetch_batches: usize,
@@ -50,6 +70,15 @@ pub struct TrainerArgs {
     /// (tests compare them byte for byte).
     #[arg(long)]
     pub dump: Option<PathBuf>,
+}
+
+/// What consuming a batch means.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsumeArg {
+    /// xxh3 of every tensor.
+    Checksum,
+    /// A copy of every tensor into a staging buffer.
+    Copy,
 }
 
 fn emit(ev: &TrainerEvent) {
@@ -73,13 +102,20 @@ pub fn run(a: TrainerArgs) -> Result<()> {
 }
 
 fn drive(a: TrainerArgs) -> Result<()> {
-    let source = Arc::new(LocalSource::connect(&a.socket)?);
+    let source = Arc::new(LocalSource::connect(&a.socket)?.mapping_cache(a.mapping_cache_bytes));
+    let shuffle = match (a.window_batches, a.window) {
+        (0, 0) => Shuffle::Off,
+        (0, w) => Shuffle::Windowed { window_shards: w },
+        (b, _) => Shuffle::Blocks { window_batches: b },
+    };
     let cfg = LoaderConfig {
         seed: a.seed,
         rank: a.rank,
         world_size: a.world,
-        shuffle: if a.window == 0 { Shuffle::Off } else { Shuffle::Windowed { window_shards: a.window } },
+        shuffle,
         prefetch_batches: a.prefetch_batches,
+        assembly_threads: a.assembly_threads,
+        mapping_cache_bytes: a.mapping_cache_bytes,
         ..LoaderConfig::new(a.dataset.clone(), a.batch_size)
     };
     let loader = if a.ceiling {
@@ -93,6 +129,9 @@ fn drive(a: TrainerArgs) -> Result<()> {
     } else {
         Loader::new(source, cfg)?
     };
+    let preassembled: Option<Vec<Batch>> =
+        if a.preassembled { Some(loader.epoch(1)?.collect::<Result<_, _>>()?) } else { None };
+    let mut staging = Staging::new(0);
     emit(&TrainerEvent::Ready { rank: a.rank, batches: loader.num_batches(0)? as u64 });
     for line in std::io::stdin().lock().lines() {
         let line = line?;
@@ -100,8 +139,13 @@ fn drive(a: TrainerArgs) -> Result<()> {
             bail!("unexpected command {line:?} (expected `epoch N`)");
         };
         let start = Instant::now();
-        let mut stream = loader.epoch(epoch)?;
-        let total = stream.num_batches();
+        // Batches are borrowed from the preassembled epoch, or owned as they
+        // come from the loader.
+        let mut stream: Box<dyn Iterator<Item = Result<Held<'_>>>> = match &preassembled {
+            Some(batches) => Box::new(batches.iter().map(|b| Ok(Held::Borrowed(b)))),
+            None => Box::new(loader.epoch(epoch)?.map(|b| b.map(Held::Owned).map_err(anyhow::Error::from))),
+        };
+        let total = loader.num_batches(epoch)? as u64;
         let every = (total / 20).max(1);
         let (mut rows, mut bytes, mut done) = (0u64, 0u64, 0u64);
         let mut digest = xxhash_rust::xxh3::Xxh3::new();
@@ -116,14 +160,23 @@ fn drive(a: TrainerArgs) -> Result<()> {
         };
         for batch in stream.by_ref() {
             let batch = batch?;
+            let batch: &Batch = match &batch {
+                Held::Owned(b) => b,
+                Held::Borrowed(b) => b,
+            };
             if let Some(w) = dump.as_mut() {
                 for i in 0..batch.layouts().len() {
                     w.write_all(batch.tensor_bytes(i))?;
                 }
             }
             rows += batch.rows() as u64;
-            bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
-            digest.update(&batch.checksum().to_le_bytes());
+            match a.consume {
+                ConsumeArg::Checksum => {
+                    bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
+                    digest.update(&batch.checksum().to_le_bytes());
+                }
+                ConsumeArg::Copy => bytes += staging.consume(batch),
+            }
             done += 1;
             if done % every == 0 {
                 emit(&TrainerEvent::Progress { rank: a.rank, epoch, done });
@@ -142,4 +195,10 @@ fn drive(a: TrainerArgs) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// A batch as the epoch loop gets it.
+enum Held<'a> {
+    Owned(Batch),
+    Borrowed(&'a Batch),
 }

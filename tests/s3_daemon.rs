@@ -138,7 +138,7 @@ fn daemon_and_two_trainers_over_s3_match_the_naive_path_byte_for_byte() {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            TrainerProcess::spawn(exe, r, &args).unwrap()
+            TrainerProcess::spawn(exe, r, WORLD as usize, &args).unwrap()
         })
         .collect();
     let wait = Duration::from_secs(120);

@@ -204,11 +204,14 @@ pub struct TrainerProcess {
 }
 
 impl TrainerProcess {
-    /// Starts `exe trainer ARGS`; the reader thread parses its stdout.
-    pub fn spawn(exe: &Path, rank: u32, args: &[String]) -> Result<Self> {
+    /// Starts `exe trainer ARGS` as one of `local_world` ranks on this host
+    /// (`LOCAL_WORLD_SIZE`, as torchrun sets it: the loader shares the
+    /// host's cores among them); the reader thread parses its stdout.
+    pub fn spawn(exe: &Path, rank: u32, local_world: usize, args: &[String]) -> Result<Self> {
         let mut child = quiet_errors(&mut Command::new(exe))
             .arg("trainer")
             .args(args)
+            .env("LOCAL_WORLD_SIZE", local_world.max(1).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -704,7 +707,8 @@ pub fn spawn_ranks(exe: &Path, sockets: &[PathBuf], args: &[String]) -> Result<(
             world.to_string(),
         ];
         a.extend_from_slice(args);
-        ranks.push(TrainerProcess::spawn(exe, r as u32, &a)?);
+        let local = sockets.iter().filter(|s| *s == socket).count();
+        ranks.push(TrainerProcess::spawn(exe, r as u32, local, &a)?);
     }
     let mut batches = 0;
     for t in &ranks {

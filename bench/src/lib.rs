@@ -7,14 +7,19 @@
 //! ## Module map
 //! - [`harness`] — real processes: coordinator voters, the node daemon and trainer ranks, with
 //!   their JSON-lines protocol ([`harness::TrainerEvent`]).
-//! - [`local`] — `granary bench local`: ceiling, naive, warm and cold.
+//! - [`local`] — `granary bench local`: copy, ceiling, naive, warm (windowed and block shuffle) and cold.
+//! - [`local_ranks`] — `granary bench local --ranks N`: N trainer processes, warm against copy.
+//! - [`consume`] — the benchmark's trainer (a copy of every batch into a staging buffer) and the
+//!   machine's memory copy bandwidth.
 //! - [`cluster`] — `granary bench cluster`: 1, 2 and 4 nodes; remote reads, cold epoch, peer transfer against bare QUIC and TCP.
 //! - [`failover`] — `granary bench failover`: leader kills in a coordinator
 //!   group of real processes; election and commit times; durability.
 //! - [`report`] — conditions (commit, cores, flags) and output.
 
 pub mod cluster;
+pub mod consume;
 pub mod failover;
 pub mod harness;
 pub mod local;
+pub mod local_ranks;
 pub mod report;

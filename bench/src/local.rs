@@ -1,23 +1,35 @@
 //! `granary bench local`: the single-host data path against its baselines.
 //!
 //! Scenarios, all on one generated dataset, in one run:
+//! - `copy`: the machine's ceiling. An epoch's batches assembled once in
+//!   advance and held in RAM; an epoch only hands each to the consumer. No
+//!   loader can feed the consumer faster.
 //! - `ceiling`: every chunk already converted and held in this process
-//!   ([`MemorySource`]); same plan, same batch assembly, same consumer. Its
-//!   epochs alternate with the `warm` ones.
+//!   ([`MemorySource`]); same plan, same batch assembly, same consumer:
+//!   Granary's own assembly without the node.
 //! - `naive`: an embedded node with no cache and no prefetch: every epoch
 //!   reads, decodes and converts every shard again (the failure mode).
 //! - `cold`: epoch 0 through the node daemon and its Unix socket, with remote
 //!   storage throttled to a fixed bandwidth and latency.
-//! - `warm`: the following epochs through the same daemon.
+//! - `warm`: the following epochs through the same daemon (windowed shuffle).
+//! - `blocks`: the same daemon, block shuffle ([`Shuffle::Blocks`]): batches
+//!   that are one run of one chunk are views into chunk memory.
 //!
-//! Every consumer computes each batch's checksum, so every scenario reads
-//! every byte it is given.
+//! `copy`, `ceiling`, `warm` and `blocks` epochs alternate, so drift in the
+//! machine's load hits them alike, and all four consume a batch the same
+//! way: every tensor copied into one staging buffer
+//! ([`crate::consume::Staging`]). `naive` and `cold` checksum every batch
+//! instead (they are bounded by decoding and the remote link); one more
+//! checksummed epoch of `warm`, `blocks` and `ceiling` after the timed ones
+//! proves that every path delivered the same bytes. The machine's memory
+//! copy bandwidth (one thread, all threads) is measured in the same run.
 
+use crate::consume::{Staging, memcpy_gbps};
 use crate::harness::{NodeProcess, proc_memory};
 use crate::report::{Conditions, gbps, ratio};
 use anyhow::{Context, Result};
 use granary_client::ChunkSource;
-use granary_client::{Loader, LoaderConfig, MemorySource};
+use granary_client::{Batch, Loader, LoaderConfig, MemorySource};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
@@ -52,6 +64,10 @@ pub struct LocalOpts {
     pub compression: String,
     /// Feature values of the generated files.
     pub values: datagen::Values,
+    /// Batches per permuted group of the `blocks` scenario.
+    pub window_batches: u32,
+    /// The loader's assembly threads (0: its default for this machine).
+    pub assembly_threads: usize,
 }
 
 impl Default for LocalOpts {
@@ -68,6 +84,8 @@ impl Default for LocalOpts {
             window_shards: 4,
             compression: "snappy".into(),
             values: datagen::Values::Uniform,
+            window_batches: 16,
+            assembly_threads: 0,
         }
     }
 }
@@ -105,6 +123,11 @@ pub struct Scenario {
 pub struct Summary {
     /// Always "summary".
     pub scenario: &'static str,
+    /// warm rows/s over copy rows/s: how close the daemon path comes to the
+    /// fastest feed the consumer could have.
+    pub warm_vs_copy: f64,
+    /// blocks (block shuffle, views) rows/s over copy rows/s.
+    pub blocks_vs_copy: f64,
     /// warm rows/s over ceiling rows/s.
     pub warm_vs_ceiling: f64,
     /// warm rows/s over naive rows/s.
@@ -127,23 +150,58 @@ pub struct Summary {
     pub converted_bytes: u64,
     /// Whether every scenario delivered byte-identical batch streams.
     pub streams_identical: bool,
+    /// Of the blocks scenario's batches, the share handed out as views.
+    pub blocks_view_share: f64,
+    /// The copy scenario's bytes per second over one thread's `memcpy`.
+    pub copy_vs_memcpy: f64,
+    /// The machine's memory copy bandwidth, one thread, GB/s.
+    pub memcpy_1t_gbps: f64,
+    /// The machine's memory copy bandwidth, all threads, GB/s.
+    pub memcpy_all_gbps: f64,
+    /// Threads of `memcpy_all_gbps`.
+    pub memcpy_threads: usize,
+    /// The loader's assembly threads in this run.
+    pub assembly_threads: usize,
     /// Options of the run.
     pub opts: LocalOpts,
     /// Commit, cores, profile.
     pub conditions: Conditions,
 }
 
+/// How an epoch consumes its batches.
+pub enum Consume<'a> {
+    /// Checksum every batch (the epoch's digest proves which bytes came).
+    Checksum,
+    /// Copy every batch into a staging buffer, as a trainer would.
+    Copy(&'a mut Staging),
+}
+
 /// Runs one epoch, consuming every batch.
-pub fn run_epoch(loader: &Loader, epoch: u64) -> Result<EpochMeasure> {
+pub fn run_epoch(loader: &Loader, epoch: u64, consume: Consume<'_>) -> Result<EpochMeasure> {
+    consume_epoch(epoch, loader.epoch(epoch)?.map(|b| b.map_err(anyhow::Error::from)), consume)
+}
+
+/// Consumes one epoch of batches, timing it.
+fn consume_epoch<B: std::borrow::Borrow<Batch>>(
+    epoch: u64,
+    batches: impl Iterator<Item = Result<B>>,
+    mut consume: Consume<'_>,
+) -> Result<EpochMeasure> {
     let start = Instant::now();
     let mut rows = 0u64;
     let mut bytes = 0u64;
     let mut digest = xxhash_rust::xxh3::Xxh3::new();
-    for batch in loader.epoch(epoch)? {
+    for batch in batches {
         let batch = batch?;
+        let batch = batch.borrow();
         rows += batch.rows() as u64;
-        bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
-        digest.update(&batch.checksum().to_le_bytes());
+        match &mut consume {
+            Consume::Checksum => {
+                bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
+                digest.update(&batch.checksum().to_le_bytes());
+            }
+            Consume::Copy(staging) => bytes += staging.consume(batch),
+        }
     }
     Ok(EpochMeasure { epoch, rows, bytes, secs: start.elapsed().as_secs_f64(), digest: digest.digest() })
 }
@@ -223,10 +281,13 @@ fn embedded_config(data_dir: &Path, ram_bytes: u64, prefetch_bytes: u64) -> Resu
     })
 }
 
-/// Runs every scenario; `say` receives one line per step for progress.
-pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(Vec<Scenario>, Summary)> {
-    let work = tempfile::tempdir()?;
-    let data = work.path().join("data");
+/// Generates the benchmark's dataset under `work/data`.
+pub(crate) fn generate(
+    work: &Path,
+    opts: &LocalOpts,
+    say: &mut impl FnMut(&str),
+) -> Result<(std::path::PathBuf, datagen::GenReport)> {
+    let data = work.join("data");
     say(&format!("generating {} rows", opts.rows));
     let spec = GenSpec {
         seed: 7,
@@ -237,11 +298,56 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         values: opts.values,
     };
     let report = datagen::generate(&data, &spec, |_| {})?;
+    Ok((data, report))
+}
+
+/// Starts the benchmark's node daemon over `data` with throttled remote
+/// storage; returns it and its socket.
+pub(crate) fn start_daemon(
+    exe: &Path,
+    work: &Path,
+    data: &Path,
+    opts: &LocalOpts,
+    converted_bytes: u64,
+) -> Result<(NodeProcess, std::path::PathBuf)> {
+    let socket = work.join("node.sock");
+    let config = work.join("node.toml");
+    let ssd = work.join("ssd");
+    let settings = DaemonSettings {
+        socket: &socket,
+        ssd_dir: Some(&ssd),
+        // Room for every chunk twice (foyer reclaims whole blocks).
+        ssd_bytes: (2 * converted_bytes).max(1 << 30),
+        data_dir: data,
+        ram_bytes: opts.ram_bytes,
+        prefetch_bytes: 256 << 20,
+        loads: 4,
+        convert_threads: 2,
+        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
+    };
+    std::fs::write(&config, settings.toml())?;
+    let daemon = NodeProcess::spawn(exe, &config, &socket, &work.join("node.log"), Duration::from_secs(60))
+        .context("starting the node daemon")?;
+    Ok((daemon, socket))
+}
+
+/// Runs every scenario; `say` receives one line per step for progress.
+pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(Vec<Scenario>, Summary)> {
+    let work = tempfile::tempdir()?;
+    let (data, report) = generate(work.path(), opts, &mut say)?;
     let loader_cfg = LoaderConfig {
         seed: 1,
         shuffle: Shuffle::Windowed { window_shards: opts.window_shards },
+        assembly_threads: opts.assembly_threads,
         ..LoaderConfig::new("ads", opts.batch_size)
     };
+    let blocks_cfg =
+        LoaderConfig { shuffle: Shuffle::Blocks { window_batches: opts.window_batches }, ..loader_cfg.clone() };
+
+    say("memory copy bandwidth: one thread, then all");
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let memcpy_1t = memcpy_gbps(1, 256 << 20, 5);
+    let memcpy_all = memcpy_gbps(threads, 256 << 20, 5);
 
     // ceiling: convert everything once, hold it in this process.
     say("ceiling: converting the whole dataset into memory");
@@ -256,70 +362,86 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let memory = Arc::new(MemorySource::new(info.clone(), chunks)?);
     let converted_bytes = memory.bytes_held() as u64;
     let ceiling_loader = Loader::new(memory.clone(), loader_cfg.clone())?;
+    let mut staging = Staging::new(
+        info.tensors.iter().map(|t| (t.row_bytes() * opts.batch_size as usize).next_multiple_of(64)).sum(),
+    );
 
+    // copy: one epoch's batches, assembled in advance (buffers of their own).
+    say("copy: assembling one epoch in advance");
+    let assembled: Vec<Batch> = Loader::new(memory.clone(), loader_cfg.clone())?.epoch(1)?.collect::<Result<_, _>>()?;
     // naive: no cache, no prefetch; every epoch decodes and converts again.
     say("naive: decode and convert every epoch");
     let naive_node = Arc::new(EmbeddedNode::start(&embedded_config(&data, 0, 0)?, 2)?);
     let loader = Loader::new(naive_node.clone(), loader_cfg.clone())?;
-    let naive = scenario("naive", (0..opts.epochs).map(|e| run_epoch(&loader, e)).collect::<Result<_>>()?);
+    let naive =
+        scenario("naive", (0..opts.epochs).map(|e| run_epoch(&loader, e, Consume::Checksum)).collect::<Result<_>>()?);
     drop(loader);
     drop(naive_node);
 
     // cold and warm: the daemon with throttled remote storage.
-    let socket = work.path().join("node.sock");
-    let config = work.path().join("node.toml");
-    let ssd = work.path().join("ssd");
-    let settings = DaemonSettings {
-        socket: &socket,
-        ssd_dir: Some(&ssd),
-        // Room for every chunk twice (foyer reclaims whole blocks).
-        ssd_bytes: (2 * converted_bytes).max(1 << 30),
-        data_dir: &data,
-        ram_bytes: opts.ram_bytes,
-        prefetch_bytes: 256 << 20,
-        loads: 4,
-        convert_threads: 2,
-        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
-    };
-    std::fs::write(&config, settings.toml())?;
     say("cold: epoch 0 through the daemon, remote storage throttled");
-    let daemon = NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))
-        .context("starting the node daemon")?;
-    let source = Arc::new(granary_client::LocalSource::connect(&socket)?);
+    let (daemon, socket) = start_daemon(exe, work.path(), &data, opts, converted_bytes)?;
+    // Room to keep every chunk mapped (what a trainer sets through
+    // `LoaderConfig::mapping_cache_bytes` for a dataset its host holds).
+    let mapping_cache = (converted_bytes + (64 << 20)).max(granary_client::local::DEFAULT_MAPPING_CACHE_BYTES);
+    let source = Arc::new(granary_client::LocalSource::connect(&socket)?.mapping_cache(mapping_cache));
     let loader = Loader::new(source.clone(), loader_cfg)?;
-    let cold = scenario("cold", vec![run_epoch(&loader, 0)?]);
-    // Warm and ceiling epochs alternate, so drift in the machine's load hits
-    // both alike.
-    say("warm and ceiling: later epochs, alternating daemon and in-process memory");
-    let mut ceiling_epochs = vec![run_epoch(&ceiling_loader, 0)?];
-    let mut warm_epochs = Vec::new();
+    let blocks_loader = Loader::new(source.clone(), blocks_cfg.clone())?;
+    let cold = scenario("cold", vec![run_epoch(&loader, 0, Consume::Checksum)?]);
+    // Copy, ceiling, warm and blocks epochs alternate, so drift in the
+    // machine's load hits all alike.
+    say("copy, ceiling, warm and blocks: later epochs, alternating");
+    let (mut copy_epochs, mut ceiling_epochs, mut warm_epochs, mut blocks_epochs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // The blocks loader's first epoch fills its mapping cache: untimed.
+    run_epoch(&blocks_loader, 0, Consume::Copy(&mut staging))?;
     for e in 1..opts.epochs.max(2) {
-        warm_epochs.push(run_epoch(&loader, e)?);
-        ceiling_epochs.push(run_epoch(&ceiling_loader, e)?);
+        copy_epochs.push(consume_epoch(e, assembled.iter().map(Ok), Consume::Copy(&mut staging))?);
+        ceiling_epochs.push(run_epoch(&ceiling_loader, e, Consume::Copy(&mut staging))?);
+        warm_epochs.push(run_epoch(&loader, e, Consume::Copy(&mut staging))?);
+        blocks_epochs.push(run_epoch(&blocks_loader, e, Consume::Copy(&mut staging))?);
     }
-    let warm = scenario("warm", warm_epochs);
+    drop(assembled);
+    let copy = scenario("copy", copy_epochs);
     let ceiling = scenario("ceiling", ceiling_epochs);
+    let warm = scenario("warm", warm_epochs);
+    let blocks = scenario("blocks", blocks_epochs);
+
+    // Which bytes came: one checksummed epoch of each path after the timed
+    // ones, against the in-process ceiling and the naive node.
+    say("checking every path delivered the same bytes");
+    let check = 1;
+    let warm_digest = run_epoch(&loader, check, Consume::Checksum)?.digest;
+    let ceiling_digest = run_epoch(&ceiling_loader, check, Consume::Checksum)?.digest;
+    let blocks_digest = run_epoch(&blocks_loader, check, Consume::Checksum)?.digest;
+    let blocks_memory = Loader::new(memory.clone(), blocks_cfg.clone())?;
+    let blocks_memory_digest = run_epoch(&blocks_memory, check, Consume::Checksum)?.digest;
+    let (mut views, mut batches) = (0u64, 0u64);
+    for b in blocks_loader.epoch(check)? {
+        views += u64::from(b?.is_view());
+        batches += 1;
+    }
+    drop(blocks_memory);
     drop(ceiling_loader);
     drop(memory);
     let stats = source.stats()?;
     let mem = proc_memory(daemon.pid())?;
+    drop(blocks_loader);
     drop(loader);
     daemon.stop();
 
     let footprint = mem.rss_anon + mem.rss_file + stats.chunk_memory_bytes;
     let budget = opts.ram_bytes as f64 * 1.1 + (128u64 << 20) as f64;
     let bound_secs = report.bytes as f64 / opts.bandwidth_bytes_per_s as f64;
-    let same = |a: &Scenario, b: &Scenario| {
-        a.epochs.iter().all(|x| b.epochs.iter().find(|y| y.epoch == x.epoch).is_none_or(|y| y.digest == x.digest))
-    };
-    let daemon_epochs = Scenario {
-        scenario: "daemon".into(),
-        rows_per_s: 0.0,
-        gb_per_s: 0.0,
-        epochs: cold.epochs.iter().chain(&warm.epochs).cloned().collect(),
-    };
+    let naive_digest = |e: u64| naive.epochs.iter().find(|x| x.epoch == e).map(|x| x.digest);
+    let streams_identical = naive_digest(0) == Some(cold.epochs[0].digest)
+        && naive_digest(check).is_none_or(|d| d == warm_digest)
+        && warm_digest == ceiling_digest
+        && blocks_digest == blocks_memory_digest;
     let summary = Summary {
         scenario: "summary",
+        warm_vs_copy: ratio(warm.rows_per_s, copy.rows_per_s),
+        blocks_vs_copy: ratio(blocks.rows_per_s, copy.rows_per_s),
         warm_vs_ceiling: ratio(warm.rows_per_s, ceiling.rows_per_s),
         warm_vs_naive: ratio(warm.rows_per_s, naive.rows_per_s),
         cold_vs_bound: ratio(cold.epochs[0].secs, bound_secs),
@@ -330,11 +452,17 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         node_chunk_memory_bytes: stats.chunk_memory_bytes,
         source_bytes: report.bytes,
         converted_bytes,
-        streams_identical: same(&ceiling, &naive) && same(&ceiling, &daemon_epochs),
+        streams_identical,
+        blocks_view_share: ratio(views as f64, batches as f64),
+        copy_vs_memcpy: ratio(copy.gb_per_s, memcpy_1t),
+        memcpy_1t_gbps: memcpy_1t,
+        memcpy_all_gbps: memcpy_all,
+        memcpy_threads: threads,
+        assembly_threads: blocks_cfg.threads(),
         opts: opts.clone(),
         conditions: Conditions::current(),
     };
-    Ok((vec![ceiling, naive, cold, warm], summary))
+    Ok((vec![copy, ceiling, naive, cold, warm, blocks], summary))
 }
 
 /// A copy of `bytes` in a heap buffer whose whole 2 MiB extents are put in

@@ -1,11 +1,15 @@
 //! Batches and typed tensor views.
 //!
-//! A [`Batch`] owns one 64-byte-aligned buffer per tensor, row-major, rows in
-//! plan order. Buffers go back to the loader's pool when the batch is
-//! dropped, so steady state allocates nothing.
+//! A [`Batch`] holds its tensors row-major, rows in plan order, in one of two
+//! ways: assembled into one 64-byte-aligned buffer per tensor (buffers go
+//! back to the loader's pool when the batch is dropped, so steady state
+//! allocates nothing), or, where the plan makes the batch one contiguous run
+//! of rows of one chunk ([`granary_proto::Shuffle::Blocks`]), as a view into
+//! the sealed chunk memory itself: nothing is copied on the host.
 
 use crate::error::ClientError;
 use crate::loader::Position;
+use crate::source::Chunk;
 use granary_proto::{AlignedBuf, DType, TensorLayout};
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
@@ -59,13 +63,30 @@ impl<'a, T> TensorView<'a, T> {
     }
 }
 
-/// One batch of rows, assembled.
+/// Where a batch's tensor bytes live.
+pub(crate) enum Storage {
+    /// One assembled buffer per tensor, returned to `recycle` on drop.
+    Owned {
+        /// The buffers, in view order.
+        bufs: Vec<AlignedBuf>,
+        /// The loader's buffer pool.
+        recycle: Option<SyncSender<Vec<AlignedBuf>>>,
+    },
+    /// Rows `first_row..first_row + rows` of one chunk, in place.
+    View {
+        /// The chunk (keeps its memory mapped while the batch lives).
+        chunk: Chunk,
+        /// The batch's first row in the chunk.
+        first_row: usize,
+    },
+}
+
+/// One batch of rows.
 pub struct Batch {
     pub(crate) position: Position,
     pub(crate) rows: usize,
     pub(crate) layouts: Arc<[TensorLayout]>,
-    pub(crate) bufs: Vec<AlignedBuf>,
-    pub(crate) recycle: Option<SyncSender<Vec<AlignedBuf>>>,
+    pub(crate) storage: Storage,
 }
 
 impl std::fmt::Debug for Batch {
@@ -90,9 +111,24 @@ impl Batch {
         &self.layouts
     }
 
-    /// Raw bytes of tensor `i` (view order), row-major, 64-byte aligned.
+    /// Raw bytes of tensor `i` (view order), row-major. Assembled batches
+    /// start every tensor 64-byte aligned; a view into a chunk starts where
+    /// its first row lies (aligned to the element size, which is all a typed
+    /// view or a device copy needs).
     pub fn tensor_bytes(&self, i: usize) -> &[u8] {
-        self.bufs[i].as_slice()
+        match &self.storage {
+            Storage::Owned { bufs, .. } => bufs[i].as_slice(),
+            Storage::View { chunk, first_row } => {
+                let rb = self.layouts[i].row_bytes();
+                &chunk.tensor_bytes(i)[first_row * rb..(first_row + self.rows) * rb]
+            }
+        }
+    }
+
+    /// True when the batch is a view into chunk memory (nothing was copied
+    /// to make it), false when it was assembled into buffers of its own.
+    pub fn is_view(&self) -> bool {
+        matches!(self.storage, Storage::View { .. })
     }
 
     /// A typed view of tensor `name`, for example `tensor::<f32>("dense")`
@@ -107,9 +143,11 @@ impl Batch {
         if !T::accepts(layout.dtype) {
             return Err(ClientError::DType { tensor: name.to_string(), want: T::NAME, have: layout.dtype.name() });
         }
-        // Buffers start 64-byte aligned and hold rows x row_bytes bytes, a
-        // multiple of the element size, so the cast cannot fail.
-        let data: &[T] = bytemuck::try_cast_slice(self.bufs[i].as_slice())
+        // Tensor bytes start aligned to at least the element size (buffers
+        // and chunk tensors are 64-byte aligned, rows a multiple of the
+        // element size) and hold rows x row_bytes bytes, so the cast cannot
+        // fail.
+        let data: &[T] = bytemuck::try_cast_slice(self.tensor_bytes(i))
             .map_err(|e| ClientError::Protocol(format!("tensor {name:?} cannot be viewed as {}: {e}", T::NAME)))?;
         let mut shape = Vec::with_capacity(1 + layout.shape.len());
         shape.push(self.rows);
@@ -121,9 +159,10 @@ impl Batch {
     /// equal checksums hold (with overwhelming probability) equal bytes.
     pub fn checksum(&self) -> u64 {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for b in &self.bufs {
+        for i in 0..self.layouts.len() {
+            let b = self.tensor_bytes(i);
             h.update(&(b.len() as u64).to_le_bytes());
-            h.update(b.as_slice());
+            h.update(b);
         }
         h.digest()
     }
@@ -131,9 +170,9 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        if let Some(tx) = self.recycle.take() {
+        if let Storage::Owned { bufs, recycle: Some(tx) } = &mut self.storage {
             // A full pool or a finished loader just frees the buffers.
-            let _ = tx.try_send(std::mem::take(&mut self.bufs));
+            let _ = tx.try_send(std::mem::take(bufs));
         }
     }
 }

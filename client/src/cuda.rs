@@ -779,7 +779,12 @@ mod tests {
                 AlignedBuf::from_slice(&bytes)
             })
             .collect();
-        Batch { position: Position { epoch: 0, batch: index }, rows, layouts: ls.clone(), bufs, recycle: None }
+        Batch {
+            position: Position { epoch: 0, batch: index },
+            rows,
+            layouts: ls.clone(),
+            storage: crate::batch::Storage::Owned { bufs, recycle: None },
+        }
     }
 
     fn check_on_device(g: &GpuBatch<'_>, host: &Batch) {

@@ -2,9 +2,11 @@
 //!
 //! A trainer rank asks for batches; this crate computes the rank's epoch plan
 //! locally (so the order never depends on the node, timing or faults),
-//! fetches the chunks the plan needs from a [`ChunkSource`], and assembles
-//! each batch into reusable 64-byte-aligned buffers, ahead of need on one
-//! background thread.
+//! fetches the chunks the plan needs from a [`ChunkSource`], and hands out
+//! each batch ahead of need: in place, as a view into chunk memory, where
+//! the batch is one run of rows of one chunk, otherwise assembled into
+//! reusable 64-byte-aligned buffers by a small pool of threads, in plan
+//! order whatever their number.
 //!
 //! ## Module map
 //! - [`source`] — the [`ChunkSource`] trait, validated [`Chunk`]s, and the
@@ -13,6 +15,8 @@
 //!   chunks arrive as sealed memory files and are mapped, not copied.
 //! - [`loader`] — [`Loader`] and [`EpochStream`]: plan, fetch, assemble,
 //!   resume from a [`Position`].
+//! - `assemble` — the copy kernels: a batch's rows grouped into runs of one
+//!   chunk, copied tensor by tensor with compile-time widths.
 //! - [`batch`] — [`Batch`] and typed tensor views ([`TensorView`]).
 //! - `cuda` (feature `cuda`): copies batches to the GPU on a stream,
 //!   double-buffered.
@@ -21,6 +25,7 @@
 //! async runtime, no Arrow, no object store. The node's in-process mode
 //! implements [`ChunkSource`] on the node side.
 
+mod assemble;
 pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -32,6 +37,6 @@ pub mod source;
 pub use batch::{Batch, Element, TensorView};
 pub use error::ClientError;
 pub use granary_proto as proto;
-pub use loader::{EpochStream, Loader, LoaderConfig, Position};
+pub use loader::{EpochStream, Loader, LoaderConfig, Position, default_assembly_threads};
 pub use local::LocalSource;
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

@@ -1,27 +1,38 @@
 //! The loader: plan, fetch, assemble, in that order, one epoch at a time.
 //!
 //! [`Loader::epoch`] walks the rank's plan locally ([`PlanCursor`]: a shuffle
-//! window of rows at a time, never the whole epoch's) and starts one
-//! background thread that walks it: it fetches each chunk when a batch first
-//! needs it, copies the batch's rows out of the chunks into pooled buffers,
-//! and drops each chunk after the last batch that reads it, so at most a
-//! shuffle window of chunks is held. Finished batches wait in a bounded
-//! channel of `prefetch_batches`. Order comes from the plan alone; the
-//! thread only decides *when* work happens, never *what* is produced.
+//! window of rows at a time, never the whole epoch's) on one background
+//! *walker* thread: it fetches each chunk when a batch first needs it and
+//! drops it after the last batch that reads it, so at most a shuffle window
+//! of chunks is held. Each batch is then either
+//! - a **view**: the batch is one contiguous run of rows of one chunk (every
+//!   batch of [`Shuffle::Blocks`], and of [`Shuffle::Off`] where it does not
+//!   cross a shard boundary), handed out in place, nothing copied; or
+//! - **assembled** ([`crate::assemble`]) into pooled buffers, by the walker
+//!   itself when `assembly_threads` is 1, or by a pool of that many
+//!   assembler threads, several batches at once.
+//!
+//! Order is kept by construction, not by sorting: the walker puts each
+//! batch's slot into one bounded queue in plan order *before* the batch is
+//! assembled, and the consumer takes slots from that queue and waits on
+//! each in turn. Threads only decide *when* work happens, never *what* is
+//! produced: a batch's bytes are a pure function of the plan, whatever the
+//! thread count (tested over 1, 2, 4 and 8 threads).
 //!
 //! Resume state is a [`Position`]: [`Loader::resume`] continues at exactly
 //! that batch.
 
-use crate::batch::Batch;
+use crate::assemble::{Runs, assemble};
+use crate::batch::{Batch, Storage};
 use crate::error::ClientError;
-use crate::local::LocalSource;
+use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
 use crate::source::{Chunk, ChunkSource};
 use granary_proto::wire::DatasetInfo;
 use granary_proto::{AlignedBuf, PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// A place in the plan: the whole resume state of a rank.
@@ -52,11 +63,32 @@ pub struct LoaderConfig {
     pub drop_last: bool,
     /// Batches assembled ahead of the consumer. Default: 2.
     pub prefetch_batches: usize,
+    /// Threads that assemble batches (0: choose from the machine, see
+    /// [`default_assembly_threads`]). Each holds one batch's buffers while
+    /// it works, so memory grows by one batch per thread. Default: 0.
+    pub assembly_threads: usize,
+    /// Bytes of chunk mappings a [`LocalSource`] made by [`Loader::connect`]
+    /// keeps for later epochs (0 keeps none; see [`LocalSource::mapping_cache`]).
+    /// A kept mapping holds its chunk's memory after the node evicts it, so
+    /// this bounds what one rank can hold on to. Default: 1 GiB.
+    pub mapping_cache_bytes: u64,
+}
+
+/// The assembly threads a rank gets by default: the machine's cores shared
+/// by the ranks on this host (`LOCAL_WORLD_SIZE`, as torchrun sets it; 1
+/// when unset), at least 1 and at most 8 (past that, memory bandwidth, not
+/// threads, bounds assembly).
+pub fn default_assembly_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let local_ranks =
+        std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n > 0);
+    (cores / local_ranks.unwrap_or(1)).clamp(1, 8)
 }
 
 impl LoaderConfig {
     /// Defaults for a single rank: seed 0, shuffle windows of 4 shards, keep
-    /// the last partial batch, 2 batches ahead.
+    /// the last partial batch, 2 batches ahead, assembly threads chosen from
+    /// the machine, 1 GiB of kept chunk mappings.
     pub fn new(dataset: impl Into<String>, batch_size: u32) -> Self {
         Self {
             dataset: dataset.into(),
@@ -67,7 +99,14 @@ impl LoaderConfig {
             shuffle: Shuffle::Windowed { window_shards: 4 },
             drop_last: false,
             prefetch_batches: 2,
+            assembly_threads: 0,
+            mapping_cache_bytes: DEFAULT_MAPPING_CACHE_BYTES,
         }
+    }
+
+    /// The assembly threads this configuration asks for (0 resolved).
+    pub fn threads(&self) -> usize {
+        if self.assembly_threads == 0 { default_assembly_threads() } else { self.assembly_threads }
     }
 
     /// The plan parameters for `epoch`.
@@ -93,9 +132,11 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// A loader reading from the node whose socket is at `socket`.
+    /// A loader reading from the node whose socket is at `socket`, keeping
+    /// `cfg.mapping_cache_bytes` of chunk mappings.
     pub fn connect(socket: impl AsRef<Path>, cfg: LoaderConfig) -> Result<Self, ClientError> {
-        Self::new(Arc::new(LocalSource::connect(socket)?), cfg)
+        let source = LocalSource::connect(socket)?.mapping_cache(cfg.mapping_cache_bytes);
+        Self::new(Arc::new(source), cfg)
     }
 
     /// A loader reading from any source.
@@ -140,19 +181,24 @@ impl Loader {
         let cursor = PlanCursor::new(self.info.version, &self.info.shards, &params, start)?;
         let total = cursor.num_batches() as u64;
         let start = pos.batch.min(total);
-        let (tx, rx) = sync_channel(self.cfg.prefetch_batches.max(1));
+        let ahead = self.cfg.prefetch_batches.max(1);
+        let threads = self.cfg.threads();
+        let (tx, rx) = sync_channel(ahead);
         let stop = Arc::new(AtomicBool::new(false));
-        let producer = Producer {
+        let walker = Walker {
             source: self.source.clone(),
             info: self.info.clone(),
             layouts: self.layouts.clone(),
             cursor,
             epoch: pos.epoch,
             stop: stop.clone(),
+            // Buffers in use at once: the queue, the batches being
+            // assembled, the consumer's, and one the walker holds.
+            pool: sync_channel(ahead + threads + 2),
         };
         let handle = std::thread::Builder::new()
             .name(format!("granary-loader-r{}", self.cfg.rank))
-            .spawn(move || producer.run(tx))
+            .spawn(move || walker.run(threads, tx))
             .map_err(ClientError::Io)?;
         Ok(EpochStream {
             rx: Some(rx),
@@ -166,7 +212,7 @@ impl Loader {
 
 /// The batches of one epoch, in plan order.
 pub struct EpochStream {
-    rx: Option<Receiver<Result<Batch, ClientError>>>,
+    rx: Option<Receiver<Slot>>,
     next: Position,
     total: u64,
     stop: Arc<AtomicBool>,
@@ -193,7 +239,12 @@ impl Iterator for EpochStream {
             return None;
         }
         let rx = self.rx.as_ref()?;
-        match rx.recv() {
+        let next = match rx.recv() {
+            Ok(Slot::Ready(result)) => Ok(result),
+            Ok(Slot::Assembling(done)) => done.recv().map(Ok),
+            Err(e) => Err(e),
+        };
+        match next {
             Ok(Ok(batch)) => {
                 self.next.batch += 1;
                 Some(Ok(batch))
@@ -205,7 +256,7 @@ impl Iterator for EpochStream {
             }
             Err(_) => {
                 self.total = self.next.batch;
-                Some(Err(ClientError::Producer("loader thread ended early".into())))
+                Some(Err(ClientError::Producer("a loader thread ended early".into())))
             }
         }
     }
@@ -223,7 +274,28 @@ impl Drop for EpochStream {
     }
 }
 
-struct Producer {
+/// One batch's place in the ordered queue.
+enum Slot {
+    /// Produced (a view, a batch the walker assembled, or the error that
+    /// ended the epoch).
+    Ready(Result<Batch, ClientError>),
+    /// Being assembled by the pool; it arrives on this channel.
+    Assembling(Receiver<Batch>),
+}
+
+/// One batch for an assembler thread.
+struct Job {
+    position: Position,
+    runs: Runs,
+    chunks: Vec<Chunk>,
+    bufs: Vec<AlignedBuf>,
+    recycle: SyncSender<Vec<AlignedBuf>>,
+    done: SyncSender<Batch>,
+}
+
+/// The background thread of one epoch: walks the plan, fetches chunks, and
+/// hands out batches in plan order.
+struct Walker {
     source: Arc<dyn ChunkSource>,
     info: Arc<DatasetInfo>,
     layouts: Arc<[TensorLayout]>,
@@ -231,20 +303,46 @@ struct Producer {
     cursor: PlanCursor,
     epoch: u64,
     stop: Arc<AtomicBool>,
+    /// Assembled batches' buffers come back here when dropped.
+    pool: (SyncSender<Vec<AlignedBuf>>, Receiver<Vec<AlignedBuf>>),
 }
 
-impl Producer {
-    fn run(mut self, tx: SyncSender<Result<Batch, ClientError>>) {
-        if let Err(e) = self.walk(&tx) {
-            let _ = tx.send(Err(e));
+impl Walker {
+    fn run(mut self, threads: usize, tx: SyncSender<Slot>) {
+        let result = if threads <= 1 {
+            self.walk(&tx, None)
+        } else {
+            // Assemblers live as long as the walk: dropping the job sender
+            // at its end lets each finish its batch and return, and the
+            // scope joins them before this thread ends.
+            let (job_tx, job_rx) = sync_channel::<Job>(threads);
+            let job_rx = Mutex::new(job_rx);
+            let layouts = self.layouts.clone();
+            let rank = self.cursor.params().rank;
+            std::thread::scope(|scope| {
+                for k in 0..threads {
+                    let (job_rx, layouts) = (&job_rx, &layouts);
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("granary-asm-r{rank}-{k}"))
+                        .spawn_scoped(scope, move || assembler(job_rx, layouts));
+                    if let Err(e) = spawned {
+                        return Err(ClientError::Io(e));
+                    }
+                }
+                let result = self.walk(&tx, Some(&job_tx));
+                drop(job_tx);
+                result
+            })
+        };
+        if let Err(e) = result {
+            let _ = tx.send(Slot::Ready(Err(e)));
         }
     }
 
-    fn walk(&mut self, tx: &SyncSender<Result<Batch, ClientError>>) -> Result<(), ClientError> {
+    fn walk(&mut self, tx: &SyncSender<Slot>, jobs: Option<&SyncSender<Job>>) -> Result<(), ClientError> {
         let version = self.info.version;
         self.source.follow(version, self.cursor.params())?;
         let mut held: Vec<(u32, Chunk)> = Vec::new();
-        let (pool_tx, pool_rx) = sync_channel::<Vec<AlignedBuf>>(4);
         let mut rows: Vec<RowRef> = Vec::new();
         loop {
             if self.stop.load(Ordering::Relaxed) {
@@ -257,27 +355,52 @@ impl Producer {
                     held.push((r.shard_index, chunk));
                 }
             }
-            let mut bufs = match pool_rx.try_recv() {
-                Ok(b) => b,
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
-                    vec![AlignedBuf::zeroed(0); self.layouts.len()]
+            let mut runs = Runs::default();
+            runs.plan(&rows, |s| held.iter().position(|(h, _)| *h == s).unwrap_or(usize::MAX) as u32);
+            let position = Position { epoch: self.epoch, batch: i as u64 };
+            let slot = match (runs.runs(), jobs) {
+                // One run of one chunk: the batch is that chunk's rows, in place.
+                ([run], _) => Slot::Ready(Ok(Batch {
+                    position,
+                    rows: rows.len(),
+                    layouts: self.layouts.clone(),
+                    storage: Storage::View { chunk: held[run.slot as usize].1.clone(), first_row: run.src as usize },
+                })),
+                (_, None) => {
+                    let chunks: Vec<Chunk> = held.iter().map(|(_, c)| c.clone()).collect();
+                    let mut bufs = self.buffers();
+                    assemble(&runs, &chunks, &self.layouts, &mut bufs);
+                    Slot::Ready(Ok(self.owned(position, rows.len(), bufs)))
+                }
+                (_, Some(jobs)) => {
+                    let (done, arrives) = sync_channel(1);
+                    let chunks = held.iter().map(|(_, c)| c.clone()).collect();
+                    let job = Job { position, runs, chunks, bufs: self.buffers(), recycle: self.pool.0.clone(), done };
+                    // Queue the slot first: order is the queue's order.
+                    if tx.send(Slot::Assembling(arrives)).is_err() || jobs.send(job).is_err() {
+                        return Ok(());
+                    }
+                    // A shard's rows all lie in one shuffle window: once none
+                    // of them is left to hand out, its chunk is not needed
+                    // again (the job holds its own references).
+                    held.retain(|(s, _)| self.cursor.pending(*s));
+                    continue;
                 }
             };
-            assemble(&rows, &held, &self.layouts, &mut bufs);
-            // A shard's rows all lie in one shuffle window: once none of
-            // them is left to hand out, its chunk is not needed again.
             held.retain(|(s, _)| self.cursor.pending(*s));
-            let batch = Batch {
-                position: crate::Position { epoch: self.epoch, batch: i as u64 },
-                rows: rows.len(),
-                layouts: self.layouts.clone(),
-                bufs,
-                recycle: Some(pool_tx.clone()),
-            };
-            if tx.send(Ok(batch)).is_err() {
+            if tx.send(slot).is_err() {
                 return Ok(());
             }
         }
+    }
+
+    /// Buffers for one batch: recycled ones when the pool has some.
+    fn buffers(&self) -> Vec<AlignedBuf> {
+        self.pool.1.try_recv().unwrap_or_else(|_| vec![AlignedBuf::zeroed(0); self.layouts.len()])
+    }
+
+    fn owned(&self, position: Position, rows: usize, bufs: Vec<AlignedBuf>) -> Batch {
+        owned_batch(position, rows, &self.layouts, bufs, self.pool.0.clone())
     }
 
     /// Fetches a chunk and checks it matches the description the plan used.
@@ -304,39 +427,32 @@ impl Producer {
     }
 }
 
-/// Copies the rows of one batch out of their chunks into `bufs`, one
-/// row-major buffer per tensor. Every row's chunk must be in `held`.
-fn assemble(rows: &[RowRef], held: &[(u32, Chunk)], layouts: &[TensorLayout], bufs: &mut [AlignedBuf]) {
-    // Resolve each row's chunk once, not once per tensor.
-    let slot: Vec<usize> =
-        rows.iter().map(|r| held.iter().position(|(s, _)| *s == r.shard_index).unwrap_or(usize::MAX)).collect();
-    for (t, layout) in layouts.iter().enumerate() {
-        let rb = layout.row_bytes();
-        let sources: Vec<&[u8]> = held.iter().map(|(_, c)| c.tensor_bytes(t)).collect();
-        let buf = &mut bufs[t];
-        buf.resize(rows.len() * rb);
-        let dst = buf.as_mut_slice();
-        match rb {
-            1 => gather::<1>(rows, &slot, &sources, dst),
-            2 => gather::<2>(rows, &slot, &sources, dst),
-            4 => gather::<4>(rows, &slot, &sources, dst),
-            8 => gather::<8>(rows, &slot, &sources, dst),
-            16 => gather::<16>(rows, &slot, &sources, dst),
-            32 => gather::<32>(rows, &slot, &sources, dst),
-            _ => {
-                for (k, (r, &s)) in rows.iter().zip(&slot).enumerate() {
-                    let off = r.row as usize * rb;
-                    dst[k * rb..(k + 1) * rb].copy_from_slice(&sources[s][off..off + rb]);
-                }
-            }
-        }
-    }
+fn owned_batch(
+    position: Position,
+    rows: usize,
+    layouts: &Arc<[TensorLayout]>,
+    bufs: Vec<AlignedBuf>,
+    recycle: SyncSender<Vec<AlignedBuf>>,
+) -> Batch {
+    Batch { position, rows, layouts: layouts.clone(), storage: Storage::Owned { bufs, recycle: Some(recycle) } }
 }
 
-/// Row gather with a compile-time row size, so small rows are single moves.
-fn gather<const N: usize>(rows: &[RowRef], slot: &[usize], sources: &[&[u8]], dst: &mut [u8]) {
-    for ((r, &s), out) in rows.iter().zip(slot).zip(dst.chunks_exact_mut(N)) {
-        let off = r.row as usize * N;
-        out.copy_from_slice(&sources[s][off..off + N]);
+/// An assembler thread: takes jobs until the walker is done.
+fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
+    loop {
+        // The lock is held only while waiting for the next job; a poisoned
+        // lock means another assembler panicked, and the walk is over.
+        let job = match jobs.lock() {
+            Ok(rx) => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+            Err(_) => return,
+        };
+        let Job { position, runs, chunks, mut bufs, recycle, done } = job;
+        assemble(&runs, &chunks, layouts, &mut bufs);
+        drop(chunks);
+        // A consumer that went away drops the batch (and its buffers).
+        let _ = done.send(owned_batch(position, runs.rows(), layouts, bufs, recycle));
     }
 }

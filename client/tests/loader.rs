@@ -87,6 +87,67 @@ fn lookahead_does_not_change_the_stream() {
     assert_eq!(total, 145);
 }
 
+/// Every tensor's bytes of every batch of an epoch.
+fn bytes(loader: &Loader, epoch: u64) -> Vec<Vec<Vec<u8>>> {
+    loader
+        .epoch(epoch)
+        .unwrap()
+        .map(|b| {
+            let b = b.unwrap();
+            (0..b.layouts().len()).map(|i| b.tensor_bytes(i).to_vec()).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn the_assembly_thread_count_does_not_change_a_byte() {
+    let src = source(&[37, 50, 12, 41, 5, 64, 3]);
+    for shuffle in [Shuffle::Off, Shuffle::Windowed { window_shards: 3 }, Shuffle::Blocks { window_batches: 4 }] {
+        let streams: Vec<_> = [1usize, 2, 4, 8]
+            .iter()
+            .map(|&threads| {
+                let cfg = LoaderConfig {
+                    seed: 11,
+                    world_size: 2,
+                    rank: 1,
+                    shuffle,
+                    assembly_threads: threads,
+                    prefetch_batches: 3,
+                    ..LoaderConfig::new("t", 6)
+                };
+                bytes(&Loader::new(src.clone(), cfg).unwrap(), 3)
+            })
+            .collect();
+        assert!(streams[0].len() > 5, "{shuffle:?}");
+        for s in &streams[1..] {
+            assert_eq!(s, &streams[0], "{shuffle:?}");
+        }
+    }
+}
+
+#[test]
+fn block_batches_inside_one_chunk_are_views_and_hold_its_rows() {
+    let src = source(&[37, 50, 12, 41, 5]);
+    let cfg = LoaderConfig { seed: 2, shuffle: Shuffle::Blocks { window_batches: 3 }, ..LoaderConfig::new("t", 8) };
+    let loader = Loader::new(src, cfg).unwrap();
+    let (mut views, mut total) = (0, 0);
+    for b in loader.epoch(1).unwrap() {
+        let b = b.unwrap();
+        let ids = b.tensor::<i64>("id").unwrap().data().to_vec();
+        let one_chunk = ids.windows(2).all(|w| w[1] == w[0] + 1);
+        // A batch is a view exactly when its rows are one run of one chunk.
+        assert_eq!(b.is_view(), one_chunk, "{ids:?}");
+        let x = b.tensor::<f32>("x").unwrap();
+        for (k, id) in ids.iter().enumerate() {
+            assert_eq!(x.data()[3 * k], *id as f32);
+        }
+        views += usize::from(b.is_view());
+        total += 1;
+    }
+    assert_eq!(total, 145usize.div_ceil(8));
+    assert!(views >= total - 5, "{views} of {total} batches were views");
+}
+
 #[test]
 fn typed_views_have_shapes_and_check_dtypes() {
     let src = source(&[10]);

@@ -16,6 +16,7 @@
 //!    boundaries into windows of `window_shards` shard segments, and rows are
 //!    permuted inside each window, so at most a window of chunks is needed at
 //!    once.
+//!    With [`Shuffle::Blocks`] rows keep their order here (see step 5).
 //! 4. **Batches.** Every rank gets the same number of batches `K`, so
 //!    data-parallel steps stay in lockstep. With `drop_last`, `K = floor(q/B)`
 //!    for `q = floor(N/W)` and every batch is full. Without it,
@@ -25,6 +26,23 @@
 //!    is impossible: when `N < W`, or when `B = 1` and `W` does not divide
 //!    `N`, a rank with fewer rows than `K` repeats its own first rows
 //!    (wrap-around padding) to keep the batch count equal.
+//! 5. **Block shuffle** ([`Shuffle::Blocks`] only). The batches are
+//!    permuted inside consecutive groups of `window_batches` batches. Each
+//!    batch is then a contiguous run of the rank's rows, so a batch that does
+//!    not cross a shard boundary is one run of rows of one chunk, which the
+//!    client hands out in place, without copying.
+//!
+//! ## Windowed or block shuffle
+//! A windowed shuffle mixes rows of `window_shards` shards inside every
+//! batch: a batch is close to a uniform sample of the window, and
+//! consecutive batches are nearly independent. A block shuffle only shuffles
+//! which contiguous run of rows a batch is: rows that sit next to each other
+//! in a row group (often written in time or user order) train together in
+//! the same batch every epoch, and only the batch order and the shard order
+//! change between epochs. That is the usual trade of recommendation
+//! training on click logs, where one pass over huge data matters more than
+//! per-batch mixing; where rows inside a row group are correlated and the
+//! model is sensitive to it, keep the windowed shuffle (and its copy).
 //!
 //! Resume state is the pair (epoch, batch index).
 
@@ -60,6 +78,13 @@ mod shuffle_def {
         Windowed {
             /// Shard segments per shuffle window (at least 1).
             window_shards: u32,
+        },
+        /// Shards permuted per epoch; rows keep their order, so every batch
+        /// is a contiguous run of the rank's rows, and batches are permuted
+        /// within groups of this many consecutive batches.
+        Blocks {
+            /// Consecutive batches per permuted group (at least 1).
+            window_batches: u32,
         },
     }
 }
@@ -200,7 +225,7 @@ fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> 
     if params.batch_size == 0 {
         return Err(PlanError::ZeroBatch);
     }
-    if let Shuffle::Windowed { window_shards: 0 } = params.shuffle {
+    if let Shuffle::Windowed { window_shards: 0 } | Shuffle::Blocks { window_batches: 0 } = params.shuffle {
         return Err(PlanError::ZeroWindow);
     }
     if let Some(s) = shards.iter().find(|s| s.rows > u64::from(u32::MAX)) {
@@ -209,7 +234,7 @@ fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> 
 
     // 1. Shard order.
     let mut order: Vec<u32> = (0..shards.len() as u32).collect();
-    if let Shuffle::Windowed { .. } = params.shuffle {
+    if let Shuffle::Windowed { .. } | Shuffle::Blocks { .. } = params.shuffle {
         Rng::new(seed_of(&[version.prefix_u64(), params.seed, params.epoch, 0x5348_4152_4453])).shuffle(&mut order);
     }
 
@@ -232,7 +257,7 @@ fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> 
         }
     }
     let window = match params.shuffle {
-        Shuffle::Off => segments.len().max(1),
+        Shuffle::Off | Shuffle::Blocks { .. } => segments.len().max(1),
         Shuffle::Windowed { window_shards } => window_shards as usize,
     };
     Ok(Split { order, segments, total, lo, hi, window })
@@ -258,6 +283,16 @@ fn window_rows(
     }
 }
 
+/// Step 5: the source batch of each batch of group `group` (its `n`
+/// batches), a permutation of `0..n`.
+fn block_order(version: DatasetVersion, params: &PlanParams, group: usize, n: usize) -> Vec<usize> {
+    let (w, r) = (u64::from(params.world_size), u64::from(params.rank));
+    let seed = seed_of(&[version.prefix_u64(), params.seed, params.epoch, w, r, group as u64, 0x424c_4f43_4b53]);
+    let mut order: Vec<usize> = (0..n).collect();
+    Rng::new(seed).shuffle(&mut order);
+    order
+}
+
 /// The shard indices of a rank's plan in the order it first needs them:
 /// equal to `plan_rank(version, shards, params)?.shard_order()`, computed
 /// one shuffle window at a time, so memory stays bounded by a window's rows
@@ -268,6 +303,19 @@ pub fn rank_shard_order(
     shards: &[ShardRows],
     params: &PlanParams,
 ) -> Result<Vec<u32>, PlanError> {
+    if let Shuffle::Blocks { .. } = params.shuffle {
+        // Batches are contiguous runs: walk them as the cursor does, a
+        // piece of a shard at a time (no rows are generated).
+        let mut cursor = PlanCursor::new(version, shards, params, 0)?;
+        let mut seen = vec![false; shards.len()];
+        let mut out = Vec::new();
+        while cursor.next_batch_pieces(|s, _, _| {
+            if !std::mem::replace(&mut seen[s as usize], true) {
+                out.push(s);
+            }
+        }) {}
+        return Ok(out);
+    }
     let sp = split(version, shards, params)?;
     let w = u64::from(params.world_size);
     let b = u64::from(params.batch_size);
@@ -297,7 +345,7 @@ pub fn rank_shard_order(
                     emitted += u64::from(e - a);
                 }
             }
-            Shuffle::Windowed { .. } => {
+            Shuffle::Windowed { .. } | Shuffle::Blocks { .. } => {
                 let n: u64 = win.iter().map(|&(_, a, e)| u64::from(e - a)).sum();
                 rows.clear();
                 usize::try_from(n)
@@ -356,6 +404,23 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
             rows.push(rows[i % have]);
         }
     }
+
+    // 5. Block shuffle: batches permuted within groups.
+    let (rows, batch_ends) = match params.shuffle {
+        Shuffle::Blocks { window_batches } => {
+            let (mut out, mut ends) = (Vec::with_capacity(rows.len()), Vec::with_capacity(batch_ends.len()));
+            for (g, group) in batch_ends.chunks(window_batches as usize).enumerate() {
+                let first = g * window_batches as usize;
+                for j in block_order(version, params, g, group.len()) {
+                    let start = if first + j == 0 { 0 } else { batch_ends[first + j - 1] };
+                    out.extend_from_slice(&rows[start..group[j]]);
+                    ends.push(out.len());
+                }
+            }
+            (out, ends)
+        }
+        Shuffle::Off | Shuffle::Windowed { .. } => (rows, batch_ends),
+    };
 
     let mut seen = vec![false; shards.len()];
     let mut shard_order = Vec::new();
@@ -420,9 +485,14 @@ pub struct PlanCursor {
     buffer_start: usize,
     /// The next window to generate.
     next_window: usize,
-    /// Generated, not yet handed out rows, per shard index.
+    /// Generated, not yet handed out rows, per shard index (with
+    /// [`Shuffle::Blocks`]: every row not yet handed out this epoch).
     pending: Vec<u32>,
     next_batch: usize,
+    /// With [`Shuffle::Blocks`]: where each segment starts in the rank's
+    /// sequence, and the current group's source batches.
+    segment_starts: Vec<usize>,
+    group: Option<(usize, Vec<usize>)>,
 }
 
 impl PlanCursor {
@@ -434,7 +504,7 @@ impl PlanCursor {
         start: usize,
     ) -> Result<Self, PlanError> {
         let mut split = split(version, shards, params)?;
-        if params.shuffle == Shuffle::Off {
+        if let Shuffle::Off | Shuffle::Blocks { .. } = params.shuffle {
             // Unshuffled rows come in segment order whatever the window:
             // generate them a segment at a time.
             split.window = 1;
@@ -475,8 +545,25 @@ impl PlanCursor {
             next_window,
             pending: vec![0; shards.len()],
             next_batch,
+            segment_starts: Vec::new(),
+            group: None,
         };
-        cursor.skip_to(first);
+        if let Shuffle::Blocks { .. } = params.shuffle {
+            // Every row handed out this epoch is pending from the start;
+            // the batches before `start` are then walked off.
+            let mut pos = 0usize;
+            let last = cursor.rows_len.min(cursor.own_rows);
+            for &(s, a, e) in &cursor.split.segments {
+                cursor.segment_starts.push(pos);
+                let n = (e - a) as usize;
+                cursor.pending[s as usize] += (pos + n).min(last).saturating_sub(pos) as u32;
+                pos += n;
+            }
+            cursor.next_batch = 0;
+            while cursor.next_batch < next_batch && cursor.next_batch_pieces(|_, _, _| {}) {}
+        } else {
+            cursor.skip_to(first);
+        }
         Ok(cursor)
     }
 
@@ -502,6 +589,11 @@ impl PlanCursor {
     /// `None` after the last batch.
     pub fn next_batch(&mut self, out: &mut Vec<RowRef>) -> Option<usize> {
         let i = self.next_batch;
+        if let Shuffle::Blocks { .. } = self.params.shuffle {
+            out.clear();
+            let more = self.next_batch_pieces(|s, a, b| out.extend((a..b).map(|row| RowRef { shard_index: s, row })));
+            return more.then_some(i);
+        }
         let end = *self.batch_ends.get(i)?;
         let start = if i == 0 { 0 } else { self.batch_ends[i - 1] };
         out.clear();
@@ -523,6 +615,44 @@ impl PlanCursor {
         }
         self.next_batch += 1;
         Some(i)
+    }
+
+    /// [`Shuffle::Blocks`]: hands out the next batch as pieces (shard index,
+    /// first row, end row), in order, to `piece`; false after the last batch.
+    fn next_batch_pieces(&mut self, mut piece: impl FnMut(u32, u32, u32)) -> bool {
+        let Shuffle::Blocks { window_batches } = self.params.shuffle else { return false };
+        let i = self.next_batch;
+        if i >= self.batch_ends.len() {
+            return false;
+        }
+        let wb = window_batches as usize;
+        let g = i / wb;
+        if self.group.as_ref().is_none_or(|(at, _)| *at != g) {
+            let n = wb.min(self.batch_ends.len() - g * wb);
+            self.group = Some((g, block_order(self.version, &self.params, g, n)));
+        }
+        let j = g * wb + self.group.as_ref().map_or(0, |(_, order)| order[i - g * wb]);
+        let (start, end) = (if j == 0 { 0 } else { self.batch_ends[j - 1] }, self.batch_ends[j]);
+        // The rank's own rows: contiguous positions, so pieces of segments.
+        let own_end = end.min(self.own_rows);
+        let mut k = self.segment_starts.partition_point(|&p| p <= start).saturating_sub(1);
+        let mut pos = start;
+        while pos < own_end {
+            let (s, a, e) = self.split.segments[k];
+            let seg_start = self.segment_starts[k];
+            let (from, to) = (pos - seg_start, (own_end - seg_start).min((e - a) as usize));
+            piece(s, a + from as u32, a + to as u32);
+            self.pending[s as usize] -= (to - from) as u32;
+            pos = seg_start + to;
+            k += 1;
+        }
+        // Wrap-around padding (at most a row or two, at the end).
+        for pos in start.max(self.own_rows)..end {
+            let r = self.padding_row(pos - self.own_rows);
+            piece(r.shard_index, r.row, r.row + 1);
+        }
+        self.next_batch += 1;
+        true
     }
 
     /// Generates windows until `pos` is buffered (or the rows run out).
@@ -603,14 +733,16 @@ mod tests {
     }
 
     fn params(seed: u64, epoch: u64, w: u32, r: u32, b: u32, window: u32, drop_last: bool) -> PlanParams {
-        PlanParams {
-            seed,
-            epoch,
-            world_size: w,
-            rank: r,
-            batch_size: b,
-            shuffle: if window == 0 { Shuffle::Off } else { Shuffle::Windowed { window_shards: window } },
-            drop_last,
+        PlanParams { seed, epoch, world_size: w, rank: r, batch_size: b, shuffle: shuffle(window), drop_last }
+    }
+
+    /// 0: off; 1-3: windows of that many shards; 4 and up: blocks, in
+    /// groups of `window - 3` batches.
+    fn shuffle(window: u32) -> Shuffle {
+        match window {
+            0 => Shuffle::Off,
+            1..=3 => Shuffle::Windowed { window_shards: window },
+            _ => Shuffle::Blocks { window_batches: window - 3 },
         }
     }
 
@@ -657,7 +789,7 @@ mod tests {
         let s = shards(&[2]);
         for b in [1, 3] {
             for r in 0..4 {
-                for window in [0, 1] {
+                for window in [0, 1, 5] {
                     let p = params(9, 1, 4, r, b, window, false);
                     let plan = plan_rank(V, &s, &p).unwrap();
                     for start in [0, 1, 5] {
@@ -677,21 +809,19 @@ mod tests {
         /// (the loader drops a chunk when it turns false).
         #[test]
         fn a_cursor_knows_which_shards_are_still_needed(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
-                                 w in 1u32..5, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+                                 w in 1u32..5, b in 1u32..9, window in 0u32..8, drop_last in any::<bool>()) {
             let s = shards(&rows);
             for r in 0..w {
                 let p = params(seed, 4, w, r, b, window, drop_last);
                 let plan = plan_rank(V, &s, &p).unwrap();
-                // The last batch reading each shard, from the rank's own
-                // rows (a padding row repeats the first row at the end).
+                // The last batch reading each shard (a padding row repeats
+                // one of the rank's rows, so it appears twice).
                 let mut last_use = vec![None; s.len()];
-                let mut first_row = None;
+                let mut uses: BTreeMap<RowRef, usize> = BTreeMap::new();
                 for i in 0..plan.num_batches() {
-                    for (j, row) in plan.batch(i).iter().enumerate() {
-                        if first_row.is_none() && (i, j) == (0, 0) {
-                            first_row = Some(*row);
-                        }
+                    for row in plan.batch(i) {
                         last_use[row.shard_index as usize] = Some(i);
+                        *uses.entry(*row).or_default() += 1;
                     }
                 }
                 let mut cursor = PlanCursor::new(V, &s, &p, 0).unwrap();
@@ -709,7 +839,11 @@ mod tests {
                         // the cursor already let go (it fetches it again).
                         let padded_later = used.is_some_and(|u| u > i) && !cursor.pending(shard as u32);
                         if padded_later {
-                            prop_assert_eq!(Some(shard as u32), first_row.map(|r| r.shard_index));
+                            let later: Vec<RowRef> = (i + 1..plan.num_batches())
+                                .flat_map(|k| plan.batch(k).to_vec())
+                                .filter(|r| r.shard_index == shard as u32)
+                                .collect();
+                            prop_assert!(later.iter().all(|r| uses[r] > 1), "shard {} after batch {}", shard, i);
                             continue;
                         }
                         prop_assert_eq!(cursor.pending(shard as u32), used.is_some_and(|u| u > i), "shard {} after batch {}", shard, i);
@@ -720,7 +854,7 @@ mod tests {
 
         #[test]
         fn a_cursor_gives_the_plans_batches_from_any_start(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
-                                 w in 1u32..6, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>(), start in 0usize..20) {
+                                 w in 1u32..6, b in 1u32..9, window in 0u32..8, drop_last in any::<bool>(), start in 0usize..20) {
             let s = shards(&rows);
             for r in 0..w {
                 let p = params(seed, 2, w, r, b, window, drop_last);
@@ -740,7 +874,7 @@ mod tests {
 
         #[test]
         fn the_shard_order_alone_equals_the_plans(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
-                                 w in 1u32..6, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+                                 w in 1u32..6, b in 1u32..9, window in 0u32..8, drop_last in any::<bool>()) {
             let s = shards(&rows);
             for r in 0..w {
                 let p = params(seed, 5, w, r, b, window, drop_last);
@@ -751,7 +885,7 @@ mod tests {
 
         #[test]
         fn same_inputs_same_plan(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
-                                 w in 1u32..5, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+                                 w in 1u32..5, b in 1u32..9, window in 0u32..8, drop_last in any::<bool>()) {
             let s = shards(&rows);
             for r in 0..w {
                 let p = params(seed, 3, w, r, b, window, drop_last);
@@ -761,7 +895,7 @@ mod tests {
 
         #[test]
         fn equal_batch_counts_and_bounded_batches(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
-                                                  w in 1u32..6, b in 1u32..9, window in 0u32..4, drop_last in any::<bool>()) {
+                                                  w in 1u32..6, b in 1u32..9, window in 0u32..8, drop_last in any::<bool>()) {
             let s = shards(&rows);
             let plans = all_ranks(&s, params(seed, 1, w, 0, b, window, drop_last));
             let k = plans[0].num_batches();
@@ -777,7 +911,7 @@ mod tests {
 
         #[test]
         fn each_row_exactly_once_when_drop_last_is_off(rows in prop::collection::vec(0u64..40, 0..12), seed in any::<u64>(),
-                                                        w in 1u32..6, b in 2u32..9, window in 0u32..4) {
+                                                        w in 1u32..6, b in 2u32..9, window in 0u32..8) {
             let s = shards(&rows);
             let total: u64 = rows.iter().sum();
             prop_assume!(total >= u64::from(w));
@@ -808,6 +942,35 @@ mod tests {
             let delivered: usize = plans.iter().map(RankPlan::num_rows).sum();
             let k = total.div_ceil(u64::from(w));
             prop_assert_eq!(delivered as u64, k * u64::from(w));
+        }
+
+        /// A block-shuffled plan is the rank's rows in sequence order, cut
+        /// into the usual batches, with the batches permuted within groups.
+        #[test]
+        fn block_batches_are_contiguous_runs_permuted_within_groups(rows in prop::collection::vec(0u64..40, 0..12),
+                                 seed in any::<u64>(), w in 1u32..5, b in 2u32..9, groups in 1u32..5, drop_last in any::<bool>()) {
+            let s = shards(&rows);
+            for r in 0..w {
+                let p = |g| PlanParams { shuffle: Shuffle::Blocks { window_batches: g }, ..params(seed, 3, w, r, b, 0, drop_last) };
+                let (unpermuted, blocks) = (plan_rank(V, &s, &p(1)).unwrap(), plan_rank(V, &s, &p(groups)).unwrap());
+                // Groups of one batch keep the sequence: the segments' rows
+                // in order (then padding, which only repeats rows).
+                let sequence: Vec<RowRef> = split(V, &s, &p(1)).unwrap().segments.iter()
+                    .flat_map(|&(sh, a, e)| (a..e).map(move |row| RowRef { shard_index: sh, row }))
+                    .collect();
+                let flat: Vec<RowRef> = (0..unpermuted.num_batches()).flat_map(|i| unpermuted.batch(i).to_vec()).collect();
+                let n = flat.len().min(sequence.len());
+                prop_assert_eq!(&flat[..n], &sequence[..n]);
+                // Each group holds the same batches, in some order.
+                prop_assert_eq!(blocks.num_batches(), unpermuted.num_batches());
+                for g in (0..blocks.num_batches()).collect::<Vec<_>>().chunks(groups as usize) {
+                    let mut got: Vec<&[RowRef]> = g.iter().map(|&i| blocks.batch(i)).collect();
+                    let mut want: Vec<&[RowRef]> = g.iter().map(|&i| unpermuted.batch(i)).collect();
+                    got.sort();
+                    want.sort();
+                    prop_assert_eq!(got, want);
+                }
+            }
         }
 
         #[test]

@@ -500,6 +500,10 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         summary.blocks_vs_copy,
         100.0 * summary.blocks_view_share
     );
+    println!(
+        "warm / cpu bound     {:.3}   ({:.0} rows/s: {} cores gathering every row once and copying it once)",
+        summary.warm_vs_cpu_bound, summary.cpu_bound_rows_per_s, summary.conditions.cores
+    );
     println!("warm / ceiling       {:.3}   (target >= 0.9)", summary.warm_vs_ceiling);
     println!("warm / naive         {:.1}   (target >= 15)", summary.warm_vs_naive);
     println!("cold / bound         {:.3}   (target <= 1.25)", summary.cold_vs_bound);

@@ -7,6 +7,8 @@
 //! - `ceiling`: every chunk already converted and held in this process
 //!   ([`MemorySource`]); same plan, same batch assembly, same consumer:
 //!   Granary's own assembly without the node.
+//! - `assembly`: the ceiling's batches made by one assembly thread and
+//!   consumed by nobody: what one core's gather of shuffled rows costs.
 //! - `naive`: an embedded node with no cache and no prefetch: every epoch
 //!   reads, decodes and converts every shard again (the failure mode).
 //! - `cold`: epoch 0 through the node daemon and its Unix socket, with remote
@@ -128,6 +130,13 @@ pub struct Summary {
     pub warm_vs_copy: f64,
     /// blocks (block shuffle, views) rows/s over copy rows/s.
     pub blocks_vs_copy: f64,
+    /// warm rows/s over what this machine's cores can do when every row is
+    /// gathered once by the loader and copied once by the consumer:
+    /// `cores / (1 / assembly + 1 / copy)`, from the `assembly` (one thread,
+    /// nothing consumed) and `copy` scenarios of the same run.
+    pub warm_vs_cpu_bound: f64,
+    /// That bound, rows/s.
+    pub cpu_bound_rows_per_s: f64,
     /// warm rows/s over ceiling rows/s.
     pub warm_vs_ceiling: f64,
     /// warm rows/s over naive rows/s.
@@ -174,6 +183,8 @@ pub enum Consume<'a> {
     Checksum,
     /// Copy every batch into a staging buffer, as a trainer would.
     Copy(&'a mut Staging),
+    /// Nothing: measures how fast batches are made.
+    Drop,
 }
 
 /// Runs one epoch, consuming every batch.
@@ -201,6 +212,9 @@ fn consume_epoch<B: std::borrow::Borrow<Batch>>(
                 digest.update(&batch.checksum().to_le_bytes());
             }
             Consume::Copy(staging) => bytes += staging.consume(batch),
+            Consume::Drop => {
+                bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>()
+            }
         }
     }
     Ok(EpochMeasure { epoch, rows, bytes, secs: start.elapsed().as_secs_f64(), digest: digest.digest() })
@@ -361,7 +375,8 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     drop(embedded);
     let memory = Arc::new(MemorySource::new(info.clone(), chunks)?);
     let converted_bytes = memory.bytes_held() as u64;
-    let ceiling_loader = Loader::new(memory.clone(), loader_cfg.clone())?;
+    let ceiling_cfg = loader_cfg.clone();
+    let ceiling_loader = Loader::new(memory.clone(), ceiling_cfg.clone())?;
     let mut staging = Staging::new(
         info.tensors.iter().map(|t| (t.row_bytes() * opts.batch_size as usize).next_multiple_of(64)).sum(),
     );
@@ -391,8 +406,10 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     // Copy, ceiling, warm and blocks epochs alternate, so drift in the
     // machine's load hits all alike.
     say("copy, ceiling, warm and blocks: later epochs, alternating");
-    let (mut copy_epochs, mut ceiling_epochs, mut warm_epochs, mut blocks_epochs) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut copy_epochs, mut ceiling_epochs, mut warm_epochs, mut blocks_epochs, mut assembly_epochs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // assembly: the ceiling's batches made by one thread, consumed by none.
+    let assembly_loader = Loader::new(memory.clone(), LoaderConfig { assembly_threads: 1, ..ceiling_cfg.clone() })?;
     // The blocks loader's first epoch fills its mapping cache: untimed.
     run_epoch(&blocks_loader, 0, Consume::Copy(&mut staging))?;
     for e in 1..opts.epochs.max(2) {
@@ -400,12 +417,15 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         ceiling_epochs.push(run_epoch(&ceiling_loader, e, Consume::Copy(&mut staging))?);
         warm_epochs.push(run_epoch(&loader, e, Consume::Copy(&mut staging))?);
         blocks_epochs.push(run_epoch(&blocks_loader, e, Consume::Copy(&mut staging))?);
+        assembly_epochs.push(run_epoch(&assembly_loader, e, Consume::Drop)?);
     }
+    drop(assembly_loader);
     drop(assembled);
     let copy = scenario("copy", copy_epochs);
     let ceiling = scenario("ceiling", ceiling_epochs);
     let warm = scenario("warm", warm_epochs);
     let blocks = scenario("blocks", blocks_epochs);
+    let assembly = scenario("assembly", assembly_epochs);
 
     // Which bytes came: one checksummed epoch of each path after the timed
     // ones, against the in-process ceiling and the naive node.
@@ -438,10 +458,13 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         && naive_digest(check).is_none_or(|d| d == warm_digest)
         && warm_digest == ceiling_digest
         && blocks_digest == blocks_memory_digest;
+    let cpu_bound = ratio(threads as f64, ratio(1.0, assembly.rows_per_s) + ratio(1.0, copy.rows_per_s));
     let summary = Summary {
         scenario: "summary",
         warm_vs_copy: ratio(warm.rows_per_s, copy.rows_per_s),
         blocks_vs_copy: ratio(blocks.rows_per_s, copy.rows_per_s),
+        warm_vs_cpu_bound: ratio(warm.rows_per_s, cpu_bound),
+        cpu_bound_rows_per_s: cpu_bound,
         warm_vs_ceiling: ratio(warm.rows_per_s, ceiling.rows_per_s),
         warm_vs_naive: ratio(warm.rows_per_s, naive.rows_per_s),
         cold_vs_bound: ratio(cold.epochs[0].secs, bound_secs),
@@ -462,7 +485,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         opts: opts.clone(),
         conditions: Conditions::current(),
     };
-    Ok((vec![copy, ceiling, naive, cold, warm, blocks], summary))
+    Ok((vec![copy, assembly, ceiling, naive, cold, warm, blocks], summary))
 }
 
 /// A copy of `bytes` in a heap buffer whose whole 2 MiB extents are put in

@@ -40,6 +40,8 @@ pub struct RanksSummary {
     pub blocks_vs_copy: f64,
     /// Seconds of the cold epoch (epoch 0, warm ranks).
     pub cold_secs: f64,
+    /// Every timed epoch's aggregate rows/s: copy, warm, blocks.
+    pub epochs: Vec<[f64; 3]>,
     /// Options of the run.
     pub opts: LocalOpts,
     /// Commit, cores, profile.
@@ -105,6 +107,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) 
     }
     drop((copy, warm, blocks));
     daemon.stop();
+    let epochs = (0..c.len()).map(|i| [c[i], w[i], b[i]]).collect();
     let (copy, warm, blocks) = (median(c), median(w), median(b));
     Ok(RanksSummary {
         scenario: "ranks",
@@ -115,6 +118,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) 
         warm_vs_copy: ratio(warm, copy),
         blocks_vs_copy: ratio(blocks, copy),
         cold_secs: cold.secs,
+        epochs,
         opts: opts.clone(),
         conditions: Conditions::current(),
     })

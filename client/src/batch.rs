@@ -8,11 +8,11 @@
 //! the sealed chunk memory itself: nothing is copied on the host.
 
 use crate::error::ClientError;
+use crate::loader::BufferPool;
 use crate::loader::Position;
 use crate::source::Chunk;
 use granary_proto::{AlignedBuf, DType, TensorLayout};
 use std::sync::Arc;
-use std::sync::mpsc::SyncSender;
 
 /// An element type a tensor view can have.
 pub trait Element: bytemuck::Pod {
@@ -70,7 +70,7 @@ pub(crate) enum Storage {
         /// The buffers, in view order.
         bufs: Vec<AlignedBuf>,
         /// The loader's buffer pool.
-        recycle: Option<SyncSender<Vec<AlignedBuf>>>,
+        recycle: Option<Arc<BufferPool>>,
     },
     /// Rows `first_row..first_row + rows` of one chunk, in place.
     View {
@@ -170,9 +170,9 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        if let Storage::Owned { bufs, recycle: Some(tx) } = &mut self.storage {
-            // A full pool or a finished loader just frees the buffers.
-            let _ = tx.try_send(std::mem::take(bufs));
+        if let Storage::Owned { bufs, recycle: Some(pool) } = &mut self.storage {
+            // A full pool just frees the buffers.
+            pool.give(std::mem::take(bufs));
         }
     }
 }

@@ -129,6 +129,10 @@ pub struct Loader {
     info: Arc<DatasetInfo>,
     layouts: Arc<[TensorLayout]>,
     cfg: LoaderConfig,
+    /// Assembled batches' buffers, kept across epochs: a batch buffer is
+    /// large (megabytes), and one the allocator gives back to the kernel
+    /// costs a page fault and a cleared page per 4 KiB when allocated again.
+    pool: Arc<BufferPool>,
 }
 
 impl Loader {
@@ -145,7 +149,10 @@ impl Loader {
         // Validate the parameters once, up front (a cursor holds no rows).
         PlanCursor::new(info.version, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
-        Ok(Self { source, info: Arc::new(info), layouts, cfg })
+        // Buffers in use at once: the queue, the batches being assembled,
+        // the consumer's, and one the walker holds.
+        let pool = Arc::new(BufferPool::new(cfg.prefetch_batches.max(1) + cfg.threads() + 2));
+        Ok(Self { source, info: Arc::new(info), layouts, cfg, pool })
     }
 
     /// The dataset as the source described it.
@@ -192,9 +199,7 @@ impl Loader {
             cursor,
             epoch: pos.epoch,
             stop: stop.clone(),
-            // Buffers in use at once: the queue, the batches being
-            // assembled, the consumer's, and one the walker holds.
-            pool: sync_channel(ahead + threads + 2),
+            pool: self.pool.clone(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("granary-loader-r{}", self.cfg.rank))
@@ -289,7 +294,7 @@ struct Job {
     runs: Runs,
     chunks: Vec<Chunk>,
     bufs: Vec<AlignedBuf>,
-    recycle: SyncSender<Vec<AlignedBuf>>,
+    recycle: Arc<BufferPool>,
     done: SyncSender<Batch>,
 }
 
@@ -304,7 +309,7 @@ struct Walker {
     epoch: u64,
     stop: Arc<AtomicBool>,
     /// Assembled batches' buffers come back here when dropped.
-    pool: (SyncSender<Vec<AlignedBuf>>, Receiver<Vec<AlignedBuf>>),
+    pool: Arc<BufferPool>,
 }
 
 impl Walker {
@@ -375,7 +380,7 @@ impl Walker {
                 (_, Some(jobs)) => {
                     let (done, arrives) = sync_channel(1);
                     let chunks = held.iter().map(|(_, c)| c.clone()).collect();
-                    let job = Job { position, runs, chunks, bufs: self.buffers(), recycle: self.pool.0.clone(), done };
+                    let job = Job { position, runs, chunks, bufs: self.buffers(), recycle: self.pool.clone(), done };
                     // Queue the slot first: order is the queue's order.
                     if tx.send(Slot::Assembling(arrives)).is_err() || jobs.send(job).is_err() {
                         return Ok(());
@@ -396,11 +401,11 @@ impl Walker {
 
     /// Buffers for one batch: recycled ones when the pool has some.
     fn buffers(&self) -> Vec<AlignedBuf> {
-        self.pool.1.try_recv().unwrap_or_else(|_| vec![AlignedBuf::zeroed(0); self.layouts.len()])
+        self.pool.take().unwrap_or_else(|| vec![AlignedBuf::zeroed(0); self.layouts.len()])
     }
 
     fn owned(&self, position: Position, rows: usize, bufs: Vec<AlignedBuf>) -> Batch {
-        owned_batch(position, rows, &self.layouts, bufs, self.pool.0.clone())
+        owned_batch(position, rows, &self.layouts, bufs, self.pool.clone())
     }
 
     /// Fetches a chunk and checks it matches the description the plan used.
@@ -432,7 +437,7 @@ fn owned_batch(
     rows: usize,
     layouts: &Arc<[TensorLayout]>,
     bufs: Vec<AlignedBuf>,
-    recycle: SyncSender<Vec<AlignedBuf>>,
+    recycle: Arc<BufferPool>,
 ) -> Batch {
     Batch { position, rows, layouts: layouts.clone(), storage: Storage::Owned { bufs, recycle: Some(recycle) } }
 }
@@ -454,5 +459,32 @@ fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
         drop(chunks);
         // A consumer that went away drops the batch (and its buffers).
         let _ = done.send(owned_batch(position, runs.rows(), layouts, bufs, recycle));
+    }
+}
+
+/// Batch buffers waiting for reuse, at most `cap` sets (more are freed).
+pub(crate) struct BufferPool {
+    cap: usize,
+    free: Mutex<Vec<Vec<AlignedBuf>>>,
+}
+
+impl BufferPool {
+    fn new(cap: usize) -> Self {
+        Self { cap, free: Mutex::new(Vec::with_capacity(cap)) }
+    }
+
+    /// A set of buffers to reuse, if one is waiting.
+    fn take(&self) -> Option<Vec<AlignedBuf>> {
+        // A poisoned lock only loses the pool: allocate instead.
+        self.free.lock().ok()?.pop()
+    }
+
+    /// Keeps `bufs` for reuse, or frees them when the pool is full.
+    pub(crate) fn give(&self, bufs: Vec<AlignedBuf>) {
+        if let Ok(mut free) = self.free.lock()
+            && free.len() < self.cap
+        {
+            free.push(bufs);
+        }
     }
 }

@@ -27,7 +27,7 @@
 //!   `memcpy`: 11 GB/s).
 
 use crate::source::Chunk;
-use granary_proto::{AlignedBuf, RowRef, TensorLayout};
+use granary_proto::{RowRef, TensorLayout};
 
 /// How many runs ahead the kernels prefetch their source rows (8-16 were
 /// alike in the measurement above; 4 and 32 slower).
@@ -121,17 +121,20 @@ impl Runs {
     }
 }
 
-/// Copies a batch's rows (`runs`, over `chunks`) into `bufs`, one row-major
-/// buffer per tensor, resized to the batch.
-pub(crate) fn assemble(runs: &Runs, chunks: &[Chunk], layouts: &[TensorLayout], bufs: &mut [AlignedBuf]) {
+/// Copies a batch's rows (`runs`, over `chunks`) into `dst`, tensor `t`
+/// row-major at `placements[t]` (offset, length: rows x row bytes).
+pub(crate) fn assemble(
+    runs: &Runs,
+    chunks: &[Chunk],
+    layouts: &[TensorLayout],
+    placements: &[(usize, usize)],
+    dst: &mut [u8],
+) {
     let mut sources: Vec<&[u8]> = Vec::with_capacity(chunks.len());
-    for (t, layout) in layouts.iter().enumerate() {
-        let rb = layout.row_bytes();
+    for (t, (layout, &(offset, len))) in layouts.iter().zip(placements).enumerate() {
         sources.clear();
         sources.extend(chunks.iter().map(|c| c.tensor_bytes(t)));
-        let buf = &mut bufs[t];
-        buf.resize(runs.rows() * rb);
-        copy_tensor(runs.runs(), &sources, rb, buf.as_mut_slice());
+        copy_tensor(runs.runs(), &sources, layout.row_bytes(), &mut dst[offset..offset + len]);
     }
 }
 

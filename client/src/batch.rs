@@ -1,17 +1,17 @@
 //! Batches and typed tensor views.
 //!
 //! A [`Batch`] holds its tensors row-major, rows in plan order, in one of two
-//! ways: assembled into one 64-byte-aligned buffer per tensor (buffers go
-//! back to the loader's pool when the batch is dropped, so steady state
-//! allocates nothing), or, where the plan makes the batch one contiguous run
+//! ways: assembled into one buffer, every tensor at a 64-byte-aligned offset
+//! (the buffer goes back to the loader's pool when the batch is dropped, so
+//! steady state allocates nothing), or, where the plan makes the batch one contiguous run
 //! of rows of one chunk ([`granary_proto::Shuffle::Blocks`]), as a view into
 //! the sealed chunk memory itself: nothing is copied on the host.
 
 use crate::error::ClientError;
-use crate::loader::BufferPool;
+use crate::hostbuf::{BufferPool, HostBuf};
 use crate::loader::Position;
 use crate::source::Chunk;
-use granary_proto::{AlignedBuf, DType, TensorLayout};
+use granary_proto::{DType, TensorLayout};
 use std::sync::Arc;
 
 /// An element type a tensor view can have.
@@ -65,10 +65,13 @@ impl<'a, T> TensorView<'a, T> {
 
 /// Where a batch's tensor bytes live.
 pub(crate) enum Storage {
-    /// One assembled buffer per tensor, returned to `recycle` on drop.
+    /// Assembled into one buffer ([`crate::hostbuf::pack`]), returned to
+    /// `recycle` on drop.
     Owned {
-        /// The buffers, in view order.
-        bufs: Vec<AlignedBuf>,
+        /// Every tensor, packed.
+        buf: HostBuf,
+        /// (offset, length) of each tensor in `buf`, view order.
+        placements: Vec<(usize, usize)>,
         /// The loader's buffer pool.
         recycle: Option<Arc<BufferPool>>,
     },
@@ -79,6 +82,8 @@ pub(crate) enum Storage {
         /// The batch's first row in the chunk.
         first_row: usize,
     },
+    /// The buffer went back to the pool (only while dropping).
+    Released,
 }
 
 /// One batch of rows.
@@ -117,11 +122,25 @@ impl Batch {
     /// view or a device copy needs).
     pub fn tensor_bytes(&self, i: usize) -> &[u8] {
         match &self.storage {
-            Storage::Owned { bufs, .. } => bufs[i].as_slice(),
+            Storage::Owned { buf, placements, .. } => {
+                let (offset, len) = placements[i];
+                &buf.as_slice()[offset..offset + len]
+            }
             Storage::View { chunk, first_row } => {
                 let rb = self.layouts[i].row_bytes();
                 &chunk.tensor_bytes(i)[first_row * rb..(first_row + self.rows) * rb]
             }
+            Storage::Released => &[],
+        }
+    }
+
+    /// An assembled batch in page-locked memory: its whole packed buffer
+    /// (tensors at [`crate::hostbuf::pack`]'s offsets).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn pinned_bytes(&self) -> Option<&[u8]> {
+        match &self.storage {
+            Storage::Owned { buf, .. } if buf.is_pinned() => Some(buf.as_slice()),
+            _ => None,
         }
     }
 
@@ -170,9 +189,10 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        if let Storage::Owned { bufs, recycle: Some(pool) } = &mut self.storage {
-            // A full pool just frees the buffers.
-            pool.give(std::mem::take(bufs));
+        if let Storage::Owned { buf, recycle: Some(pool), .. } = std::mem::replace(&mut self.storage, Storage::Released)
+        {
+            // A full pool just frees the buffer.
+            pool.give(buf);
         }
     }
 }

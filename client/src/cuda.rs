@@ -12,6 +12,18 @@
 //! batch n; [`GpuStream`] goes one step further and enqueues batch n+1 before
 //! handing batch n to the caller, so the copy also overlaps host-side work.
 //!
+//! ## One host copy
+//! [`GpuStream`] takes ownership of each batch. A batch the loader assembled
+//! into page-locked memory (a [`LoaderConfig`](crate::LoaderConfig) whose
+//! `host_memory` is [`GpuFeed::host_memory`]) is copied to the device
+//! straight from that memory: the loader's gather is the only host copy, and
+//! the slot's staging buffer is not used. The slot keeps the host batch, and
+//! with it the buffer, until the slot's `copied` event has been waited on
+//! (when the slot comes round again), so the loader cannot reuse the buffer
+//! while the device still reads it. Every other batch (a view into chunk
+//! memory, or one assembled on the heap) is packed into the slot's staging
+//! buffer first, as [`GpuFeed::upload`] always does.
+//!
 //! ## Design choices
 //! - **Bounded memory.** Everything is allocated once, in [`GpuFeed::new`]:
 //!   2 x `max_batch_bytes` pinned host memory and 2 x `max_batch_bytes` of
@@ -44,6 +56,7 @@
 
 use crate::batch::{Batch, Element};
 use crate::error::ClientError;
+use crate::hostbuf::HostMemory;
 use crate::loader::Position;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{
@@ -137,21 +150,37 @@ struct Placement {
     len: usize,
 }
 
-/// Packs tensors in view order at [`SLOT_ALIGN`]-aligned offsets.
+/// Packs tensors in view order at [`SLOT_ALIGN`]-aligned offsets: the
+/// packing of an assembled batch ([`crate::hostbuf::pack`]), so such a batch
+/// is copied as one block.
 ///
 /// Returns the placements and the bytes used (the end of the last tensor),
 /// or `None` if a size overflows `usize`.
 fn place(layouts: &[TensorLayout], rows: usize, out: &mut Vec<Placement>) -> Option<usize> {
+    let mut packed = Vec::with_capacity(layouts.len());
+    let used = crate::hostbuf::pack(layouts, rows, &mut packed)?;
     out.clear();
-    let mut end = 0usize;
-    for layout in layouts {
-        let elems = layout.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))?;
-        let len = elems.checked_mul(layout.dtype.size_bytes())?.checked_mul(rows)?;
-        let offset = end.checked_next_multiple_of(SLOT_ALIGN)?;
-        end = offset.checked_add(len)?;
-        out.push(Placement { offset, len });
-    }
-    Some(end)
+    out.extend(packed.into_iter().map(|(offset, len)| Placement { offset, len }));
+    Some(used)
+}
+
+/// `bytes` of page-locked host memory of `ctx`, zeroed, and its address.
+pub(crate) fn alloc_pinned(
+    ctx: &Arc<CudaContext>,
+    bytes: usize,
+) -> Result<(PinnedHostSlice<u8>, *mut u8), ClientError> {
+    guarded("allocating page-locked memory for a batch", || {
+        // SAFETY: the memory is uninitialised after this call; it is zeroed
+        // below before any slice of it is formed. Flags 0: plain page-locked
+        // memory, not write-combined, since the CPU writes it.
+        let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
+            .map_err(driver(format_args!("allocating {bytes} bytes of page-locked memory for a batch")))?;
+        let ptr = host.as_mut_ptr().map_err(driver("waiting on a new page-locked buffer"))?;
+        // SAFETY: `ptr` is the start of a live allocation of `bytes` bytes
+        // owned by `host`, which no other code has seen yet.
+        unsafe { ptr.write_bytes(0, bytes) };
+        Ok((host, ptr))
+    })
 }
 
 /// Places a batch of `rows` rows in a slot of `capacity` bytes, or explains
@@ -239,6 +268,9 @@ struct Slot {
     tensors: Vec<GpuTensor>,
     /// Scratch for placements, reused across uploads.
     placements: Vec<Placement>,
+    /// The page-locked batch the last copy read from, kept until that copy
+    /// is known to be done (its buffer then goes back to the loader).
+    host_batch: Option<Batch>,
 }
 
 impl Slot {
@@ -280,28 +312,41 @@ impl Slot {
             used: 0,
             tensors: Vec::new(),
             placements: Vec::new(),
+            host_batch: None,
         })
     }
 
     /// Enqueues the copy of the first `used` staged bytes to the device, after
     /// every earlier consumer of the device buffer, and records `copied`.
     fn enqueue_copy(&mut self, stream: &Arc<CudaStream>, used: usize) -> Result<(), ClientError> {
-        stream.wait(&self.released).map_err(driver("making the copy stream wait for the slot's release"))?;
+        let host = self.host.as_slice().map_err(driver("waiting on the pinned staging buffer"))?;
+        let src = host
+            .get(..used)
+            .ok_or_else(|| ClientError::Gpu(format!("{used} bytes exceed the {}-byte staging buffer", host.len())))?;
+        Self::enqueue_copy_from(&mut self.dev, &self.released, &self.copied, stream, src)
+    }
+
+    /// Enqueues the copy of `src` (page-locked memory) into `dev`, after
+    /// every earlier consumer of `dev` (`released`), and records `copied`.
+    fn enqueue_copy_from(
+        dev: &mut CudaSlice<u8>,
+        released: &CudaEvent,
+        copied: &CudaEvent,
+        stream: &Arc<CudaStream>,
+        src: &[u8],
+    ) -> Result<(), ClientError> {
+        stream.wait(released).map_err(driver("making the copy stream wait for the slot's release"))?;
+        let used = src.len();
         if used > 0 {
-            let host = self.host.as_slice().map_err(driver("waiting on the pinned staging buffer"))?;
-            let src = host.get(..used).ok_or_else(|| {
-                ClientError::Gpu(format!("{used} bytes exceed the {}-byte staging buffer", host.len()))
-            })?;
-            let dev_len = self.dev.len();
-            let mut dst = self
-                .dev
+            let dev_len = dev.len();
+            let mut dst = dev
                 .try_slice_mut(0..used)
                 .ok_or_else(|| ClientError::Gpu(format!("{used} bytes exceed the {dev_len}-byte device buffer")))?;
             stream
                 .memcpy_htod(src, &mut dst)
                 .map_err(driver(format_args!("enqueueing a {used}-byte host-to-device copy")))?;
         }
-        self.copied.record(stream).map_err(driver("recording the copy-done event"))?;
+        copied.record(stream).map_err(driver("recording the copy-done event"))?;
         // Errors cudarc could only record (in drops and implicit stream
         // waits) surface here rather than never.
         stream.context().check_err().map_err(driver("an earlier asynchronous CUDA operation"))
@@ -386,6 +431,14 @@ impl GpuFeed {
         &self.ctx
     }
 
+    /// Page-locked memory of this feed's context, for
+    /// [`LoaderConfig::host_memory`](crate::LoaderConfig::host_memory): the
+    /// loader then assembles batches where the device copy reads them, and
+    /// [`GpuStream`] copies each straight from there (one host copy).
+    pub fn host_memory(&self) -> HostMemory {
+        HostMemory::Pinned(self.ctx.clone())
+    }
+
     /// The stream copies are enqueued on. Kernels launched on it are ordered
     /// after the batch's copy and before the slot's next copy without further
     /// synchronisation.
@@ -403,6 +456,42 @@ impl GpuFeed {
     pub fn upload(&mut self, batch: &Batch) -> Result<GpuBatch<'_>, ClientError> {
         let index = self.stage(batch)?;
         self.batch_in(index)
+    }
+
+    /// Like [`upload`](Self::upload), taking the batch: one assembled in
+    /// this feed's page-locked memory ([`host_memory`](Self::host_memory))
+    /// is copied to the device straight from it, and kept (with its buffer)
+    /// until that copy is done.
+    pub fn upload_owned(&mut self, batch: Batch) -> Result<GpuBatch<'_>, ClientError> {
+        let index = self.stage_owned(batch)?;
+        self.batch_in(index)
+    }
+
+    /// Enqueues `batch` from its own page-locked memory when it lives in
+    /// some, otherwise stages it; returns the slot that holds it.
+    fn stage_owned(&mut self, batch: Batch) -> Result<usize, ClientError> {
+        let direct = batch
+            .pinned_bytes()
+            .is_some_and(|b| slot_bytes(batch.layouts(), batch.rows()) == Some(b.len()) && b.len() <= self.capacity);
+        if !direct {
+            return self.stage(&batch);
+        }
+        let index = self.next;
+        let stream = &self.stream;
+        let slot = &mut self.slots[index];
+        slot.filled = false;
+        let used = plan_slot(batch.layouts(), batch.rows(), self.capacity, &mut slot.placements)?;
+        // The slot's previous copy must be done before its device buffer is
+        // written again (the stream orders that) and before the batch it
+        // read from is let go (the host waits for that here).
+        slot.copied.synchronize().map_err(driver(format_args!("waiting for the previous copy out of slot {index}")))?;
+        slot.host_batch = None;
+        let src = batch.pinned_bytes().unwrap_or_default();
+        Slot::enqueue_copy_from(&mut slot.dev, &slot.released, &slot.copied, stream, src)?;
+        Self::describe(slot, &batch, used);
+        slot.host_batch = Some(batch);
+        self.next = (index + 1) % SLOTS;
+        Ok(index)
     }
 
     /// Stages and enqueues `batch`; returns the slot that holds it.
@@ -428,6 +517,7 @@ impl GpuFeed {
         // The CPU may only overwrite the staging buffer once the slot's last
         // copy has read it.
         slot.copied.synchronize().map_err(driver(format_args!("waiting for the previous copy out of slot {index}")))?;
+        slot.host_batch = None;
         let host = slot.host.as_mut_slice().map_err(driver("waiting on the pinned staging buffer"))?;
         for (i, p) in slot.placements.iter().enumerate() {
             let dst = host.get_mut(p.offset..p.offset + p.len).ok_or_else(|| {
@@ -436,8 +526,16 @@ impl GpuFeed {
             dst.copy_from_slice(batch.tensor_bytes(i));
         }
         slot.enqueue_copy(stream, used)?;
+        Self::describe(slot, batch, used);
+        self.next = (index + 1) % SLOTS;
+        Ok(index)
+    }
+
+    /// Records what slot `slot` now holds: `batch`'s tensors at the slot's
+    /// placements, `used` bytes.
+    fn describe(slot: &mut Slot, batch: &Batch, used: usize) {
         slot.tensors.clear();
-        slot.tensors.extend(layouts.iter().zip(&slot.placements).map(|(l, p)| {
+        slot.tensors.extend(batch.layouts().iter().zip(&slot.placements).map(|(l, p)| {
             let mut shape = Vec::with_capacity(1 + l.shape.len());
             shape.push(batch.rows());
             shape.extend(l.shape.iter().map(|&d| d as usize));
@@ -447,15 +545,7 @@ impl GpuFeed {
         slot.rows = batch.rows();
         slot.used = used;
         slot.filled = true;
-        self.next = (index + 1) % SLOTS;
-        tracing::trace!(
-            slot = index,
-            bytes = used,
-            epoch = slot.position.epoch,
-            batch = slot.position.batch,
-            "batch copy enqueued"
-        );
-        Ok(index)
+        tracing::trace!(bytes = used, epoch = slot.position.epoch, batch = slot.position.batch, "batch copy enqueued");
     }
 
     /// The batch held by slot `index`.
@@ -668,9 +758,10 @@ impl<I: Iterator<Item = Result<Batch, ClientError>>> GpuStream<I> {
                 self.exhausted = true;
                 Ok(None)
             }
-            // The host batch is dropped once staged, returning its buffers
-            // to the loader's pool.
-            Some(batch) => self.feed.stage(&batch?).map(Some),
+            // A batch in page-locked memory is copied from there and kept
+            // until the copy is done; any other is staged and dropped,
+            // returning its buffer to the loader's pool.
+            Some(batch) => self.feed.stage_owned(batch?).map(Some),
         }
     }
 
@@ -690,7 +781,7 @@ impl<I: Iterator<Item = Result<Batch, ClientError>>> GpuStream<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use granary_proto::AlignedBuf;
+    use crate::hostbuf::BufferPool;
 
     fn layout(name: &str, dtype: DType, shape: &[u32]) -> TensorLayout {
         TensorLayout { name: name.to_string(), dtype, shape: shape.to_vec() }
@@ -708,6 +799,7 @@ mod tests {
     #[test]
     fn cuda_feed_without_driver_is_a_clear_error() {
         if cuda_available() {
+            eprintln!("skipped: a CUDA driver and device are present");
             return;
         }
         match GpuFeed::new(0, 1 << 20) {
@@ -769,22 +861,27 @@ mod tests {
         assert!(matches!(plan_slot(&ls, usize::MAX, usize::MAX, &mut Vec::new()), Err(ClientError::Gpu(_))));
     }
 
-    fn batch(ls: &Arc<[TensorLayout]>, rows: usize, index: u64) -> Batch {
-        let bufs = ls
-            .iter()
-            .enumerate()
-            .map(|(t, l)| {
-                let bytes: Vec<u8> =
-                    (0..rows * l.row_bytes()).map(|b| (b as u64 * 31 + index * 7 + t as u64) as u8).collect();
-                AlignedBuf::from_slice(&bytes)
-            })
-            .collect();
+    /// A batch of `rows` rows in `memory`, every byte a function of its
+    /// place.
+    fn batch_in(ls: &Arc<[TensorLayout]>, rows: usize, index: u64, memory: HostMemory) -> Batch {
+        let mut placements = Vec::new();
+        let used = crate::hostbuf::pack(ls, rows, &mut placements).expect("no overflow");
+        let mut buf = BufferPool::new(1, memory).take(used).expect("buffer");
+        for (t, &(offset, len)) in placements.iter().enumerate() {
+            for (b, byte) in buf.as_mut_slice()[offset..offset + len].iter_mut().enumerate() {
+                *byte = (b as u64 * 31 + index * 7 + t as u64) as u8;
+            }
+        }
         Batch {
             position: Position { epoch: 0, batch: index },
             rows,
             layouts: ls.clone(),
-            storage: crate::batch::Storage::Owned { bufs, recycle: None },
+            storage: crate::batch::Storage::Owned { buf, placements, recycle: None },
         }
+    }
+
+    fn batch(ls: &Arc<[TensorLayout]>, rows: usize, index: u64) -> Batch {
+        batch_in(ls, rows, index, HostMemory::Heap)
     }
 
     fn check_on_device(g: &GpuBatch<'_>, host: &Batch) {
@@ -801,6 +898,7 @@ mod tests {
     #[test]
     fn cuda_upload_round_trip_on_gpu() {
         if !cuda_available() {
+            eprintln!("skipped: no CUDA device");
             return;
         }
         let ls: Arc<[TensorLayout]> = layouts().into();
@@ -824,6 +922,7 @@ mod tests {
     #[test]
     fn cuda_stream_prefetches_in_order_on_gpu() {
         if !cuda_available() {
+            eprintln!("skipped: no CUDA device");
             return;
         }
         let ls: Arc<[TensorLayout]> = layouts().into();
@@ -849,5 +948,65 @@ mod tests {
         }
         assert_eq!(seen, vec![0, 1, 2, 3, 4]);
         assert_eq!(errors, 1);
+    }
+
+    /// A loader assembling into the feed's page-locked memory, through a
+    /// GpuStream: every batch on the device equals the same loader's batch
+    /// assembled on the heap, and the pinned buffers (reused by the loader
+    /// while copies are in flight) never hand the device a later batch's
+    /// bytes. Runs only where a CUDA device is present.
+    #[test]
+    fn cuda_stream_copies_loader_batches_from_pinned_memory_on_gpu() {
+        if !cuda_available() {
+            eprintln!("skipped: no CUDA device");
+            return;
+        }
+        use crate::{Loader, LoaderConfig, MemorySource};
+        use granary_proto::wire::DatasetInfo;
+        use granary_proto::{AlignedBuf, ChunkLayout, DatasetVersion, ShardId, ShardRows, Shuffle};
+        let v = DatasetVersion([5; 16]);
+        let ls = layouts();
+        let (mut shards, mut chunks) = (Vec::new(), Vec::new());
+        for i in 0..6u32 {
+            let shard = ShardId { file: 0, row_group: i };
+            let rows = 50 + u64::from(i) * 7;
+            shards.push(ShardRows { shard, rows });
+            let layout = ChunkLayout::new(v, shard, rows, &ls).expect("layout");
+            let mut buf = AlignedBuf::zeroed(layout.total_len());
+            for t in 0..ls.len() {
+                for (b, byte) in buf.as_mut_slice()[layout.tensor_range(t)].iter_mut().enumerate() {
+                    *byte = (b as u32 * 13 + i * 101 + t as u32) as u8;
+                }
+            }
+            layout.seal(buf.as_mut_slice()).expect("seal");
+            chunks.push((shard, buf));
+        }
+        let info = DatasetInfo {
+            name: "t".into(),
+            version: v,
+            tensors: ls.clone(),
+            shards,
+            files: vec!["f".into()],
+            source_bytes: 0,
+        };
+        let src = Arc::new(MemorySource::new(info, chunks).expect("source"));
+        let cfg = LoaderConfig {
+            shuffle: Shuffle::Windowed { window_shards: 2 },
+            assembly_threads: 3,
+            ..LoaderConfig::new("t", 16)
+        };
+        let heap = Loader::new(src.clone(), cfg.clone()).expect("heap loader");
+        let expected: Vec<Batch> = heap.epoch(0).expect("epoch").collect::<Result<_, _>>().expect("batches");
+        let ls: Arc<[TensorLayout]> = ls.into();
+        let feed = GpuFeed::new(0, slot_bytes(&ls, 16).expect("no overflow")).expect("feed on device 0");
+        let pinned = Loader::new(src, LoaderConfig { host_memory: feed.host_memory(), ..cfg }).expect("pinned loader");
+        let mut stream = GpuStream::new(feed, pinned.epoch(0).expect("epoch"));
+        let mut n = 0;
+        while let Some(next) = stream.next_gpu() {
+            let g = next.expect("batch on the device");
+            check_on_device(&g, &expected[g.position().batch as usize]);
+            n += 1;
+        }
+        assert_eq!(n, expected.len());
     }
 }

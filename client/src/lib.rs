@@ -15,6 +15,9 @@
 //!   chunks arrive as sealed memory files and are mapped, not copied.
 //! - [`loader`] — [`Loader`] and [`EpochStream`]: plan, fetch, assemble,
 //!   resume from a [`Position`].
+//! - [`hostbuf`] — the memory batches are assembled into (heap, or
+//!   page-locked with `cuda`), how tensors are packed in it, and the pool
+//!   that keeps buffers across epochs.
 //! - `assemble` — the copy kernels: a batch's rows grouped into runs of one
 //!   chunk, copied tensor by tensor with compile-time widths.
 //! - [`batch`] — [`Batch`] and typed tensor views ([`TensorView`]).
@@ -30,6 +33,7 @@ pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+pub mod hostbuf;
 pub mod loader;
 pub mod local;
 pub mod source;
@@ -37,6 +41,7 @@ pub mod source;
 pub use batch::{Batch, Element, TensorView};
 pub use error::ClientError;
 pub use granary_proto as proto;
+pub use hostbuf::HostMemory;
 pub use loader::{EpochStream, Loader, LoaderConfig, Position, default_assembly_threads};
 pub use local::LocalSource;
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

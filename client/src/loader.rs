@@ -25,10 +25,11 @@
 use crate::assemble::{Runs, assemble};
 use crate::batch::{Batch, Storage};
 use crate::error::ClientError;
+use crate::hostbuf::{BufferPool, HostBuf, HostMemory, pack};
 use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
 use crate::source::{Chunk, ChunkSource};
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{AlignedBuf, PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
+use granary_proto::{PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -72,6 +73,11 @@ pub struct LoaderConfig {
     /// A kept mapping holds its chunk's memory after the node evicts it, so
     /// this bounds what one rank can hold on to. Default: 1 GiB.
     pub mapping_cache_bytes: u64,
+    /// Memory batches are assembled into. Default: the heap; with the
+    /// `cuda` feature, [`crate::cuda::GpuFeed::host_memory`] makes it
+    /// page-locked, and the feed copies assembled batches to the device
+    /// straight from it.
+    pub host_memory: HostMemory,
 }
 
 /// The assembly threads a rank gets by default: the machine's cores shared
@@ -101,6 +107,7 @@ impl LoaderConfig {
             prefetch_batches: 2,
             assembly_threads: 0,
             mapping_cache_bytes: DEFAULT_MAPPING_CACHE_BYTES,
+            host_memory: HostMemory::Heap,
         }
     }
 
@@ -151,7 +158,7 @@ impl Loader {
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
         // Buffers in use at once: the queue, the batches being assembled,
         // the consumer's, and one the walker holds.
-        let pool = Arc::new(BufferPool::new(cfg.prefetch_batches.max(1) + cfg.threads() + 2));
+        let pool = Arc::new(BufferPool::new(cfg.prefetch_batches.max(1) + cfg.threads() + 2, cfg.host_memory.clone()));
         Ok(Self { source, info: Arc::new(info), layouts, cfg, pool })
     }
 
@@ -293,7 +300,8 @@ struct Job {
     position: Position,
     runs: Runs,
     chunks: Vec<Chunk>,
-    bufs: Vec<AlignedBuf>,
+    buf: HostBuf,
+    placements: Vec<(usize, usize)>,
     recycle: Arc<BufferPool>,
     done: SyncSender<Batch>,
 }
@@ -373,14 +381,15 @@ impl Walker {
                 })),
                 (_, None) => {
                     let chunks: Vec<Chunk> = held.iter().map(|(_, c)| c.clone()).collect();
-                    let mut bufs = self.buffers();
-                    assemble(&runs, &chunks, &self.layouts, &mut bufs);
-                    Slot::Ready(Ok(self.owned(position, rows.len(), bufs)))
+                    let (mut buf, placements) = self.buffer(rows.len())?;
+                    assemble(&runs, &chunks, &self.layouts, &placements, buf.as_mut_slice());
+                    Slot::Ready(Ok(owned_batch(position, rows.len(), &self.layouts, buf, placements, &self.pool)))
                 }
                 (_, Some(jobs)) => {
                     let (done, arrives) = sync_channel(1);
                     let chunks = held.iter().map(|(_, c)| c.clone()).collect();
-                    let job = Job { position, runs, chunks, bufs: self.buffers(), recycle: self.pool.clone(), done };
+                    let (buf, placements) = self.buffer(rows.len())?;
+                    let job = Job { position, runs, chunks, buf, placements, recycle: self.pool.clone(), done };
                     // Queue the slot first: order is the queue's order.
                     if tx.send(Slot::Assembling(arrives)).is_err() || jobs.send(job).is_err() {
                         return Ok(());
@@ -399,13 +408,13 @@ impl Walker {
         }
     }
 
-    /// Buffers for one batch: recycled ones when the pool has some.
-    fn buffers(&self) -> Vec<AlignedBuf> {
-        self.pool.take().unwrap_or_else(|| vec![AlignedBuf::zeroed(0); self.layouts.len()])
-    }
-
-    fn owned(&self, position: Position, rows: usize, bufs: Vec<AlignedBuf>) -> Batch {
-        owned_batch(position, rows, &self.layouts, bufs, self.pool.clone())
+    /// A buffer for a batch of `rows` rows (a recycled one when the pool
+    /// has one), and where each tensor goes in it.
+    fn buffer(&self, rows: usize) -> Result<(HostBuf, Vec<(usize, usize)>), ClientError> {
+        let mut placements = Vec::with_capacity(self.layouts.len());
+        let used = pack(&self.layouts, rows, &mut placements)
+            .ok_or_else(|| ClientError::Protocol(format!("a batch of {rows} rows overflows the address space")))?;
+        Ok((self.pool.take(used)?, placements))
     }
 
     /// Fetches a chunk and checks it matches the description the plan used.
@@ -436,10 +445,12 @@ fn owned_batch(
     position: Position,
     rows: usize,
     layouts: &Arc<[TensorLayout]>,
-    bufs: Vec<AlignedBuf>,
-    recycle: Arc<BufferPool>,
+    buf: HostBuf,
+    placements: Vec<(usize, usize)>,
+    recycle: &Arc<BufferPool>,
 ) -> Batch {
-    Batch { position, rows, layouts: layouts.clone(), storage: Storage::Owned { bufs, recycle: Some(recycle) } }
+    let storage = Storage::Owned { buf, placements, recycle: Some(recycle.clone()) };
+    Batch { position, rows, layouts: layouts.clone(), storage }
 }
 
 /// An assembler thread: takes jobs until the walker is done.
@@ -454,37 +465,10 @@ fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
             },
             Err(_) => return,
         };
-        let Job { position, runs, chunks, mut bufs, recycle, done } = job;
-        assemble(&runs, &chunks, layouts, &mut bufs);
+        let Job { position, runs, chunks, mut buf, placements, recycle, done } = job;
+        assemble(&runs, &chunks, layouts, &placements, buf.as_mut_slice());
         drop(chunks);
-        // A consumer that went away drops the batch (and its buffers).
-        let _ = done.send(owned_batch(position, runs.rows(), layouts, bufs, recycle));
-    }
-}
-
-/// Batch buffers waiting for reuse, at most `cap` sets (more are freed).
-pub(crate) struct BufferPool {
-    cap: usize,
-    free: Mutex<Vec<Vec<AlignedBuf>>>,
-}
-
-impl BufferPool {
-    fn new(cap: usize) -> Self {
-        Self { cap, free: Mutex::new(Vec::with_capacity(cap)) }
-    }
-
-    /// A set of buffers to reuse, if one is waiting.
-    fn take(&self) -> Option<Vec<AlignedBuf>> {
-        // A poisoned lock only loses the pool: allocate instead.
-        self.free.lock().ok()?.pop()
-    }
-
-    /// Keeps `bufs` for reuse, or frees them when the pool is full.
-    pub(crate) fn give(&self, bufs: Vec<AlignedBuf>) {
-        if let Ok(mut free) = self.free.lock()
-            && free.len() < self.cap
-        {
-            free.push(bufs);
-        }
+        // A consumer that went away drops the batch (and its buffer).
+        let _ = done.send(owned_batch(position, runs.rows(), layouts, buf, placements, &recycle));
     }
 }

@@ -12,6 +12,14 @@
 //!
 //! Each epoch's rate is the rows of all ranks over the time from starting
 //! them to the last rank's last batch; a scenario's rate is the median.
+//!
+//! Before the timed epochs, the warm and blocks ranks run
+//! [`WARMUP_EPOCHS`] untimed ones. A rank's shards change every epoch (the
+//! shard order is permuted and the rank split follows it), and the first
+//! time a rank reads a chunk it maps the chunk's memory file, which costs a
+//! page-table entry per 4 KiB page; a long job pays that once per chunk and
+//! rank, a short benchmark would pay it in every epoch it measures. The
+//! warm-up epochs' rates are reported too.
 
 use crate::harness::{TrainerProcess, run_epoch, spawn_ranks};
 use crate::local::{LocalOpts, generate, start_daemon};
@@ -42,11 +50,18 @@ pub struct RanksSummary {
     pub cold_secs: f64,
     /// Every timed epoch's aggregate rows/s: copy, warm, blocks.
     pub epochs: Vec<[f64; 3]>,
+    /// The warm-up epochs' aggregate rows/s: warm, blocks.
+    pub warmup_epochs: Vec<[f64; 2]>,
     /// Options of the run.
     pub opts: LocalOpts,
     /// Commit, cores, profile.
     pub conditions: Conditions,
 }
+
+/// Untimed epochs of the warm and blocks ranks before the timed ones: after
+/// eight, a rank has read (and mapped) a given chunk with probability
+/// 1 - (1 - 1/N)^8 (0.90 for 4 ranks).
+pub const WARMUP_EPOCHS: u64 = 8;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -92,15 +107,17 @@ pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) 
     say("copy ranks: assembling one epoch each in advance");
     let (mut copy, _) = spawn_ranks(exe, &sockets, &with(&["--preassembled"]))?;
 
-    say("copy, warm and blocks: later epochs, alternating");
+    say(&format!("warm and blocks: {WARMUP_EPOCHS} untimed epochs; then copy, warm and blocks, alternating"));
     let rate = |ranks: &mut [TrainerProcess], e: u64| -> Result<f64> {
         let out = run_epoch(ranks, e, timeout, |_, _| {})?;
         Ok(ratio(out.rows as f64, out.secs))
     };
     let (mut c, mut w, mut b) = (Vec::new(), Vec::new(), Vec::new());
-    // The blocks ranks' first epoch fills their mapping caches: untimed.
-    rate(&mut blocks, 0)?;
-    for e in 1..opts.epochs.max(2) {
+    let mut warmup_epochs = Vec::new();
+    for e in 1..=WARMUP_EPOCHS {
+        warmup_epochs.push([rate(&mut warm, e)?, rate(&mut blocks, e)?]);
+    }
+    for e in WARMUP_EPOCHS + 1..WARMUP_EPOCHS + opts.epochs.max(2) {
         c.push(rate(&mut copy, e)?);
         w.push(rate(&mut warm, e)?);
         b.push(rate(&mut blocks, e)?);
@@ -119,6 +136,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) 
         blocks_vs_copy: ratio(blocks, copy),
         cold_secs: cold.secs,
         epochs,
+        warmup_epochs,
         opts: opts.clone(),
         conditions: Conditions::current(),
     })

@@ -21,16 +21,16 @@
 //! - **Source rows asked for ahead.** A shuffled batch reads rows at random
 //!   places of a window of chunks (tens of MB), so each row waits on memory
 //!   and the hardware prefetcher cannot guess the next one. The kernels
-//!   prefetch the run [`PREFETCH_RUNS`] ahead: on the 2-core VM this took a
-//!   random gather of 748-byte rows from ~3.3 to ~4.5 GB/s per thread, where
-//!   the same loop over consecutive rows runs at ~10 GB/s (a sequential
-//!   `memcpy`: 11 GB/s).
+//!   prefetch the run [`PREFETCH_RUNS`] ahead: on the 2-core VM this took
+//!   one thread's gather of shuffled 748-byte rows from 2.3 to 3.3 GB/s
+//!   (`bench local --assembly-threads 1`, docs/BENCHMARKS.md), where the
+//!   consumer's copy of the same bytes runs at 11-17 GB/s.
 
 use crate::source::Chunk;
 use granary_proto::{RowRef, TensorLayout};
 
-/// How many runs ahead the kernels prefetch their source rows (8-16 were
-/// alike in the measurement above; 4 and 32 slower).
+/// How many runs ahead the kernels prefetch their source rows (8 and 16
+/// were alike in a scratch test of the kernel; 4 and 32 slower).
 const PREFETCH_RUNS: usize = 8;
 
 /// Bytes of a run prefetched at most: a longer run is sequential, and the

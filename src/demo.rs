@@ -94,6 +94,8 @@ pub(crate) struct Settings {
     loads: usize,
     convert_threads: usize,
     prefetch_batches: usize,
+    /// Batch assembly threads per rank (0: the loader's default).
+    assembly_threads: usize,
     ceiling: bool,
 }
 
@@ -116,8 +118,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
         a.bandwidth_mib, a.latency_ms, a.ranks, a.epochs, a.batch_size
     ));
 
-    let first =
-        Settings { prefetch_bytes: 256 << 20, loads: 4, convert_threads: 2, prefetch_batches: 2, ceiling: false };
+    let first = Settings {
+        prefetch_bytes: 256 << 20,
+        loads: 4,
+        convert_threads: 2,
+        prefetch_batches: 2,
+        assembly_threads: 0,
+        ceiling: false,
+    };
     let main = pass(&exe, &a, work.path(), "run", &first, &data, bandwidth, source_bytes, &bars)?;
     let ceiling = pass(
         &exe,
@@ -181,7 +189,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         }
         println!("in-RAM ceiling (same run, same plan, {} ranks): {:.0} rows/s", a.ranks, ceiling_rps);
         println!(
-            "determinism: {} — every rank's batch checksums over {} epochs are {} in a second run with prefetch {} MiB -> {} MiB, loads {} -> {}, converter threads {} -> {}, loader lookahead {} -> {} batches, and a cold cache",
+            "determinism: {} — every rank's batch checksums over {} epochs are {} in a second run with prefetch {} MiB -> {} MiB, loads {} -> {}, converter threads {} -> {}, loader lookahead {} -> {} batches, assembly threads {} -> {}, and a cold cache",
             if identical { "OK" } else { "MISMATCH" },
             a.epochs,
             if identical { "identical" } else { "NOT identical" },
@@ -192,7 +200,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
             first.convert_threads,
             second.convert_threads,
             first.prefetch_batches,
-            second.prefetch_batches
+            second.prefetch_batches,
+            if first.assembly_threads == 0 {
+                granary_client::default_assembly_threads_for(a.ranks as usize)
+            } else {
+                first.assembly_threads
+            },
+            second.assembly_threads
         );
         println!("total {:.1}s", started.elapsed().as_secs_f64());
     }
@@ -205,7 +219,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
 /// The second run's settings: everything that must not change the batches
 /// is changed.
 pub(crate) fn replay_settings() -> Settings {
-    Settings { prefetch_bytes: 24 << 20, loads: 1, convert_threads: 1, prefetch_batches: 5, ceiling: false }
+    Settings {
+        prefetch_bytes: 24 << 20,
+        loads: 1,
+        convert_threads: 1,
+        prefetch_batches: 5,
+        assembly_threads: 3,
+        ceiling: false,
+    }
 }
 
 /// What both demos start from: the binary, a work folder holding the
@@ -329,6 +350,8 @@ pub(crate) fn pass(
             "2026".into(),
             "--prefetch-batches".into(),
             s.prefetch_batches.to_string(),
+            "--assembly-threads".into(),
+            s.assembly_threads.to_string(),
         ];
         if s.ceiling {
             args.push("--ceiling".into());

@@ -187,7 +187,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             );
         }
         println!(
-            "determinism: {} — every rank's batch checksums over {} epochs are {} when one node daemon serves all {world} ranks alone (prefetch 24 MiB, 1 load, 1 converter thread, loader lookahead 5, cold cache)",
+            "determinism: {} — every rank's batch checksums over {} epochs are {} when one node daemon serves all {world} ranks alone (prefetch 24 MiB, 1 load, 1 converter thread, loader lookahead 5, 3 assembly threads, cold cache)",
             if identical { "OK" } else { "MISMATCH" },
             a.epochs,
             if identical { "identical" } else { "NOT identical" },

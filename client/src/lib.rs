@@ -42,6 +42,6 @@ pub use batch::{Batch, Element, TensorView};
 pub use error::ClientError;
 pub use granary_proto as proto;
 pub use hostbuf::HostMemory;
-pub use loader::{EpochStream, Loader, LoaderConfig, Position, default_assembly_threads};
+pub use loader::{EpochStream, Loader, LoaderConfig, Position, default_assembly_threads, default_assembly_threads_for};
 pub use local::LocalSource;
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

@@ -85,10 +85,16 @@ pub struct LoaderConfig {
 /// when unset), at least 1 and at most 8 (past that, memory bandwidth, not
 /// threads, bounds assembly).
 pub fn default_assembly_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let local_ranks =
         std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n > 0);
-    (cores / local_ranks.unwrap_or(1)).clamp(1, 8)
+    default_assembly_threads_for(local_ranks.unwrap_or(1))
+}
+
+/// The default assembly threads of one of `local_ranks` ranks on this host:
+/// its share of the cores, at least 1 and at most 8.
+pub fn default_assembly_threads_for(local_ranks: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (cores / local_ranks.max(1)).clamp(1, 8)
 }
 
 impl LoaderConfig {

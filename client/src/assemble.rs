@@ -3,7 +3,7 @@
 //! Pure and single-threaded: [`Runs::plan`] groups a batch's rows into
 //! *runs* (consecutive rows of one chunk that land consecutively in the
 //! batch) once per batch, and [`assemble`] copies every tensor over those
-//! runs into one row-major buffer per tensor. The loader calls it from as
+//! runs into its row-major place in the batch's one buffer. The loader calls it from as
 //! many threads as it is configured for, one batch per call, so the bytes of
 //! a batch never depend on the thread count.
 //!
@@ -18,7 +18,7 @@
 //! - **Widths known at compile time** for the common row sizes, so a 4- or
 //!   16-byte row is one or two moves, not a call into `memcpy` with a length
 //!   to branch on. Other widths take `copy_from_slice` with a run-time length.
-//! - **Source rows asked for ahead.** A shuffled batch reads rows at random
+//! - **Source rows asked for ahead** (x86_64; elsewhere no prefetch). A shuffled batch reads rows at random
 //!   places of a window of chunks (tens of MB), so each row waits on memory
 //!   and the hardware prefetcher cannot guess the next one. The kernels
 //!   prefetch the run [`PREFETCH_RUNS`] ahead: on the 2-core VM this took

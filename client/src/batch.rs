@@ -3,9 +3,10 @@
 //! A [`Batch`] holds its tensors row-major, rows in plan order, in one of two
 //! ways: assembled into one buffer, every tensor at a 64-byte-aligned offset
 //! (the buffer goes back to the loader's pool when the batch is dropped, so
-//! steady state allocates nothing), or, where the plan makes the batch one contiguous run
-//! of rows of one chunk ([`granary_proto::Shuffle::Blocks`]), as a view into
-//! the sealed chunk memory itself: nothing is copied on the host.
+//! steady state allocates nothing), or, where the batch's rows are one
+//! contiguous run of one chunk (most batches of
+//! [`granary_proto::Shuffle::Blocks`] and of an unshuffled plan), as a view
+//! into the sealed chunk memory itself: nothing is copied on the host.
 
 use crate::error::ClientError;
 use crate::hostbuf::{BufferPool, HostBuf};

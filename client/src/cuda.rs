@@ -434,7 +434,10 @@ impl GpuFeed {
     /// Page-locked memory of this feed's context, for
     /// [`LoaderConfig::host_memory`](crate::LoaderConfig::host_memory): the
     /// loader then assembles batches where the device copy reads them, and
-    /// [`GpuStream`] copies each straight from there (one host copy).
+    /// [`GpuStream`] copies each straight from there (one host copy). Use
+    /// the memory of the feed that uploads the batches: memory pinned for
+    /// another context is copied from directly too, but the driver may
+    /// treat it as pageable.
     pub fn host_memory(&self) -> HostMemory {
         HostMemory::Pinned(self.ctx.clone())
     }
@@ -485,11 +488,15 @@ impl GpuFeed {
         // written again (the stream orders that) and before the batch it
         // read from is let go (the host waits for that here).
         slot.copied.synchronize().map_err(driver(format_args!("waiting for the previous copy out of slot {index}")))?;
-        slot.host_batch = None;
-        let src = batch.pinned_bytes().unwrap_or_default();
-        Slot::enqueue_copy_from(&mut slot.dev, &slot.released, &slot.copied, stream, src)?;
+        // The slot takes the batch before the copy is enqueued: should the
+        // enqueue fail after the copy started, the buffer still stays out of
+        // the loader's pool until the next wait on `copied`.
         Self::describe(slot, &batch, used);
-        slot.host_batch = Some(batch);
+        slot.filled = false;
+        let held = slot.host_batch.insert(batch);
+        let src = held.pinned_bytes().unwrap_or_default();
+        Slot::enqueue_copy_from(&mut slot.dev, &slot.released, &slot.copied, stream, src)?;
+        slot.filled = true;
         self.next = (index + 1) % SLOTS;
         Ok(index)
     }
@@ -564,6 +571,13 @@ impl Drop for GpuFeed {
         // Pinned buffers must not be freed while a copy still reads them.
         if let Err(e) = self.stream.synchronize() {
             tracing::warn!(error = ?e.0, "synchronising the GPU copy stream before freeing its buffers failed");
+            // A copy may still read the loader's batches the slots hold:
+            // leak them rather than hand their buffers back for reuse.
+            for slot in &mut self.slots {
+                if let Some(batch) = slot.host_batch.take() {
+                    std::mem::forget(batch);
+                }
+            }
         }
     }
 }

@@ -4,13 +4,17 @@
 //! window of rows at a time, never the whole epoch's) on one background
 //! *walker* thread: it fetches each chunk when a batch first needs it and
 //! drops it after the last batch that reads it, so at most a shuffle window
-//! of chunks is held. Each batch is then either
-//! - a **view**: the batch is one contiguous run of rows of one chunk (every
-//!   batch of [`Shuffle::Blocks`], and of [`Shuffle::Off`] where it does not
-//!   cross a shard boundary), handed out in place, nothing copied; or
+//! of chunks is held (with [`Shuffle::Blocks`], the chunks of a group of
+//! `window_batches` batches: a shard's rows are spread over its group). Each
+//! batch is then either
+//! - a **view**: the batch is one contiguous run of rows of one chunk (a
+//!   block-shuffled or unshuffled batch that does not cross a shard boundary
+//!   or hold a padding row; a shuffled batch only by chance), handed out in
+//!   place, nothing copied; or
 //! - **assembled** ([`crate::assemble`]) into pooled buffers, by the walker
 //!   itself when `assembly_threads` is 1, or by a pool of that many
-//!   assembler threads, several batches at once.
+//!   assembler threads, several batches at once: up to `prefetch_batches +
+//!   assembly_threads - 1` batches are queued or being assembled.
 //!
 //! Order is kept by construction, not by sorting: the walker puts each
 //! batch's slot into one bounded queue in plan order *before* the batch is
@@ -65,8 +69,9 @@ pub struct LoaderConfig {
     /// Batches assembled ahead of the consumer. Default: 2.
     pub prefetch_batches: usize,
     /// Threads that assemble batches (0: choose from the machine, see
-    /// [`default_assembly_threads`]). Each holds one batch's buffers while
-    /// it works, so memory grows by one batch per thread. Default: 0.
+    /// [`default_assembly_threads`]). Up to `prefetch_batches +
+    /// assembly_threads - 1` batches are queued or being assembled, so
+    /// memory grows by one batch per thread. Default: 0.
     pub assembly_threads: usize,
     /// Bytes of chunk mappings a [`LocalSource`] made by [`Loader::connect`]
     /// keeps for later epochs (0 keeps none; see [`LocalSource::mapping_cache`]).
@@ -162,8 +167,8 @@ impl Loader {
         // Validate the parameters once, up front (a cursor holds no rows).
         PlanCursor::new(info.version, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
-        // Buffers in use at once: the queue, the batches being assembled,
-        // the consumer's, and one the walker holds.
+        // Buffers in use at once: the queue (finished or being assembled),
+        // the batch the consumer waits on, the consumer's, and the walker's.
         let pool = Arc::new(BufferPool::new(cfg.prefetch_batches.max(1) + cfg.threads() + 2, cfg.host_memory.clone()));
         Ok(Self { source, info: Arc::new(info), layouts, cfg, pool })
     }
@@ -203,7 +208,9 @@ impl Loader {
         let start = pos.batch.min(total);
         let ahead = self.cfg.prefetch_batches.max(1);
         let threads = self.cfg.threads();
-        let (tx, rx) = sync_channel(ahead);
+        // Room for `ahead` finished batches while every thread works on one
+        // more (the batch the consumer waits for is out of the queue).
+        let (tx, rx) = sync_channel(ahead + threads.max(1) - 1);
         let stop = Arc::new(AtomicBool::new(false));
         let walker = Walker {
             source: self.source.clone(),
@@ -259,7 +266,7 @@ impl Iterator for EpochStream {
         let rx = self.rx.as_ref()?;
         let next = match rx.recv() {
             Ok(Slot::Ready(result)) => Ok(result),
-            Ok(Slot::Assembling(done)) => done.recv().map(Ok),
+            Ok(Slot::Assembling(done)) => done.recv(),
             Err(e) => Err(e),
         };
         match next {
@@ -297,8 +304,8 @@ enum Slot {
     /// Produced (a view, a batch the walker assembled, or the error that
     /// ended the epoch).
     Ready(Result<Batch, ClientError>),
-    /// Being assembled by the pool; it arrives on this channel.
-    Assembling(Receiver<Batch>),
+    /// Being assembled by the pool; it (or why not) arrives on this channel.
+    Assembling(Receiver<Result<Batch, ClientError>>),
 }
 
 /// One batch for an assembler thread.
@@ -309,7 +316,7 @@ struct Job {
     buf: HostBuf,
     placements: Vec<(usize, usize)>,
     recycle: Arc<BufferPool>,
-    done: SyncSender<Batch>,
+    done: SyncSender<Result<Batch, ClientError>>,
 }
 
 /// The background thread of one epoch: walks the plan, fetches chunks, and
@@ -332,22 +339,25 @@ impl Walker {
             self.walk(&tx, None)
         } else {
             // Assemblers live as long as the walk: dropping the job sender
-            // at its end lets each finish its batch and return, and the
-            // scope joins them before this thread ends.
+            // at its end lets them take the jobs still queued and return,
+            // and the scope joins them before this thread ends. Each owns a
+            // handle on the job receiver, so should every assembler be gone,
+            // the walker's next send fails instead of blocking forever.
             let (job_tx, job_rx) = sync_channel::<Job>(threads);
-            let job_rx = Mutex::new(job_rx);
+            let job_rx = Arc::new(Mutex::new(job_rx));
             let layouts = self.layouts.clone();
             let rank = self.cursor.params().rank;
             std::thread::scope(|scope| {
                 for k in 0..threads {
-                    let (job_rx, layouts) = (&job_rx, &layouts);
+                    let (job_rx, layouts) = (job_rx.clone(), &layouts);
                     let spawned = std::thread::Builder::new()
                         .name(format!("granary-asm-r{rank}-{k}"))
-                        .spawn_scoped(scope, move || assembler(job_rx, layouts));
+                        .spawn_scoped(scope, move || assembler(&job_rx, layouts));
                     if let Err(e) = spawned {
                         return Err(ClientError::Io(e));
                     }
                 }
+                drop(job_rx);
                 let result = self.walk(&tx, Some(&job_tx));
                 drop(job_tx);
                 result
@@ -462,8 +472,8 @@ fn owned_batch(
 /// An assembler thread: takes jobs until the walker is done.
 fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
     loop {
-        // The lock is held only while waiting for the next job; a poisoned
-        // lock means another assembler panicked, and the walk is over.
+        // The lock is held only while waiting for the next job (never while
+        // assembling), so it cannot be poisoned; if it were, stop.
         let job = match jobs.lock() {
             Ok(rx) => match rx.recv() {
                 Ok(job) => job,
@@ -472,9 +482,20 @@ fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
             Err(_) => return,
         };
         let Job { position, runs, chunks, mut buf, placements, recycle, done } = job;
-        assemble(&runs, &chunks, layouts, &placements, buf.as_mut_slice());
+        // A panic in the kernels (a chunk inconsistent with the plan that
+        // validation missed) becomes this batch's error, not a dead thread.
+        let assembled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assemble(&runs, &chunks, layouts, &placements, buf.as_mut_slice())
+        }));
         drop(chunks);
+        let result = match assembled {
+            Ok(()) => Ok(owned_batch(position, runs.rows(), layouts, buf, placements, &recycle)),
+            Err(_) => Err(ClientError::Producer(format!(
+                "assembling batch {} of epoch {} panicked",
+                position.batch, position.epoch
+            ))),
+        };
         // A consumer that went away drops the batch (and its buffer).
-        let _ = done.send(owned_batch(position, runs.rows(), layouts, buf, placements, &recycle));
+        let _ = done.send(result);
     }
 }

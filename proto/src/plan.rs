@@ -143,8 +143,8 @@ pub enum PlanError {
     /// `batch_size` is zero.
     #[error("batch size must be at least 1")]
     ZeroBatch,
-    /// A shuffle window of zero shards.
-    #[error("shuffle window must be at least 1 shard")]
+    /// A shuffle window of zero shards (or a block group of zero batches).
+    #[error("a shuffle window (window_shards, window_batches) must be at least 1")]
     ZeroWindow,
     /// A shard with more rows than a plan can address.
     #[error("shard {0} has more than 2^32 rows")]
@@ -578,9 +578,12 @@ impl PlanCursor {
     }
 
     /// Whether rows of shard `shard_index` are still to be handed out from
-    /// the windows generated so far. A shard's rows all lie in one window,
-    /// so once a shard has been seen and this is false, the epoch needs it
-    /// no more (except a wrap-around padding row at the very end).
+    /// the windows generated so far (with [`Shuffle::Blocks`]: at all this
+    /// epoch). A shard's rows all lie in one window (one group's batches, or
+    /// a group's neighbours, with blocks), so once a shard has been seen and
+    /// this is false, the epoch needs it no more (except a wrap-around
+    /// padding row in the last batch, or with blocks anywhere in the last
+    /// group).
     pub fn pending(&self, shard_index: u32) -> bool {
         self.pending.get(shard_index as usize).is_some_and(|&n| n > 0)
     }
@@ -646,7 +649,8 @@ impl PlanCursor {
             pos = seg_start + to;
             k += 1;
         }
-        // Wrap-around padding (at most a row or two, at the end).
+        // Wrap-around padding (at most a row or two, in the source batch
+        // that ends the sequence: with blocks, somewhere in the last group).
         for pos in start.max(self.own_rows)..end {
             let r = self.padding_row(pos - self.own_rows);
             piece(r.shard_index, r.row, r.row + 1);
@@ -698,7 +702,8 @@ impl PlanCursor {
         // Padding repeats rows[i % own_rows], and K exceeds the rank's own
         // rows by at most one (B = 1 with W not dividing N), so `i` is 0:
         // the rank's first row, which the first window holds, regenerated
-        // here (once an epoch, at the end).
+        // here (once an epoch, in the last batch or, with blocks, the last
+        // group).
         let first = &self.split.segments[..self.split.window.min(self.split.segments.len())];
         let mut rows = Vec::new();
         window_rows(self.version, &self.params, 0, first, &mut rows);

@@ -135,6 +135,13 @@ impl Batch {
         }
     }
 
+    /// True when the batch is a view into a chunk whose memory is
+    /// registered with a CUDA context.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn is_page_locked_view(&self) -> bool {
+        matches!(&self.storage, Storage::View { chunk, .. } if chunk.is_page_locked())
+    }
+
     /// An assembled batch in page-locked memory: its whole packed buffer
     /// (tensors at [`crate::hostbuf::pack`]'s offsets).
     #[cfg(feature = "cuda")]

@@ -22,7 +22,12 @@
 //! (when the slot comes round again), so the loader cannot reuse the buffer
 //! while the device still reads it. Every other batch (a view into chunk
 //! memory, or one assembled on the heap) is packed into the slot's staging
-//! buffer first, as [`GpuFeed::upload`] always does.
+//! buffer first, as [`GpuFeed::upload`] always does, except a view into a
+//! chunk whose mapping is registered with the driver
+//! ([`LocalSource::page_lock_for`](crate::LocalSource::page_lock_for)):
+//! that is copied tensor by tensor straight from chunk memory, and held in
+//! the slot like a pinned batch, so with a block shuffle most batches cross
+//! to the device with no host copy at all.
 //!
 //! ## Design choices
 //! - **Bounded memory.** Everything is allocated once, in [`GpuFeed::new`]:
@@ -162,6 +167,42 @@ fn place(layouts: &[TensorLayout], rows: usize, out: &mut Vec<Placement>) -> Opt
     out.clear();
     out.extend(packed.into_iter().map(|(offset, len)| Placement { offset, len }));
     Some(used)
+}
+
+/// Registers `len` bytes at `ptr` (a read-only mapping) with `ctx` as
+/// page-locked memory; false (logged once) where the driver refuses.
+pub(crate) fn register_host_read_only(ctx: &Arc<CudaContext>, ptr: *mut std::ffi::c_void, len: usize) -> bool {
+    static REFUSED: std::sync::Once = std::sync::Once::new();
+    let result = guarded("registering chunk memory with the CUDA driver", || {
+        ctx.bind_to_thread().map_err(driver("binding the CUDA context"))?;
+        // SAFETY: `ptr..ptr+len` is a live mapping owned by the caller,
+        // which unregisters it (`unregister_host`) before unmapping it; the
+        // driver only pins its pages and never writes them (READ_ONLY).
+        let r = unsafe {
+            cudarc::driver::sys::cuMemHostRegister_v2(ptr, len, cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY)
+        };
+        r.result().map_err(driver(format_args!("registering {len} bytes of chunk memory")))
+    });
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            REFUSED.call_once(|| tracing::warn!(error = %e, "chunk memory stays pageable: views are staged"));
+            false
+        }
+    }
+}
+
+/// Undoes [`register_host_read_only`] for `ptr` (errors are logged).
+pub(crate) fn unregister_host(ctx: &Arc<CudaContext>, ptr: *mut std::ffi::c_void) {
+    let result = guarded("unregistering chunk memory", || {
+        ctx.bind_to_thread().map_err(driver("binding the CUDA context"))?;
+        // SAFETY: `ptr` was registered with this context and is still mapped.
+        let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(ptr) };
+        r.result().map_err(driver("unregistering chunk memory"))
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "unregistering chunk memory failed");
+    }
 }
 
 /// `bytes` of page-locked host memory of `ctx`, zeroed, and its address.
@@ -335,16 +376,32 @@ impl Slot {
         stream: &Arc<CudaStream>,
         src: &[u8],
     ) -> Result<(), ClientError> {
+        Self::enqueue_copies(dev, released, copied, stream, &[(src, 0)])
+    }
+
+    /// Enqueues the copies of `pieces` (page-locked host bytes, each with its
+    /// offset in `dev`), after every earlier consumer of `dev`
+    /// (`released`), and records `copied` after the last.
+    fn enqueue_copies(
+        dev: &mut CudaSlice<u8>,
+        released: &CudaEvent,
+        copied: &CudaEvent,
+        stream: &Arc<CudaStream>,
+        pieces: &[(&[u8], usize)],
+    ) -> Result<(), ClientError> {
         stream.wait(released).map_err(driver("making the copy stream wait for the slot's release"))?;
-        let used = src.len();
-        if used > 0 {
+        for &(src, offset) in pieces {
+            let len = src.len();
+            if len == 0 {
+                continue;
+            }
             let dev_len = dev.len();
-            let mut dst = dev
-                .try_slice_mut(0..used)
-                .ok_or_else(|| ClientError::Gpu(format!("{used} bytes exceed the {dev_len}-byte device buffer")))?;
+            let mut dst = offset.checked_add(len).and_then(|end| dev.try_slice_mut(offset..end)).ok_or_else(|| {
+                ClientError::Gpu(format!("{len} bytes at {offset} exceed the {dev_len}-byte device buffer"))
+            })?;
             stream
                 .memcpy_htod(src, &mut dst)
-                .map_err(driver(format_args!("enqueueing a {used}-byte host-to-device copy")))?;
+                .map_err(driver(format_args!("enqueueing a {len}-byte host-to-device copy")))?;
         }
         copied.record(stream).map_err(driver("recording the copy-done event"))?;
         // Errors cudarc could only record (in drops and implicit stream
@@ -473,10 +530,13 @@ impl GpuFeed {
     /// Enqueues `batch` from its own page-locked memory when it lives in
     /// some, otherwise stages it; returns the slot that holds it.
     fn stage_owned(&mut self, batch: Batch) -> Result<usize, ClientError> {
-        let direct = batch
+        let pinned = batch
             .pinned_bytes()
             .is_some_and(|b| slot_bytes(batch.layouts(), batch.rows()) == Some(b.len()) && b.len() <= self.capacity);
-        if !direct {
+        // A view into chunk memory registered with the driver is copied
+        // tensor by tensor from the chunk itself.
+        let locked_view = batch.is_page_locked_view();
+        if !pinned && !locked_view {
             return self.stage(&batch);
         }
         let index = self.next;
@@ -484,18 +544,32 @@ impl GpuFeed {
         let slot = &mut self.slots[index];
         slot.filled = false;
         let used = plan_slot(batch.layouts(), batch.rows(), self.capacity, &mut slot.placements)?;
+        for (i, p) in slot.placements.iter().enumerate() {
+            if batch.tensor_bytes(i).len() != p.len {
+                return Err(ClientError::Gpu(format!(
+                    "tensor {i} holds {} bytes, not the {} its layout implies for {} rows",
+                    batch.tensor_bytes(i).len(),
+                    p.len,
+                    batch.rows()
+                )));
+            }
+        }
         // The slot's previous copy must be done before its device buffer is
         // written again (the stream orders that) and before the batch it
         // read from is let go (the host waits for that here).
         slot.copied.synchronize().map_err(driver(format_args!("waiting for the previous copy out of slot {index}")))?;
         // The slot takes the batch before the copy is enqueued: should the
-        // enqueue fail after the copy started, the buffer still stays out of
-        // the loader's pool until the next wait on `copied`.
+        // enqueue fail after the copy started, the memory it reads still
+        // stays held (out of the loader's pool, mapped) until the next wait
+        // on `copied`.
         Self::describe(slot, &batch, used);
         slot.filled = false;
         let held = slot.host_batch.insert(batch);
-        let src = held.pinned_bytes().unwrap_or_default();
-        Slot::enqueue_copy_from(&mut slot.dev, &slot.released, &slot.copied, stream, src)?;
+        let pieces: Vec<(&[u8], usize)> = match held.pinned_bytes() {
+            Some(all) if pinned => vec![(all, 0)],
+            _ => slot.placements.iter().enumerate().map(|(i, p)| (held.tensor_bytes(i), p.offset)).collect(),
+        };
+        Slot::enqueue_copies(&mut slot.dev, &slot.released, &slot.copied, stream, &pieces)?;
         slot.filled = true;
         self.next = (index + 1) % SLOTS;
         Ok(index)
@@ -1022,5 +1096,66 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, expected.len());
+    }
+
+    /// Chunk memory registered with the driver: a view into it is copied to
+    /// the device tensor by tensor from the chunk itself, and equals the
+    /// same rows staged. Runs only where a CUDA device is present.
+    #[test]
+    fn cuda_views_of_registered_chunks_copy_from_chunk_memory_on_gpu() {
+        if !cuda_available() {
+            eprintln!("skipped: no CUDA device");
+            return;
+        }
+        use crate::source::{Chunk, ChunkBytes};
+        use granary_proto::chunk::Verify;
+        use granary_proto::{AlignedBuf, ChunkLayout, DatasetVersion, ShardId};
+
+        /// Chunk bytes registered with a context for the test's lifetime.
+        struct Registered {
+            buf: AlignedBuf,
+            ctx: Arc<CudaContext>,
+        }
+        impl ChunkBytes for Registered {
+            fn bytes(&self) -> &[u8] {
+                self.buf.as_slice()
+            }
+            fn page_locked(&self) -> bool {
+                true
+            }
+        }
+        impl Drop for Registered {
+            fn drop(&mut self) {
+                unregister_host(&self.ctx, self.buf.as_slice().as_ptr() as *mut std::ffi::c_void);
+            }
+        }
+
+        let ls: Arc<[TensorLayout]> = layouts().into();
+        let (v, shard, rows) = (DatasetVersion([4; 16]), ShardId { file: 0, row_group: 0 }, 300u64);
+        let layout = ChunkLayout::new(v, shard, rows, &ls).expect("layout");
+        let mut buf = AlignedBuf::zeroed(layout.total_len());
+        for t in 0..ls.len() {
+            for (b, byte) in buf.as_mut_slice()[layout.tensor_range(t)].iter_mut().enumerate() {
+                *byte = (b * 7 + t) as u8;
+            }
+        }
+        layout.seal(buf.as_mut_slice()).expect("seal");
+        let mut feed = GpuFeed::new(0, slot_bytes(&ls, 64).expect("no overflow")).expect("feed on device 0");
+        let ctx = feed.context().clone();
+        let (ptr, len) = (buf.as_slice().as_ptr() as *mut std::ffi::c_void, buf.len());
+        assert!(register_host_read_only(&ctx, ptr, len), "the driver refused to register host memory");
+        let chunk = Chunk::new(Arc::new(Registered { buf, ctx }), v, shard, Verify::Full).expect("chunk");
+        let view = |first_row: usize, index: u64| Batch {
+            position: Position { epoch: 0, batch: index },
+            rows: 64,
+            layouts: ls.clone(),
+            storage: crate::batch::Storage::View { chunk: chunk.clone(), first_row },
+        };
+        for (i, first) in [0usize, 64, 100, 236].into_iter().enumerate() {
+            let expected = view(first, i as u64);
+            assert!(expected.is_page_locked_view());
+            let g = feed.upload_owned(view(first, i as u64)).expect("upload");
+            check_on_device(&g, &expected);
+        }
     }
 }

@@ -49,6 +49,10 @@ pub struct LocalSource {
     /// this source received: a chunk reply of another length is refused
     /// before its memory file is mapped.
     chunk_lens: Mutex<HashMap<DatasetVersion, HashMap<ShardId, u64>>>,
+    /// Register every chunk mapping with this CUDA context as page-locked
+    /// memory (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    page_lock: Option<Arc<cudarc::driver::CudaContext>>,
 }
 
 /// The largest chunk mapped when its dataset was not described through
@@ -108,7 +112,22 @@ impl LocalSource {
             verify: Verify::HeaderOnly,
             mappings: Mutex::new(mappings),
             chunk_lens: Mutex::new(HashMap::new()),
+            #[cfg(feature = "cuda")]
+            page_lock: None,
         })
+    }
+
+    /// Registers every chunk this source maps with `ctx` as page-locked,
+    /// read-only memory, once per mapping (kept while the mapping cache
+    /// keeps the mapping), so that a [`crate::cuda::GpuStream`] copies a
+    /// batch that is a view into a chunk straight from chunk memory. Where
+    /// the driver refuses (read-only registration needs a device and driver
+    /// that support it), the chunk is used unregistered and the feed packs
+    /// views into its staging buffer as before.
+    #[cfg(feature = "cuda")]
+    pub fn page_lock_for(mut self, ctx: Arc<cudarc::driver::CudaContext>) -> Self {
+        self.page_lock = Some(ctx);
+        self
     }
 
     /// Keeps up to `bytes` of recently used chunk mappings (0 disables).
@@ -223,6 +242,10 @@ fn read_prefix_with_fd(stream: &UnixStream) -> Result<(usize, Option<OwnedFd>), 
 struct MappedChunk {
     ptr: *mut std::ffi::c_void,
     len: usize,
+    /// The CUDA context the mapping is registered with as page-locked
+    /// memory, if any (unregistered before it is unmapped).
+    #[cfg(feature = "cuda")]
+    registered: Option<Arc<cudarc::driver::CudaContext>>,
 }
 
 // SAFETY: the mapping is read-only and the file is sealed against writes, so
@@ -251,7 +274,12 @@ impl MappedChunk {
             rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::SHARED | MapFlags::POPULATE, fd, 0)
         }
         .map_err(std::io::Error::from)?;
-        Ok(Self { ptr, len })
+        Ok(Self {
+            ptr,
+            len,
+            #[cfg(feature = "cuda")]
+            registered: None,
+        })
     }
 }
 
@@ -261,10 +289,21 @@ impl ChunkBytes for MappedChunk {
         // and their content never changes (sealed file).
         unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
     }
+
+    #[cfg(feature = "cuda")]
+    fn page_locked(&self) -> bool {
+        self.registered.is_some()
+    }
 }
 
 impl Drop for MappedChunk {
     fn drop(&mut self) {
+        // A device copy that read this mapping is finished by now: a GPU
+        // feed holds the batch (and so this chunk) until its copy is done.
+        #[cfg(feature = "cuda")]
+        if let Some(ctx) = self.registered.take() {
+            crate::cuda::unregister_host(&ctx, self.ptr);
+        }
         // SAFETY: unmapping the region mapped in `map`, once.
         let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
     }
@@ -330,7 +369,14 @@ impl ChunkSource for LocalSource {
                     }
                     _ => {}
                 }
-                let mapped = MappedChunk::map(&fd, len as usize)?;
+                #[allow(unused_mut)]
+                let mut mapped = MappedChunk::map(&fd, len as usize)?;
+                #[cfg(feature = "cuda")]
+                if let Some(ctx) = &self.page_lock
+                    && crate::cuda::register_host_read_only(ctx, mapped.ptr, mapped.len)
+                {
+                    mapped.registered = Some(ctx.clone());
+                }
                 let chunk = Chunk::new(Arc::new(mapped), version, shard, self.verify)?;
                 if let Ok(mut m) = self.mappings.lock() {
                     m.insert((version, shard), chunk.clone());

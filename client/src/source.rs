@@ -17,6 +17,12 @@ use std::sync::Arc;
 pub trait ChunkBytes: Send + Sync {
     /// The chunk bytes, starting 64-byte aligned.
     fn bytes(&self) -> &[u8];
+
+    /// True when the bytes are registered with a CUDA context as page-locked
+    /// memory (feature `cuda`), so a device copy can read them directly.
+    fn page_locked(&self) -> bool {
+        false
+    }
 }
 
 impl ChunkBytes for AlignedBuf {
@@ -70,6 +76,12 @@ impl Chunk {
     /// The whole chunk.
     pub fn bytes(&self) -> &[u8] {
         self.owner.bytes()
+    }
+
+    /// True when the chunk's memory is page-locked for a CUDA context (see
+    /// [`crate::LocalSource`]'s `page_lock_for`, feature `cuda`).
+    pub fn is_page_locked(&self) -> bool {
+        self.owner.page_locked()
     }
 }
 

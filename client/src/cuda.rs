@@ -169,39 +169,61 @@ fn place(layouts: &[TensorLayout], rows: usize, out: &mut Vec<Placement>) -> Opt
     Some(used)
 }
 
-/// Registers `len` bytes at `ptr` (a read-only mapping) with `ctx` as
-/// page-locked memory; false (logged once) where the driver refuses.
-pub(crate) fn register_host_read_only(ctx: &Arc<CudaContext>, ptr: *mut std::ffi::c_void, len: usize) -> bool {
-    static REFUSED: std::sync::Once = std::sync::Once::new();
-    let result = guarded("registering chunk memory with the CUDA driver", || {
+/// Makes `ctx` current on this thread without losing an error cudarc
+/// recorded on it earlier (binding reports and clears such an error; it is
+/// recorded again for the feed to find), then runs `f`.
+fn with_context<T>(ctx: &Arc<CudaContext>, f: impl FnOnce() -> Result<T, ClientError>) -> Result<T, ClientError> {
+    let earlier = ctx.bind_to_thread().err();
+    if earlier.is_some() {
         ctx.bind_to_thread().map_err(driver("binding the CUDA context"))?;
-        // SAFETY: `ptr..ptr+len` is a live mapping owned by the caller,
-        // which unregisters it (`unregister_host`) before unmapping it; the
-        // driver only pins its pages and never writes them (READ_ONLY).
-        let r = unsafe {
-            cudarc::driver::sys::cuMemHostRegister_v2(ptr, len, cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY)
-        };
-        r.result().map_err(driver(format_args!("registering {len} bytes of chunk memory")))
+    }
+    let result = f();
+    if let Some(e) = earlier {
+        ctx.record_err::<()>(Err(e));
+    }
+    result
+}
+
+/// Registers `len` bytes at `ptr` (a read-only mapping) with `ctx` as
+/// page-locked memory, usable from any context (`PORTABLE`); the error where
+/// the driver refuses.
+pub(crate) fn register_host_read_only(
+    ctx: &Arc<CudaContext>,
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+) -> Result<(), ClientError> {
+    guarded("registering chunk memory with the CUDA driver", || {
+        with_context(ctx, || {
+            use cudarc::driver::sys::{
+                CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_READ_ONLY, cuMemHostRegister_v2,
+            };
+            // SAFETY: `ptr..ptr+len` is a live mapping owned by the caller,
+            // which unregisters it (`unregister_host`) before unmapping it;
+            // the driver only pins its pages and never writes them.
+            let r =
+                unsafe { cuMemHostRegister_v2(ptr, len, CU_MEMHOSTREGISTER_READ_ONLY | CU_MEMHOSTREGISTER_PORTABLE) };
+            r.result().map_err(driver(format_args!("registering {len} bytes of chunk memory")))
+        })
+    })
+}
+
+/// Undoes [`register_host_read_only`] for `ptr`; false (logged) when the
+/// driver did not, in which case the caller must not unmap the range.
+pub(crate) fn unregister_host(ctx: &Arc<CudaContext>, ptr: *mut std::ffi::c_void) -> bool {
+    let result = guarded("unregistering chunk memory", || {
+        with_context(ctx, || {
+            // SAFETY: `ptr` was registered with this context and is still
+            // mapped.
+            let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(ptr) };
+            r.result().map_err(driver("unregistering chunk memory"))
+        })
     });
     match result {
         Ok(()) => true,
         Err(e) => {
-            REFUSED.call_once(|| tracing::warn!(error = %e, "chunk memory stays pageable: views are staged"));
+            tracing::warn!(error = %e, "unregistering chunk memory failed: the mapping is kept");
             false
         }
-    }
-}
-
-/// Undoes [`register_host_read_only`] for `ptr` (errors are logged).
-pub(crate) fn unregister_host(ctx: &Arc<CudaContext>, ptr: *mut std::ffi::c_void) {
-    let result = guarded("unregistering chunk memory", || {
-        ctx.bind_to_thread().map_err(driver("binding the CUDA context"))?;
-        // SAFETY: `ptr` was registered with this context and is still mapped.
-        let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(ptr) };
-        r.result().map_err(driver("unregistering chunk memory"))
-    });
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "unregistering chunk memory failed");
     }
 }
 
@@ -519,9 +541,11 @@ impl GpuFeed {
     }
 
     /// Like [`upload`](Self::upload), taking the batch: one assembled in
-    /// this feed's page-locked memory ([`host_memory`](Self::host_memory))
-    /// is copied to the device straight from it, and kept (with its buffer)
-    /// until that copy is done.
+    /// this feed's page-locked memory ([`host_memory`](Self::host_memory)),
+    /// or a view into a chunk registered with the driver
+    /// ([`LocalSource::page_lock_for`](crate::LocalSource::page_lock_for)),
+    /// is copied to the device straight from that memory, and kept (with
+    /// its buffer or mapping) until that copy is done.
     pub fn upload_owned(&mut self, batch: Batch) -> Result<GpuBatch<'_>, ClientError> {
         let index = self.stage_owned(batch)?;
         self.batch_in(index)
@@ -558,10 +582,7 @@ impl GpuFeed {
         // written again (the stream orders that) and before the batch it
         // read from is let go (the host waits for that here).
         slot.copied.synchronize().map_err(driver(format_args!("waiting for the previous copy out of slot {index}")))?;
-        // The slot takes the batch before the copy is enqueued: should the
-        // enqueue fail after the copy started, the memory it reads still
-        // stays held (out of the loader's pool, mapped) until the next wait
-        // on `copied`.
+        // The slot holds the batch while copies read it.
         Self::describe(slot, &batch, used);
         slot.filled = false;
         let held = slot.host_batch.insert(batch);
@@ -569,7 +590,17 @@ impl GpuFeed {
             Some(all) if pinned => vec![(all, 0)],
             _ => slot.placements.iter().enumerate().map(|(i, p)| (held.tensor_bytes(i), p.offset)).collect(),
         };
-        Slot::enqueue_copies(&mut slot.dev, &slot.released, &slot.copied, stream, &pieces)?;
+        if let Err(e) = Slot::enqueue_copies(&mut slot.dev, &slot.released, &slot.copied, stream, &pieces) {
+            // Some copies may be enqueued with no `copied` after them: wait
+            // for the stream before the batch can be let go, and where even
+            // that fails, never let it go (its memory may still be read).
+            if stream.synchronize().is_err()
+                && let Some(batch) = slot.host_batch.take()
+            {
+                std::mem::forget(batch);
+            }
+            return Err(e);
+        }
         slot.filled = true;
         self.next = (index + 1) % SLOTS;
         Ok(index)
@@ -1126,7 +1157,7 @@ mod tests {
         }
         impl Drop for Registered {
             fn drop(&mut self) {
-                unregister_host(&self.ctx, self.buf.as_slice().as_ptr() as *mut std::ffi::c_void);
+                assert!(unregister_host(&self.ctx, self.buf.as_slice().as_ptr() as *mut std::ffi::c_void));
             }
         }
 
@@ -1143,7 +1174,10 @@ mod tests {
         let mut feed = GpuFeed::new(0, slot_bytes(&ls, 64).expect("no overflow")).expect("feed on device 0");
         let ctx = feed.context().clone();
         let (ptr, len) = (buf.as_slice().as_ptr() as *mut std::ffi::c_void, buf.len());
-        assert!(register_host_read_only(&ctx, ptr, len), "the driver refused to register host memory");
+        if let Err(e) = register_host_read_only(&ctx, ptr, len) {
+            eprintln!("skipped: this device or driver refuses read-only host registration ({e})");
+            return;
+        }
         let chunk = Chunk::new(Arc::new(Registered { buf, ctx }), v, shard, Verify::Full).expect("chunk");
         let view = |first_row: usize, index: u64| Batch {
             position: Position { epoch: 0, batch: index },

@@ -53,6 +53,9 @@ pub struct LocalSource {
     /// memory (feature `cuda`).
     #[cfg(feature = "cuda")]
     page_lock: Option<Arc<cudarc::driver::CudaContext>>,
+    /// The driver refused a registration: stop asking.
+    #[cfg(feature = "cuda")]
+    page_lock_refused: std::sync::atomic::AtomicBool,
 }
 
 /// The largest chunk mapped when its dataset was not described through
@@ -114,6 +117,8 @@ impl LocalSource {
             chunk_lens: Mutex::new(HashMap::new()),
             #[cfg(feature = "cuda")]
             page_lock: None,
+            #[cfg(feature = "cuda")]
+            page_lock_refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -123,7 +128,9 @@ impl LocalSource {
     /// batch that is a view into a chunk straight from chunk memory. Where
     /// the driver refuses (read-only registration needs a device and driver
     /// that support it), the chunk is used unregistered and the feed packs
-    /// views into its staging buffer as before.
+    /// views into its staging buffer as before (logged; this source then
+    /// stops trying). Registering pays off with a block shuffle, whose
+    /// batches are mostly views; an assembled batch gains nothing from it.
     #[cfg(feature = "cuda")]
     pub fn page_lock_for(mut self, ctx: Arc<cudarc::driver::CudaContext>) -> Self {
         self.page_lock = Some(ctx);
@@ -301,8 +308,12 @@ impl Drop for MappedChunk {
         // A device copy that read this mapping is finished by now: a GPU
         // feed holds the batch (and so this chunk) until its copy is done.
         #[cfg(feature = "cuda")]
-        if let Some(ctx) = self.registered.take() {
-            crate::cuda::unregister_host(&ctx, self.ptr);
+        if let Some(ctx) = self.registered.take()
+            && !crate::cuda::unregister_host(&ctx, self.ptr)
+        {
+            // Unmapping pages the driver still holds pinned would leak them
+            // and leave the range registered: keep the mapping instead.
+            return;
         }
         // SAFETY: unmapping the region mapped in `map`, once.
         let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
@@ -373,9 +384,16 @@ impl ChunkSource for LocalSource {
                 let mut mapped = MappedChunk::map(&fd, len as usize)?;
                 #[cfg(feature = "cuda")]
                 if let Some(ctx) = &self.page_lock
-                    && crate::cuda::register_host_read_only(ctx, mapped.ptr, mapped.len)
+                    && !self.page_lock_refused.load(std::sync::atomic::Ordering::Relaxed)
                 {
-                    mapped.registered = Some(ctx.clone());
+                    match crate::cuda::register_host_read_only(ctx, mapped.ptr, mapped.len) {
+                        Ok(()) => mapped.registered = Some(ctx.clone()),
+                        Err(e) => {
+                            // Once refused, not tried again by this source.
+                            self.page_lock_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!(error = %e, "chunk memory stays pageable: views will be staged");
+                        }
+                    }
                 }
                 let chunk = Chunk::new(Arc::new(mapped), version, shard, self.verify)?;
                 if let Ok(mut m) = self.mappings.lock() {

@@ -22,7 +22,8 @@
 //!   chunk, copied tensor by tensor with compile-time widths.
 //! - [`batch`] — [`Batch`] and typed tensor views ([`TensorView`]).
 //! - `cuda` (feature `cuda`): copies batches to the GPU on a stream,
-//!   double-buffered.
+//!   double-buffered; straight from page-locked batch buffers or registered
+//!   chunk memory where it can (one host copy, or none for a view).
 //!
 //! This crate depends on `granary-proto` and a few small crates only: no
 //! async runtime, no Arrow, no object store. The node's in-process mode

@@ -26,7 +26,7 @@
 //!   connection per concurrent slot, server in this process).
 
 use crate::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
-use crate::report::{Conditions, CpuSample, CpuShares, ratio};
+use crate::report::{Conditions, CpuSample, CpuShares, median, ratio};
 use anyhow::{Context, Result, anyhow};
 use granary_client::{ChunkSource, LocalSource};
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
@@ -406,16 +406,6 @@ fn transfer_scenario(exe: &Path, cluster: &LocalCluster, rounds: u32) -> Result<
             tcp_raw_rounds_mb_s: tcp,
         })
     })
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Fetches every shard once from `addr`, `concurrency` at a time; returns

@@ -28,7 +28,7 @@
 
 use crate::consume::{Staging, memcpy_gbps};
 use crate::harness::{NodeProcess, proc_memory};
-use crate::report::{Conditions, gbps, ratio};
+use crate::report::{Conditions, gbps, median, ratio};
 use anyhow::{Context, Result};
 use granary_client::ChunkSource;
 use granary_client::{Batch, Loader, LoaderConfig, MemorySource};
@@ -223,16 +223,8 @@ fn consume_epoch<B: std::borrow::Borrow<Batch>>(
 /// A scenario's rate is the median over its epochs: epochs are short and
 /// the machine is shared, so one descheduled epoch must not decide it.
 fn scenario(name: &str, epochs: Vec<EpochMeasure>) -> Scenario {
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => 0.0,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    };
-    let rows_per_s = median(epochs.iter().map(|e| ratio(e.rows as f64, e.secs)).collect());
-    let gb_per_s = median(epochs.iter().map(|e| gbps(e.bytes, e.secs)).collect());
+    let rows_per_s = median(&epochs.iter().map(|e| ratio(e.rows as f64, e.secs)).collect::<Vec<_>>());
+    let gb_per_s = median(&epochs.iter().map(|e| gbps(e.bytes, e.secs)).collect::<Vec<_>>());
     Scenario { scenario: name.into(), rows_per_s, gb_per_s, epochs }
 }
 

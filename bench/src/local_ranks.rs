@@ -23,7 +23,7 @@
 
 use crate::harness::{TrainerProcess, run_epoch, spawn_ranks};
 use crate::local::{LocalOpts, generate, start_daemon};
-use crate::report::{Conditions, ratio};
+use crate::report::{Conditions, median, ratio};
 use anyhow::Result;
 use serde::Serialize;
 use std::path::Path;
@@ -62,15 +62,6 @@ pub struct RanksSummary {
 /// eight, a rank has read (and mapped) a given chunk with probability
 /// 1 - (1 - 1/N)^8 (0.90 for 4 ranks).
 pub const WARMUP_EPOCHS: u64 = 8;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
 
 /// Runs the three sets of ranks; `say` receives one line per step.
 pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) -> Result<RanksSummary> {
@@ -125,7 +116,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) 
     drop((copy, warm, blocks));
     daemon.stop();
     let epochs = (0..c.len()).map(|i| [c[i], w[i], b[i]]).collect();
-    let (copy, warm, blocks) = (median(c), median(w), median(b));
+    let (copy, warm, blocks) = (median(&c), median(&w), median(&b));
     Ok(RanksSummary {
         scenario: "ranks",
         ranks: sockets.len() as u32,

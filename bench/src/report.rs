@@ -34,6 +34,19 @@ pub fn gbps(bytes: u64, secs: f64) -> f64 {
     if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 }
 }
 
+/// The median of `v` (the mean of the middle two for an even count), or 0
+/// for none: epochs and rounds are short and the machine is shared, so one
+/// descheduled measurement must not decide a figure.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// A ratio, or 0 when the denominator is 0.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }

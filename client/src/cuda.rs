@@ -379,6 +379,26 @@ impl Slot {
         })
     }
 
+    /// Places `batch`'s tensors in this slot (into `placements`) and checks
+    /// that each holds the bytes its layout implies; returns the bytes used.
+    fn place(&mut self, batch: &Batch, capacity: usize) -> Result<usize, ClientError> {
+        let layouts = batch.layouts();
+        let used = plan_slot(layouts, batch.rows(), capacity, &mut self.placements)?;
+        for (i, (layout, p)) in layouts.iter().zip(&self.placements).enumerate() {
+            // A Batch holds one byte range per layout, in view order.
+            let have = batch.tensor_bytes(i).len();
+            if have != p.len {
+                return Err(ClientError::Gpu(format!(
+                    "tensor {:?} holds {have} bytes, not the {} its layout implies for {} rows",
+                    layout.name,
+                    p.len,
+                    batch.rows()
+                )));
+            }
+        }
+        Ok(used)
+    }
+
     /// Enqueues the copy of the first `used` staged bytes to the device, after
     /// every earlier consumer of the device buffer, and records `copied`.
     fn enqueue_copy(&mut self, stream: &Arc<CudaStream>, used: usize) -> Result<(), ClientError> {
@@ -567,17 +587,7 @@ impl GpuFeed {
         let stream = &self.stream;
         let slot = &mut self.slots[index];
         slot.filled = false;
-        let used = plan_slot(batch.layouts(), batch.rows(), self.capacity, &mut slot.placements)?;
-        for (i, p) in slot.placements.iter().enumerate() {
-            if batch.tensor_bytes(i).len() != p.len {
-                return Err(ClientError::Gpu(format!(
-                    "tensor {i} holds {} bytes, not the {} its layout implies for {} rows",
-                    batch.tensor_bytes(i).len(),
-                    p.len,
-                    batch.rows()
-                )));
-            }
-        }
+        let used = slot.place(&batch, self.capacity)?;
         // The slot's previous copy must be done before its device buffer is
         // written again (the stream orders that) and before the batch it
         // read from is let go (the host waits for that here).
@@ -612,20 +622,7 @@ impl GpuFeed {
         let stream = &self.stream;
         let slot = &mut self.slots[index];
         slot.filled = false;
-        let layouts = batch.layouts();
-        let used = plan_slot(layouts, batch.rows(), self.capacity, &mut slot.placements)?;
-        for (i, (layout, p)) in layouts.iter().zip(&slot.placements).enumerate() {
-            // A Batch holds one buffer per layout, in view order.
-            let have = batch.tensor_bytes(i).len();
-            if have != p.len {
-                return Err(ClientError::Gpu(format!(
-                    "tensor {:?} holds {have} bytes, not the {} its layout implies for {} rows",
-                    layout.name,
-                    p.len,
-                    batch.rows()
-                )));
-            }
-        }
+        let used = slot.place(batch, self.capacity)?;
         // The CPU may only overwrite the staging buffer once the slot's last
         // copy has read it.
         slot.copied.synchronize().map_err(driver(format_args!("waiting for the previous copy out of slot {index}")))?;

@@ -264,7 +264,7 @@ fn run_node(config: &std::path::Path) -> Result<()> {
         let membership = match &cfg.cluster {
             Some(c) => {
                 let ssd = if cfg.ssd_dir.is_some() { cfg.ssd_bytes } else { 0 };
-                Some(granary_node::peer::ClusterHandle::start(&node, c, cfg.ram_bytes, ssd)?)
+                Some(granary_node::fabric::ClusterHandle::start(&node, c, cfg.ram_bytes, ssd)?)
             }
             None => None,
         };

@@ -14,7 +14,7 @@
 //!   fabric.
 //! - `transfer`: chunk bytes on loopback, four ways taking turns round
 //!   after round (medians reported), with the same chunk sizes and the same
-//!   concurrency ([`MAX_FETCHES_PER_PEER`]): `peer` (this process fetches
+//!   concurrency ([`FabricConfig::max_fetches_per_peer`]): `peer` (this process fetches
 //!   the dataset's chunks from a node daemon with the node's own
 //!   [`PeerLink`]: request frame, tier lookup, chunk bytes received into the
 //!   shared-memory file the node keeps and hands out, validation),
@@ -31,7 +31,7 @@ use anyhow::{Context, Result, anyhow};
 use granary_client::{ChunkSource, LocalSource};
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::datagen::{self, GenSpec};
-use granary_node::peer::{MAX_FETCHES_PER_PEER, PeerLink};
+use granary_node::fabric::{FabricConfig, PeerLink};
 use granary_proto::{AlignedBuf, ShardId};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -359,13 +359,14 @@ fn transfer_scenario(exe: &Path, cluster: &LocalCluster, rounds: u32) -> Result<
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let identity = Identity::load(cluster.certs(), "node").context("loading the node certificate")?;
     let node_addr = cluster.peer_addr(1);
-    let concurrency = MAX_FETCHES_PER_PEER;
+    let fabric = FabricConfig::default();
+    let concurrency = fabric.max_fetches_per_peer;
     rt.block_on(async move {
         // peer: node 1's chunks through the fabric. A first round makes
         // sure node 1 holds every chunk (it converts what it lacks), and
         // gives the sizes for the raw ways.
         let endpoint = tls::endpoint("127.0.0.1:0".parse()?, None)?;
-        let link = Arc::new(PeerLink::new(endpoint, &identity)?);
+        let link = Arc::new(PeerLink::new(endpoint, &identity, &fabric)?);
         let sizes = peer_round(&link, node_addr, version, &shards, concurrency).await?;
         let bytes: u64 = sizes.iter().sum();
         let max_chunk = sizes.iter().copied().max().unwrap_or(0);

@@ -17,6 +17,7 @@
 //! aws_endpoint = "http://127.0.0.1:9000"
 //! ```
 
+use crate::fabric::{FabricConfig, FabricConfigError};
 use granary_proto::View;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -130,6 +131,10 @@ pub struct ClusterConfig {
     pub node_id: u64,
     /// Address peers reach this node at (`host:port`).
     pub advertise: String,
+    /// The peer fabric's times and sizes (`[cluster.fabric]`); every key
+    /// is optional (see [`FabricConfig`] for the defaults).
+    #[serde(default)]
+    pub fabric: FabricConfig,
 }
 
 fn default_cert_name() -> String {
@@ -199,6 +204,14 @@ pub enum ConfigError {
         /// Cause.
         source: granary_proto::ViewError,
     },
+    /// `[cluster.fabric]` holds values that cannot work together.
+    #[error("{path}: {source}")]
+    Fabric {
+        /// The path.
+        path: PathBuf,
+        /// Cause.
+        source: FabricConfigError,
+    },
 }
 
 impl NodeConfig {
@@ -211,6 +224,7 @@ impl NodeConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         if let Some(c) = &mut cfg.cluster {
             c.certs = base.join(&c.certs);
+            c.fabric.validate().map_err(|source| ConfigError::Fabric { path: path.to_path_buf(), source })?;
         }
         for d in &mut cfg.datasets {
             if let ViewRef::Path(p) = &d.view {

@@ -9,24 +9,31 @@
 //! only then leaves `inflight`, so there is never a moment when a finished
 //! shard is in neither place (which would cost a second remote read).
 //!
-//! [`Follower`] prefetches along one rank's plan: it computes the shard order
-//! of the same plan the trainer computes ([`rank_shard_order`], without the
-//! rows), and keeps the chunks of the next shards
-//! in that order loading, up to `prefetch_bytes` ahead of the last shard the
-//! trainer asked for; after the epoch's own shards come the next epochs'.
+//! The decisions are pure and tested on their own: who may join a load
+//! ([`crate::flight`]), where a load gets its chunk
+//! ([`crate::fabric::route`]), and what to prefetch
+//! ([`crate::prefetch`]); this file executes them.
+//!
+//! [`Follower`] prefetches along one rank's plan: the shard order of the same
+//! plan the trainer computes, kept loading up to `prefetch_bytes` ahead of
+//! the last shard the trainer asked for; after the epoch's own shards come
+//! the next epochs'.
 
 use crate::config::NodeConfig;
 use crate::convert::{Site, convert_into};
 use crate::dataset::{Dataset, OpenError};
 use crate::error::{FetchError, RemoteError};
-use crate::peer::PeerError;
+use crate::fabric::Cluster;
+use crate::fabric::route::{FooterAnswer, Route, Step, answer_footer};
+use crate::flight::{Admission, Asker, InFlight, admit};
+use crate::prefetch::{PrefetchWindow, plan_order};
 use crate::remote::{Remote, RemoteCounters, Throttle};
 use crate::shm::{ChunkWriter, SealedChunk};
 use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
 use arrow::array::RecordBatch;
 use futures::FutureExt;
 use granary_proto::wire::{DatasetInfo, NodeStats};
-use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, ShardId, rank_shard_order};
+use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, ShardId};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
@@ -37,10 +44,6 @@ use tokio::sync::{Semaphore, watch};
 /// Epochs after the current one whose shards a rank's prefetch may fetch,
 /// budget permitting.
 pub const PREFETCH_EPOCHS_AHEAD: u64 = 3;
-
-/// Bound on asking a peer for a footer before reading it from remote
-/// storage.
-const FOOTER_FETCH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A fetch result shared by every waiter of one load.
 pub type Shared = Result<Arc<SealedChunk>, Arc<FetchError>>;
@@ -79,7 +82,7 @@ struct Inner {
     remote: Arc<RemoteCounters>,
     prefetch_bytes: u64,
     /// Set once the node joins a cluster: where non-owned shards come from.
-    cluster: std::sync::OnceLock<Arc<crate::peer::Cluster>>,
+    cluster: std::sync::OnceLock<Arc<Cluster>>,
 }
 
 /// A running node (cheap to clone).
@@ -225,7 +228,7 @@ impl Node {
 
     /// Joins a cluster: from now on a shard another live node owns is
     /// fetched from that owner. False if the node already joined one.
-    pub fn join_cluster(&self, cluster: Arc<crate::peer::Cluster>) -> bool {
+    pub fn join_cluster(&self, cluster: Arc<Cluster>) -> bool {
         self.inner.cluster.set(cluster).is_ok()
     }
 
@@ -240,7 +243,7 @@ impl Node {
         requester: std::net::SocketAddr,
     ) -> Shared {
         self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        self.chunk_from(version, shard, false, false, Some(requester)).await
+        self.chunk_from(version, shard, Asker::Peer(requester)).await
     }
 
     /// A file's footer for another node: from memory, or read from remote
@@ -255,14 +258,14 @@ impl Node {
         if file as usize >= ds.files.len() {
             return Err(FetchError::Internal(format!("version {version} has no file {file}")));
         }
-        if let Some(footer) = ds.held_footer(file as usize) {
-            return Ok(footer.raw.clone());
-        }
+        let held = ds.held_footer(file as usize);
         let first = ShardId { file, row_group: 0 };
-        if let Some((owner, _)) = self.inner.cluster.get().and_then(|c| c.owner(version, first)) {
-            return Err(FetchError::NotFooterOwner { file, owner });
+        let first_owner = || self.inner.cluster.get().and_then(|c| c.owner(version, first)).map(|o| o.node);
+        match answer_footer(held.is_some(), if held.is_some() { None } else { first_owner() }) {
+            FooterAnswer::Held => Ok(held.map(|f| f.raw.clone()).unwrap_or_default()),
+            FooterAnswer::NotOwner(owner) => Err(FetchError::NotFooterOwner { file, owner }),
+            FooterAnswer::ReadHere => Ok(ds.footer(file as usize).await?.raw.clone()),
         }
-        Ok(ds.footer(file as usize).await?.raw.clone())
     }
 
     /// In a cluster, the fetch of file `file`'s footer from the owner of
@@ -274,15 +277,15 @@ impl Node {
         file: u32,
     ) -> Option<futures::future::BoxFuture<'static, Result<bytes::Bytes, String>>> {
         let cluster = self.inner.cluster.get()?.clone();
-        let (owner, addr) = cluster.owner(version, ShardId { file, row_group: 0 })?;
+        let owner = cluster.owner(version, ShardId { file, row_group: 0 })?;
         let file_size = self.dataset(version).ok()?.files.get(file as usize)?.size;
-        let deadline = cluster.fetch_deadline.min(FOOTER_FETCH_DEADLINE);
+        let deadline = cluster.config().fetch_deadline.min(cluster.config().footer_deadline);
         Some(Box::pin(async move {
             cluster
                 .link()
-                .fetch_footer(addr, version, file, file_size, deadline)
+                .fetch_footer(owner.addr, version, file, file_size, deadline)
                 .await
-                .map_err(|e| format!("{owner}: {e}"))
+                .map_err(|e| format!("{}: {e}", owner.node))
         }))
     }
 
@@ -306,28 +309,20 @@ impl Node {
 
     /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
-        self.chunk_from(version, shard, true, false, None).await
+        self.chunk_from(version, shard, Asker::Trainer).await
     }
 
     /// Prefetch for a later epoch: like [`Node::chunk`], but a guest copy
     /// it brings is kept at low priority (evicted before any copy an epoch
     /// in progress needs) until something asks for it now.
     pub async fn chunk_ahead(&self, version: DatasetVersion, shard: ShardId) -> Shared {
-        self.chunk_from(version, shard, true, true, None).await
+        self.chunk_from(version, shard, Asker::Ahead).await
     }
 
-    /// `forward`: a load may ask the shard's owner (requests from trainers
-    /// and prefetch); peers' requests never are.
-    /// `ahead`: prefetch for a later epoch (see [`Node::chunk_ahead`]).
-    /// `requester`: the peer asking, for a peer's request.
-    async fn chunk_from(
-        &self,
-        version: DatasetVersion,
-        shard: ShardId,
-        forward: bool,
-        ahead: bool,
-        requester: Option<std::net::SocketAddr>,
-    ) -> Shared {
+    /// The chunk for `asker`: from the tiers, or by joining or starting a
+    /// load as [`admit`] decides.
+    async fn chunk_from(&self, version: DatasetVersion, shard: ShardId, asker: Asker) -> Shared {
+        let ahead = !asker.wants_now();
         let key = ChunkKey { version, shard };
         // `contains` may be stale (an entry evicted or dropped from disk
         // between the checks), so the re-check below is retried a bounded
@@ -356,39 +351,35 @@ impl Node {
                 // The map is only touched briefly; a poisoned lock still
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(pending) = inflight.get(&key) {
-                    let asking = *pending.asking.lock().unwrap_or_else(|p| p.into_inner());
-                    if requester.is_some() && asking == requester {
-                        // A peer asks this node for a shard this node is
-                        // itself asking that peer for: the two disagree
-                        // about the owner. Joining would wait on a cycle
-                        // (A waits on B waits on A) for the whole fetch
-                        // deadline; answer at once instead. A load asking
-                        // a third node (say, a dead owner) is joined.
-                        return Err(Arc::new(FetchError::Forwarding { shard }));
+                let pending = inflight.get(&key);
+                let seen = pending.map(|p| InFlight { asking: *p.asking.lock().unwrap_or_else(|p| p.into_inner()) });
+                let finished = || self.inner.tier.contains(key) || self.inner.guests.contains(key);
+                match (admit(seen, asker, finished, attempt < 2), pending) {
+                    (Admission::Refuse, _) => return Err(Arc::new(FetchError::Forwarding { shard })),
+                    (Admission::Join { promote }, Some(pending)) => {
+                        self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
+                        if promote {
+                            // A load started for a later epoch is needed
+                            // now: its guest copy becomes a regular one.
+                            pending.wanted_now.store(true, Ordering::Relaxed);
+                        }
+                        pending.rx.clone()
                     }
-                    self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
-                    if !ahead {
-                        // A load started for a later epoch is needed now:
-                        // its guest copy becomes a regular one.
-                        pending.wanted_now.store(true, Ordering::Relaxed);
+                    (Admission::LookAgain, _) => continue,
+                    (Admission::Start | Admission::Join { .. }, _) => {
+                        self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
+                        let (tx, rx) = watch::channel(None);
+                        let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
+                        let asking = Asking::default();
+                        inflight.insert(
+                            key,
+                            Pending { rx: rx.clone(), wanted_now: wanted_now.clone(), asking: asking.clone() },
+                        );
+                        let node = self.clone();
+                        let forward = asker.forwards();
+                        tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now, asking).await });
+                        rx
                     }
-                    pending.rx.clone()
-                } else if attempt < 2 && (self.inner.tier.contains(key) || self.inner.guests.contains(key)) {
-                    // A load finished between our lookup and the lock.
-                    continue;
-                } else {
-                    self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
-                    let (tx, rx) = watch::channel(None);
-                    let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
-                    let asking = Asking::default();
-                    inflight.insert(
-                        key,
-                        Pending { rx: rx.clone(), wanted_now: wanted_now.clone(), asking: asking.clone() },
-                    );
-                    let node = self.clone();
-                    tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now, asking).await });
-                    rx
                 }
             };
             return match rx.wait_for(Option::is_some).await {
@@ -458,8 +449,9 @@ impl Node {
     }
 
     /// The chunk from the shard's owner when another live node owns it
-    /// (and `forward`), else (or if the owner fails) read and converted here.
-    /// The flag is true for a chunk fetched from another node.
+    /// (and `forward`), else read and converted here; [`Route`] decides
+    /// what to do when the owner fails. The flag is true for a chunk
+    /// fetched from another node.
     async fn load(&self, key: ChunkKey, forward: bool, asking: &Asking) -> Result<(SealedChunk, bool), FetchError> {
         let Some(cluster) = self.inner.cluster.get().filter(|_| forward) else {
             return self.convert_here(key).await.map(|c| (c, false));
@@ -468,57 +460,47 @@ impl Node {
         let Some(expected_len) = self.dataset(key.version).ok().and_then(|d| d.chunk_len(key.shard)) else {
             return self.convert_here(key).await.map(|c| (c, false));
         };
-        let mut target = cluster.owner(key.version, key.shard);
-        // Bounded: the owner, then at most two owners the placement moves
-        // the shard to, all within one deadline; then this node reads it
-        // itself. Every peer that failed is named if that fails too.
-        let deadline = tokio::time::Instant::now() + cluster.fetch_deadline;
-        let mut tried = Vec::new();
-        for _ in 0..3 {
-            let Some((owner, addr)) = target else { break };
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                tried.push(format!("{owner} at {addr}: not asked, the fetch deadline passed"));
-                break;
-            }
-            let c = &self.inner.counters;
-            *asking.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
-            let fetched = cluster.link().fetch(addr, key.version, key.shard, expected_len as u64, left).await;
-            *asking.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            match fetched {
-                Ok(chunk) => {
-                    c.peer_fetched.fetch_add(1, Ordering::Relaxed);
-                    c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    return Ok((chunk, true));
+        let config = cluster.config();
+        let mut route = Route::new(
+            std::time::Instant::now(),
+            cluster.owner(key.version, key.shard),
+            config.fetch_deadline,
+            config.reroute_wait,
+        );
+        loop {
+            match route.poll(std::time::Instant::now()) {
+                Step::ReadRemote => break,
+                Step::Ask { owner, within } => {
+                    let c = &self.inner.counters;
+                    *asking.lock().unwrap_or_else(|p| p.into_inner()) = Some(owner.addr);
+                    let fetched =
+                        cluster.link().fetch(owner.addr, key.version, key.shard, expected_len as u64, within).await;
+                    *asking.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    match fetched {
+                        Ok(chunk) => {
+                            c.peer_fetched.fetch_add(1, Ordering::Relaxed);
+                            c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            return Ok((chunk, true));
+                        }
+                        Err(e) => {
+                            c.peer_failures.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(shard = %key.shard, owner = %owner.node, "owner could not serve: {e}");
+                            route.handle_failed(e.as_ask_failure());
+                        }
+                    }
                 }
-                Err(e @ PeerError::Stalled { .. }) => {
-                    // The owner is alive (its connection answers) but this
-                    // answer stopped coming: the placement will not move the
-                    // shard, so waiting for it would only add to the stall.
-                    c.peer_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(shard = %key.shard, %owner, "owner stalled; reading remote storage: {e}");
-                    tried.push(format!("{owner}: {e}"));
-                    break;
-                }
-                Err(e) => {
-                    c.peer_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(shard = %key.shard, %owner, "owner could not serve; waiting for the placement to move it: {e}");
-                    tried.push(format!("{owner}: {e}"));
-                    // The owner's lease expiring moves its shards to one
-                    // survivor, which reads them once; reading here at once
-                    // would make every survivor read them.
-                    let wait =
-                        cluster.reroute_wait.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-                    match cluster.reroute(key.version, key.shard, owner, wait).await {
-                        Ok(next) => target = next,
+                Step::AwaitPlacement { failed, within } => {
+                    match cluster.reroute(key.version, key.shard, failed, within).await {
+                        Ok(next) => route.handle_moved(next),
                         Err(()) => {
-                            tracing::warn!(shard = %key.shard, %owner, "placement did not move it in time; reading remote storage");
-                            break;
+                            tracing::warn!(shard = %key.shard, owner = %failed, "placement did not move it in time; reading remote storage");
+                            route.handle_not_moved();
                         }
                     }
                 }
             }
         }
+        let tried = route.into_tried();
         match self.convert_here(key).await {
             Ok(c) => Ok((c, false)),
             Err(e) if !tried.is_empty() => Err(FetchError::NoSource { shard: key.shard, tried, source: Box::new(e) }),
@@ -632,29 +614,11 @@ impl Node {
     /// stalling the next.
     pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
         let ds = self.dataset(version)?;
-        let shards = ds.manifest.shards();
-        let with_size = |i: &u32| {
-            let s = shards[*i as usize].shard;
-            (s, ds.chunk_len(s).unwrap_or(0) as u64)
-        };
-        // Only the shard order is needed: computed a window at a time, not
-        // by materialising the rank's rows (for this epoch and 3 ahead).
-        let mut order: Vec<(ShardId, u64)> =
-            rank_shard_order(version, &shards, params)?.iter().map(with_size).collect();
-        let position: HashMap<ShardId, usize> = order.iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
-        debug_assert_eq!(position.len(), order.len(), "a rank's epoch uses each shard once");
-        let mut seen: std::collections::HashSet<ShardId> = position.keys().copied().collect();
-        for ahead in 1..=PREFETCH_EPOCHS_AHEAD {
-            if seen.len() == shards.len() {
-                break;
-            }
-            let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..*params };
-            let later_order = rank_shard_order(version, &shards, &later)?;
-            order.extend(later_order.iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
-        }
-        let epoch_len = position.len();
-        let mut f =
-            Follower { node: self.clone(), version, order, position, epoch_len, guest_bytes: 0, next: 0, issued: 0 };
+        let order = plan_order(version, &ds.manifest.shards(), params, PREFETCH_EPOCHS_AHEAD, |s| {
+            ds.chunk_len(s).unwrap_or(0) as u64
+        })?;
+        let window = PrefetchWindow::new(order, self.inner.prefetch_bytes, self.inner.guests.capacity_bytes());
+        let mut f = Follower { node: self.clone(), version, window };
         f.top_up();
         Ok(f)
     }
@@ -714,63 +678,33 @@ impl Drop for InflightGuard<'_> {
     }
 }
 
-/// Prefetch state for one rank's plan.
+/// Prefetch for one rank's plan: the shell of a [`PrefetchWindow`], which
+/// spawns a load for each shard the window issues.
 pub struct Follower {
     node: Node,
     version: DatasetVersion,
-    /// Shards in the order the plan first needs them, with chunk sizes; the
-    /// next epoch's new shards last.
-    order: Vec<(ShardId, u64)>,
-    /// Position of each of this epoch's shards in `order`.
-    position: HashMap<ShardId, usize>,
-    /// Entries of `order` from here on belong to later epochs.
-    epoch_len: usize,
-    /// Bytes of guest copies this follower's prefetches bring in.
-    guest_bytes: u64,
-    /// Index in `order` of the first shard the rank has not asked for yet.
-    next: usize,
-    /// Index in `order` of the first shard not yet prefetched.
-    issued: usize,
+    window: PrefetchWindow,
 }
 
 impl Follower {
     /// Records that the rank asked for `shard`, and prefetches ahead of it.
     pub fn advance(&mut self, shard: ShardId) {
-        if let Some(&p) = self.position.get(&shard) {
-            self.next = self.next.max(p + 1);
-            self.top_up();
-        }
+        self.window.handle_asked(shard);
+        self.top_up();
     }
 
-    /// Issues loads for the shards after the last one asked for, while the
-    /// chunks ahead stay within the byte budget (always at least one). A
-    /// budget of 0 turns prefetch off. Later epochs' shards that would
-    /// arrive as guest copies are fetched only while this rank's guest
-    /// copies fit the guest area, so looking ahead never evicts copies the
-    /// current epoch still needs.
+    /// Issues the loads the window wants.
     fn top_up(&mut self) {
-        let budget = self.node.inner.prefetch_bytes;
-        if budget == 0 {
-            return;
-        }
-        self.issued = self.issued.max(self.next);
-        while let Some(&(shard, bytes)) = self.order.get(self.issued) {
-            let ahead: u64 = self.order[self.next..self.issued].iter().map(|(_, b)| b).sum();
-            if ahead + bytes > budget && self.issued > self.next {
-                return;
-            }
-            let incoming = if self.node.arrives_as_guest(self.version, shard) { bytes } else { 0 };
-            if self.issued >= self.epoch_len && self.guest_bytes + incoming > self.node.inner.guests.capacity_bytes() {
-                return;
-            }
-            self.guest_bytes += incoming;
-            let later = self.issued >= self.epoch_len;
-            self.issued += 1;
+        while let Some(issue) = self.window.poll_issue(|s| self.node.arrives_as_guest(self.version, s)) {
             let node = self.node.clone();
             let version = self.version;
             node.inner.counters.prefetched.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let _ = if later { node.chunk_ahead(version, shard).await } else { node.chunk(version, shard).await };
+                let _ = if issue.later {
+                    node.chunk_ahead(version, issue.shard).await
+                } else {
+                    node.chunk(version, issue.shard).await
+                };
             });
         }
     }

@@ -7,7 +7,7 @@ use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::datagen::{self, GenSpec};
-use granary_node::peer::{Cluster, PeerError, PeerLink, serve};
+use granary_node::fabric::{Cluster, FabricConfig, PeerError, PeerLink, serve};
 use granary_proto::peer::PeerResponse;
 use granary_proto::wire::{ErrorKind, decode, encode};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
@@ -50,7 +50,7 @@ async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
     let endpoint =
         tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let addr = endpoint.local_addr().expect("addr");
-    tokio::spawn(serve(node.clone(), endpoint));
+    tokio::spawn(serve(node.clone(), endpoint, FabricConfig::default()));
     let target = info.shards[1];
     let len = granary_proto::ChunkLayout::new(info.version, target.shard, target.rows, &info.tensors)
         .expect("layout")
@@ -81,7 +81,7 @@ impl Fixture {
 
 fn link(f: &Fixture, name: &str) -> PeerLink {
     let identity = Identity::load(&f.certs, name).expect("identity");
-    PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &identity).expect("link")
+    PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &identity, &FabricConfig::default()).expect("link")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,9 +277,12 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
 async fn when_no_source_delivers_the_error_names_the_shard_and_the_sources_tried() {
     let f = start().await;
     let dead = std::net::UdpSocket::bind(local()).expect("bind").local_addr().expect("addr");
-    let mut cluster = Cluster::new(NodeId(1), link(&f, "node"));
-    cluster.fetch_deadline = Duration::from_secs(2);
-    cluster.reroute_wait = Duration::from_millis(200);
+    let fabric = FabricConfig {
+        fetch_deadline: Duration::from_secs(2),
+        reroute_wait: Duration::from_millis(200),
+        ..FabricConfig::default()
+    };
+    let cluster = Cluster::new(NodeId(1), link(&f, "node"), fabric);
     let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(9))).collect())).collect();
     cluster.apply_placement(1, std::iter::once((NodeId(9), dead)).collect(), owners);
     assert!(f.node.join_cluster(std::sync::Arc::new(cluster)));
@@ -304,7 +307,7 @@ async fn guest_node(f: &Fixture, guest_bytes: u64) -> Node {
     let cfg = NodeConfig { guest_bytes: Some(guest_bytes), prefetch_bytes: 1 << 30, ..f.node_config() };
     let node2 = Node::start(&cfg).await.expect("node 2");
     let shards = f.node.dataset(f.version).expect("dataset").manifest.shards();
-    let cluster = Cluster::new(NodeId(2), link(f, "node"));
+    let cluster = Cluster::new(NodeId(2), link(f, "node"), FabricConfig::default());
     let owners = std::iter::once((f.version, shards.iter().map(|s| (s.shard, NodeId(1))).collect())).collect();
     cluster.apply_placement(1, std::iter::once((NodeId(1), f.addr)).collect(), owners);
     assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
@@ -478,16 +481,19 @@ async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
     for node in [&f.node, &node2] {
         let ep =
             tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-        tokio::spawn(serve(node.clone(), ep.clone()));
+        tokio::spawn(serve(node.clone(), ep.clone(), FabricConfig::default()));
         endpoints.push(ep);
     }
     let addr = |i: usize| endpoints[i].local_addr().expect("addr");
     let addrs: std::collections::HashMap<_, _> = [(NodeId(1), addr(0)), (NodeId(2), addr(1))].into_iter().collect();
     for (i, (node, me, other)) in [(&f.node, 1, 2), (&node2, 2, 1)].into_iter().enumerate() {
-        let link = PeerLink::new(endpoints[i].clone(), &identity).expect("link");
-        let mut cluster = Cluster::new(NodeId(me), link);
-        cluster.fetch_deadline = Duration::from_secs(10);
-        cluster.reroute_wait = Duration::from_millis(200);
+        let link = PeerLink::new(endpoints[i].clone(), &identity, &FabricConfig::default()).expect("link");
+        let fabric = FabricConfig {
+            fetch_deadline: Duration::from_secs(10),
+            reroute_wait: Duration::from_millis(200),
+            ..FabricConfig::default()
+        };
+        let cluster = Cluster::new(NodeId(me), link, fabric);
         let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(other))).collect())).collect();
         cluster.apply_placement(1, addrs.clone(), owners);
         assert!(node.join_cluster(std::sync::Arc::new(cluster)));
@@ -706,7 +712,7 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     let identity = Identity::load(&f.certs, "node").expect("identity");
     let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let owner_addr = ep.local_addr().expect("addr");
-    tokio::spawn(serve(owner.clone(), ep));
+    tokio::spawn(serve(owner.clone(), ep, FabricConfig::default()));
 
     let l = link(&f, "node");
     let started = std::time::Instant::now();
@@ -735,9 +741,12 @@ async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_plac
     });
     let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
     let node2 = Node::start(&cfg).await.expect("node 2");
-    let mut cluster = Cluster::new(NodeId(2), link(&f, "node"));
-    cluster.fetch_deadline = Duration::from_secs(60);
-    cluster.reroute_wait = Duration::from_secs(60);
+    let fabric = FabricConfig {
+        fetch_deadline: Duration::from_secs(60),
+        reroute_wait: Duration::from_secs(60),
+        ..FabricConfig::default()
+    };
+    let cluster = Cluster::new(NodeId(2), link(&f, "node"), fabric);
     let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(9))).collect())).collect();
     cluster.apply_placement(1, std::iter::once((NodeId(9), quiet)).collect(), owners);
     assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
@@ -759,7 +768,6 @@ async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_plac
 /// the first, queued behind those chunk fetches.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_footer_fetch_does_not_wait_behind_chunk_fetches_to_the_same_peer() {
-    use granary_node::peer::MAX_FETCHES_PER_PEER;
     use granary_proto::peer::PeerRequest;
     let f = start().await;
     let footer = f.node.footer_for_peer(f.version, 0).await.expect("footer");
@@ -797,7 +805,7 @@ async fn a_footer_fetch_does_not_wait_behind_chunk_fetches_to_the_same_peer() {
     });
     let l = std::sync::Arc::new(link(&f, "node"));
     let mut chunks = Vec::new();
-    for _ in 0..MAX_FETCHES_PER_PEER {
+    for _ in 0..FabricConfig::default().max_fetches_per_peer {
         let (l, v, s, n) = (l.clone(), f.version, f.shard, f.len);
         chunks.push(tokio::spawn(async move { l.fetch(owner, v, s, n, Duration::from_secs(60)).await }));
     }
@@ -824,7 +832,7 @@ async fn a_node_asked_for_a_footer_another_node_reads_says_so_at_once() {
     let manifest = f.node.dataset(f.version).expect("dataset").manifest.clone();
     let node = Node::start(&NodeConfig { ram_bytes: 64 << 20, ..NodeConfig::default() }).await.expect("node");
     let version = node.serve_manifest("ads", datagen::view(), manifest.clone()).expect("serve");
-    let cluster = Cluster::new(NodeId(2), link(&f, "node"));
+    let cluster = Cluster::new(NodeId(2), link(&f, "node"), FabricConfig::default());
     let owners = std::iter::once((version, manifest.shards().iter().map(|s| (s.shard, NodeId(1))).collect())).collect();
     cluster.apply_placement(1, std::iter::once((NodeId(1), f.addr)).collect(), owners);
     assert!(node.join_cluster(std::sync::Arc::new(cluster)));

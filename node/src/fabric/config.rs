@@ -1,0 +1,240 @@
+//! [`FabricConfig`]: every time and size of the peer fabric in one place,
+//! with its defaults and the relations between them checked by
+//! [`FabricConfig::validate`]. In `node.toml` it is `[cluster.fabric]`,
+//! times in milliseconds (`fetch_deadline_ms = 30000`); every key is
+//! optional.
+
+use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Times and sizes of the peer fabric.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FabricConfig {
+    /// Bound on asking peers for one chunk: every owner tried and the waits
+    /// for the placement to move the shard, together; after it the node
+    /// reads remote storage itself. Default: 30 s.
+    #[serde(rename = "fetch_deadline_ms", with = "millis")]
+    pub fetch_deadline: Duration,
+    /// How long a fetch whose owner failed (not stalled) waits for a newer
+    /// placement (the owner's lease expiring moves its shards) before
+    /// reading remote storage itself. Default: 10 s.
+    #[serde(rename = "reroute_wait_ms", with = "millis")]
+    pub reroute_wait: Duration,
+    /// Bound on asking a peer for a footer before reading it from remote
+    /// storage; at most the fetch deadline. Default: 10 s.
+    #[serde(rename = "footer_deadline_ms", with = "millis")]
+    pub footer_deadline: Duration,
+    /// Bound on establishing a connection to a peer. A dead peer costs
+    /// about a lease anyway (its shards move only when its lease expires),
+    /// so this is generous enough for a loaded host to finish a handshake:
+    /// a live peer wrongly marked down makes this node read its shards
+    /// itself. Default: 3 s.
+    #[serde(rename = "connect_timeout_ms", with = "millis")]
+    pub connect_timeout: Duration,
+    /// After a peer could not be reached, fetches skip it for this long
+    /// (reading elsewhere at once instead of waiting out a connect timeout
+    /// per shard) until the placement moves its shards away. Default: 2 s.
+    #[serde(rename = "down_for_ms", with = "millis")]
+    pub down_for: Duration,
+    /// Chunk fetches in flight to one peer at once; more wait (footer
+    /// fetches take no slot). Default: 8.
+    pub max_fetches_per_peer: usize,
+    /// Chunk bytes being received from one peer at once; a fetch reserves
+    /// its chunk's size (announced in the response header) before
+    /// allocating the buffer, so a burst of large chunks cannot exhaust
+    /// memory. Default: 256 MiB.
+    pub max_inflight_bytes_per_peer: u64,
+    /// An owner that sends nothing on a stream (no progress frame, no
+    /// chunk byte) this long has stalled. Default: 5 s
+    /// (`granary_proto::peer::PEER_STALL_TIMEOUT`).
+    #[serde(rename = "stall_timeout_ms", with = "millis")]
+    pub stall_timeout: Duration,
+    /// How often an owner producing an answer tells the requester it is
+    /// coming; at most a fifth of the stall timeout, so a slow owner is
+    /// never taken for a stalled one on a busy host. Default: 1 s
+    /// (`granary_proto::peer::PEER_PROGRESS_INTERVAL`).
+    #[serde(rename = "progress_interval_ms", with = "millis")]
+    pub progress_interval: Duration,
+    /// How long a peer may take to send its request frame once it opened a
+    /// stream (QUIC keep-alives keep an idle connection open, so without it
+    /// a stream that never sends would hold a task forever). Default: 10 s.
+    #[serde(rename = "request_timeout_ms", with = "millis")]
+    pub request_timeout: Duration,
+    /// How long a requester may take to receive a response, before the
+    /// per-byte allowance of [`FabricConfig::response_min_bytes_per_sec`];
+    /// past it the stream is reset, so a requester that stops reading
+    /// cannot pin a chunk the tier has evicted. At least the fetch
+    /// deadline. Default: 60 s.
+    #[serde(rename = "response_timeout_ms", with = "millis")]
+    pub response_timeout: Duration,
+    /// The slowest rate a requester is allowed on top of the response
+    /// timeout. Default: 1 MiB/s.
+    pub response_min_bytes_per_sec: u64,
+    /// Retry interval for opening the coordinator's datasets after a
+    /// failure. Default: 5 s.
+    #[serde(rename = "open_retry_ms", with = "millis")]
+    pub open_retry: Duration,
+}
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        Self {
+            fetch_deadline: Duration::from_secs(30),
+            reroute_wait: Duration::from_secs(10),
+            footer_deadline: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            down_for: Duration::from_secs(2),
+            max_fetches_per_peer: 8,
+            max_inflight_bytes_per_peer: 256 << 20,
+            stall_timeout: PEER_STALL_TIMEOUT,
+            progress_interval: PEER_PROGRESS_INTERVAL,
+            request_timeout: Duration::from_secs(10),
+            response_timeout: Duration::from_secs(60),
+            response_min_bytes_per_sec: 1 << 20,
+            open_retry: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A [`FabricConfig`] whose values cannot work together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FabricConfigError {
+    /// A value that must be positive is zero.
+    #[error("[cluster.fabric] {0} must be positive")]
+    Zero(&'static str),
+    /// Two values break a relation between them.
+    #[error("[cluster.fabric] {relation}: {values}")]
+    Relation {
+        /// The relation, e.g. `stall_timeout_ms >= 5 x progress_interval_ms`.
+        relation: &'static str,
+        /// The values given.
+        values: String,
+    },
+}
+
+/// Reservation granularity of [`FabricConfig::max_inflight_bytes_per_peer`].
+pub(crate) const BYTE_PERMIT: u64 = 64 << 10;
+
+impl FabricConfig {
+    /// Checks every value and the relations between them.
+    pub fn validate(&self) -> Result<(), FabricConfigError> {
+        let positive: [(&'static str, bool); 9] = [
+            ("fetch_deadline_ms", self.fetch_deadline.is_zero()),
+            ("footer_deadline_ms", self.footer_deadline.is_zero()),
+            ("connect_timeout_ms", self.connect_timeout.is_zero()),
+            ("max_fetches_per_peer", self.max_fetches_per_peer == 0),
+            ("stall_timeout_ms", self.stall_timeout.is_zero()),
+            ("progress_interval_ms", self.progress_interval.is_zero()),
+            ("request_timeout_ms", self.request_timeout.is_zero()),
+            ("response_min_bytes_per_sec", self.response_min_bytes_per_sec == 0),
+            ("open_retry_ms", self.open_retry.is_zero()),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, zero)| *zero) {
+            return Err(FabricConfigError::Zero(name));
+        }
+        if self.max_inflight_bytes_per_peer < BYTE_PERMIT {
+            return Err(FabricConfigError::Relation {
+                relation: "max_inflight_bytes_per_peer >= 65536",
+                values: format!("{}", self.max_inflight_bytes_per_peer),
+            });
+        }
+        let relations = [
+            (
+                "stall_timeout_ms >= 5 x progress_interval_ms",
+                self.stall_timeout >= 5 * self.progress_interval,
+                (self.stall_timeout, self.progress_interval),
+            ),
+            (
+                "footer_deadline_ms <= fetch_deadline_ms",
+                self.footer_deadline <= self.fetch_deadline,
+                (self.footer_deadline, self.fetch_deadline),
+            ),
+            (
+                "reroute_wait_ms <= fetch_deadline_ms",
+                self.reroute_wait <= self.fetch_deadline,
+                (self.reroute_wait, self.fetch_deadline),
+            ),
+            (
+                "response_timeout_ms >= fetch_deadline_ms",
+                self.response_timeout >= self.fetch_deadline,
+                (self.response_timeout, self.fetch_deadline),
+            ),
+        ];
+        match relations.iter().find(|(_, holds, _)| !holds) {
+            Some((relation, _, (a, b))) => {
+                Err(FabricConfigError::Relation { relation, values: format!("{a:?} and {b:?}") })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// How long a requester may take to receive a response of `len` bytes.
+    pub fn response_timeout_for(&self, len: u64) -> Duration {
+        self.response_timeout + Duration::from_secs_f64(len as f64 / self.response_min_bytes_per_sec.max(1) as f64)
+    }
+
+    /// Byte reservation units per peer.
+    pub(crate) fn byte_permits(&self) -> u64 {
+        (self.max_inflight_bytes_per_peer / BYTE_PERMIT).max(1)
+    }
+}
+
+/// `Duration` as integer milliseconds.
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis().min(u128::from(u64::MAX)) as u64)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_hold_every_relation() {
+        assert_eq!(FabricConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_broken_relation_is_named() {
+        let broken = |f: fn(&mut FabricConfig)| {
+            let mut c = FabricConfig::default();
+            f(&mut c);
+            c.validate().expect_err("broken").to_string()
+        };
+        assert!(broken(|c| c.progress_interval = Duration::from_secs(2)).contains("stall_timeout_ms >= 5 x"));
+        assert!(broken(|c| c.footer_deadline = Duration::from_secs(31)).contains("footer_deadline_ms <="));
+        assert!(broken(|c| c.reroute_wait = Duration::from_secs(31)).contains("reroute_wait_ms <="));
+        assert!(broken(|c| c.response_timeout = Duration::from_secs(1)).contains("response_timeout_ms >="));
+        assert!(broken(|c| c.max_fetches_per_peer = 0).contains("max_fetches_per_peer must be positive"));
+        assert!(broken(|c| c.max_inflight_bytes_per_peer = 1).contains("max_inflight_bytes_per_peer"));
+    }
+
+    #[test]
+    fn toml_takes_milliseconds_and_defaults_the_rest() {
+        let c: FabricConfig = toml::from_str("fetch_deadline_ms = 2000\nmax_fetches_per_peer = 4").expect("parse");
+        assert_eq!(c.fetch_deadline, Duration::from_secs(2));
+        assert_eq!(c.max_fetches_per_peer, 4);
+        assert_eq!(c.reroute_wait, FabricConfig::default().reroute_wait);
+        assert!(toml::from_str::<FabricConfig>("fetch_deadline = 2").is_err(), "units are part of the key");
+        let back: FabricConfig = toml::from_str(&toml::to_string(&c).expect("write")).expect("read back");
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn the_response_timeout_grows_with_the_response() {
+        let c = FabricConfig::default();
+        assert_eq!(c.response_timeout_for(0), Duration::from_secs(60));
+        assert_eq!(c.response_timeout_for(10 << 20), Duration::from_secs(70));
+    }
+}

@@ -1,0 +1,115 @@
+//! Following the coordinator's placement: on every view from the placement
+//! watch, open the datasets the coordinator lists that this node does not
+//! serve yet, then ask for the owners of each dataset version it serves,
+//! and replace what [`Cluster`] knows.
+
+use super::owners::{Cluster, PlacementMap};
+use crate::service::Node;
+use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
+use granary_net::client::CoordinatorClient;
+use granary_proto::ShardId;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Serves, on `node`, the coordinator's current version of each dataset in
+/// `view` that the node does not serve yet (manifest, source and view come
+/// from `DescribeDataset`; footers are read when first needed). Returns
+/// false if one could not be served, so the caller tries again later.
+async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &PlacementView) -> bool {
+    let mut all = true;
+    for (name, version) in &view.datasets {
+        if node.dataset(*version).is_ok() {
+            continue;
+        }
+        match client.call(&ApiRequest::DescribeDataset { name: name.clone() }).await {
+            Ok((_, ApiResponse::Dataset { manifest, view: dview, .. })) => {
+                if manifest.version(&dview) != *version {
+                    tracing::debug!(dataset = %name, "the coordinator's current version moved on; waiting for the next view");
+                    continue;
+                }
+                let source = manifest.source.clone();
+                if let Err(e) = node.serve_manifest(name, dview, manifest) {
+                    tracing::warn!(dataset = %name, %source, "cannot serve the coordinator's dataset: {e}");
+                    all = false;
+                }
+            }
+            Ok((_, other)) => tracing::debug!(dataset = %name, "dataset not described: {other:?}"),
+            Err(e) => {
+                tracing::warn!(dataset = %name, "cannot describe the dataset: {e}");
+                all = false;
+            }
+        }
+    }
+    all
+}
+
+/// Keeps `cluster` current: on every view from the placement watch, opens
+/// the datasets the coordinator lists that `node` does not serve yet, then
+/// asks the coordinator for the owners of each dataset version it serves.
+pub async fn follow_placement(
+    cluster: Arc<Cluster>,
+    node: Node,
+    client: CoordinatorClient,
+    mut views: watch::Receiver<Option<PlacementView>>,
+) {
+    loop {
+        let view = views.borrow_and_update().clone();
+        let mut retry = false;
+        if let Some(view) = view {
+            retry = !open_listed_datasets(&node, &client, &view).await;
+            let mut map = PlacementMap { epoch: view.placement_epoch, ..Default::default() };
+            for n in view.nodes.iter().filter(|n| n.live) {
+                match n.addr.parse::<SocketAddr>() {
+                    Ok(a) => {
+                        map.addrs.insert(n.node, a);
+                    }
+                    Err(e) => tracing::warn!(node = %n.node, addr = %n.addr, "unusable peer address: {e}"),
+                }
+            }
+            for (name, version) in &view.datasets {
+                if node.dataset(*version).is_err() {
+                    continue; // not a version this node serves
+                }
+                match client.call(&ApiRequest::DescribePlacement { name: name.clone() }).await {
+                    Ok((_, ApiResponse::Placement(report))) if report.version == *version => {
+                        let owners = report
+                            .owners
+                            .iter()
+                            .map(|&(file, row_group, owner)| (ShardId { file, row_group }, owner))
+                            .collect();
+                        map.owners.insert(*version, owners);
+                    }
+                    // Keep what was known for this version (a slightly old
+                    // owner still serves; no owner at all would make this
+                    // node read every shard itself) and ask again soon.
+                    Ok((_, other)) => {
+                        tracing::debug!(dataset = %name, "placement not current yet: {other:?}");
+                        map.owners.extend(cluster.owners_of(*version).map(|o| (*version, o)));
+                        retry = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(dataset = %name, "cannot read placement; keeping the last known owners: {e}");
+                        map.owners.extend(cluster.owners_of(*version).map(|o| (*version, o)));
+                        retry = true;
+                    }
+                }
+            }
+            tracing::info!(
+                placement_epoch = map.epoch,
+                peers = map.addrs.len(),
+                versions = map.owners.len(),
+                "placement known"
+            );
+            cluster.replace(map);
+        }
+        if retry {
+            tokio::select! {
+                changed = views.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(cluster.config().open_retry) => {}
+            }
+        } else if views.changed().await.is_err() {
+            return;
+        }
+    }
+}

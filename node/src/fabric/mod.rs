@@ -1,0 +1,95 @@
+//! The peer fabric: a node that does not own a shard asks its owner over
+//! QUIC, so the cluster reads each shard from remote storage once. Chunks
+//! are immutable and versioned, so a chunk from any node is as good as the
+//! owner's. Wire format: `granary_proto::peer`.
+//!
+//! Pure cores (no tokio, no sockets, `now` as an argument):
+//! - [`route`] — where one load gets its chunk: owner, stall vs dead, wait
+//!   for the placement, read remote storage; the footer rule.
+//! - [`stall`] — the stall clock and the liveness probe.
+//! - [`config`] — [`FabricConfig`], every time and size, validated.
+//!
+//! Shells:
+//! - [`link`] — [`PeerLink`]: connections, fetch slots and byte budgets
+//!   towards peers; fetching and validating chunks and footers.
+//! - `read` — reading a peer's stream under the stall clock.
+//! - [`owners`] — [`Cluster`]: what this node knows of placement.
+//! - [`follow`] — keeping [`Cluster`] current from the coordinator.
+//! - [`server`] — answering other nodes.
+//! - this file — [`ClusterHandle`], a node's part in the cluster.
+//!
+//! Files depend one way: `server`, `follow` → `owners` → `link` → `read` →
+//! `stall`; `route` and `config` depend on nothing here.
+
+pub mod config;
+pub mod follow;
+pub mod link;
+pub mod owners;
+mod read;
+pub mod route;
+pub mod server;
+pub mod stall;
+
+pub use config::{FabricConfig, FabricConfigError};
+pub use follow::follow_placement;
+pub use link::{PeerError, PeerLink};
+pub use owners::Cluster;
+pub use route::Owner;
+pub use server::serve;
+
+use crate::service::Node;
+use granary_net::client::CoordinatorClient;
+use granary_net::tls::{self, ALPN_PEER, Identity};
+use granary_proto::NodeId;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A node's part in the cluster: membership, the peer endpoint, and the
+/// placement it follows. Dropping it leaves the tasks running; call
+/// [`ClusterHandle::stop`].
+pub struct ClusterHandle {
+    membership: crate::membership::Membership,
+    endpoint: quinn::Endpoint,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl ClusterHandle {
+    /// Joins the cluster `cfg` describes: registers (in the background),
+    /// serves chunks to peers on the advertised address, and makes `node`
+    /// fetch the shards others own from them. Must run inside a tokio
+    /// runtime.
+    pub fn start(
+        node: &Node,
+        cfg: &crate::config::ClusterConfig,
+        ram_bytes: u64,
+        ssd_bytes: u64,
+    ) -> Result<Self, crate::membership::JoinError> {
+        use crate::membership::{JoinError, Membership};
+        let membership = Membership::start(cfg, ram_bytes, ssd_bytes)?;
+        let id_err = |e: tls::TlsError| JoinError::Identity(e.to_string());
+        let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(id_err)?;
+        let listen: SocketAddr = cfg
+            .advertise
+            .parse()
+            .map_err(|e| JoinError::Identity(format!("advertise address {:?}: {e}", cfg.advertise)))?;
+        let endpoint = tls::server_endpoint(&identity, listen, identity.server_config(&[ALPN_PEER]).map_err(id_err)?)
+            .map_err(id_err)?;
+        let link = PeerLink::new(endpoint.clone(), &identity, &cfg.fabric).map_err(id_err)?;
+        let cluster = Arc::new(Cluster::new(NodeId(cfg.node_id), link, cfg.fabric.clone()));
+        node.join_cluster(cluster.clone());
+        let addrs = granary_net::client::parse_addrs(&cfg.coordinators)?;
+        let client = CoordinatorClient::new(&identity, addrs, granary_net::client::ClientOptions::default())?;
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(serve(node.clone(), endpoint.clone(), cfg.fabric.clone()));
+        tasks.spawn(follow_placement(cluster, node.clone(), client, membership.view()));
+        tracing::info!(%listen, "serving chunks to peers");
+        Ok(Self { membership, endpoint, tasks })
+    }
+
+    /// Stops heartbeating, following placement and serving peers.
+    pub fn stop(mut self) {
+        self.tasks.abort_all();
+        self.endpoint.close(0u32.into(), b"node stopping");
+        self.membership.stop();
+    }
+}

@@ -1,0 +1,126 @@
+//! [`Cluster`]: what this node knows of placement (every live node's
+//! address and, per dataset version it serves, the owner of each shard),
+//! the link to peers, and the fabric's configuration. The placement
+//! follower (`follow.rs`) replaces it on every placement update; a load
+//! whose owner failed waits here for the next update ([`Cluster::reroute`]).
+
+use super::config::FabricConfig;
+use super::link::PeerLink;
+use super::route::Owner;
+use granary_proto::{DatasetVersion, NodeId, ShardId};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::RwLock;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// What this node knows of placement.
+pub struct Cluster {
+    me: NodeId,
+    link: PeerLink,
+    config: FabricConfig,
+    map: RwLock<PlacementMap>,
+    /// Bumped on every placement update, so fetches can wait for one.
+    updates: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+pub(crate) struct PlacementMap {
+    pub(crate) epoch: u64,
+    pub(crate) addrs: HashMap<NodeId, SocketAddr>,
+    pub(crate) owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+}
+
+impl Cluster {
+    /// This node is `me`; peers are reached through `link`, within the
+    /// bounds of `config`.
+    pub fn new(me: NodeId, link: PeerLink, config: FabricConfig) -> Self {
+        Self { me, link, config, map: RwLock::new(PlacementMap::default()), updates: watch::channel(0).0 }
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> NodeId {
+        self.me
+    }
+
+    /// The fabric's times and sizes.
+    pub fn config(&self) -> &FabricConfig {
+        &self.config
+    }
+
+    /// The live owner of `shard`, when it is another node.
+    pub fn owner(&self, version: DatasetVersion, shard: ShardId) -> Option<Owner> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let owner = *map.owners.get(&version)?.get(&shard)?;
+        if owner == self.me {
+            return None;
+        }
+        map.addrs.get(&owner).map(|a| Owner { node: owner, addr: *a })
+    }
+
+    /// The link to peers.
+    pub fn link(&self) -> &PeerLink {
+        &self.link
+    }
+
+    /// The placement epoch known.
+    pub fn epoch(&self) -> u64 {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).epoch
+    }
+
+    /// The owners last known for `version`.
+    pub(crate) fn owners_of(&self, version: DatasetVersion) -> Option<HashMap<ShardId, NodeId>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version).cloned()
+    }
+
+    pub(crate) fn replace(&self, map: PlacementMap) {
+        *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
+        self.updates.send_modify(|n| *n += 1);
+    }
+
+    /// Replaces what this node knows of placement: the live nodes'
+    /// addresses and, per dataset version, each shard's owner. The
+    /// placement follower calls it with what the coordinator says; tests
+    /// may call it directly.
+    pub fn apply_placement(
+        &self,
+        epoch: u64,
+        addrs: HashMap<NodeId, SocketAddr>,
+        owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+    ) {
+        self.replace(PlacementMap { epoch, addrs, owners });
+    }
+
+    /// Waits until the owner of `shard` is no longer `failed` (a newer
+    /// placement moved it), or `wait` passes. Returns the new owner (None:
+    /// this node owns it now, or the owner is unknown), or `Err` when the
+    /// placement did not move it in time.
+    pub async fn reroute(
+        &self,
+        version: DatasetVersion,
+        shard: ShardId,
+        failed: NodeId,
+        wait: Duration,
+    ) -> Result<Option<Owner>, ()> {
+        let mut updates = self.updates.subscribe();
+        let moved = |c: &Self| {
+            let owner = c.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version)?.get(&shard).copied()?;
+            (owner != failed).then_some(())
+        };
+        let waited = tokio::time::timeout(wait, async {
+            loop {
+                if moved(self).is_some() {
+                    return;
+                }
+                if updates.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        })
+        .await;
+        match waited {
+            Ok(()) => Ok(self.owner(version, shard)),
+            Err(_) => Err(()),
+        }
+    }
+}

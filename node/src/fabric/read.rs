@@ -1,0 +1,211 @@
+//! Reading a peer's stream: bytes into a buffer or straight into a memory
+//! file, bounded by the stall clock; the request/response exchange that
+//! skips progress frames; and the liveness probe asked after a stall.
+//! The decisions (when a quiet stream has stalled, whether a connection
+//! still answers) are the pure [`StallClock`] and [`Liveness`]; this file
+//! only waits for what they say.
+
+use super::stall::{Liveness, StallClock, TimerFired, Verdict};
+use crate::shm::ChunkFile;
+use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
+use granary_proto::wire::{decode, encode};
+use std::time::Duration;
+
+/// Reading a peer's stream failed.
+#[derive(Debug)]
+pub(crate) enum StreamError {
+    /// Nothing came on the stream for `idle` (the stall timeout).
+    Stalled { idle: Duration, during: String },
+    /// The stream or connection failed, or the peer broke the protocol.
+    Failed(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stalled { idle, during } => write!(f, "stalled for {idle:?} ({during})"),
+            Self::Failed(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Where [`read_live`] puts what it reads.
+pub(crate) trait Fill {
+    /// Bytes wanted in all.
+    fn len(&self) -> usize;
+    /// Bytes taken so far.
+    fn filled(&self) -> usize;
+    /// Takes what `recv` has, waiting for at least one byte; false when
+    /// the stream ended first.
+    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String>;
+}
+
+/// A buffer filled by copying.
+pub(crate) struct Buffer<'a> {
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) pos: usize,
+}
+
+impl Fill for Buffer<'_> {
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn filled(&self) -> usize {
+        self.pos
+    }
+
+    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String> {
+        match recv.read(&mut self.buf[self.pos..]).await.map_err(|e| e.to_string())? {
+            Some(n) => {
+                self.pos += n;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// Pieces [`Pieces`] takes from QUIC per write into the file.
+const PIECES_PER_WRITE: usize = 64;
+
+/// A memory file filled with the pieces QUIC received, as they are (no
+/// copy into memory first), as many as are there at once per write. Bytes
+/// past the file's length are not taken.
+pub(crate) struct Pieces<'a> {
+    file: &'a mut ChunkFile,
+    pieces: [bytes::Bytes; PIECES_PER_WRITE],
+}
+
+impl<'a> Pieces<'a> {
+    pub(crate) fn new(file: &'a mut ChunkFile) -> Self {
+        Self { file, pieces: std::array::from_fn(|_| bytes::Bytes::new()) }
+    }
+}
+
+impl Fill for Pieces<'_> {
+    fn len(&self) -> usize {
+        self.file.len()
+    }
+
+    fn filled(&self) -> usize {
+        self.file.written()
+    }
+
+    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String> {
+        let Some(n) = recv.read_chunks(&mut self.pieces).await.map_err(|e| e.to_string())? else {
+            return Ok(false);
+        };
+        // What comes after the chunk's announced length is not the chunk:
+        // left unwritten, as a read of exactly that length would leave it.
+        let mut room = self.file.len() - self.file.written();
+        for piece in &mut self.pieces[..n] {
+            piece.truncate(room);
+            room -= piece.len();
+        }
+        let written = self.file.append(&self.pieces[..n]).map_err(|e| e.to_string());
+        self.pieces[..n].fill(bytes::Bytes::new());
+        written.map(|()| true)
+    }
+}
+
+/// Fills `into` from `recv`, failing when the stream ends early or when no
+/// byte arrives for `stall` (`what` names the bytes); [`StallClock`]
+/// decides when a quiet period is a stall.
+pub(crate) async fn read_live(
+    recv: &mut quinn::RecvStream,
+    into: &mut impl Fill,
+    what: &str,
+    stall: Duration,
+) -> Result<(), StreamError> {
+    let len = into.len();
+    let mut clock = StallClock::new(std::time::Instant::now(), stall);
+    let mut until = clock.deadline();
+    while into.filled() < len {
+        let reading = async {
+            while into.filled() < len {
+                match into.take(recv).await {
+                    Ok(true) => clock.handle_progress(std::time::Instant::now()),
+                    Ok(false) => {
+                        let got = into.filled();
+                        return Err(StreamError::Failed(format!(
+                            "{what}: the stream ended after {got} of {len} bytes"
+                        )));
+                    }
+                    Err(e) => return Err(StreamError::Failed(format!("{what}: {e}"))),
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout_at(until.into(), reading).await {
+            Ok(done) => return done,
+            Err(_) => match clock.handle_timer(std::time::Instant::now()) {
+                TimerFired::Rearm(next) => until = next,
+                TimerFired::Stalled => {
+                    return Err(StreamError::Stalled {
+                        idle: clock.timeout(),
+                        during: format!("{what}: nothing came after {} of {len} bytes", into.filled()),
+                    });
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
+/// Whether the other end of `conn` still answers, asked after a stream on
+/// it stalled; [`Liveness`] decides from the connection's datagram count.
+pub(crate) async fn peer_answers(conn: &quinn::Connection, keep_alive: Duration) -> bool {
+    let probe = Liveness::new(std::time::Instant::now(), conn.stats().udp_rx.datagrams, keep_alive);
+    loop {
+        let closed = conn.close_reason().is_some();
+        match probe.sample(std::time::Instant::now(), conn.stats().udp_rx.datagrams, closed) {
+            Verdict::Answers => return true,
+            Verdict::Silent => return false,
+            Verdict::SampleIn(wait) => {
+                tokio::select! {
+                    _ = conn.closed() => return false,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Opens a stream on `conn`, sends `request` as one frame, finishes the
+/// sending side and reads the response frame, skipping the owner's
+/// [`PeerResponse::Working`] frames; bytes that follow the answer (a chunk,
+/// a footer) are left on the returned stream. An owner that sends nothing
+/// for `stall` has stalled.
+pub(crate) async fn ask(
+    conn: &quinn::Connection,
+    request: &PeerRequest,
+    stall: Duration,
+) -> Result<(PeerResponse, quinn::RecvStream), StreamError> {
+    let failed = |e: &dyn std::fmt::Display| StreamError::Failed(e.to_string());
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
+    send.write_all(&frame(encode(request))).await.map_err(|e| failed(&e))?;
+    let _ = send.finish();
+    loop {
+        let mut prefix = [0u8; 4];
+        read_live(&mut recv, &mut Buffer { buf: &mut prefix, pos: 0 }, "response header", stall).await?;
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > MAX_PEER_FRAME_LEN {
+            return Err(StreamError::Failed(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
+        }
+        let mut head = vec![0u8; len];
+        read_live(&mut recv, &mut Buffer { buf: &mut head, pos: 0 }, "response header", stall).await?;
+        match decode::<PeerResponse>(&head).map_err(|e| failed(&e))? {
+            PeerResponse::Working => continue,
+            response => return Ok((response, recv)),
+        }
+    }
+}
+
+/// One frame: a u32 little-endian length, then `body` (a message's
+/// archive from [`encode`]).
+pub(crate) fn frame(body: Vec<u8>) -> Vec<u8> {
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}

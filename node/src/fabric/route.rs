@@ -1,0 +1,351 @@
+//! Where one load of a shard gets its chunk: the fetch route, as a pure
+//! state machine.
+//!
+//! A node that does not own a shard asks its owner. What happens when the
+//! owner fails is the fabric's central decision, and it is made here, with
+//! `now` as an argument and no I/O, so that every branch is tested on a
+//! virtual clock (the async shell in `service.rs` only executes [`Step`]s):
+//!
+//! - **The owner answers**: the chunk is a guest copy; done.
+//! - **The owner stalled** (its connection answers, the stream does not):
+//!   it is alive and keeps its lease, so the placement will not move the
+//!   shard; waiting would only add to the stall. Read remote storage now.
+//! - **The owner failed otherwise** (unreachable, stream reset, refused):
+//!   it may be dead, and a dead owner's lease expiry moves its shards to one
+//!   survivor, which reads them once. Reading here at once would make every
+//!   survivor read them, so wait (up to the reroute wait) for the placement
+//!   to move the shard, then ask the new owner.
+//! - Bounds: at most [`MAX_OWNERS_ASKED`] owners, all within one fetch
+//!   deadline; when the placement does not move the shard in time, when it
+//!   moves it to this node, or when the deadline has passed, read remote
+//!   storage. Every owner that failed is named if that read fails too.
+
+use granary_proto::NodeId;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Owners asked for one chunk, at most: the first and two the placement
+/// moved the shard to.
+pub const MAX_OWNERS_ASKED: usize = 3;
+
+/// A shard's owner, as this node knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    /// The owner's id.
+    pub node: NodeId,
+    /// Where it serves peers.
+    pub addr: SocketAddr,
+}
+
+/// What the shell does next for a load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Ask `owner` for the chunk, giving up after `within`.
+    Ask {
+        /// The owner to ask.
+        owner: Owner,
+        /// What is left of the fetch deadline.
+        within: Duration,
+    },
+    /// Wait up to `within` for a placement in which `failed` no longer owns
+    /// the shard, then report [`Route::handle_moved`] or
+    /// [`Route::handle_not_moved`].
+    AwaitPlacement {
+        /// The owner that failed.
+        failed: NodeId,
+        /// How long to wait at most.
+        within: Duration,
+    },
+    /// Read the shard from remote storage and convert it here.
+    ReadRemote,
+}
+
+/// How asking an owner failed, as far as the route cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AskFailure {
+    /// The owner is alive but its answer stopped coming.
+    Stalled(String),
+    /// Anything else: unreachable, reset, refused, corrupt, timed out.
+    Unavailable(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// About to ask `target` (or read remote if there is none).
+    Next,
+    /// Asked this owner; waiting for the answer.
+    Asking(Owner),
+    /// Waiting for the placement to move the shard from this owner.
+    Awaiting(NodeId),
+    /// Reading remote storage (final).
+    Remote,
+}
+
+/// One load's route: see the module doc.
+#[derive(Debug)]
+pub struct Route {
+    target: Option<Owner>,
+    deadline: Instant,
+    reroute_wait: Duration,
+    asked: usize,
+    tried: Vec<String>,
+    state: State,
+}
+
+impl Route {
+    /// A route starting at `owner` (None: this node owns the shard or no
+    /// other owner is known), bounded by `fetch_deadline` from `now`; after
+    /// an owner fails, the placement is waited for at most `reroute_wait`.
+    pub fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
+        Self {
+            target: owner,
+            deadline: now + fetch_deadline,
+            reroute_wait,
+            asked: 0,
+            tried: Vec::new(),
+            state: State::Next,
+        }
+    }
+
+    /// The next step. Call again after reporting the outcome of an
+    /// [`Step::Ask`] or [`Step::AwaitPlacement`]; once it says
+    /// [`Step::ReadRemote`] it always does.
+    pub fn poll(&mut self, now: Instant) -> Step {
+        match self.state {
+            State::Remote => Step::ReadRemote,
+            State::Asking(owner) => {
+                // The answer was not reported; asking again is the only
+                // consistent thing the shell can be told.
+                Step::Ask { owner, within: self.deadline.saturating_duration_since(now) }
+            }
+            State::Awaiting(failed) => Step::AwaitPlacement {
+                failed,
+                within: self.reroute_wait.min(self.deadline.saturating_duration_since(now)),
+            },
+            State::Next => {
+                let Some(owner) = self.target.filter(|_| self.asked < MAX_OWNERS_ASKED) else {
+                    return self.remote();
+                };
+                let left = self.deadline.saturating_duration_since(now);
+                if left.is_zero() {
+                    self.tried.push(format!("{} at {}: not asked, the fetch deadline passed", owner.node, owner.addr));
+                    return self.remote();
+                }
+                self.asked += 1;
+                self.state = State::Asking(owner);
+                Step::Ask { owner, within: left }
+            }
+        }
+    }
+
+    /// The owner asked last failed (`reason` names the peer's error).
+    pub fn handle_failed(&mut self, failure: AskFailure) {
+        let State::Asking(owner) = self.state else { return };
+        match failure {
+            AskFailure::Stalled(reason) => {
+                self.tried.push(format!("{}: {reason}", owner.node));
+                self.state = State::Remote;
+            }
+            AskFailure::Unavailable(reason) => {
+                self.tried.push(format!("{}: {reason}", owner.node));
+                // No owner may be asked after this one: waiting for the
+                // placement could not change where the chunk comes from.
+                self.state = if self.asked < MAX_OWNERS_ASKED { State::Awaiting(owner.node) } else { State::Remote };
+            }
+        }
+    }
+
+    /// The placement moved the shard: to `owner`, or (None) to this node or
+    /// to no node known.
+    pub fn handle_moved(&mut self, owner: Option<Owner>) {
+        if let State::Awaiting(_) = self.state {
+            self.target = owner;
+            self.state = State::Next;
+        }
+    }
+
+    /// The placement did not move the shard within the wait.
+    pub fn handle_not_moved(&mut self) {
+        if let State::Awaiting(_) = self.state {
+            self.state = State::Remote;
+        }
+    }
+
+    /// Every owner that failed and why, in the order asked.
+    pub fn tried(&self) -> &[String] {
+        &self.tried
+    }
+
+    /// Takes the list of [`Route::tried`].
+    pub fn into_tried(self) -> Vec<String> {
+        self.tried
+    }
+
+    fn remote(&mut self) -> Step {
+        self.state = State::Remote;
+        Step::ReadRemote
+    }
+}
+
+/// What a node answers a peer that asks for a file's footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FooterAnswer {
+    /// The footer is in memory: send it.
+    Held,
+    /// This node believes `owner` reads that footer (the owner of the file's
+    /// first row group): say so at once. Two nodes whose placements
+    /// disagree would otherwise each wait on the other's read until the
+    /// footer deadline.
+    NotOwner(NodeId),
+    /// Read it from remote storage here (it owns the file, or is alone).
+    ReadHere,
+}
+
+/// The footer rule for a peer's request: `held` when the footer is in
+/// memory, `first_owner` the other node this node believes owns the file's
+/// first row group (None: this node, or no cluster).
+pub fn answer_footer(held: bool, first_owner: Option<NodeId>) -> FooterAnswer {
+    match (held, first_owner) {
+        (true, _) => FooterAnswer::Held,
+        (false, Some(owner)) => FooterAnswer::NotOwner(owner),
+        (false, None) => FooterAnswer::ReadHere,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_secs(30);
+    const REROUTE: Duration = Duration::from_secs(10);
+
+    fn owner(n: u64) -> Owner {
+        Owner { node: NodeId(n), addr: SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16)) }
+    }
+
+    fn ask(o: Owner, within: Duration) -> Step {
+        Step::Ask { owner: o, within }
+    }
+
+    #[test]
+    fn no_other_owner_reads_remote_at_once() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, None, DEADLINE, REROUTE);
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        assert_eq!(r.poll(t0 + DEADLINE), Step::ReadRemote, "final");
+        assert!(r.tried().is_empty());
+    }
+
+    #[test]
+    fn a_stalled_owner_is_not_waited_for() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        assert_eq!(r.poll(t0), ask(owner(2), DEADLINE));
+        r.handle_failed(AskFailure::Stalled("stalled for 5s".into()));
+        // Alive owners keep their lease: the placement will not move the
+        // shard, so the route reads at once instead of waiting for it.
+        assert_eq!(r.poll(t0 + Duration::from_secs(5)), Step::ReadRemote);
+        assert_eq!(r.into_tried(), vec!["node-2: stalled for 5s".to_string()]);
+    }
+
+    #[test]
+    fn a_dead_owner_waits_for_the_placement_then_asks_the_new_owner() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        assert_eq!(r.poll(t0), ask(owner(2), DEADLINE));
+        let t1 = t0 + Duration::from_secs(3);
+        r.handle_failed(AskFailure::Unavailable("connection refused".into()));
+        assert_eq!(r.poll(t1), Step::AwaitPlacement { failed: NodeId(2), within: REROUTE });
+        r.handle_moved(Some(owner(3)));
+        let t2 = t1 + Duration::from_secs(7);
+        assert_eq!(r.poll(t2), ask(owner(3), DEADLINE - Duration::from_secs(10)));
+        assert_eq!(r.tried().len(), 1);
+    }
+
+    #[test]
+    fn the_wait_for_the_placement_is_bounded_by_the_deadline() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), Duration::from_secs(4), REROUTE);
+        r.poll(t0);
+        r.handle_failed(AskFailure::Unavailable("reset".into()));
+        assert_eq!(
+            r.poll(t0 + Duration::from_secs(1)),
+            Step::AwaitPlacement { failed: NodeId(2), within: Duration::from_secs(3) }
+        );
+        r.handle_not_moved();
+        assert_eq!(r.poll(t0 + Duration::from_secs(4)), Step::ReadRemote);
+    }
+
+    #[test]
+    fn a_placement_that_does_not_move_in_time_means_reading_remote() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        r.poll(t0);
+        r.handle_failed(AskFailure::Unavailable("timed out".into()));
+        assert!(matches!(r.poll(t0), Step::AwaitPlacement { .. }));
+        r.handle_not_moved();
+        assert_eq!(r.poll(t0 + REROUTE), Step::ReadRemote);
+    }
+
+    #[test]
+    fn a_shard_moved_to_this_node_is_read_here() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        r.poll(t0);
+        r.handle_failed(AskFailure::Unavailable("gone".into()));
+        r.poll(t0);
+        r.handle_moved(None);
+        assert_eq!(r.poll(t0 + Duration::from_secs(1)), Step::ReadRemote);
+    }
+
+    #[test]
+    fn at_most_three_owners_are_asked_and_the_last_failure_is_not_waited_on() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        let mut now = t0;
+        for next in 3..=4 {
+            assert!(matches!(r.poll(now), Step::Ask { .. }));
+            r.handle_failed(AskFailure::Unavailable("reset".into()));
+            assert!(matches!(r.poll(now), Step::AwaitPlacement { .. }));
+            now += Duration::from_secs(1);
+            r.handle_moved(Some(owner(next)));
+        }
+        assert_eq!(r.poll(now), ask(owner(4), DEADLINE - Duration::from_secs(2)));
+        r.handle_failed(AskFailure::Unavailable("reset".into()));
+        assert_eq!(r.poll(now), Step::ReadRemote, "no fourth owner, so no wait for one");
+        assert_eq!(r.tried().len(), 3);
+    }
+
+    #[test]
+    fn an_owner_is_not_asked_once_the_deadline_has_passed() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), Duration::from_secs(2), REROUTE);
+        r.poll(t0);
+        r.handle_failed(AskFailure::Unavailable("reset".into()));
+        r.poll(t0);
+        r.handle_moved(Some(owner(3)));
+        assert_eq!(r.poll(t0 + Duration::from_secs(2)), Step::ReadRemote);
+        assert_eq!(r.tried()[1], format!("node-3 at {}: not asked, the fetch deadline passed", owner(3).addr));
+    }
+
+    #[test]
+    fn outcomes_reported_out_of_turn_are_ignored() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        r.handle_moved(Some(owner(5)));
+        r.handle_not_moved();
+        assert_eq!(r.poll(t0), ask(owner(2), DEADLINE));
+        r.handle_moved(Some(owner(5)));
+        assert_eq!(r.poll(t0), ask(owner(2), DEADLINE), "still asking owner 2");
+    }
+
+    #[test]
+    fn footer_requests_never_wait_on_a_node_that_is_believed_to_read_it() {
+        assert_eq!(answer_footer(true, Some(NodeId(2))), FooterAnswer::Held);
+        // The footer cycle: A believes B reads file f's footer, B believes
+        // A does. Each answers the other at once instead of joining its own
+        // fetch of the footer from the other.
+        assert_eq!(answer_footer(false, Some(NodeId(2))), FooterAnswer::NotOwner(NodeId(2)));
+        assert_eq!(answer_footer(false, None), FooterAnswer::ReadHere);
+    }
+}

@@ -1,0 +1,182 @@
+//! Serving other nodes: [`serve`] requires a node certificate, reads one
+//! [`PeerRequest`] per stream, and sends the chunk bytes as stored, from
+//! the tier or from one load (single flight with local requests). A peer's
+//! request is never forwarded, and is answered at once when it meets a load
+//! of this node that is asking that peer, so two nodes that disagree about
+//! placement cannot chase or wait on each other. While the answer is
+//! produced, a progress frame goes out every progress interval, so the
+//! requester can tell a slow owner from a stalled one.
+
+use super::config::FabricConfig;
+use super::read::frame;
+use crate::service::Node;
+use granary_net::tls::{self, Role};
+use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
+use granary_proto::wire::{ErrorKind, decode, encode};
+use std::net::SocketAddr;
+
+/// Serves chunks to other nodes on `endpoint` until it closes, within the
+/// bounds of `config`.
+pub async fn serve(node: Node, endpoint: quinn::Endpoint, config: FabricConfig) {
+    let config = std::sync::Arc::new(config);
+    while let Some(incoming) = endpoint.accept().await {
+        let node = node.clone();
+        let config = config.clone();
+        tokio::spawn(async move {
+            let peer = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a peer during the handshake: {e}");
+                    return;
+                }
+            };
+            match tls::peer_role(&conn) {
+                Ok(Role::Node) => {}
+                Ok(r) => {
+                    tracing::warn!(%peer, role = %r, "refused a peer: chunks are served to nodes only");
+                    conn.close(2u32.into(), b"chunks are served to node certificates only");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a peer: {e}");
+                    conn.close(1u32.into(), b"certificate carries no granary role");
+                    return;
+                }
+            }
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                let node = node.clone();
+                let config = config.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_stream(&node, &config, peer, send, recv).await {
+                        tracing::warn!(%peer, "peer request failed: {e}");
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// Writes a response frame and its bytes (`what`, for the error), within
+/// [`FabricConfig::response_timeout_for`]; past it the stream is reset. The bytes go to quinn
+/// as shared `Bytes`: it queues them without the copy `write_all` makes (a
+/// chunk is megabytes).
+async fn send_response(
+    config: &FabricConfig,
+    send: &mut quinn::SendStream,
+    head: &[u8],
+    body: bytes::Bytes,
+    what: &str,
+) -> Result<(), String> {
+    let limit = config.response_timeout_for(body.len() as u64);
+    let write = async {
+        send.write_all(head).await?;
+        send.write_chunk(body).await
+    };
+    match tokio::time::timeout(limit, write).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => {
+            let _ = send.reset(0u32.into());
+            Err(format!("the requester did not take {what} within {limit:?}"))
+        }
+    }
+}
+
+/// Awaits `work` (the answer to a peer's request), telling the requester
+/// every [`FabricConfig::progress_interval`] that it is coming
+/// ([`PeerResponse::Working`]), so the requester can tell a slow answer
+/// (a remote read, a conversion) from a stalled owner. Fails, and stops
+/// waiting, if the requester has gone or stopped reading; the load itself
+/// goes on for whoever else waits for it.
+async fn with_progress<T>(
+    config: &FabricConfig,
+    send: &mut quinn::SendStream,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    tokio::pin!(work);
+    let working = frame(encode(&PeerResponse::Working));
+    let start = tokio::time::Instant::now() + config.progress_interval;
+    let mut tick = tokio::time::interval_at(start, config.progress_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return Ok(out),
+            _ = tick.tick() => match tokio::time::timeout(config.stall_timeout, send.write_all(&working)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(format!("the requester left while the answer was produced: {e}")),
+                Err(_) => {
+                    let _ = send.reset(0u32.into());
+                    return Err("the requester stopped reading while the answer was produced".into());
+                }
+            },
+        }
+    }
+}
+
+async fn serve_stream(
+    node: &Node,
+    config: &FabricConfig,
+    peer: SocketAddr,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) -> Result<(), String> {
+    let request_timeout = config.request_timeout;
+    let mut prefix = [0u8; 4];
+    tokio::time::timeout(request_timeout, recv.read_exact(&mut prefix))
+        .await
+        .map_err(|_| format!("no request within {request_timeout:?}"))?
+        .map_err(|e| format!("request header: {e}"))?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    let respond = |resp: &PeerResponse| frame(encode(resp));
+    if len > MAX_PEER_FRAME_LEN {
+        let msg = format!("request frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}");
+        let _ =
+            send.write_all(&respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() })).await;
+        let _ = send.finish();
+        return Err(msg);
+    }
+    let mut body = vec![0u8; len];
+    tokio::time::timeout(request_timeout, recv.read_exact(&mut body))
+        .await
+        .map_err(|_| format!("no complete request within {request_timeout:?}"))?
+        .map_err(|e| format!("request body: {e}"))?;
+    let (version, shard) = match decode::<PeerRequest>(&body) {
+        Ok(PeerRequest::FetchChunk { version, shard }) => (version, shard),
+        Ok(PeerRequest::FetchFooter { version, file }) => {
+            match with_progress(config, &mut send, node.footer_for_peer(version, file)).await? {
+                Ok(raw) => {
+                    let head = respond(&PeerResponse::Footer { len: raw.len() as u64 });
+                    send_response(config, &mut send, &head, raw, &format!("the footer of file {file}")).await?;
+                }
+                Err(e) => {
+                    let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
+                    send.write_all(&respond(&resp)).await.map_err(|e| e.to_string())?;
+                }
+            }
+            let _ = send.finish();
+            return Ok(());
+        }
+        Err(e) => {
+            let msg = format!("malformed request: {e}");
+            let _ = send
+                .write_all(&respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() }))
+                .await;
+            let _ = send.finish();
+            return Err(msg);
+        }
+    };
+    match with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer)).await? {
+        Ok(chunk) => {
+            let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
+            let what = format!("the {} bytes of {shard}", chunk.len());
+            send_response(config, &mut send, &head, chunk.shared_bytes(), &what).await?;
+        }
+        Err(e) => {
+            let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
+            send.write_all(&respond(&resp)).await.map_err(|e| e.to_string())?;
+        }
+    }
+    let _ = send.finish();
+    Ok(())
+}

@@ -6,7 +6,7 @@
 //! incarnation while we were partitioned or paused) is answered by
 //! registering again, which yields a new incarnation and a new placement
 //! epoch. Chunks are immutable and versioned, so serving during that gap is
-//! safe (DESIGN.md, failure semantics).
+//! safe (docs/DESIGN.md, failure semantics).
 
 use crate::config::ClusterConfig;
 use granary_net::api::{ApiRequest, ApiResponse, PlacementView};

@@ -21,9 +21,9 @@ use granary_net::api::{
 };
 use granary_net::frame::{self, FrameError};
 use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Identity, Role, TlsError};
-use granary_node::dataset::Dataset;
-use granary_node::remote::{Remote, RemoteCounters};
 use granary_proto::NodeId;
+use granary_source::dataset::Dataset;
+use granary_source::remote::{Remote, RemoteCounters};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::{BTreeMap, HashMap};

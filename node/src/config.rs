@@ -19,10 +19,10 @@
 
 use crate::fabric::{FabricConfig, FabricConfigError};
 use granary_proto::View;
+pub use granary_source::remote::ThrottleConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// A served dataset.
 #[derive(Clone, Debug, Deserialize)]
@@ -44,25 +44,6 @@ pub enum ViewRef {
     Path(PathBuf),
     /// The view itself.
     Inline(View),
-}
-
-/// Simulated remote-storage conditions: a latency per request and a
-/// bandwidth cap shared by all requests. For demos and benchmarks.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ThrottleConfig {
-    /// Added before every request. Default 0.
-    #[serde(default)]
-    pub latency_ms: u64,
-    /// Aggregate bytes per second over all requests.
-    pub bandwidth_bytes_per_s: u64,
-}
-
-impl ThrottleConfig {
-    /// Latency as a Duration.
-    pub fn latency(&self) -> Duration {
-        Duration::from_millis(self.latency_ms)
-    }
 }
 
 /// The whole node configuration.

@@ -1,7 +1,7 @@
 //! Arrow to chunk: the conversion whose result is cached.
 //!
-//! [`resolve_view`] checks a view against a file's Arrow schema once, when the
-//! dataset is opened. [`convert_into`] then writes one decoded row group
+//! `granary_source::schema::resolve_view` checks a view against a file's Arrow
+//! schema once, when the dataset is opened. [`convert_into`] then writes one decoded row group
 //! straight into the chunk's final bytes, tensor by tensor:
 //! - a single column whose type matches is one bulk copy of its value buffer;
 //! - a `FixedSizeList<T, k>` is already row-major: one bulk copy of its child;
@@ -15,14 +15,16 @@
 //! unless the view declares a fill value. Inner loops do not branch per
 //! value: nulls are patched after the bulk copy, only when there are any.
 
-use crate::error::{ConvertError, SchemaError};
+use crate::error::ConvertError;
 use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, RecordBatch};
 use arrow::compute::{CastOptions, cast_with_options};
 use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
-    SchemaRef, UInt8Type,
+    UInt8Type,
 };
-use granary_proto::{ChunkLayout, DType, TensorLayout, View};
+use granary_proto::{ChunkLayout, DType};
+use granary_source::schema::{Kind, Resolved, ResolvedTensor};
+pub use granary_source::schema::{arrow_type, resolve_view};
 use std::borrow::Cow;
 
 #[cfg(target_endian = "big")]
@@ -30,132 +32,6 @@ compile_error!("chunks are little-endian and the converter copies native buffers
 
 /// Rows per transposition block when stacking columns.
 pub const BLOCK_ROWS: usize = 64;
-
-/// How a tensor is built.
-#[derive(Clone, Debug, PartialEq)]
-enum Kind {
-    /// One scalar column.
-    Scalar,
-    /// Several scalar columns of one type.
-    Stacked,
-    /// One `FixedSizeList<T, k>` column.
-    List(usize),
-}
-
-/// One tensor of a view, resolved against a schema.
-#[derive(Clone, Debug, PartialEq)]
-struct ResolvedTensor {
-    name: String,
-    dtype: DType,
-    kind: Kind,
-    columns: Vec<String>,
-    fill: Option<f64>,
-}
-
-/// A view resolved against one file's schema.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Resolved {
-    /// Tensor layouts, in view order.
-    pub layouts: Vec<TensorLayout>,
-    /// Root column indices to read (the projection).
-    pub projection: Vec<usize>,
-    tensors: Vec<ResolvedTensor>,
-}
-
-/// The Arrow type a dtype is stored as without a cast (`None` for bf16,
-/// which Arrow has no type for).
-pub fn arrow_type(dtype: DType) -> Option<DataType> {
-    Some(match dtype {
-        DType::F32 => DataType::Float32,
-        DType::F64 => DataType::Float64,
-        DType::F16 => DataType::Float16,
-        DType::BF16 => return None,
-        DType::I64 => DataType::Int64,
-        DType::I32 => DataType::Int32,
-        DType::I16 => DataType::Int16,
-        DType::I8 => DataType::Int8,
-        DType::U8 => DataType::UInt8,
-        DType::Bool => DataType::Boolean,
-    })
-}
-
-fn castable(dt: &DataType) -> bool {
-    dt.is_numeric() || *dt == DataType::Boolean
-}
-
-/// Checks `view` against `schema` and works out every tensor's shape.
-pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resolved, SchemaError> {
-    let mut layouts = Vec::new();
-    let mut tensors = Vec::new();
-    let mut projection = Vec::new();
-    for spec in &view.tensors {
-        let err = |column: &str, problem: String| SchemaError {
-            file: file.to_string(),
-            tensor: spec.name.clone(),
-            column: column.to_string(),
-            problem,
-        };
-        let mut elem: Option<DataType> = None;
-        let mut kind = Kind::Scalar;
-        for col in &spec.columns {
-            let (idx, field) =
-                schema.column_with_name(col).ok_or_else(|| err(col, "no such column in the file".into()))?;
-            if !projection.contains(&idx) {
-                projection.push(idx);
-            }
-            let (this_elem, this_kind) = match field.data_type() {
-                DataType::FixedSizeList(child, k) => {
-                    if spec.columns.len() > 1 {
-                        return Err(err(col, "a FixedSizeList column cannot be stacked with other columns".into()));
-                    }
-                    // The width comes from the file's schema: refuse what
-                    // no tensor row can be (negative, zero, over u32).
-                    let width = u32::try_from(*k).ok().filter(|&w| w > 0).ok_or_else(|| {
-                        err(col, format!("is a FixedSizeList of width {k}, which no tensor can have"))
-                    })?;
-                    (child.data_type().clone(), Kind::List(width as usize))
-                }
-                dt if castable(dt) => (dt.clone(), if spec.columns.len() > 1 { Kind::Stacked } else { Kind::Scalar }),
-                dt => return Err(err(col, format!("has Arrow type {dt}, which no tensor can be built from"))),
-            };
-            if let Some(prev) = &elem
-                && *prev != this_elem
-            {
-                return Err(err(col, format!("has Arrow type {this_elem}, but the tensor's other columns are {prev}")));
-            }
-            elem = Some(this_elem);
-            kind = this_kind;
-        }
-        let Some(elem) = elem else {
-            return Err(err("", "the tensor names no column".into()));
-        };
-        if !castable(&elem) {
-            return Err(err(&spec.columns[0], format!("has element type {elem}, which no tensor can be built from")));
-        }
-        let exact = arrow_type(spec.dtype).as_ref() == Some(&elem);
-        if !exact && !spec.cast {
-            return Err(err(
-                &spec.columns[0],
-                format!("has Arrow type {elem}; the view asks for {} (declare cast = true to convert)", spec.dtype),
-            ));
-        }
-        let shape = match kind {
-            Kind::Scalar => vec![],
-            Kind::Stacked => vec![spec.columns.len() as u32],
-            Kind::List(k) => vec![k as u32],
-        };
-        layouts.push(TensorLayout { name: spec.name.clone(), dtype: spec.dtype, shape });
-        tensors.push(ResolvedTensor {
-            name: spec.name.clone(),
-            dtype: spec.dtype,
-            kind,
-            columns: spec.columns.clone(),
-            fill: spec.fill,
-        });
-    }
-    projection.sort_unstable();
-    Ok(Resolved { layouts, projection, tensors })
-}
 
 /// Where a conversion happens, for error messages.
 #[derive(Clone, Copy, Debug)]
@@ -390,7 +266,8 @@ mod tests {
     use arrow::datatypes::{Field, Schema};
     use granary_proto::chunk::Verify;
     use granary_proto::view::fill_fits;
-    use granary_proto::{ChunkView, DatasetVersion, ShardId, TensorSpec};
+    use crate::error::SchemaError;
+    use granary_proto::{ChunkView, DatasetVersion, ShardId, TensorSpec, View};
     use proptest::prelude::*;
     use std::sync::Arc;
 

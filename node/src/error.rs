@@ -4,56 +4,7 @@ use granary_proto::ShardId;
 use granary_proto::wire::ErrorKind;
 use thiserror::Error;
 
-/// Reading remote storage failed.
-#[derive(Debug, Error)]
-pub enum RemoteError {
-    /// The source URL or its options are unusable.
-    #[error("cannot open source {url}: {reason}")]
-    Open {
-        /// The source URL.
-        url: String,
-        /// Why.
-        reason: String,
-    },
-    /// A request to the store failed (missing object, network, TLS,
-    /// permission). The message carries the store error's causes, which
-    /// travel to trainers as text: object_store's own message alone says
-    /// "error sending request" for a refused certificate.
-    #[error("reading {path}: {}", with_causes(error))]
-    Store {
-        /// Object path.
-        path: String,
-        /// The store's error.
-        error: object_store::Error,
-    },
-    /// The Parquet footer or a page could not be decoded.
-    #[error("{path}: not a readable Parquet file: {source}")]
-    Parquet {
-        /// Object path.
-        path: String,
-        /// The decoder's error.
-        source: parquet::errors::ParquetError,
-    },
-    /// The source holds no Parquet file.
-    #[error("source {0} holds no .parquet file")]
-    Empty(String),
-}
-
-/// `e`'s message followed by each distinct cause's, joined with ": ".
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        // Wrappers often repeat their cause's message; say each once.
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
-}
+pub use granary_source::error::{RemoteError, SchemaError, SourceError};
 
 /// The data does not fit the view, or a value cannot be converted.
 #[derive(Debug, Error, PartialEq)]
@@ -64,20 +15,6 @@ pub struct ConvertError {
     /// Row group index.
     pub row_group: usize,
     /// The column (or tensor, when no single column is at fault).
-    pub column: String,
-    /// What is wrong.
-    pub problem: String,
-}
-
-/// Resolving a view against a file's schema failed.
-#[derive(Debug, Error, PartialEq)]
-#[error("{file}: view tensor {tensor:?}, column {column:?}: {problem}")]
-pub struct SchemaError {
-    /// Object path of the file.
-    pub file: String,
-    /// Tensor of the view.
-    pub tensor: String,
-    /// Column involved.
     pub column: String,
     /// What is wrong.
     pub problem: String,
@@ -151,6 +88,16 @@ impl FetchError {
             FetchError::Convert(_) | FetchError::Remote(RemoteError::Parquet { .. }) => ErrorKind::BadInput,
             FetchError::NoSource { source, .. } => source.kind(),
             _ => ErrorKind::Unavailable,
+        }
+    }
+}
+
+impl From<SourceError> for FetchError {
+    fn from(e: SourceError) -> Self {
+        match e {
+            SourceError::Remote(e) => FetchError::Remote(e),
+            SourceError::UnknownShard(shard) => FetchError::UnknownShard(shard),
+            e => FetchError::Internal(e.to_string()),
         }
     }
 }

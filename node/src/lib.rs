@@ -5,8 +5,9 @@
 //!
 //! ## Module map (in the order data flows)
 //! - [`config`] — `node.toml`.
-//! - [`remote`] — object_store sources, counted and optionally throttled.
-//! - [`dataset`] — listing, footers, manifest, version.
+//! - `granary_source` (its own crate, shared with the coordinator) —
+//!   object_store sources, footers, dataset listing, manifest, version, and
+//!   the view checked against a file's schema.
 //! - [`convert`] — view resolution and Arrow-to-chunk conversion.
 //! - [`shm`] — chunks in sealed memory files.
 //! - [`tier`] — the foyer RAM/SSD tier.
@@ -14,13 +15,16 @@
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
 //! - [`membership`] — registering with the coordinators, lease renewal, the placement watch.
-//! - [`peer`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC.
+//! - [`fabric`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC;
+//!   its decisions (fetch route, stall clock) are pure cores in it.
+//! - [`flight`] — single-flight admission (pure).
+//! - [`prefetch`] — the prefetch window along a rank's plan (pure).
 //! - [`datagen`] — a deterministic synthetic dataset for demos and benchmarks.
 //! - [`error`] — error types.
 //!
 //! A request flows `daemon` → [`Node::chunk`] → `tier` (hit) or a single
-//! shared load: `remote` reads the row group's column chunks (footers were
-//! read once by `dataset`), Parquet decodes them, `convert` writes the
+//! shared load: the source's `Remote` reads the row group's column chunks
+//! (footers were read once by its `Dataset`), Parquet decodes them, `convert` writes the
 //! tensors straight into a memory file from `shm`, which is sealed, handed to
 //! every waiter, and inserted into the `tier`.
 
@@ -28,17 +32,17 @@ pub mod config;
 pub mod convert;
 pub mod daemon;
 pub mod datagen;
-pub mod dataset;
 pub mod embedded;
 pub mod error;
 pub mod fabric;
 pub mod flight;
 pub mod membership;
 pub mod prefetch;
-pub mod remote;
 pub mod service;
 pub mod shm;
 pub mod tier;
+
+use granary_source::{dataset, remote};
 
 pub use config::NodeConfig;
 pub use embedded::EmbeddedNode;

@@ -1260,8 +1260,8 @@ fn an_object_shorter_than_listed_is_an_error_not_a_panic() {
     let message = within("footer of a shrunk object", move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         rt.block_on(async move {
-            let counters = Arc::new(granary_node::remote::RemoteCounters::default());
-            let remote = granary_node::remote::Remote::open(
+            let counters = Arc::new(granary_source::remote::RemoteCounters::default());
+            let remote = granary_source::remote::Remote::open(
                 &format!("file://{}", dir.display()),
                 &std::collections::BTreeMap::new(),
                 None,

@@ -5,9 +5,9 @@
 use granary_node::Node;
 use granary_node::config::NodeConfig;
 use granary_node::datagen::{self, GenSpec};
-use granary_node::dataset::Dataset;
-use granary_node::remote::{Remote, RemoteCounters};
 use granary_proto::{Manifest, ShardId};
+use granary_source::dataset::Dataset;
+use granary_source::remote::{Remote, RemoteCounters};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -9,7 +9,6 @@
 //! lets concurrent requests add up, so it cannot model a link of fixed
 //! bandwidth; [`Throttle`] can.
 
-use crate::config::ThrottleConfig;
 use crate::error::RemoteError;
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -19,11 +18,31 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Simulated remote-storage conditions: a latency per request and a
+/// bandwidth cap shared by all requests. For demos and benchmarks.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleConfig {
+    /// Added before every request. Default 0.
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// Aggregate bytes per second over all requests.
+    pub bandwidth_bytes_per_s: u64,
+}
+
+impl ThrottleConfig {
+    /// Latency as a Duration.
+    pub fn latency(&self) -> Duration {
+        Duration::from_millis(self.latency_ms)
+    }
+}
 
 /// Counters of remote traffic.
 #[derive(Debug, Default)]

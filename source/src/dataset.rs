@@ -11,9 +11,9 @@
 //! against the manifest. A cluster node converts only the shards it owns, so
 //! it reads only the footers of files it owns shards of.
 
-use crate::convert::{Resolved, resolve_view};
-use crate::error::{FetchError, RemoteError};
+use crate::error::{RemoteError, SourceError};
 use crate::remote::Remote;
+use crate::schema::{Resolved, resolve_view};
 use granary_proto::wire::DatasetInfo;
 use granary_proto::{DatasetVersion, FileEntry, Manifest, RowGroupEntry, ShardId, View};
 use object_store::path::Path as StorePath;
@@ -157,7 +157,7 @@ impl Dataset {
     /// against the manifest: a file whose row groups or tensor layouts
     /// differ from what was registered is an error naming it, never a
     /// misread shard.
-    pub async fn footer(&self, index: usize) -> Result<&Footer, FetchError> {
+    pub async fn footer(&self, index: usize) -> Result<&Footer, SourceError> {
         self.footer_via(index, None).await
     }
 
@@ -175,8 +175,8 @@ impl Dataset {
         &self,
         index: usize,
         peer: Option<futures::future::BoxFuture<'_, Result<bytes::Bytes, String>>>,
-    ) -> Result<&Footer, FetchError> {
-        let file = self.files.get(index).ok_or_else(|| FetchError::Internal(format!("no file {index}")))?;
+    ) -> Result<&Footer, SourceError> {
+        let file = self.files.get(index).ok_or_else(|| SourceError::UnknownFile(index))?;
         file.footer
             .get_or_try_init(|| async {
                 if let Some(fetch) = peer {
@@ -198,7 +198,7 @@ impl Dataset {
                     Err(e) => return Err(self.replaced_or(index, e).await),
                 };
                 match self.check_footer(index, raw) {
-                    Err(FetchError::Remote(e @ RemoteError::Parquet { .. })) => Err(self.replaced_or(index, e).await),
+                    Err(SourceError::Remote(e @ RemoteError::Parquet { .. })) => Err(self.replaced_or(index, e).await),
                     other => other,
                 }
             })
@@ -207,7 +207,7 @@ impl Dataset {
 
     /// `e`, or the clearer error that file `index` was replaced since the
     /// version was registered (its size or version tag changed).
-    async fn replaced_or(&self, index: usize, e: RemoteError) -> FetchError {
+    async fn replaced_or(&self, index: usize, e: RemoteError) -> SourceError {
         let file = &self.files[index];
         let entry = &self.manifest.files[index];
         if let Ok(now) = self.remote.head(&file.path).await {
@@ -225,8 +225,8 @@ impl Dataset {
         e.into()
     }
 
-    fn changed(&self, index: usize, what: String) -> FetchError {
-        FetchError::Remote(RemoteError::Parquet {
+    fn changed(&self, index: usize, what: String) -> SourceError {
+        SourceError::Remote(RemoteError::Parquet {
             path: self.files[index].path.to_string(),
             source: parquet::errors::ParquetError::General(format!(
                 "the file changed since dataset version {} was registered: {what}",
@@ -237,7 +237,7 @@ impl Dataset {
 
     /// Decodes footer bytes of file `index` and checks them against the
     /// manifest (row groups) and the view (tensor layouts).
-    fn check_footer(&self, index: usize, raw: bytes::Bytes) -> Result<Footer, FetchError> {
+    fn check_footer(&self, index: usize, raw: bytes::Bytes) -> Result<Footer, SourceError> {
         let path = self.files[index].path.to_string();
         let entry = &self.manifest.files[index];
         let md = crate::remote::decode_footer(&path, &raw)?;
@@ -279,11 +279,11 @@ impl Dataset {
     }
 
     /// The file and row group of `shard`, if it exists.
-    pub fn locate(&self, shard: ShardId) -> Result<(&DatasetFile, usize), FetchError> {
-        let file = self.files.get(shard.file as usize).ok_or(FetchError::UnknownShard(shard))?;
+    pub fn locate(&self, shard: ShardId) -> Result<(&DatasetFile, usize), SourceError> {
+        let file = self.files.get(shard.file as usize).ok_or(SourceError::UnknownShard(shard))?;
         let rg = shard.row_group as usize;
         if rg >= self.manifest.files[shard.file as usize].row_groups.len() {
-            return Err(FetchError::UnknownShard(shard));
+            return Err(SourceError::UnknownShard(shard));
         }
         Ok((file, rg))
     }

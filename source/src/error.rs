@@ -1,0 +1,84 @@
+//! Errors of remote sources, one enum per boundary.
+
+use granary_proto::ShardId;
+use thiserror::Error;
+
+/// Reading remote storage failed.
+#[derive(Debug, Error)]
+pub enum RemoteError {
+    /// The source URL or its options are unusable.
+    #[error("cannot open source {url}: {reason}")]
+    Open {
+        /// The source URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// A request to the store failed (missing object, network, TLS,
+    /// permission). The message carries the store error's causes, which
+    /// travel to trainers as text: object_store's own message alone says
+    /// "error sending request" for a refused certificate.
+    #[error("reading {path}: {}", with_causes(error))]
+    Store {
+        /// Object path.
+        path: String,
+        /// The store's error.
+        error: object_store::Error,
+    },
+    /// The Parquet footer or a page could not be decoded.
+    #[error("{path}: not a readable Parquet file: {source}")]
+    Parquet {
+        /// Object path.
+        path: String,
+        /// The decoder's error.
+        source: parquet::errors::ParquetError,
+    },
+    /// The source holds no Parquet file.
+    #[error("source {0} holds no .parquet file")]
+    Empty(String),
+}
+
+/// `e`'s message followed by each distinct cause's, joined with ": ".
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        // Wrappers often repeat their cause's message; say each once.
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+/// Resolving a view against a file's schema failed.
+#[derive(Debug, Error, PartialEq)]
+#[error("{file}: view tensor {tensor:?}, column {column:?}: {problem}")]
+pub struct SchemaError {
+    /// Object path of the file.
+    pub file: String,
+    /// Tensor of the view.
+    pub tensor: String,
+    /// Column involved.
+    pub column: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// A dataset's file or shard could not be had.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// Reading remote storage failed.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    /// The shard is not part of the dataset version.
+    #[error("shard {0} is not part of the dataset")]
+    UnknownShard(ShardId),
+    /// The dataset version has no file of this index.
+    #[error("no file {0}")]
+    UnknownFile(usize),
+}

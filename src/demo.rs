@@ -16,11 +16,11 @@
 
 use anyhow::{Result, bail};
 use clap::Args;
-use granary_bench::harness::{NodeProcess, TrainerEvent, TrainerProcess};
 use granary_bench::local::DaemonSettings;
 use granary_bench::report::{gbps, ratio};
 use granary_client::LocalSource;
-use granary_node::datagen::{self, GenSpec};
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{NodeProcess, TrainerEvent, TrainerProcess};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::collections::BTreeMap;

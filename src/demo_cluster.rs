@@ -19,8 +19,8 @@
 
 use crate::demo::{DemoArgs, Pass, Setup, pass, replay_settings, say_to, style};
 use anyhow::{Result, bail};
-use granary_bench::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
 use granary_bench::report::{gbps, ratio};
+use granary_testkit::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -94,7 +94,7 @@ struct GenArgs {
     /// Feature values: uniform (random floats, plain encoding) or mixed
     /// (continuous, count-like and bucketised features, dictionary-encoded).
     #[arg(long, default_value = "uniform")]
-    values: granary_node::datagen::Values,
+    values: granary_testkit::datagen::Values,
     /// Seed of every value.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -177,7 +177,7 @@ struct LocalArgs {
     /// Feature values of the generated dataset: uniform or mixed (see
     /// `granary dataset gen --help`).
     #[arg(long, default_value = "uniform")]
-    values: granary_node::datagen::Values,
+    values: granary_testkit::datagen::Values,
     /// Simulated remote latency per request, ms.
     #[arg(long, default_value_t = 20)]
     latency_ms: u64,
@@ -286,7 +286,7 @@ fn run_node(config: &std::path::Path) -> Result<()> {
 }
 
 fn generate(a: GenArgs) -> Result<()> {
-    let spec = granary_node::datagen::GenSpec {
+    let spec = granary_testkit::datagen::GenSpec {
         seed: a.seed,
         rows: a.rows,
         files: a.files,
@@ -298,10 +298,10 @@ fn generate(a: GenArgs) -> Result<()> {
     if a.json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let report = granary_node::datagen::generate(&a.out, &spec, |n| bar.set_position(n))?;
+    let report = granary_testkit::datagen::generate(&a.out, &spec, |n| bar.set_position(n))?;
     bar.finish_and_clear();
     let view_path = a.out.join("view.toml");
-    std::fs::write(&view_path, granary_node::datagen::VIEW_TOML)?;
+    std::fs::write(&view_path, granary_testkit::datagen::VIEW_TOML)?;
     if a.json {
         println!(
             "{}",

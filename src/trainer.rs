@@ -2,7 +2,7 @@
 //!
 //! Driven over stdin (`epoch N` lines) so that a driver (the demo) can keep
 //! ranks in lockstep per epoch, and reporting JSON lines on stdout
-//! ([`granary_bench::harness::TrainerEvent`]). Consuming a batch means
+//! ([`granary_testkit::harness::TrainerEvent`]). Consuming a batch means
 //! checksumming it (every byte is read, and the checksums prove that two runs
 //! delivered the same bytes in the same order), or with `--consume copy`
 //! copying it into a staging buffer, as a trainer feeding a device would.
@@ -10,9 +10,9 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use granary_bench::consume::Staging;
-use granary_bench::harness::TrainerEvent;
 use granary_client::{Batch, ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource};
 use granary_proto::{AlignedBuf, Shuffle};
+use granary_testkit::harness::TrainerEvent;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;

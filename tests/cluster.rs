@@ -1,11 +1,11 @@
 //! The cluster as real processes, with trainer ranks: a coordinator voter,
 //! three node daemons on loopback, two `granary trainer` ranks per node.
 
-use granary_bench::harness::{
+use granary_bench::local::DaemonSettings;
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{
     LocalCluster, LocalClusterSpec, NodeProcess, TrainerEvent, TrainerProcess, run_epoch, spawn_ranks,
 };
-use granary_bench::local::DaemonSettings;
-use granary_node::datagen::{self, GenSpec};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! its peers expect it. Ports are reserved by binding and releasing a UDP
 //! socket just before use.
 
-use granary_bench::harness::{CoordinatorProcess, VoterSpec, reserve_udp_port};
+use granary_testkit::harness::{CoordinatorProcess, VoterSpec, reserve_udp_port};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -152,7 +152,7 @@ fn dataset(dir: &Path) -> (PathBuf, PathBuf) {
     ]);
     assert!(out.status.success(), "dataset gen: {}", String::from_utf8_lossy(&out.stderr));
     let view = dir.join("view.toml");
-    std::fs::write(&view, granary_node::datagen::VIEW_TOML).expect("view");
+    std::fs::write(&view, granary_testkit::datagen::VIEW_TOML).expect("view");
     (data, view)
 }
 
@@ -245,7 +245,7 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
         toml += &format!(
             "\n[[dataset]]\nname = \"ads\"\nsource = \"file://{}/\"\n\n[dataset.view]\n{}",
             data.display(),
-            granary_node::datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]")
+            granary_testkit::datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]")
         );
     }
     let path = dir.join("node.toml");

@@ -10,7 +10,7 @@ mod common;
 mod sources;
 
 use granary_node::Node;
-use granary_node::datagen::{self, GenSpec};
+use granary_testkit::datagen::{self, GenSpec};
 use std::collections::BTreeMap;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

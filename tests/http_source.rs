@@ -7,7 +7,7 @@ mod sources;
 mod webdav;
 
 use granary_node::Node;
-use granary_node::datagen::{self, GenSpec};
+use granary_testkit::datagen::{self, GenSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

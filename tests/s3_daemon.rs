@@ -6,12 +6,12 @@
 
 mod common;
 
-use granary_bench::harness::{NodeProcess, TrainerEvent, TrainerProcess};
 use granary_client::{Loader, LoaderConfig};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
 use granary_proto::Shuffle;
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{NodeProcess, TrainerEvent, TrainerProcess};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;

@@ -13,11 +13,11 @@
 //! 30 MB dataset twice with every chunk equal to a reference, SSD hits, no
 //! write error and no panic in its log.
 
-use granary_bench::harness::NodeProcess;
 use granary_client::{ChunkSource, LocalSource};
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::NodeProcess;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -25,14 +25,14 @@
 //!   this process, reported for comparison) and `tcp_raw` (a kernel TCP
 //!   connection per concurrent slot, server in this process).
 
-use crate::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
 use crate::report::{Conditions, CpuSample, CpuShares, median, ratio};
 use anyhow::{Context, Result, anyhow};
 use granary_client::{ChunkSource, LocalSource};
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
-use granary_node::datagen::{self, GenSpec};
 use granary_node::fabric::{FabricConfig, PeerLink};
 use granary_proto::{AlignedBuf, ShardId};
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -8,12 +8,12 @@
 //! bound per attempt, so the numbers describe the group, not a client
 //! waiting out a dead connection.
 
-use crate::harness::{CoordinatorProcess, VoterSpec, reserve_udp_port};
 use anyhow::{Context, Result, bail};
 use granary_net::api::{ApiRequest, ApiResponse, ClusterStatus};
 use granary_net::client::{ClientOptions, CoordinatorClient};
 use granary_net::tls::{self, Identity};
 use granary_proto::NodeId;
+use granary_testkit::harness::{CoordinatorProcess, VoterSpec, reserve_udp_port};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

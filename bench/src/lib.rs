@@ -5,8 +5,8 @@
 //! noisy: ratios measured together are meaningful, absolute numbers less so.
 //!
 //! ## Module map
-//! - [`harness`] — real processes: coordinator voters, the node daemon and trainer ranks, with
-//!   their JSON-lines protocol ([`harness::TrainerEvent`]).
+//! - The process harness (coordinator voters, node daemons, trainer ranks and their JSON-lines
+//!   protocol) and the synthetic dataset live in `granary-testkit`.
 //! - [`local`] — `granary bench local`: copy, ceiling, naive, warm (windowed and block shuffle) and cold.
 //! - [`local_ranks`] — `granary bench local --ranks N`: N trainer processes, warm against copy.
 //! - [`consume`] — the benchmark's trainer (a copy of every batch into a staging buffer) and the
@@ -19,7 +19,6 @@
 pub mod cluster;
 pub mod consume;
 pub mod failover;
-pub mod harness;
 pub mod local;
 pub mod local_ranks;
 pub mod report;

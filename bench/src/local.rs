@@ -27,15 +27,15 @@
 //! copy bandwidth (one thread, all threads) is measured in the same run.
 
 use crate::consume::{Staging, memcpy_gbps};
-use crate::harness::{NodeProcess, proc_memory};
 use crate::report::{Conditions, gbps, median, ratio};
 use anyhow::{Context, Result};
 use granary_client::ChunkSource;
 use granary_client::{Batch, Loader, LoaderConfig, MemorySource};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
 use granary_proto::{AlignedBuf, Shuffle};
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{NodeProcess, proc_memory};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -150,7 +150,7 @@ pub struct Summary {
     /// Node footprint in bytes: anonymous + file RSS + chunk memory files.
     pub node_footprint_bytes: u64,
     /// Of which: the daemon's resident memory (anonymous, file, shared).
-    pub node_memory: crate::harness::ProcMemory,
+    pub node_memory: granary_testkit::harness::ProcMemory,
     /// Of which: bytes of chunk memory files the node held.
     pub node_chunk_memory_bytes: u64,
     /// Source (Parquet) bytes.

@@ -21,10 +21,10 @@
 //! rank, a short benchmark would pay it in every epoch it measures. The
 //! warm-up epochs' rates are reported too.
 
-use crate::harness::{TrainerProcess, run_epoch, spawn_ranks};
 use crate::local::{LocalOpts, generate, start_daemon};
 use crate::report::{Conditions, median, ratio};
 use anyhow::Result;
+use granary_testkit::harness::{TrainerProcess, run_epoch, spawn_ranks};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Duration;

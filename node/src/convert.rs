@@ -257,6 +257,7 @@ mod tests {
     //! the chunk has been sealed and parsed back with full verification.
 
     use super::*;
+    use crate::error::SchemaError;
     use arrow::array::{
         BooleanArray, Float16Array, Float32Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array,
         StringArray, UInt8Array,
@@ -266,7 +267,6 @@ mod tests {
     use arrow::datatypes::{Field, Schema};
     use granary_proto::chunk::Verify;
     use granary_proto::view::fill_fits;
-    use crate::error::SchemaError;
     use granary_proto::{ChunkView, DatasetVersion, ShardId, TensorSpec, View};
     use proptest::prelude::*;
     use std::sync::Arc;

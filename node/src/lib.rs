@@ -19,7 +19,6 @@
 //!   its decisions (fetch route, stall clock) are pure cores in it.
 //! - [`flight`] — single-flight admission (pure).
 //! - [`prefetch`] — the prefetch window along a rank's plan (pure).
-//! - [`datagen`] — a deterministic synthetic dataset for demos and benchmarks.
 //! - [`error`] — error types.
 //!
 //! A request flows `daemon` → [`Node::chunk`] → `tier` (hit) or a single
@@ -31,7 +30,6 @@
 pub mod config;
 pub mod convert;
 pub mod daemon;
-pub mod datagen;
 pub mod embedded;
 pub mod error;
 pub mod fabric;

@@ -5,8 +5,8 @@
 use granary_client::{ChunkSource, Loader, LoaderConfig};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
 use granary_proto::{Shuffle, View};
+use granary_testkit::datagen::{self, GenSpec};
 use std::sync::Arc;
 
 fn view() -> View {

@@ -4,10 +4,10 @@
 
 use granary_node::Node;
 use granary_node::config::NodeConfig;
-use granary_node::datagen::{self, GenSpec};
 use granary_proto::{Manifest, ShardId};
 use granary_source::dataset::Dataset;
 use granary_source::remote::{Remote, RemoteCounters};
+use granary_testkit::datagen::{self, GenSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

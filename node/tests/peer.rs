@@ -6,11 +6,11 @@
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
 use granary_node::fabric::{Cluster, FabricConfig, PeerError, PeerLink, serve};
 use granary_proto::peer::PeerResponse;
 use granary_proto::wire::{ErrorKind, decode, encode};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
+use granary_testkit::datagen::{self, GenSpec};
 use std::net::SocketAddr;
 use std::time::Duration;
 

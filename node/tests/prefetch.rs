@@ -3,9 +3,9 @@
 
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
 use granary_node::service::PREFETCH_EPOCHS_AHEAD;
 use granary_proto::{PlanParams, Shuffle, plan_rank};
+use granary_testkit::datagen::{self, GenSpec};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen::{self, GenSpec};
+use granary_testkit::datagen::{self, GenSpec};
 
 fn config(data: &std::path::Path, ssd: Option<&std::path::Path>) -> NodeConfig {
     let view = datagen::view();

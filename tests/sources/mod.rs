@@ -4,9 +4,9 @@
 
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::datagen;
 use granary_proto::wire::DatasetInfo;
 use granary_proto::{ChunkView, chunk::Verify};
+use granary_testkit::datagen;
 use std::collections::BTreeMap;
 
 /// One dataset "ads" at `source` with the generator's view, `remote`

@@ -642,7 +642,7 @@ fn add_dataset(
     data: &Path,
 ) -> Result<()> {
     let view = dir.join("view.toml");
-    std::fs::write(&view, granary_node::datagen::VIEW_TOML)?;
+    std::fs::write(&view, crate::datagen::VIEW_TOML)?;
     let out = Command::new(exe)
         .args(["dataset", "add", name, "--source", &format!("file://{}/", data.display())])
         .arg("--view")

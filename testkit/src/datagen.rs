@@ -349,7 +349,7 @@ mod tests {
         let v = super::view();
         assert_eq!(v.tensors.len(), 4);
         assert_eq!(v.tensors[0].columns.len(), super::DENSE);
-        let resolved = crate::convert::resolve_view(&v, &super::schema(), "gen").unwrap();
+        let resolved = granary_source::schema::resolve_view(&v, &super::schema(), "gen").unwrap();
         assert_eq!(resolved.layouts[1].shape, vec![super::EMB as u32]);
     }
 }

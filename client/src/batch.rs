@@ -8,9 +8,9 @@
 //! [`granary_proto::Shuffle::Blocks`] and of an unshuffled plan), as a view
 //! into the sealed chunk memory itself: nothing is copied on the host.
 
-use crate::error::ClientError;
+use crate::error::TensorError;
 use crate::hostbuf::{BufferPool, HostBuf};
-use crate::loader::Position;
+use crate::position::Position;
 use crate::source::Chunk;
 use granary_proto::{DType, TensorLayout};
 use std::sync::Arc;
@@ -160,22 +160,25 @@ impl Batch {
 
     /// A typed view of tensor `name`, for example `tensor::<f32>("dense")`
     /// with shape `[rows, 150]`.
-    pub fn tensor<T: Element>(&self, name: &str) -> Result<TensorView<'_, T>, ClientError> {
+    pub fn tensor<T: Element>(&self, name: &str) -> Result<TensorView<'_, T>, TensorError> {
         let i = self
             .layouts
             .iter()
             .position(|l| l.name == name)
-            .ok_or_else(|| ClientError::UnknownTensor(name.to_string()))?;
+            .ok_or_else(|| TensorError::Unknown(name.to_string()))?;
         let layout = &self.layouts[i];
         if !T::accepts(layout.dtype) {
-            return Err(ClientError::DType { tensor: name.to_string(), want: T::NAME, have: layout.dtype.name() });
+            return Err(TensorError::DType { tensor: name.to_string(), want: T::NAME, have: layout.dtype.name() });
         }
         // Tensor bytes start aligned to at least the element size (buffers
         // and chunk tensors are 64-byte aligned, rows a multiple of the
         // element size) and hold rows x row_bytes bytes, so the cast cannot
-        // fail.
-        let data: &[T] = bytemuck::try_cast_slice(self.tensor_bytes(i))
-            .map_err(|e| ClientError::Protocol(format!("tensor {name:?} cannot be viewed as {}: {e}", T::NAME)))?;
+        // fail; were it to, an empty view is not a wrong tensor.
+        let data: &[T] = bytemuck::try_cast_slice(self.tensor_bytes(i)).map_err(|_| TensorError::DType {
+            tensor: name.to_string(),
+            want: T::NAME,
+            have: "bytes that are not aligned or sized for it",
+        })?;
         let mut shape = Vec::with_capacity(1 + layout.shape.len());
         shape.push(self.rows);
         shape.extend(layout.shape.iter().map(|&d| d as usize));

@@ -60,9 +60,9 @@
 //!   path uses, so a driver too old for them fails in [`GpuFeed::new`].
 
 use crate::batch::{Batch, Element};
-use crate::error::ClientError;
+use crate::error::{ClientError, TensorError};
 use crate::hostbuf::HostMemory;
-use crate::loader::Position;
+use crate::position::Position;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, DriverError, PinnedHostSlice,
@@ -730,7 +730,7 @@ impl<'a> GpuBatch<'a> {
 
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Result<&'a GpuTensor, ClientError> {
-        self.slot.tensors.iter().find(|t| t.name == name).ok_or_else(|| ClientError::UnknownTensor(name.to_string()))
+        self.slot.tensors.iter().find(|t| t.name == name).ok_or_else(|| ClientError::Tensor(TensorError::Unknown(name.to_string())))
     }
 
     /// The bytes of tensor `name` on the device. Reads through this view with
@@ -750,7 +750,7 @@ impl<'a> GpuBatch<'a> {
     pub fn typed_view<T: Element + DeviceRepr>(&self, name: &str) -> Result<CudaView<'a, T>, ClientError> {
         let t = self.tensor(name)?;
         if !T::accepts(t.dtype) {
-            return Err(ClientError::DType { tensor: name.to_string(), want: T::NAME, have: t.dtype.name() });
+            return Err(TensorError::DType { tensor: name.to_string(), want: T::NAME, have: t.dtype.name() }.into());
         }
         let bytes = self.view(name)?;
         let elems = t.len / std::mem::size_of::<T>();
@@ -1028,7 +1028,7 @@ mod tests {
             check_on_device(&g, &b);
             let dense = g.typed_view::<f32>("dense").expect("f32 view");
             assert_eq!(dense.len(), b.rows() * 13);
-            assert!(matches!(g.typed_view::<i64>("dense"), Err(ClientError::DType { .. })));
+            assert!(matches!(g.typed_view::<i64>("dense"), Err(ClientError::Tensor(TensorError::DType { .. }))));
         }
         let too_big = batch(&ls, rows + 1, 9);
         assert!(matches!(feed.upload(&too_big), Err(ClientError::Gpu(_))));

@@ -15,6 +15,7 @@
 //!   chunks arrive as sealed memory files and are mapped, not copied.
 //! - [`loader`] — [`Loader`] and [`EpochStream`]: plan, fetch, assemble,
 //!   resume from a [`Position`].
+//! - [`position`] — [`Position`], a rank's resume state.
 //! - [`hostbuf`] — the memory batches are assembled into (heap, or
 //!   page-locked with `cuda`), how tensors are packed in it, and the pool
 //!   that keeps buffers across epochs.
@@ -37,12 +38,14 @@ pub mod error;
 pub mod hostbuf;
 pub mod loader;
 pub mod local;
+pub mod position;
 pub mod source;
 
 pub use batch::{Batch, Element, TensorView};
-pub use error::ClientError;
+pub use error::{ClientError, TensorError};
 pub use granary_proto as proto;
 pub use hostbuf::HostMemory;
-pub use loader::{EpochStream, Loader, LoaderConfig, Position, default_assembly_threads, default_assembly_threads_for};
+pub use loader::{EpochStream, Loader, LoaderConfig, default_assembly_threads, default_assembly_threads_for};
+pub use position::Position;
 pub use local::LocalSource;
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

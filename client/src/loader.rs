@@ -31,6 +31,7 @@ use crate::batch::{Batch, Storage};
 use crate::error::ClientError;
 use crate::hostbuf::{BufferPool, HostBuf, HostMemory, pack};
 use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
+pub use crate::position::Position;
 use crate::source::{Chunk, ChunkSource};
 use granary_proto::wire::DatasetInfo;
 use granary_proto::{PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
@@ -39,15 +40,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-
-/// A place in the plan: the whole resume state of a rank.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default)]
-pub struct Position {
-    /// Epoch, from 0.
-    pub epoch: u64,
-    /// Batch index within the epoch.
-    pub batch: u64,
-}
 
 /// What a rank asks for.
 #[derive(Clone, Debug)]

@@ -1,7 +1,7 @@
 //! Loader behaviour over an in-memory source: resume, equivalence across
 //! lookahead settings, bounded shutdown, and typed views.
 
-use granary_client::{ChunkSource, ClientError, Loader, LoaderConfig, MemorySource, Position};
+use granary_client::{ChunkSource, ClientError, Loader, LoaderConfig, MemorySource, Position, TensorError};
 use granary_proto::wire::DatasetInfo;
 use granary_proto::{AlignedBuf, ChunkLayout, DType, DatasetVersion, ShardId, ShardRows, Shuffle, TensorLayout};
 use std::sync::Arc;
@@ -156,8 +156,8 @@ fn typed_views_have_shapes_and_check_dtypes() {
     let x = batch.tensor::<f32>("x").unwrap();
     assert_eq!(x.shape(), &[4, 3]);
     assert_eq!(&x.data()[..3], &[0.0, 0.1, 0.2]);
-    assert!(matches!(batch.tensor::<i64>("x"), Err(ClientError::DType { .. })));
-    assert!(matches!(batch.tensor::<f32>("nope"), Err(ClientError::UnknownTensor(_))));
+    assert!(matches!(batch.tensor::<i64>("x"), Err(TensorError::DType { .. })));
+    assert!(matches!(batch.tensor::<f32>("nope"), Err(TensorError::Unknown(_))));
     assert_eq!(batch.tensor_bytes(0).as_ptr() as usize % 64, 0);
 }
 

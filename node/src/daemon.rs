@@ -9,7 +9,8 @@
 //! accept (say, out of descriptors under a flood of connections) is retried
 //! rather than ending the listener.
 
-use crate::service::{Follower, Node};
+use crate::service::Node;
+use crate::session::Session;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
 use rustix::fd::BorrowedFd;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -107,7 +108,7 @@ async fn connection(
     client: &str,
     follows: std::sync::Arc<tokio::sync::Semaphore>,
 ) -> io::Result<()> {
-    let mut follower: Option<Follower> = None;
+    let mut session = Session::new(node.clone());
     loop {
         let mut len = [0u8; 4];
         match stream.read_exact(&mut len).await {
@@ -154,30 +155,23 @@ async fn connection(
                 };
                 let reply = match planned {
                     Ok(f) => {
-                        follower = Some(f);
+                        session.follow(f);
                         LocalResponse::Following
                     }
                     Err(e) => failed(e.kind(), e.to_string()),
                 };
                 send(&stream, &reply, None).await?;
             }
-            LocalRequest::FetchChunk { version, shard } => {
-                if let Some(f) = follower.as_mut() {
-                    f.advance(shard);
+            LocalRequest::FetchChunk { version, shard } => match session.chunk(version, shard).await {
+                Ok(chunk) => {
+                    let reply = LocalResponse::Chunk { len: chunk.len() as u64 };
+                    send(&stream, &reply, Some(chunk.fd())).await?;
                 }
-                match node.chunk(version, shard).await {
-                    Ok(chunk) => {
-                        let reply = LocalResponse::Chunk { len: chunk.len() as u64 };
-                        send(&stream, &reply, Some(chunk.fd())).await?;
-                    }
-                    Err(e) => send(&stream, &failed(e.kind(), format!("shard {shard}: {e}")), None).await?,
-                }
-            }
+                Err(e) => send(&stream, &failed(e.kind(), format!("shard {shard}: {e}")), None).await?,
+            },
             LocalRequest::Stats => send(&stream, &LocalResponse::Stats(node.stats()), None).await?,
             LocalRequest::Touch { shard, .. } => {
-                if let Some(f) = follower.as_mut() {
-                    f.advance(shard);
-                }
+                session.touch(shard);
                 send(&stream, &LocalResponse::Touched, None).await?;
             }
         }

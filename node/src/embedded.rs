@@ -6,7 +6,8 @@
 //! minus the socket.
 
 use crate::config::NodeConfig;
-use crate::service::{Follower, Node, StartError};
+use crate::service::{Node, StartError};
+use crate::session::Session;
 use crate::shm::SealedChunk;
 use granary_client::{Chunk, ChunkBytes, ChunkSource, ClientError};
 use granary_proto::chunk::Verify;
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex};
 pub struct EmbeddedNode {
     runtime: tokio::runtime::Runtime,
     node: Node,
-    follower: Mutex<Option<Follower>>,
+    session: Mutex<Session>,
 }
 
 struct Held(Arc<SealedChunk>);
@@ -43,7 +44,7 @@ impl EmbeddedNode {
             .build()
             .map_err(StartError::Runtime)?;
         let node = runtime.block_on(Node::start(cfg))?;
-        Ok(Self { runtime, node, follower: Mutex::new(None) })
+        Ok(Self { runtime, session: Mutex::new(Session::new(node.clone())), node })
     }
 
     /// The node.
@@ -65,16 +66,14 @@ impl ChunkSource for EmbeddedNode {
     fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
         let _guard = self.runtime.enter();
         let f = self.node.follow(version, params).map_err(|e| node_err(&e, e.kind()))?;
-        *self.follower.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+        self.session.lock().unwrap_or_else(|p| p.into_inner()).follow(f);
         Ok(())
     }
 
     fn fetch(&self, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError> {
         {
             let _guard = self.runtime.enter();
-            if let Some(f) = self.follower.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-                f.advance(shard);
-            }
+            self.session.lock().unwrap_or_else(|p| p.into_inner()).touch(shard);
         }
         let chunk = self.runtime.block_on(self.node.chunk(version, shard)).map_err(|e| node_err(&e, e.kind()))?;
         // The node validated the payload when it produced or loaded the

@@ -12,6 +12,7 @@
 //! - [`shm`] — chunks in sealed memory files.
 //! - [`tier`] — the foyer RAM/SSD tier.
 //! - [`service`] — [`Node`]: lookup, single flight, load, prefetch.
+//! - [`session`] — one trainer's session: the plan it follows and its requests.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
 //! - [`membership`] — registering with the coordinators, lease renewal, the placement watch.
@@ -37,6 +38,7 @@ pub mod flight;
 pub mod membership;
 pub mod prefetch;
 pub mod service;
+pub mod session;
 pub mod shm;
 pub mod tier;
 

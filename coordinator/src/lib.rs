@@ -8,6 +8,8 @@
 //! - [`store`]: the log and vote on redb, synced before acknowledged.
 //! - [`sm`]: the state machine and its snapshots on disk.
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
+//! - [`leases`]: the leader's lease table, pure: which live node's lease ran
+//!   out at `now`, with the grace a new leader grants.
 //! - [`server`]: the voter process: endpoint, API handlers with role checks,
 //!   the leader's lease clock.
 //!
@@ -17,6 +19,7 @@
 //! placement watch pushes the new placement epoch to the nodes, which
 //! compute owners with the pure `granary_proto::plan_placement`.
 
+pub mod leases;
 pub mod network;
 pub mod server;
 pub mod sm;

@@ -10,6 +10,8 @@
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
 //! - [`leases`]: the leader's lease table, pure: which live node's lease ran
 //!   out at `now`, with the grace a new leader grants.
+//! - [`election`]: the election watchdog, pure: when a follower that stopped
+//!   hearing from its leader campaigns.
 //! - [`server`]: the voter process: endpoint, API handlers with role checks,
 //!   the leader's lease clock.
 //!
@@ -19,6 +21,7 @@
 //! placement watch pushes the new placement epoch to the nodes, which
 //! compute owners with the pure `granary_proto::plan_placement`.
 
+pub mod election;
 pub mod leases;
 pub mod network;
 pub mod server;

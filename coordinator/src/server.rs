@@ -1,15 +1,14 @@
 //! The coordinator process: one QUIC endpoint serving both Raft RPCs
 //! (ALPN `granary-raft/1`, coordinator certificates only) and the API
 //! (ALPN `granary-api/1`, any certificate of the cluster, each request
-//! checked against the role in it), the Raft group on redb, and the
-//! leader's lease clock.
-//!
-//! Time-dependent decisions live only on the leader: it keeps each live
-//! node's last heartbeat in memory and, when a lease passes its deadline,
-//! proposes `ExpireNode` through the log. A new leader starts every live
-//! node's lease afresh (a grace period of one lease), so a leader change
-//! never expires a healthy node.
+//! checked against the role in it), the Raft group on redb, and the two
+//! timer tasks. Their decisions live in the pure [`crate::leases`] (on the
+//! leader: expire nodes whose heartbeats stopped) and [`crate::election`]
+//! (on followers: campaign once the leader lease has run out); the tasks
+//! here only feed them and carry out what they decide.
 
+use crate::election::Watchdog;
+use crate::leases::Leases;
 use crate::network::{LeaderContact, QuicNetwork, serve_rpc};
 use crate::sm::{Shared, StateMachineStore};
 use crate::state::{ClusterState, VersionRecord};
@@ -26,14 +25,13 @@ use granary_node::remote::{Remote, RemoteCounters};
 use granary_proto::NodeId;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 /// Largest API request accepted (a view is small; a dataset add carries no
 /// manifest).
@@ -139,11 +137,19 @@ struct Ctx {
     shared: Arc<Shared>,
     lease: Duration,
     remote_options: BTreeMap<String, String>,
-    /// The leader's lease clock: node → (incarnation, last heartbeat).
-    leases: Mutex<HashMap<NodeId, (u64, Instant)>>,
+    /// The leader's lease table; only the leader's holds clocks.
+    leases: Mutex<Leases>,
     connections: AtomicUsize,
     /// Last AppendEntries accepted from a leader.
     contact: LeaderContact,
+}
+
+impl Ctx {
+    /// The lease table. Its methods never panic midway, so a poisoned lock
+    /// still holds a consistent table.
+    fn leases(&self) -> MutexGuard<'_, Leases> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// A running voter.
@@ -222,18 +228,20 @@ impl Coordinator {
             shared,
             lease: cfg.lease,
             remote_options: cfg.remote_options.clone(),
-            leases: Mutex::new(HashMap::new()),
+            leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
             contact: LeaderContact::default(),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));
         tasks.spawn(lease_loop(ctx.clone()));
-        tasks.spawn(election_watchdog(
-            ctx.clone(),
+        let watchdog = Watchdog::new(
+            cfg.id,
             Duration::from_millis(election_max_ms),
             cfg.heartbeat_interval.max(Duration::from_millis(10)),
-        ));
+            Instant::now(),
+        );
+        tasks.spawn(election_loop(ctx.clone(), watchdog));
         tracing::info!(id = %cfg.id, %addr, "coordinator serving");
         Ok(Self { ctx, endpoint, addr, tasks })
     }
@@ -451,9 +459,11 @@ fn summaries(state: &ClusterState) -> Vec<DatasetSummary> {
     state.datasets.iter().filter_map(|(n, r)| summary(n, r)).collect()
 }
 
+/// Every node of `state`, with what is left of its lease if `with_leases`
+/// (only the leader's table knows).
 fn node_statuses(ctx: &Ctx, state: &ClusterState, with_leases: bool) -> Vec<NodeStatus> {
     let shards = state.shards_per_node();
-    let leases = ctx.leases.lock().unwrap_or_else(|p| p.into_inner());
+    let leases = ctx.leases();
     let now = Instant::now();
     state
         .nodes
@@ -465,12 +475,10 @@ fn node_statuses(ctx: &Ctx, state: &ClusterState, with_leases: bool) -> Vec<Node
             live: r.live,
             ram_bytes: r.ram_bytes,
             ssd_bytes: r.ssd_bytes,
-            lease_left_ms: match leases.get(&node) {
-                Some(&(inc, at)) if with_leases && r.live && inc == r.incarnation => {
-                    Some((at + ctx.lease).saturating_duration_since(now).as_millis() as u64)
-                }
-                _ => None,
-            },
+            lease_left_ms: leases
+                .lease_left(node, r.incarnation, now)
+                .filter(|_| with_leases && r.live)
+                .map(|left| left.as_millis() as u64),
             shards: shards.get(&node).copied().unwrap_or(0),
         })
         .collect()
@@ -499,7 +507,7 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             }
             match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
                 CommandResult::NodeRegistered { incarnation, placement_epoch } => {
-                    ctx.leases.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (incarnation, Instant::now()));
+                    ctx.leases().handle_renewed(node, incarnation, Instant::now());
                     tracing::info!(%node, incarnation, placement_epoch, "node registered");
                     Ok(ApiResponse::Registered { incarnation, placement_epoch, lease_ms: ctx.lease.as_millis() as u64 })
                 }
@@ -530,7 +538,7 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             if !live {
                 return Ok(ApiResponse::LeaseLost { node });
             }
-            ctx.leases.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (incarnation, Instant::now()));
+            ctx.leases().handle_renewed(node, incarnation, Instant::now());
             Ok(ApiResponse::HeartbeatAccepted { placement_epoch: epoch })
         }
         ApiRequest::AddDataset { name, source, view } => {
@@ -696,110 +704,64 @@ pub fn election_max(min_ms: u64) -> u64 {
     (min_ms + min_ms / 4).max(min_ms + 2)
 }
 
-/// On followers: starts an election as soon as the leader lease has run
-/// out, instead of waiting out a further random election timeout.
-///
-/// openraft 0.9 has a follower that stops hearing from its leader wait the
-/// leader lease (`election_timeout_max`) plus a random election timeout
-/// before it campaigns; other followers refuse votes until their own lease
-/// has run out. Campaigning at lease expiry plus a stagger by voter rank
-/// (one heartbeat interval per rank, so two survivors do not split the
-/// vote) roughly halves failover. Timing never affects Raft's safety, only
-/// when an election starts; if this one fails, openraft's own timers retry.
-async fn election_watchdog(ctx: Arc<Ctx>, lease: Duration, step: Duration) {
-    let mut last_trigger: Option<Instant> = None;
-    let poll = (step / 4).max(Duration::from_millis(5));
-    loop {
-        tokio::time::sleep(poll).await;
-        let (leader, voters) = {
-            let m = ctx.raft.metrics().borrow().clone();
-            let voters: Vec<VoterId> = m.membership_config.membership().voter_ids().collect();
-            (m.current_leader, voters)
-        };
-        if leader == Some(ctx.id) {
-            // Leading is contact with a leader: if this voter is deposed
-            // while alive, its silence counts from now, not from before it
-            // led.
-            ctx.contact.touch();
-            continue;
-        }
-        if voters.len() < 2 || !voters.contains(&ctx.id) {
-            continue;
-        }
-        let Some(silent) = ctx.contact.since() else { continue };
-        let others: Vec<VoterId> = voters.into_iter().filter(|v| Some(*v) != leader).collect();
-        let rank = others.iter().position(|v| *v == ctx.id).unwrap_or(0) as u32;
-        let due = lease + step * (rank + 1);
-        if silent > due && last_trigger.is_none_or(|t| t.elapsed() > lease) {
-            tracing::info!(silent_ms = silent.as_millis() as u64, "no leader contact: campaigning");
-            last_trigger = Some(Instant::now());
-            if let Err(e) = ctx.raft.trigger().elect().await {
-                tracing::warn!("cannot start an election: {e}");
-            }
-        }
-    }
-}
-
-/// On the leader: expires nodes whose heartbeats stopped.
-///
-/// A new leadership (a new term in which this voter leads) starts every
-/// live node's lease afresh with a grace of one more lease, so that nodes
-/// still retrying the dead leader are not expired. A tick that comes late
-/// by more than half a lease (this process was paused or starved) restarts
-/// every lease instead of expiring nodes whose heartbeats were queued.
+/// On the leader: expires nodes whose heartbeats stopped, by the rules of
+/// [`crate::leases::Leases`]. Expiries are proposed one at a time and
+/// awaited, so the next tick sees each committed one in the state.
 async fn lease_loop(ctx: Arc<Ctx>) {
-    let tick = (ctx.lease / 10).max(Duration::from_millis(50));
-    let mut leading_term: Option<u64> = None;
-    let mut last_tick = Instant::now();
     loop {
-        tokio::time::sleep(tick).await;
+        let wake = ctx.leases().poll_timeout();
+        tokio::time::sleep_until(wake.into()).await;
         let now = Instant::now();
-        let stalled = now.saturating_duration_since(last_tick) > tick + ctx.lease / 2;
-        last_tick = now;
         let term = {
             let m = ctx.raft.metrics().borrow().clone();
             (m.current_leader == Some(ctx.id)).then_some(m.current_term)
         };
-        let Some(term) = term else {
-            if leading_term.take().is_some() {
-                ctx.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
-            }
-            continue;
-        };
-        let fresh_start = leading_term != Some(term);
-        leading_term = Some(term);
         let live: Vec<(NodeId, u64)> = ctx
             .shared
             .read(|a| a.cluster.nodes.iter().filter(|(_, r)| r.live).map(|(&n, r)| (n, r.incarnation)).collect());
-        let mut expired = Vec::new();
-        {
-            let mut leases = ctx.leases.lock().unwrap_or_else(|p| p.into_inner());
-            if fresh_start {
-                leases.clear();
-            }
-            for &(node, inc) in &live {
-                // A lease seen for the first time (new leadership, or an
-                // incarnation registered through an earlier leader) gets
-                // one extra lease of grace: its clock starts a lease from now.
-                let entry = leases.entry(node).or_insert((inc, now + ctx.lease));
-                if entry.0 != inc {
-                    *entry = (inc, now + ctx.lease);
-                }
-                if stalled {
-                    entry.1 = entry.1.max(now);
-                }
-                if now.saturating_duration_since(entry.1) > ctx.lease {
-                    expired.push((node, inc));
-                }
-            }
-        }
-        for (node, incarnation) in expired {
+        let expired = {
+            let mut leases = ctx.leases();
+            leases.handle_timeout(now);
+            leases.handle_leadership(term, now);
+            leases.handle_state(live, now);
+            leases.poll_expired(now)
+        };
+        for e in expired {
+            let (node, incarnation) = (e.node, e.incarnation);
             match write(&ctx, Command::ExpireNode { node, incarnation }).await {
                 Ok(CommandResult::NodeExpired { placement_epoch: Some(epoch) }) => {
                     tracing::info!(%node, incarnation, placement_epoch = epoch, "lease expired");
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(%node, "could not commit a lease expiry: {e:?}"),
+                Err(err) => {
+                    tracing::warn!(%node, "could not commit a lease expiry: {err:?}");
+                    ctx.leases().handle_expiry_failed(e);
+                }
+            }
+        }
+    }
+}
+
+/// On followers: starts an election when [`Watchdog`] says the leader
+/// lease has run out.
+async fn election_loop(ctx: Arc<Ctx>, mut watchdog: Watchdog) {
+    loop {
+        tokio::time::sleep_until(watchdog.poll_timeout().into()).await;
+        let now = Instant::now();
+        watchdog.handle_timeout(now);
+        if let Some(at) = ctx.contact.last() {
+            watchdog.handle_contact(at);
+        }
+        let (leader, voters) = {
+            let m = ctx.raft.metrics().borrow().clone();
+            let voters: Vec<VoterId> = m.membership_config.membership().voter_ids().collect();
+            (m.current_leader, voters)
+        };
+        watchdog.handle_membership(leader, voters, now);
+        if let Some(c) = watchdog.poll_campaign(now) {
+            tracing::info!(silent_ms = c.silent.as_millis() as u64, "no leader contact: campaigning");
+            if let Err(e) = ctx.raft.trigger().elect().await {
+                tracing::warn!("cannot start an election: {e}");
             }
         }
     }

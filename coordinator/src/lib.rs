@@ -8,15 +8,25 @@
 //! - [`store`]: the log and vote on redb, synced before acknowledged.
 //! - [`sm`]: the state machine and its snapshots on disk.
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
-//! - [`server`]: the voter process: endpoint, API handlers with role checks,
-//!   the leader's lease clock.
+//! - [`leases`]: the leader's lease table, pure: which live node's lease ran
+//!   out at `now`, with the grace a new leader grants.
+//! - [`election`]: the election watchdog, pure: when a follower that stopped
+//!   hearing from its leader campaigns.
+//! - [`server`]: the voter process, the only async part: endpoint and
+//!   accept loop, API handlers with role checks, the placement watch, and
+//!   the timer tasks that carry out what [`leases`] and [`election`] decide.
 //!
 //! Flow: an API request reaches any voter; writes and current reads are
 //! redirected to the leader, which proposes a [`types::Command`]; once
 //! committed, every voter applies it to its [`state::ClusterState`], and the
 //! placement watch pushes the new placement epoch to the nodes, which
-//! compute owners with the pure `granary_proto::plan_placement`.
+//! compute owners with the pure `granary_proto::plan_placement`. Time
+//! enters only through the two pure clocks: the leader's lease table turns
+//! missed heartbeats into `ExpireNode` commands, and the watchdog turns a
+//! silent leader into an election.
 
+pub mod election;
+pub mod leases;
 pub mod network;
 pub mod server;
 pub mod sm;

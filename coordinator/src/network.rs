@@ -149,7 +149,8 @@ impl RaftNetwork<TypeConfig> for PeerLink {
 }
 
 /// When this voter last received an AppendEntries RPC (a leader's
-/// heartbeat or entries). The election watchdog in the server reads it.
+/// heartbeat or entries). The server feeds it to the election watchdog
+/// ([`crate::election::Watchdog`]).
 #[derive(Debug, Default)]
 pub struct LeaderContact(Mutex<Option<std::time::Instant>>);
 
@@ -157,6 +158,11 @@ impl LeaderContact {
     /// Records contact now.
     pub fn touch(&self) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// When the last contact was; `None` if there was none.
+    pub fn last(&self) -> Option<std::time::Instant> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Time since the last contact; `None` if there was none.

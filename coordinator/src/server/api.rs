@@ -1,0 +1,261 @@
+//! The API on `granary-api/1`: one request per stream, checked against
+//! the role (and bound node id) in the caller's certificate, then answered
+//! from the applied state or by proposing a command. The placement watch,
+//! the one request answered by a stream of views, is handed to [`super::watch`].
+
+use super::ctx::{Ctx, failed, is_leader, leads_with_quorum, linearize, node_statuses, not_leader, write};
+use super::watch::watch;
+use crate::state::{ClusterState, DatasetRecord, VersionRecord};
+use crate::types::{Command, CommandResult};
+use granary_net::api::{
+    ApiRequest, ApiResponse, ClusterStatus, DatasetSummary, FailureKind, PlacementReport, VoterStatus,
+};
+use granary_net::frame::{self, FrameError};
+use granary_net::tls::Role;
+use granary_proto::NodeId;
+use granary_source::dataset::Dataset;
+use granary_source::remote::{Remote, RemoteCounters};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Largest API request accepted (a view is small; a dataset add carries no
+/// manifest).
+pub const MAX_API_REQUEST_BYTES: usize = 1 << 20;
+/// Largest command one log entry may carry (a dataset's manifest). With at
+/// most [`MAX_PAYLOAD_ENTRIES`](super::MAX_PAYLOAD_ENTRIES) entries per
+/// AppendEntries, a replication message stays under the 64 MiB frame limit.
+pub const MAX_COMMAND_BYTES: usize = 3 << 20;
+
+/// Serves one API stream: reads the request, checks it against `role` and
+/// the certificate's `bound` node id, and writes the answer.
+pub(super) async fn serve_api(
+    ctx: &Arc<Ctx>,
+    role: Role,
+    bound: Option<NodeId>,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) -> Result<(), FrameError> {
+    let req = match frame::read_frame::<ApiRequest>(&mut recv, MAX_API_REQUEST_BYTES).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            let resp = failed(FailureKind::BadRequest, format!("malformed request: {e}"));
+            frame::write_frame(&mut send, &resp).await?;
+            let _ = send.finish();
+            return Err(e);
+        }
+    };
+    if !req.allowed(role) {
+        tracing::warn!(%role, request = req.kind(), "refused: wrong role");
+        let resp = failed(FailureKind::Forbidden, format!("a {role} certificate may not send {}", req.kind()));
+        frame::write_frame(&mut send, &resp).await?;
+        let _ = send.finish();
+        return Ok(());
+    }
+    if let (Some(b), ApiRequest::RegisterNode { node, .. } | ApiRequest::Heartbeat { node, .. }) = (bound, &req)
+        && *node != b
+    {
+        tracing::warn!(certificate = %b, request = %node, "refused: a certificate bound to another node");
+        let resp = failed(
+            FailureKind::Forbidden,
+            format!("this certificate is bound to {b} and may not send {} for {node}", req.kind()),
+        );
+        frame::write_frame(&mut send, &resp).await?;
+        let _ = send.finish();
+        return Ok(());
+    }
+    if let ApiRequest::WatchPlacement { after_revision } = req {
+        return watch(ctx, after_revision, send).await;
+    }
+    let resp = handle(ctx, req).await;
+    frame::write_frame(&mut send, &resp).await?;
+    let _ = send.finish();
+    Ok(())
+}
+
+fn summary(name: &str, record: &DatasetRecord) -> Option<DatasetSummary> {
+    let v = record.current()?;
+    Some(DatasetSummary {
+        name: name.to_string(),
+        version: v.version,
+        versions: record.versions.len(),
+        source: v.manifest.source.clone(),
+        files: v.manifest.files.len(),
+        shards: v.manifest.files.iter().map(|f| f.row_groups.len()).sum(),
+        rows: v.manifest.total_rows(),
+        source_bytes: v.manifest.total_file_bytes(),
+    })
+}
+
+fn summaries(state: &ClusterState) -> Vec<DatasetSummary> {
+    state.datasets.iter().filter_map(|(n, r)| summary(n, r)).collect()
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+async fn handle(ctx: &Arc<Ctx>, req: ApiRequest) -> ApiResponse {
+    match handle_inner(ctx, req).await {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+// Both arms carry the response to send; it is written out at once, never
+// propagated further, so its size does not matter.
+#[allow(clippy::result_large_err)]
+async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, ApiResponse> {
+    match req {
+        ApiRequest::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
+            if !is_leader(ctx) {
+                return Err(not_leader(ctx));
+            }
+            match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
+                CommandResult::NodeRegistered { incarnation, placement_epoch } => {
+                    ctx.leases().handle_renewed(node, incarnation, Instant::now());
+                    tracing::info!(%node, incarnation, placement_epoch, "node registered");
+                    Ok(ApiResponse::Registered { incarnation, placement_epoch, lease_ms: ctx.lease.as_millis() as u64 })
+                }
+                other => Err(failed(FailureKind::Internal, format!("register applied as {other:?}"))),
+            }
+        }
+        ApiRequest::Heartbeat { node, incarnation } => {
+            if !is_leader(ctx) {
+                return Err(not_leader(ctx));
+            }
+            if !leads_with_quorum(ctx) {
+                return Err(failed(FailureKind::Unavailable, "the leader has not heard from a quorum recently"));
+            }
+            let check = |ctx: &Ctx| {
+                ctx.shared.read(|a| {
+                    let live = a.cluster.nodes.get(&node).is_some_and(|r| r.live && r.incarnation == incarnation);
+                    (live, a.cluster.placement_epoch)
+                })
+            };
+            let (mut live, mut epoch) = check(ctx);
+            if !live {
+                // A new leader may not have applied the latest registration
+                // yet: confirm on current state before telling a node its
+                // lease is gone.
+                linearize(ctx).await?;
+                (live, epoch) = check(ctx);
+            }
+            if !live {
+                return Ok(ApiResponse::LeaseLost { node });
+            }
+            ctx.leases().handle_renewed(node, incarnation, Instant::now());
+            Ok(ApiResponse::HeartbeatAccepted { placement_epoch: epoch })
+        }
+        ApiRequest::AddDataset { name, source, view } => {
+            if !valid_name(&name) {
+                return Err(failed(
+                    FailureKind::BadRequest,
+                    format!("dataset name {name:?}: use 1-128 of [A-Za-z0-9._-]"),
+                ));
+            }
+            let view =
+                view.validated().map_err(|e| failed(FailureKind::BadRequest, format!("dataset {name}: view: {e}")))?;
+            if !is_leader(ctx) {
+                return Err(not_leader(ctx));
+            }
+            let remote = Remote::open(&source, &ctx.remote_options, None, Arc::new(RemoteCounters::default()))
+                .map_err(|e| failed(FailureKind::BadRequest, e.to_string()))?;
+            let dataset = Dataset::open(&name, remote, view.clone())
+                .await
+                .map_err(|e| failed(FailureKind::BadRequest, format!("dataset {name}: {e}")))?;
+            if dataset.manifest.files.is_empty() {
+                return Err(failed(
+                    FailureKind::BadRequest,
+                    format!("dataset {name}: {source} holds no .parquet files"),
+                ));
+            }
+            let cmd = Command::AddDataset { name: name.clone(), view, manifest: dataset.manifest.clone() };
+            let size = serde_json::to_vec(&cmd).map(|b| b.len()).unwrap_or(usize::MAX);
+            if size > MAX_COMMAND_BYTES {
+                return Err(failed(
+                    FailureKind::BadRequest,
+                    format!(
+                        "dataset {name}: its manifest ({} files) encodes to {size} bytes, over the {MAX_COMMAND_BYTES}-byte limit of one log entry",
+                        dataset.manifest.files.len()
+                    ),
+                ));
+            }
+            let new = match write(ctx, cmd).await? {
+                CommandResult::DatasetAdded { new, .. } => new,
+                other => return Err(failed(FailureKind::Internal, format!("add applied as {other:?}"))),
+            };
+            let summary = ctx
+                .shared
+                .read(|a| a.cluster.datasets.get(&name).and_then(|r| summary(&name, r)))
+                .ok_or_else(|| failed(FailureKind::Internal, format!("dataset {name} missing after commit")))?;
+            tracing::info!(dataset = %name, version = %summary.version, new, "dataset added");
+            Ok(ApiResponse::DatasetAdded { summary, new })
+        }
+        ApiRequest::ListDatasets => {
+            linearize(ctx).await?;
+            Ok(ApiResponse::Datasets(ctx.shared.read(|a| summaries(&a.cluster))))
+        }
+        ApiRequest::DescribeDataset { name } => {
+            linearize(ctx).await?;
+            ctx.shared.read(|a| {
+                let r = a.cluster.datasets.get(&name);
+                match (r.and_then(|r| summary(&name, r)), r.and_then(|r| r.current())) {
+                    (Some(summary), Some(v)) => {
+                        Ok(ApiResponse::Dataset { summary, manifest: v.manifest.clone(), view: v.view.clone() })
+                    }
+                    _ => Err(failed(FailureKind::NotFound, format!("no dataset named {name:?}"))),
+                }
+            })
+        }
+        ApiRequest::DescribePlacement { name } => {
+            linearize(ctx).await?;
+            ctx.shared.read(|a| {
+                let v: &VersionRecord = a
+                    .cluster
+                    .datasets
+                    .get(&name)
+                    .and_then(|r| r.current())
+                    .ok_or_else(|| failed(FailureKind::NotFound, format!("no dataset named {name:?}")))?;
+                let owners = v
+                    .manifest
+                    .shards()
+                    .iter()
+                    .zip(a.cluster.owners(&name))
+                    .map(|(s, &o)| (s.shard.file, s.shard.row_group, o))
+                    .collect();
+                Ok(ApiResponse::Placement(PlacementReport {
+                    name: name.clone(),
+                    version: v.version,
+                    placement_epoch: a.cluster.placement_epoch,
+                    owners,
+                }))
+            })
+        }
+        ApiRequest::Status => {
+            linearize(ctx).await?;
+            let m = ctx.raft.metrics().borrow().clone();
+            let voters = m
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, n)| VoterStatus { id: id.0, addr: n.addr.clone() })
+                .collect();
+            let leader = is_leader(ctx);
+            Ok(ctx.shared.read(|a| {
+                ApiResponse::Status(ClusterStatus {
+                    answered_by: ctx.id.0,
+                    leader: m.current_leader.map(|l| l.0),
+                    term: m.current_term,
+                    applied_index: a.last_applied.map(|l| l.index),
+                    voters,
+                    placement_epoch: a.cluster.placement_epoch,
+                    nodes: node_statuses(ctx, &a.cluster, leader),
+                    datasets: summaries(&a.cluster),
+                })
+            }))
+        }
+        ApiRequest::WatchPlacement { .. } => Err(failed(FailureKind::Internal, "watch is served as a stream")),
+    }
+}

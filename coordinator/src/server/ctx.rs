@@ -1,0 +1,120 @@
+//! What every task of a voter shares: the Raft handle, the applied state,
+//! the leader's lease table, and the role checks the API answers with
+//! (leader or not, leading with a quorum, a current read, a commit).
+//!
+//! The other server files use this one; it uses none of them.
+
+use crate::leases::Leases;
+use crate::network::LeaderContact;
+use crate::sm::Shared;
+use crate::state::ClusterState;
+use crate::types::{Command, CommandResult, Raft, VoterId};
+use granary_net::api::{ApiResponse, FailureKind, NodeStatus};
+use openraft::error::{ClientWriteError, RaftError};
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Per-voter state the handlers share.
+pub(super) struct Ctx {
+    pub(super) id: VoterId,
+    pub(super) raft: Raft,
+    pub(super) shared: Arc<Shared>,
+    pub(super) lease: Duration,
+    pub(super) remote_options: BTreeMap<String, String>,
+    /// The leader's lease table; only the leader's holds clocks.
+    pub(super) leases: Mutex<Leases>,
+    pub(super) connections: AtomicUsize,
+    /// Last AppendEntries accepted from a leader.
+    pub(super) contact: LeaderContact,
+}
+
+impl Ctx {
+    /// The lease table. Its methods never panic midway, so a poisoned lock
+    /// still holds a consistent table.
+    pub(super) fn leases(&self) -> MutexGuard<'_, Leases> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub(super) fn failed(kind: FailureKind, message: impl Into<String>) -> ApiResponse {
+    ApiResponse::Failed { kind, message: message.into() }
+}
+
+/// The leader as this voter knows it, with its address.
+fn leader_of(ctx: &Ctx) -> Option<(u64, String)> {
+    let m = ctx.raft.metrics().borrow().clone();
+    let leader = m.current_leader?;
+    let addr = m.membership_config.membership().get_node(&leader)?.addr.clone();
+    Some((leader.0, addr))
+}
+
+pub(super) fn not_leader(ctx: &Ctx) -> ApiResponse {
+    ApiResponse::NotLeader { leader: leader_of(ctx).filter(|(id, _)| *id != ctx.id.0) }
+}
+
+/// Waits until this voter may answer a read that must be current.
+#[allow(clippy::result_large_err)]
+pub(super) async fn linearize(ctx: &Ctx) -> Result<(), ApiResponse> {
+    match ctx.raft.ensure_linearizable().await {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(_))) => Err(not_leader(ctx)),
+        Err(e) => Err(failed(FailureKind::Unavailable, format!("cannot confirm leadership: {e}"))),
+    }
+}
+
+/// Proposes `cmd` and waits until it is committed and applied here.
+#[allow(clippy::result_large_err)]
+pub(super) async fn write(ctx: &Ctx, cmd: Command) -> Result<CommandResult, ApiResponse> {
+    match ctx.raft.client_write(cmd).await {
+        Ok(r) => Ok(r.data),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(not_leader(ctx)),
+        Err(e) => Err(failed(FailureKind::Unavailable, format!("commit failed: {e}"))),
+    }
+}
+
+pub(super) fn is_leader(ctx: &Ctx) -> bool {
+    ctx.raft.metrics().borrow().current_leader == Some(ctx.id)
+}
+
+/// Leader, and heard from a quorum within half a lease. openraft 0.9 never
+/// steps a leader down on its own when it loses its quorum, so a
+/// partitioned old leader still reports itself as leader; it must not keep
+/// renewing leases that the majority has already expired.
+pub(super) fn leads_with_quorum(ctx: &Ctx) -> bool {
+    let m = ctx.raft.metrics().borrow().clone();
+    if m.current_leader != Some(ctx.id) {
+        return false;
+    }
+    if m.membership_config.membership().voter_ids().count() <= 1 {
+        return true;
+    }
+    let fresh = (ctx.lease / 2).as_millis() as u64;
+    m.millis_since_quorum_ack.is_some_and(|ms| ms <= fresh)
+}
+
+/// Every node of `state`, with what is left of its lease if `with_leases`
+/// (only the leader's table knows).
+pub(super) fn node_statuses(ctx: &Ctx, state: &ClusterState, with_leases: bool) -> Vec<NodeStatus> {
+    let shards = state.shards_per_node();
+    let leases = ctx.leases();
+    let now = Instant::now();
+    state
+        .nodes
+        .iter()
+        .map(|(&node, r)| NodeStatus {
+            node,
+            addr: r.addr.clone(),
+            incarnation: r.incarnation,
+            live: r.live,
+            ram_bytes: r.ram_bytes,
+            ssd_bytes: r.ssd_bytes,
+            lease_left_ms: leases
+                .lease_left(node, r.incarnation, now)
+                .filter(|_| with_leases && r.live)
+                .map(|left| left.as_millis() as u64),
+            shards: shards.get(&node).copied().unwrap_or(0),
+        })
+        .collect()
+}

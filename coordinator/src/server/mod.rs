@@ -1,0 +1,328 @@
+//! The coordinator process: one QUIC endpoint serving both Raft RPCs
+//! (ALPN `granary-raft/1`, coordinator certificates only) and the API
+//! (ALPN `granary-api/1`, any certificate of the cluster, each request
+//! checked against the role in it), the Raft group on redb, and the two
+//! timer tasks.
+//!
+//! This file starts a voter and accepts its connections; the rest is split
+//! by concern, each file using only those listed before it:
+//! - `ctx`: what the tasks share, and the role checks the API answers with.
+//! - `watch`: the placement watch stream.
+//! - `api`: one API request per stream, with its role checks.
+//! - `timers`: the shells that drive the pure [`crate::leases::Leases`] (on
+//!   the leader: expire nodes whose heartbeats stopped) and
+//!   [`crate::election::Watchdog`] (on followers: campaign once the leader
+//!   lease has run out).
+
+mod api;
+mod ctx;
+mod timers;
+mod watch;
+
+pub use api::{MAX_API_REQUEST_BYTES, MAX_COMMAND_BYTES};
+
+use crate::election::Watchdog;
+use crate::leases::Leases;
+use crate::network::{LeaderContact, QuicNetwork, serve_rpc};
+use crate::sm::StateMachineStore;
+use crate::store::{LogStore, StoreError};
+use crate::types::{Raft, VoterId};
+use ctx::Ctx;
+use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Identity, Role, TlsError};
+use granary_proto::NodeId;
+use openraft::{BasicNode, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// Connections served at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Entries per AppendEntries RPC.
+pub const MAX_PAYLOAD_ENTRIES: u64 = 16;
+
+/// How to run one voter.
+#[derive(Clone)]
+pub struct CoordinatorConfig {
+    /// This voter's id.
+    pub id: VoterId,
+    /// UDP address to serve on (Raft and API share it).
+    pub listen: SocketAddr,
+    /// Every voter of the group with its address, this one included. Empty
+    /// means a group of one at `listen`'s bound address.
+    pub voters: BTreeMap<VoterId, String>,
+    /// Folder for the log (`raft.redb`) and snapshots (`snapshot.json`).
+    pub data_dir: PathBuf,
+    /// This voter's certificate (role coordinator) and the cluster CA.
+    pub identity: Identity,
+    /// A node whose heartbeats stop for this long is expired. Default 3 s.
+    pub lease: Duration,
+    /// Leader heartbeat interval. Default 100 ms.
+    pub heartbeat_interval: Duration,
+    /// Lower bound of the election timeout; the upper bound is 1.25 times
+    /// it. Default 500 ms.
+    pub election_timeout: Duration,
+    /// Take a snapshot (and compact the log) after this many entries.
+    /// Default 1000.
+    pub snapshot_after_entries: u64,
+    /// Entries kept in the log behind a snapshot, so that a briefly lagging
+    /// follower catches up from the log rather than a whole snapshot.
+    /// Default 100.
+    pub keep_log_entries: u64,
+    /// object_store options for reading dataset sources (credentials,
+    /// endpoint); the usual environment variables apply too.
+    pub remote_options: BTreeMap<String, String>,
+}
+
+impl CoordinatorConfig {
+    /// Defaults for everything but identity, addresses and folder.
+    pub fn new(id: VoterId, listen: SocketAddr, data_dir: PathBuf, identity: Identity) -> Self {
+        Self {
+            id,
+            listen,
+            voters: BTreeMap::new(),
+            data_dir,
+            identity,
+            lease: Duration::from_secs(3),
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout: Duration::from_millis(500),
+            snapshot_after_entries: 1000,
+            keep_log_entries: 100,
+            remote_options: BTreeMap::new(),
+        }
+    }
+}
+
+/// Starting a voter failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data folder could not be created.
+    #[error("data folder {path}: {source}")]
+    DataDir {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The log or snapshot could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// TLS or the endpoint could not be set up.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The certificate given is not a coordinator's.
+    #[error("the coordinator needs a coordinator certificate, got a {0} certificate")]
+    WrongRole(Role),
+    /// The voter list does not contain this voter.
+    #[error("--peers lists voters {listed:?} but not this voter ({id})")]
+    NotAVoter {
+        /// This voter.
+        id: VoterId,
+        /// Those listed.
+        listed: Vec<VoterId>,
+    },
+    /// openraft refused the configuration or failed to start.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// A running voter.
+pub struct Coordinator {
+    ctx: Arc<Ctx>,
+    endpoint: quinn::Endpoint,
+    addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl Coordinator {
+    /// Opens the folder, binds the endpoint, starts Raft, and (on the
+    /// lowest-numbered voter of a pristine group) initializes the group.
+    pub async fn start(cfg: CoordinatorConfig) -> Result<Self, StartError> {
+        if cfg.identity.role() != Role::Coordinator {
+            return Err(StartError::WrongRole(cfg.identity.role()));
+        }
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|source| StartError::DataDir { path: cfg.data_dir.clone(), source })?;
+        let log = LogStore::open(&cfg.data_dir.join("raft.redb"))?;
+        let sm = StateMachineStore::open(&cfg.data_dir)?;
+        let shared = sm.shared();
+
+        let server = cfg.identity.server_config(&[ALPN_API, ALPN_RAFT])?;
+        let endpoint = tls::server_endpoint(&cfg.identity, cfg.listen, server)?;
+        let addr = endpoint.local_addr().map_err(|e| StartError::Raft(format!("endpoint address: {e}")))?;
+        // Raft links notice a dead or restarted peer within the election
+        // timeout: keep-alive every heartbeat, idle timeout one election
+        // timeout. A vote then never waits on a connection to a process that
+        // is gone.
+        let mut raft_client = cfg.identity.client_config(ALPN_RAFT)?;
+        raft_client.transport_config(Arc::new(tls::transport_config_with(
+            cfg.heartbeat_interval.max(Duration::from_millis(10)),
+            cfg.election_timeout,
+        )));
+        let network = QuicNetwork::new(endpoint.clone(), raft_client, cfg.election_timeout.min(Duration::from_secs(1)));
+
+        let election_ms = cfg.election_timeout.as_millis().max(2) as u64;
+        let election_max_ms = election_max(election_ms);
+        let raft_config = openraft::Config {
+            cluster_name: "granary".into(),
+            heartbeat_interval: cfg.heartbeat_interval.as_millis().max(1) as u64,
+            election_timeout_min: election_ms,
+            election_timeout_max: election_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_after_entries),
+            max_in_snapshot_log_to_keep: cfg.keep_log_entries,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log, sm)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let mut voters = cfg.voters.clone();
+        if voters.is_empty() {
+            voters.insert(cfg.id, addr.to_string());
+        }
+        if !voters.contains_key(&cfg.id) {
+            return Err(StartError::NotAVoter { id: cfg.id, listed: voters.keys().copied().collect() });
+        }
+        let initialized = raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?;
+        if !initialized && voters.keys().next() == Some(&cfg.id) {
+            let members: BTreeMap<VoterId, BasicNode> =
+                voters.iter().map(|(id, a)| (*id, BasicNode { addr: a.clone() })).collect();
+            match raft.initialize(members).await {
+                Ok(()) => tracing::info!(voters = voters.len(), "initialized a new coordinator group"),
+                Err(e) => tracing::warn!("initialize: {e} (the group already exists)"),
+            }
+        }
+
+        let ctx = Arc::new(Ctx {
+            id: cfg.id,
+            raft,
+            shared,
+            lease: cfg.lease,
+            remote_options: cfg.remote_options.clone(),
+            leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
+            connections: AtomicUsize::new(0),
+            contact: LeaderContact::default(),
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));
+        tasks.spawn(timers::lease_loop(ctx.clone()));
+        let watchdog = Watchdog::new(
+            cfg.id,
+            Duration::from_millis(election_max_ms),
+            cfg.heartbeat_interval.max(Duration::from_millis(10)),
+            Instant::now(),
+        );
+        tasks.spawn(timers::election_loop(ctx.clone(), watchdog));
+        tracing::info!(id = %cfg.id, %addr, "coordinator serving");
+        Ok(Self { ctx, endpoint, addr, tasks })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The Raft handle (metrics, tests).
+    pub fn raft(&self) -> &Raft {
+        &self.ctx.raft
+    }
+
+    /// Stops serving and shuts Raft down.
+    pub async fn shutdown(mut self) {
+        self.tasks.abort_all();
+        self.endpoint.close(0u32.into(), b"coordinator shutting down");
+        if let Err(e) = self.ctx.raft.shutdown().await {
+            tracing::warn!("raft shutdown: {e}");
+        }
+    }
+}
+
+struct ConnSlot<'a>(&'a AtomicUsize);
+impl Drop for ConnSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
+    while let Some(incoming) = endpoint.accept().await {
+        if ctx.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            tracing::warn!(peer = %incoming.remote_address(), "refusing a connection: {MAX_CONNECTIONS} already open");
+            incoming.refuse();
+            continue;
+        }
+        let ctx = ctx.clone();
+        ctx.connections.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let _slot = ConnSlot(&ctx.connections);
+            let peer = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a connection during the handshake: {e}");
+                    return;
+                }
+            };
+            serve_connection(&ctx, conn, peer).await;
+        });
+    }
+}
+
+async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketAddr) {
+    let role = match tls::peer_role(&conn) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, "closing a connection: {e}");
+            conn.close(1u32.into(), b"certificate carries no granary role");
+            return;
+        }
+    };
+    // A node certificate bound to a node id may act only as that node.
+    let bound = match tls::peer_node_id(&conn) {
+        Ok(b) => b.map(NodeId),
+        Err(e) => {
+            tracing::warn!(%peer, "closing a connection: {e}");
+            conn.close(1u32.into(), b"unreadable node id in the certificate");
+            return;
+        }
+    };
+    let alpn = tls::alpn_of(&conn);
+    let raft = alpn.as_deref() == Some(ALPN_RAFT);
+    if raft && role != Role::Coordinator {
+        tracing::warn!(%peer, %role, "refusing Raft traffic from a {role} certificate");
+        conn.close(2u32.into(), b"raft requires a coordinator certificate");
+        return;
+    }
+    loop {
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let result = if raft {
+                serve_rpc(&ctx.raft, &ctx.contact, send, recv).await
+            } else {
+                api::serve_api(&ctx, role, bound, send, recv).await
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, "stream ended: {e}");
+            }
+        });
+    }
+}
+
+/// The upper bound of the election timeout for a lower bound of `min_ms`:
+/// 1.25 times it (at least 2 ms more). openraft 0.9 makes a follower wait
+/// out a leader lease of `election_timeout_max` since its last heartbeat
+/// before it grants or seeks votes, so the jitter above the minimum adds
+/// directly to every failover; a narrow band keeps it short.
+pub fn election_max(min_ms: u64) -> u64 {
+    (min_ms + min_ms / 4).max(min_ms + 2)
+}

@@ -1,0 +1,75 @@
+//! The two timer tasks. Each sleeps until its pure core's next deadline,
+//! feeds it what Raft and the applied state say at that moment, and carries
+//! out what it decides: the lease loop proposes `ExpireNode`, the election
+//! loop starts an election. The decisions, and their tests, live in
+//! [`crate::leases`] and [`crate::election`].
+
+use super::ctx::{Ctx, write};
+use crate::election::Watchdog;
+use crate::types::{Command, CommandResult, VoterId};
+use granary_proto::NodeId;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// On the leader: expires nodes whose heartbeats stopped, by the rules of
+/// [`crate::leases::Leases`]. Expiries are proposed one at a time and
+/// awaited, so the next tick sees each committed one in the state.
+pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
+    loop {
+        let wake = ctx.leases().poll_timeout();
+        tokio::time::sleep_until(wake.into()).await;
+        let now = Instant::now();
+        let term = {
+            let m = ctx.raft.metrics().borrow().clone();
+            (m.current_leader == Some(ctx.id)).then_some(m.current_term)
+        };
+        let live: Vec<(NodeId, u64)> = ctx
+            .shared
+            .read(|a| a.cluster.nodes.iter().filter(|(_, r)| r.live).map(|(&n, r)| (n, r.incarnation)).collect());
+        let expired = {
+            let mut leases = ctx.leases();
+            leases.handle_timeout(now);
+            leases.handle_leadership(term, now);
+            leases.handle_state(live, now);
+            leases.poll_expired(now)
+        };
+        for e in expired {
+            let (node, incarnation) = (e.node, e.incarnation);
+            match write(&ctx, Command::ExpireNode { node, incarnation }).await {
+                Ok(CommandResult::NodeExpired { placement_epoch: Some(epoch) }) => {
+                    tracing::info!(%node, incarnation, placement_epoch = epoch, "lease expired");
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%node, "could not commit a lease expiry: {err:?}");
+                    ctx.leases().handle_expiry_failed(e);
+                }
+            }
+        }
+    }
+}
+
+/// On followers: starts an election when [`Watchdog`] says the leader
+/// lease has run out.
+pub(super) async fn election_loop(ctx: Arc<Ctx>, mut watchdog: Watchdog) {
+    loop {
+        tokio::time::sleep_until(watchdog.poll_timeout().into()).await;
+        let now = Instant::now();
+        watchdog.handle_timeout(now);
+        if let Some(at) = ctx.contact.last() {
+            watchdog.handle_contact(at);
+        }
+        let (leader, voters) = {
+            let m = ctx.raft.metrics().borrow().clone();
+            let voters: Vec<VoterId> = m.membership_config.membership().voter_ids().collect();
+            (m.current_leader, voters)
+        };
+        watchdog.handle_membership(leader, voters, now);
+        if let Some(c) = watchdog.poll_campaign(now) {
+            tracing::info!(silent_ms = c.silent.as_millis() as u64, "no leader contact: campaigning");
+            if let Err(e) = ctx.raft.trigger().elect().await {
+                tracing::warn!("cannot start an election: {e}");
+            }
+        }
+    }
+}

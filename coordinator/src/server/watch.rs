@@ -1,0 +1,51 @@
+//! The placement watch: a stream of [`PlacementView`]s that the leader
+//! pushes to nodes and trainers whenever the placement epoch or a
+//! dataset's current version changes.
+
+use super::ctx::{Ctx, is_leader, leads_with_quorum, node_statuses, not_leader};
+use granary_net::api::{ApiResponse, PlacementView};
+use granary_net::frame::{self, FrameError};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Pushes the current [`PlacementView`] at once, then a new one whenever
+/// the placement epoch or a dataset's current version changes, until this
+/// voter stops leading with a quorum or the watcher goes away.
+pub(super) async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::SendStream) -> Result<(), FrameError> {
+    if !is_leader(ctx) {
+        frame::write_frame(&mut send, &not_leader(ctx)).await?;
+        let _ = send.finish();
+        return Ok(());
+    }
+    let _ = after_revision; // the first view is always sent; watchers drop what they have seen
+    let mut changes = ctx.shared.subscribe();
+    let mut last: Option<(u64, Vec<(String, granary_proto::DatasetVersion)>)> = None;
+    loop {
+        let view = ctx.shared.read(|a| PlacementView {
+            revision: a.last_applied.map(|l| l.index).unwrap_or(0),
+            placement_epoch: a.cluster.placement_epoch,
+            nodes: node_statuses(ctx, &a.cluster, false),
+            datasets: a
+                .cluster
+                .datasets
+                .iter()
+                .filter_map(|(n, r)| r.current().map(|v| (n.clone(), v.version)))
+                .collect(),
+        });
+        let key = (view.placement_epoch, view.datasets.clone());
+        if last.as_ref() != Some(&key) {
+            frame::write_frame(&mut send, &ApiResponse::PlacementChanged(view)).await?;
+            last = Some(key);
+        }
+        // Wake on a change, when the watcher stops reading, or every second
+        // to notice a lost leadership.
+        tokio::select! {
+            _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()) => {}
+            _ = send.stopped() => return Ok(()),
+        }
+        if !leads_with_quorum(ctx) {
+            let _ = send.finish();
+            return Ok(());
+        }
+    }
+}

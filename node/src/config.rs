@@ -160,6 +160,7 @@ impl Default for NodeConfig {
 
 /// The configuration file is unusable.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file cannot be read.
     #[error("cannot read {path}: {source}")]

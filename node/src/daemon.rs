@@ -149,9 +149,9 @@ async fn connection(
                             node.follow(version, &params)
                         })
                         .await
-                        .unwrap_or_else(|e| Err(crate::error::FetchError::Internal(format!("planning failed: {e}"))))
+                        .unwrap_or_else(|source| Err(crate::error::FetchError::Task { what: "planning", source }))
                     }
-                    Err(e) => Err(crate::error::FetchError::Internal(e.to_string())),
+                    Err(e) => Err(crate::error::FetchError::ShuttingDown(e)),
                 };
                 let reply = match planned {
                     Ok(f) => {

@@ -22,6 +22,7 @@ pub struct ConvertError {
 
 /// A chunk request failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum FetchError {
     /// The dataset or version is not served by this node.
     #[error("unknown dataset {0}")]
@@ -46,9 +47,37 @@ pub enum FetchError {
     /// The plan parameters of a `Follow` are impossible.
     #[error("cannot follow the plan: {0}")]
     Plan(#[from] granary_proto::PlanError),
-    /// An internal task failed.
-    #[error("internal: {0}")]
-    Internal(String),
+    /// The dataset version has no file of this index (a peer asked for the
+    /// footer of a file that does not exist).
+    #[error("the dataset version has no file {0}")]
+    UnknownFile(u64),
+    /// The load this request waited on ended without a result (its task
+    /// was dropped), or the lookup never settled.
+    #[error("the load of {shard} ended without a result")]
+    LoadLost {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The node is shutting down: its load or conversion slots are closed.
+    #[error("the node is shutting down")]
+    ShuttingDown(#[source] tokio::sync::AcquireError),
+    /// The manifest's tensors give no valid chunk layout for the shard.
+    #[error("no chunk layout for {shard}: {source}")]
+    Layout {
+        /// The shard.
+        shard: ShardId,
+        /// Why.
+        source: granary_proto::ChunkError,
+    },
+    /// A blocking task (planning, decoding and converting) panicked or was
+    /// cancelled.
+    #[error("{what} failed: {source}")]
+    Task {
+        /// What the task did.
+        what: &'static str,
+        /// The runtime's error.
+        source: tokio::task::JoinError,
+    },
     /// A peer asked for a shard this node is itself fetching from that
     /// peer: their placements disagree for now.
     #[error("this node is itself fetching {shard} from the node asking for it; ask again when placement settles")]
@@ -97,7 +126,7 @@ impl From<SourceError> for FetchError {
         match e {
             SourceError::Remote(e) => FetchError::Remote(e),
             SourceError::UnknownShard(shard) => FetchError::UnknownShard(shard),
-            e => FetchError::Internal(e.to_string()),
+            SourceError::UnknownFile(file) => FetchError::UnknownFile(file as u64),
         }
     }
 }

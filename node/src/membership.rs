@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 
 /// Joining the cluster could not even start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum JoinError {
     /// The certificate or CA could not be loaded, or is not a node's.
     #[error("cluster certificate: {0}")]

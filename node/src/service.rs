@@ -93,6 +93,7 @@ pub struct Node {
 
 /// The node could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// A dataset could not be opened.
     #[error("dataset {name:?}: {source}")]
@@ -256,7 +257,7 @@ impl Node {
     pub async fn footer_for_peer(&self, version: DatasetVersion, file: u32) -> Result<bytes::Bytes, FetchError> {
         let ds = self.dataset(version)?;
         if file as usize >= ds.files.len() {
-            return Err(FetchError::Internal(format!("version {version} has no file {file}")));
+            return Err(FetchError::UnknownFile(u64::from(file)));
         }
         let held = ds.held_footer(file as usize);
         let first = ShardId { file, row_group: 0 };
@@ -383,12 +384,12 @@ impl Node {
                 }
             };
             return match rx.wait_for(Option::is_some).await {
-                Ok(v) => v.clone().unwrap_or_else(|| Err(Arc::new(FetchError::Internal("load vanished".into())))),
-                Err(_) => Err(Arc::new(FetchError::Internal(format!("load of {shard} was dropped")))),
+                Ok(v) => v.clone().unwrap_or_else(|| Err(Arc::new(FetchError::LoadLost { shard }))),
+                Err(_) => Err(Arc::new(FetchError::LoadLost { shard })),
             };
         }
         // The last attempt never `continue`s, so the loop returns above.
-        Err(Arc::new(FetchError::Internal(format!("lookup of {shard} did not settle"))))
+        Err(Arc::new(FetchError::LoadLost { shard }))
     }
 
     /// `wanted_now`: false while only prefetch for a later epoch waits on
@@ -510,7 +511,7 @@ impl Node {
 
     /// Reads one row group and converts it into a sealed chunk.
     async fn convert_here(&self, key: ChunkKey) -> Result<SealedChunk, FetchError> {
-        let _permit = self.inner.loads.acquire().await.map_err(|e| FetchError::Internal(e.to_string()))?;
+        let _permit = self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown)?;
         let ds = self.dataset(key.version)?;
         let (file, rg) = ds.locate(key.shard)?;
         let footer = ds.footer_via(key.shard.file as usize, self.footer_from_peer(key.version, key.shard.file)).await?;
@@ -541,11 +542,10 @@ impl Node {
             ))));
         }
         let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
-            .map_err(|e| FetchError::Internal(e.to_string()))?;
+            .map_err(|source| FetchError::Layout { shard: key.shard, source })?;
         let resolved = footer.resolved.clone();
         let schema = footer.metadata.schema().clone();
-        let permit =
-            self.inner.converts.clone().acquire_owned().await.map_err(|e| FetchError::Internal(e.to_string()))?;
+        let permit = self.inner.converts.clone().acquire_owned().await.map_err(FetchError::ShuttingDown)?;
         let shard = key.shard;
         let chunk = tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -585,11 +585,11 @@ impl Node {
             }
             let mut w = ChunkWriter::new(layout.total_len()).map_err(|source| FetchError::Memory { shard, source })?;
             convert_into(&batch, &resolved, &layout, w.as_mut_slice(), Site { file: &path, row_group: rg })?;
-            layout.seal(w.as_mut_slice()).map_err(|e| FetchError::Internal(e.to_string()))?;
+            layout.seal(w.as_mut_slice()).map_err(|source| FetchError::Layout { shard, source })?;
             w.seal().map_err(|source| FetchError::Memory { shard, source })
         })
         .await
-        .map_err(|e| FetchError::Internal(format!("converter task failed: {e}")))??;
+        .map_err(|source| FetchError::Task { what: "converting", source })??;
         let c = &self.inner.counters;
         c.conversions.fetch_add(1, Ordering::Relaxed);
         c.converted_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);

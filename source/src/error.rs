@@ -70,7 +70,6 @@ pub struct SchemaError {
 
 /// A dataset's file or shard could not be had.
 #[derive(Debug, Error)]
-#[non_exhaustive]
 pub enum SourceError {
     /// Reading remote storage failed.
     #[error(transparent)]

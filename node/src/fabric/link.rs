@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 
 /// A peer fetch failed; the caller falls back to another source.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PeerError {
     /// No connection could be made.
     #[error("peer {addr}: {reason}")]

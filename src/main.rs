@@ -15,7 +15,6 @@
 
 mod cluster;
 mod demo;
-mod demo_cluster;
 mod trainer;
 
 use anyhow::{Context, Result};

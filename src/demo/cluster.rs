@@ -17,7 +17,10 @@
 //!    on (dataset version, seed, epoch, rank layout), not on which node
 //!    served which shard.
 
-use crate::demo::{DemoArgs, Pass, Setup, pass, replay_settings, say_to, style};
+use super::args::DemoArgs;
+use super::pass::{Pass, pass, replay_settings};
+use super::report::{say_to, style};
+use super::setup::Setup;
 use anyhow::{Result, bail};
 use granary_bench::report::{gbps, ratio};
 use granary_testkit::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
@@ -27,6 +30,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// One epoch of the cluster, as a table row or a JSON line.
 #[derive(Clone, Debug, Serialize)]
 struct ClusterEpoch {
     event: &'static str,
@@ -50,7 +54,7 @@ struct ClusterEpoch {
 }
 
 /// Runs the cluster demo (`a.nodes` ≥ 2).
-pub fn run(a: DemoArgs) -> Result<()> {
+pub(super) fn run(a: DemoArgs) -> Result<()> {
     if a.ranks_per_node == 0 {
         bail!("--ranks-per-node must be at least 1");
     }

@@ -1,0 +1,45 @@
+//! The flags of `granary demo`, shared by the single-node and the cluster
+//! demo (some apply to one of them only, as their help says).
+
+use clap::Args;
+
+/// Demo options; every default is the embedded local default.
+#[derive(Args, Clone, Debug)]
+pub struct DemoArgs {
+    /// Rows in the generated dataset.
+    #[arg(long, default_value_t = 400_000)]
+    pub rows: u64,
+    /// Parquet files.
+    #[arg(long, default_value_t = 8)]
+    pub files: u32,
+    /// Rows per row group (one shard).
+    #[arg(long, default_value_t = 10_000)]
+    pub row_group_rows: u64,
+    /// Trainer processes (single node).
+    #[arg(long, default_value_t = 4)]
+    pub ranks: u32,
+    /// Node daemons; 2 or more runs a cluster with a coordinator.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u32,
+    /// Trainer ranks per node daemon (cluster).
+    #[arg(long, default_value_t = 2)]
+    pub ranks_per_node: u32,
+    /// Epochs.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u64,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 1024)]
+    pub batch_size: u32,
+    /// Remote latency per request, ms.
+    #[arg(long, default_value_t = 20)]
+    pub latency_ms: u64,
+    /// Remote bandwidth shared by all requests (of one node), MiB/s.
+    #[arg(long, default_value_t = 200)]
+    pub bandwidth_mib: u64,
+    /// RAM tier, MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub ram_mib: u64,
+    /// Print JSON lines instead of tables and bars.
+    #[arg(long)]
+    pub json: bool,
+}

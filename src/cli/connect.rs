@@ -1,0 +1,51 @@
+//! How the one-shot cluster commands (`dataset add|ls|show|placement`,
+//! `status`) reach the coordinators: the shared flags, one request answered
+//! by whichever voter leads, and the error for an answer of the wrong kind.
+
+use anyhow::Result;
+use clap::Args;
+use granary_net::api::{ApiRequest, ApiResponse};
+use granary_net::client::{ClientOptions, CoordinatorClient, parse_addrs};
+use granary_net::tls::Identity;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to reach the coordinators.
+#[derive(Args, Clone)]
+pub struct ConnectArgs {
+    /// Coordinator addresses, `HOST:PORT,...` (any voter; requests find the leader).
+    #[arg(long, env = "GRANARY_COORDINATORS", value_delimiter = ',', required = true)]
+    coordinators: Vec<String>,
+    /// Folder made by `granary certs init`.
+    #[arg(long, env = "GRANARY_CERTS")]
+    certs: PathBuf,
+    /// Certificate name in that folder.
+    #[arg(long, default_value = "admin")]
+    cert_name: String,
+    /// Give up after this many milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Sends one request and waits for its answer, on a runtime of its own:
+/// these commands make one call and exit.
+pub fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse> {
+    let identity = Identity::load(&connect.certs, &connect.cert_name)?;
+    let addrs = parse_addrs(&connect.coordinators)?;
+    let options = ClientOptions { deadline: Duration::from_millis(connect.timeout_ms), ..Default::default() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let client = CoordinatorClient::new(&identity, addrs, options)?;
+        let (_, resp) = client.call(&req).await?;
+        client.close();
+        Ok(resp)
+    })
+}
+
+/// The error for an answer that does not fit the request.
+pub fn unexpected(resp: ApiResponse) -> anyhow::Error {
+    anyhow::anyhow!("unexpected answer from the coordinator: {resp:?}")
+}

@@ -1,0 +1,124 @@
+//! `granary coordinator`: one voter of the coordinator group (Raft over
+//! QUIC), serving the cluster API on the same address until SIGTERM or
+//! ctrl-c. The flags map one to one onto [`CoordinatorConfig`]; this file
+//! only parses and checks them (`--peers`, `--remote-option`) and prints the
+//! ready line that scripts and the process tests wait for.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use granary_coordinator::types::VoterId;
+use granary_coordinator::{Coordinator, CoordinatorConfig};
+use granary_net::tls::Identity;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `granary coordinator`.
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    /// This voter's id (a positive integer, unique in the group).
+    #[arg(long)]
+    id: u64,
+    /// UDP address to serve Raft and the API on.
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    listen: SocketAddr,
+    /// Every voter of the group, this one included: `1=HOST:PORT,2=HOST:PORT,3=HOST:PORT`.
+    /// Omit for a group of one.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Folder for the Raft log and snapshots.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Folder made by `granary certs init`.
+    #[arg(long, env = "GRANARY_CERTS")]
+    certs: PathBuf,
+    /// Certificate name in that folder.
+    #[arg(long, default_value = "coordinator")]
+    cert_name: String,
+    /// Node lease: a node whose heartbeats stop this long is expired.
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// Election timeout lower bound (the upper bound is 1.25 times it).
+    #[arg(long, default_value_t = 500)]
+    election_timeout_ms: u64,
+    /// Leader heartbeat interval.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    /// Snapshot and compact the log every this many entries.
+    #[arg(long, default_value_t = 1000)]
+    snapshot_entries: u64,
+    /// Log entries kept behind a snapshot for lagging followers.
+    #[arg(long, default_value_t = 100)]
+    keep_log_entries: u64,
+    /// object_store option for reading dataset sources, `KEY=VALUE` (repeatable).
+    #[arg(long = "remote-option", value_delimiter = ',')]
+    remote_options: Vec<String>,
+    /// Print the ready line as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses `--peers` (`ID=HOST:PORT` entries) and checks the group's size.
+fn parse_peers(peers: &[String]) -> Result<BTreeMap<VoterId, String>> {
+    let mut out = BTreeMap::new();
+    for p in peers {
+        let (id, addr) = p.split_once('=').with_context(|| format!("--peers entry {p:?}: expected ID=HOST:PORT"))?;
+        let id: u64 = id.trim().parse().with_context(|| format!("--peers entry {p:?}: id is not a number"))?;
+        addr.trim().parse::<SocketAddr>().with_context(|| format!("--peers entry {p:?}: bad address"))?;
+        if out.insert(VoterId(id), addr.trim().to_string()).is_some() {
+            bail!("--peers lists voter {id} twice");
+        }
+    }
+    if !matches!(out.len(), 0 | 1 | 3 | 5) {
+        bail!("--peers lists {} voters; a group has 1, 3 or 5", out.len());
+    }
+    Ok(out)
+}
+
+/// Parses `KEY=VALUE` items (`--remote-option`).
+fn parse_kv(items: &[String]) -> Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').with_context(|| format!("{kv:?}: expected KEY=VALUE"))?;
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Runs one voter until SIGTERM or ctrl-c.
+pub fn run(a: CoordinatorArgs) -> Result<()> {
+    if a.id == 0 {
+        bail!("--id must be a positive integer");
+    }
+    let identity = Identity::load(&a.certs, &a.cert_name)?;
+    let mut cfg = CoordinatorConfig::new(VoterId(a.id), a.listen, a.data_dir.clone(), identity);
+    cfg.voters = parse_peers(&a.peers)?;
+    cfg.lease = Duration::from_millis(a.lease_ms);
+    cfg.election_timeout = Duration::from_millis(a.election_timeout_ms);
+    cfg.heartbeat_interval = Duration::from_millis(a.heartbeat_ms);
+    cfg.snapshot_after_entries = a.snapshot_entries;
+    cfg.keep_log_entries = a.keep_log_entries;
+    cfg.remote_options = parse_kv(&a.remote_options)?;
+    // Four workers: Raft, the API and the lease clock keep running while one
+    // worker applies a re-placement.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    rt.block_on(async move {
+        let coordinator = Coordinator::start(cfg).await?;
+        let addr = coordinator.local_addr();
+        if a.json {
+            println!("{}", serde_json::json!({"event": "ready", "id": a.id, "addr": addr.to_string()}));
+        } else {
+            println!("coordinator voter-{} serving on {addr} (data in {})", a.id, a.data_dir.display());
+        }
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        coordinator.shutdown().await;
+        tracing::info!("coordinator stopped");
+        Ok(())
+    })
+}

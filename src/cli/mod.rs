@@ -1,0 +1,30 @@
+//! The commands of the `granary` binary, one file per command: each file
+//! holds that command's `clap` arguments next to the body that uses them, so
+//! a change to one command's grammar and behaviour stays in one place.
+//!
+//! - [`node`]: `granary node`, the node daemon.
+//! - [`coordinator`]: `granary coordinator`, one Raft voter.
+//! - [`certs`]: `granary certs init|issue`, the cluster CA and certificates.
+//! - [`dataset`]: `granary dataset gen` (local files) and `add|ls|show|placement`
+//!   (datasets registered with the coordinators).
+//! - [`status`]: `granary status`, the cluster as the leader sees it.
+//! - [`connect`]: how the one-shot cluster commands (`dataset`, `status`) reach
+//!   the coordinators.
+//! - [`stats`]: `granary stats`, one node's counters.
+//! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
+//! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
+//!   and the benchmarks.
+//!
+//! The demo has several parts and lives in [`crate::demo`]. No file here
+//! imports the crate root or a sibling that imports it back: `dataset` and
+//! `status` use `connect`, and `status` prints `dataset`'s table.
+
+pub mod bench;
+pub mod certs;
+pub mod connect;
+pub mod coordinator;
+pub mod dataset;
+pub mod node;
+pub mod stats;
+pub mod status;
+pub mod trainer;

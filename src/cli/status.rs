@@ -1,0 +1,54 @@
+//! `granary status`: the cluster's state as the answering voter reports it —
+//! leader, term, voters, nodes with their leases and shard counts, the
+//! placement epoch and the registered datasets.
+
+use super::connect::{ConnectArgs, call, unexpected};
+use super::dataset::print_datasets;
+use anyhow::Result;
+use granary_net::api::{ApiRequest, ApiResponse, ClusterStatus};
+
+/// `granary status`.
+pub fn run(connect: &ConnectArgs) -> Result<()> {
+    match call(connect, ApiRequest::Status)? {
+        ApiResponse::Status(s) => {
+            if connect.json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                print_status(&s);
+            }
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Prints the status as readable lines and the dataset table.
+fn print_status(s: &ClusterStatus) {
+    let leader = s.leader.map(|l| format!("voter-{l}")).unwrap_or_else(|| "none".into());
+    println!(
+        "leader {leader}, term {}, placement epoch {}, answered by voter-{}",
+        s.term, s.placement_epoch, s.answered_by
+    );
+    for v in &s.voters {
+        println!("  voter-{} {}", v.id, v.addr);
+    }
+    println!("nodes:");
+    for n in &s.nodes {
+        let lease = match (n.live, n.lease_left_ms) {
+            (false, _) => "expired".to_string(),
+            (true, Some(ms)) => format!("lease {ms} ms"),
+            (true, None) => "live".to_string(),
+        };
+        println!(
+            "  {} {} incarnation {} {lease}, {} shards, RAM {} MiB, SSD {} MiB",
+            n.node,
+            n.addr,
+            n.incarnation,
+            n.shards,
+            n.ram_bytes >> 20,
+            n.ssd_bytes >> 20
+        );
+    }
+    println!("datasets:");
+    print_datasets(&s.datasets);
+}

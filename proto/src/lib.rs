@@ -43,8 +43,6 @@ pub use chunk::{ChunkError, ChunkHeader, ChunkLayout, ChunkView, TensorMeta};
 pub use dtype::DType;
 pub use ids::{DatasetVersion, NodeId, ShardId};
 pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
-pub use placement::{
-    NodeWeight, Placement, PlacementBench, PlacementError, bench_placement, plan_placement, shard_key,
-};
+pub use placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
 pub use plan::{PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order};
 pub use view::{TensorLayout, TensorSpec, View, ViewError};

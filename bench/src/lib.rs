@@ -12,6 +12,8 @@
 //! - [`consume`] — the benchmark's trainer (a copy of every batch into a staging buffer) and the
 //!   machine's memory copy bandwidth.
 //! - [`cluster`] — `granary bench cluster`: 1, 2 and 4 nodes; remote reads, cold epoch, peer transfer against bare QUIC and TCP.
+//! - [`placement`] — `granary bench placement`: the placement planners timed on generated shards over
+//!   equal nodes, then one leave and one join (the clock-reading half of `granary_proto::placement`).
 //! - [`failover`] — `granary bench failover`: leader kills in a coordinator
 //!   group of real processes; election and commit times; durability.
 //! - [`report`] — conditions (commit, cores, flags) and output.
@@ -21,4 +23,5 @@ pub mod consume;
 pub mod failover;
 pub mod local;
 pub mod local_ranks;
+pub mod placement;
 pub mod report;

@@ -161,11 +161,8 @@ impl Batch {
     /// A typed view of tensor `name`, for example `tensor::<f32>("dense")`
     /// with shape `[rows, 150]`.
     pub fn tensor<T: Element>(&self, name: &str) -> Result<TensorView<'_, T>, TensorError> {
-        let i = self
-            .layouts
-            .iter()
-            .position(|l| l.name == name)
-            .ok_or_else(|| TensorError::Unknown(name.to_string()))?;
+        let i =
+            self.layouts.iter().position(|l| l.name == name).ok_or_else(|| TensorError::Unknown(name.to_string()))?;
         let layout = &self.layouts[i];
         if !T::accepts(layout.dtype) {
             return Err(TensorError::DType { tensor: name.to_string(), want: T::NAME, have: layout.dtype.name() });

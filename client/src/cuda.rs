@@ -730,7 +730,11 @@ impl<'a> GpuBatch<'a> {
 
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Result<&'a GpuTensor, ClientError> {
-        self.slot.tensors.iter().find(|t| t.name == name).ok_or_else(|| ClientError::Tensor(TensorError::Unknown(name.to_string())))
+        self.slot
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| ClientError::Tensor(TensorError::Unknown(name.to_string())))
     }
 
     /// The bytes of tensor `name` on the device. Reads through this view with

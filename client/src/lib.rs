@@ -46,6 +46,6 @@ pub use error::{ClientError, TensorError};
 pub use granary_proto as proto;
 pub use hostbuf::HostMemory;
 pub use loader::{EpochStream, Loader, LoaderConfig, default_assembly_threads, default_assembly_threads_for};
-pub use position::Position;
 pub use local::LocalSource;
+pub use position::Position;
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

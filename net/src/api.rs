@@ -6,7 +6,7 @@
 //! function the server applies to the role in the peer's certificate, so
 //! the rule is in one place and tested without a network.
 
-use crate::tls::Role;
+use crate::role::Role;
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
 use serde::{Deserialize, Serialize};
 

@@ -8,8 +8,11 @@
 
 use crate::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
 use crate::conn::Connections;
+use crate::error::TlsError;
 use crate::frame::{self, FrameError, MAX_FRAME_BYTES};
-use crate::tls::{self, ALPN_API, Identity, Role, TlsError};
+use crate::identity::Identity;
+use crate::role::Role;
+use crate::transport::{self, ALPN_API};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -136,7 +139,7 @@ impl CoordinatorClient {
         let bind: SocketAddr = if addrs[0].is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(
             |e: std::net::AddrParseError| ClientError::BadAddress { addr: "0.0.0.0:0".into(), reason: e.to_string() },
         )?;
-        let endpoint = tls::endpoint(bind, None)?;
+        let endpoint = transport::endpoint(bind, None)?;
         let config = identity.client_config(ALPN_API)?;
         Ok(Self {
             conns: Connections::new(endpoint, config, Role::Coordinator, options.connect_timeout),

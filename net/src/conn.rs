@@ -3,7 +3,8 @@
 //! made again once it closes. The coordinator client, the Raft transport and
 //! the peer fabric all dial through it.
 
-use crate::tls::{self, Role};
+use crate::identity;
+use crate::role::Role;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -83,7 +84,7 @@ impl Connections {
             .await
             .map_err(|_| format!("{addr}: no handshake within {:?}", self.connect_timeout))?
             .map_err(|e| format!("{addr}: {e}"))?;
-        match tls::peer_role(&conn) {
+        match identity::peer_role(&conn) {
             Ok(r) if r == self.role => {}
             Ok(other) => return Err(format!("{addr}: peer holds a {other} certificate, not a {}'s", self.role)),
             Err(e) => return Err(format!("{addr}: {e}")),

@@ -7,14 +7,16 @@
 //! that ends before a frame starts is a clean end (`Ok(None)`); one that ends
 //! inside a frame is [`FrameError::Truncated`].
 //!
-//! The codec itself ([`encode_frame`], [`decode_len`], [`decode_body`]) is
-//! pure and tested on its own; [`write_frame`], [`read_frame`] and [`call`]
-//! are thin shells that move its bytes over quinn streams.
+//! The framing is [`granary_proto::frame`], the sans-I/O codec every Granary
+//! stream shares (its cap rule, its incremental decoder); this module adds
+//! JSON ([`encode_frame`], [`decode_body`]) and thin shells that move the
+//! bytes over quinn streams ([`write_frame`], [`read_frame`], [`call`]).
 
 use std::any::type_name;
 use std::fmt;
 use std::net::SocketAddr;
 
+use granary_proto::frame::{self as codec, FrameBuilder, FrameDecoder};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -22,10 +24,7 @@ use serde::de::DeserializeOwned;
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
 
 /// Bytes of the length prefix.
-pub const LEN_PREFIX_BYTES: usize = 4;
-
-/// The most bytes the reader reserves before they arrive.
-const INITIAL_BUFFER_BYTES: usize = 64 << 10;
+pub const LEN_PREFIX_BYTES: usize = codec::HEADER_LEN;
 
 /// Why a frame could not be sent, received or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +105,17 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
+impl From<codec::FrameError> for FrameError {
+    fn from(e: codec::FrameError) -> Self {
+        match e {
+            codec::FrameError::TooLarge { len, cap } => FrameError::TooLarge { len, max: cap },
+            codec::FrameError::Truncated { part, read, len } => {
+                FrameError::Truncated { part: part.as_str(), read, len }
+            }
+        }
+    }
+}
+
 impl FrameError {
     /// Whether the error means the whole connection is gone (so a retry must use a new connection), as opposed to a
     /// failure of this one stream or message.
@@ -127,25 +137,15 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
 
 /// [`encode_frame`] with the cap `max` (at most [`MAX_FRAME_BYTES`]), so that tests need not build 64 MiB messages.
 fn encode_capped<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, FrameError> {
-    let max = max.min(MAX_FRAME_BYTES);
-    let mut buf = vec![0u8; LEN_PREFIX_BYTES];
-    serde_json::to_writer(&mut buf, msg).map_err(|error| FrameError::Encode { type_name: type_name::<T>(), error })?;
-    let len = buf.len() - LEN_PREFIX_BYTES;
-    if len > max {
-        return Err(FrameError::TooLarge { len, max });
-    }
-    // max <= MAX_FRAME_BYTES < 4 GiB, so the length fits the prefix; the error arm cannot be taken.
-    let prefix = u32::try_from(len).map_err(|_| FrameError::TooLarge { len, max })?;
-    buf[..LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
-    Ok(buf)
+    let mut frame = FrameBuilder::new();
+    serde_json::to_writer(&mut frame, msg)
+        .map_err(|error| FrameError::Encode { type_name: type_name::<T>(), error })?;
+    Ok(frame.finish(max.min(MAX_FRAME_BYTES))?)
 }
 
 /// The body length a prefix declares, if it is at most `max`.
 pub fn decode_len(prefix: [u8; LEN_PREFIX_BYTES], max: usize) -> Result<usize, FrameError> {
-    let len = u32::from_le_bytes(prefix);
-    // On a 16-bit target a u32 may not fit usize; treat that as too large too.
-    let len = usize::try_from(len).unwrap_or(usize::MAX);
-    if len > max { Err(FrameError::TooLarge { len, max }) } else { Ok(len) }
+    Ok(codec::decode_len(prefix, max)?)
 }
 
 /// The message in a frame body.
@@ -167,24 +167,22 @@ pub async fn read_frame<T: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     max: usize,
 ) -> Result<Option<T>, FrameError> {
-    let mut prefix = [0u8; LEN_PREFIX_BYTES];
-    let mut read = 0;
-    while read < LEN_PREFIX_BYTES {
-        match recv.read(&mut prefix[read..]).await.map_err(FrameError::Read)? {
-            Some(n) => read += n,
-            None if read == 0 => return Ok(None),
-            None => return Err(FrameError::Truncated { part: "length prefix", read, len: LEN_PREFIX_BYTES }),
+    let mut decoder = FrameDecoder::new(max);
+    loop {
+        if let Some(body) = decoder.poll_frame() {
+            return decode_body(&body).map(Some);
+        }
+        // At most what the frame still needs, so bytes after it stay on the stream.
+        match recv.read_chunk(decoder.wanted(), true).await.map_err(FrameError::Read)? {
+            Some(chunk) => {
+                decoder.push(&chunk.bytes)?;
+            }
+            None => {
+                decoder.finish()?;
+                return Ok(None);
+            }
         }
     }
-    let len = decode_len(prefix, max)?;
-    let mut body = Vec::with_capacity(len.min(INITIAL_BUFFER_BYTES));
-    while body.len() < len {
-        match recv.read_chunk(len - body.len(), true).await.map_err(FrameError::Read)? {
-            Some(chunk) => body.extend_from_slice(&chunk.bytes),
-            None => return Err(FrameError::Truncated { part: "body", read: body.len(), len }),
-        }
-    }
-    decode_body(&body).map(Some)
 }
 
 /// One request/response exchange: opens a bidirectional stream on `conn`, writes `req`, finishes the send side, and

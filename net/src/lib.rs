@@ -1,9 +1,17 @@
 //! Granary's authenticated transport, shared by the coordinator, the nodes
 //! and the command-line tools.
 //!
-//! - [`tls`]: the cluster CA, certificates that carry a [`tls::Role`], and
-//!   mutual-TLS QUIC endpoint configurations that refuse any peer without a
-//!   certificate of the cluster.
+//! - [`role`]: what a certificate's holder is ([`role::Role`]).
+//! - [`pki`]: the offline PKI: the cluster CA and the role certificates it
+//!   signs, on disk, and what a certificate says.
+//! - [`identity`]: a loaded [`identity::Identity`] and the mutual-TLS QUIC
+//!   configurations it builds, which refuse any peer without a certificate
+//!   of the cluster; the peer's role after the handshake.
+//! - [`transport`]: keep-alive, idle timeout and stream limits of every
+//!   connection, the ALPN names, binding an endpoint.
+//! - [`error`]: [`error::TlsError`], the error of the four above.
+//! - [`tls`]: the four above re-exported under their former paths, until
+//!   the other crates move to the new ones.
 //! - [`conn`]: outgoing connections cached per peer, role-checked.
 //! - [`frame`]: length-prefixed, size-capped JSON messages on QUIC streams.
 //! - [`api`]: the coordinator's API messages.
@@ -16,5 +24,10 @@
 pub mod api;
 pub mod client;
 pub mod conn;
+pub mod error;
 pub mod frame;
+pub mod identity;
+pub mod pki;
+pub mod role;
 pub mod tls;
+pub mod transport;

@@ -13,6 +13,8 @@
 //! - [`plan`] — the deterministic epoch plan ([`plan_rank`]).
 //! - [`placement`] — which live node owns each shard, balanced by weight
 //!   with little movement on membership changes ([`plan_placement`]).
+//! - [`frame`] — the length-prefixed frame every stream carries, with its
+//!   cap checked before allocation ([`frame::FrameDecoder`], sans-I/O).
 //! - [`wire`] — messages between a trainer and its local node.
 //! - [`peer`] — messages between nodes (chunk fetches from a shard's owner).
 //! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
@@ -29,6 +31,7 @@
 pub mod aligned;
 pub mod chunk;
 pub mod dtype;
+pub mod frame;
 pub mod ids;
 pub mod manifest;
 pub mod peer;
@@ -43,8 +46,6 @@ pub use chunk::{ChunkError, ChunkHeader, ChunkLayout, ChunkView, TensorMeta};
 pub use dtype::DType;
 pub use ids::{DatasetVersion, NodeId, ShardId};
 pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
-pub use placement::{
-    NodeWeight, Placement, PlacementBench, PlacementError, bench_placement, plan_placement, shard_key,
-};
+pub use placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
 pub use plan::{PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order};
 pub use view::{TensorLayout, TensorSpec, View, ViewError};

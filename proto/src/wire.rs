@@ -1,14 +1,15 @@
 //! Messages between a trainer and the node on its host.
 //!
-//! The transport is a Unix stream socket. Every message is a frame: a u32
-//! little-endian length, then an rkyv archive of [`LocalRequest`] or
-//! [`LocalResponse`]. A [`LocalResponse::Chunk`] reply carries a sealed memory
+//! The transport is a Unix stream socket. Every message is a frame
+//! ([`crate::frame`]): a u32 little-endian length, then an rkyv archive of
+//! [`LocalRequest`] or [`LocalResponse`] ([`encode_frame`] writes one whole). A [`LocalResponse::Chunk`] reply carries a sealed memory
 //! file descriptor alongside (SCM_RIGHTS) holding the chunk bytes, so the
 //! trainer maps the chunk instead of reading it through the socket.
 //!
 //! Frames from the other process are bounded by [`MAX_FRAME_LEN`] and
 //! validated (bytecheck) before use.
 
+use crate::frame;
 use crate::ids::{DatasetVersion, ShardId};
 use crate::manifest::ShardRows;
 use crate::plan::PlanParams;
@@ -196,6 +197,24 @@ where
     rkyv::to_bytes::<rkyv::rancor::Error>(msg).map(|v| v.to_vec()).unwrap_or_default()
 }
 
+/// Encodes a message as one whole frame, header and body. Refuses
+/// ([`FrameError::TooLarge`], with the body's length) a body over
+/// [`MAX_FRAME_LEN`], which the receiver would refuse without saying why.
+pub fn encode_frame<T>(msg: &T) -> Result<Vec<u8>, FrameError>
+where
+    T: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                rkyv::util::AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    // As in `encode`: serialising owned data into a growable buffer cannot fail.
+    let body = rkyv::to_bytes::<rkyv::rancor::Error>(msg).unwrap_or_default();
+    frame::encode(&body, MAX_FRAME_LEN).map_err(|_| FrameError::TooLarge(body.len()))
+}
+
 /// Validates and decodes a frame body.
 pub fn decode<T>(body: &[u8]) -> Result<T, FrameError>
 where
@@ -203,9 +222,7 @@ where
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>
         + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
 {
-    if body.len() > MAX_FRAME_LEN {
-        return Err(FrameError::TooLarge(body.len()));
-    }
+    frame::check_len(body.len(), MAX_FRAME_LEN).map_err(|_| FrameError::TooLarge(body.len()))?;
     let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(body.len());
     aligned.extend_from_slice(body);
     rkyv::from_bytes::<T, rkyv::rancor::Error>(&aligned).map_err(|e| FrameError::Malformed(e.to_string()))
@@ -238,7 +255,19 @@ mod tests {
         ];
         for r in reqs {
             assert_eq!(decode::<LocalRequest>(&encode(&r)).unwrap(), r);
+            let whole = encode_frame(&r).unwrap();
+            assert_eq!(whole, frame::encode(&encode(&r), MAX_FRAME_LEN).unwrap());
+            let len = frame::decode_len(whole[..frame::HEADER_LEN].try_into().unwrap(), MAX_FRAME_LEN).unwrap();
+            assert_eq!(decode::<LocalRequest>(&whole[frame::HEADER_LEN..][..len]).unwrap(), r);
         }
+    }
+
+    #[test]
+    fn frames_over_the_limit_are_refused_on_both_sides() {
+        let huge = LocalResponse::Failed { kind: ErrorKind::BadInput, message: "x".repeat(MAX_FRAME_LEN) };
+        let len = encode(&huge).len();
+        assert_eq!(encode_frame(&huge), Err(FrameError::TooLarge(len)));
+        assert_eq!(decode::<LocalResponse>(&vec![0; MAX_FRAME_LEN + 1]), Err(FrameError::TooLarge(MAX_FRAME_LEN + 1)));
     }
 
     proptest! {

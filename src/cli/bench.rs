@@ -341,7 +341,7 @@ fn bench_local(a: LocalArgs) -> Result<()> {
 /// `bench placement`: places, removes a node, adds one, and prints the
 /// balance, speed and movement.
 fn bench_placement(shards: usize, nodes: usize, json: bool) -> Result<()> {
-    let b = granary_proto::placement::bench_placement(shards, nodes)?;
+    let b = granary_bench::placement::bench_placement(shards, nodes)?;
     if json {
         println!("{}", serde_json::to_string(&b)?);
         return Ok(());

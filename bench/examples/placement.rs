@@ -13,12 +13,11 @@
 //! from the first placement, which lowers every cap by one when
 //! `1.1 * shards / nodes` is an integer (as at 1,000,000 over 10,000).
 //!
-//! `cargo run --release -p granary-proto --example placement [-- SHARDS NODES] [--events K]`
+//! `cargo run --release -p granary-bench --example placement [-- SHARDS NODES] [--events K]`
 
+use granary_bench::placement::{BENCH_WEIGHT, bench_inputs, bench_placement};
 use granary_proto::ids::NodeId;
-use granary_proto::placement::{
-    BENCH_WEIGHT, NodeWeight, Placement, bench_inputs, bench_placement, plan_placement, plan_rebalance,
-};
+use granary_proto::placement::{NodeWeight, Placement, plan_placement, plan_rebalance};
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -21,6 +21,7 @@
 use crate::error::ClientError;
 use crate::source::{Chunk, ChunkBytes, ChunkSource};
 use granary_proto::chunk::Verify;
+use granary_proto::frame;
 use granary_proto::wire::{self, DatasetInfo, LocalRequest, LocalResponse, MAX_FRAME_LEN, NodeStats};
 use granary_proto::{DatasetVersion, PlanParams, ShardId};
 use rustix::fd::OwnedFd;
@@ -178,17 +179,14 @@ impl LocalSource {
                 self.path.display()
             )));
         };
-        let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&body);
+        let frame = frame::encode(&body, MAX_FRAME_LEN).map_err(|e| ClientError::Protocol(format!("request {e}")))?;
         // Until the whole reply is read, an error leaves the stream out of
         // step (the next reply would be read from the middle of this one).
         let exchange = (|| -> Result<(Vec<u8>, Option<OwnedFd>), ClientError> {
             stream.write_all(&frame)?;
-            let (len, fd) = read_prefix_with_fd(stream)?;
-            if len > MAX_FRAME_LEN {
-                return Err(ClientError::Protocol(format!("reply frame of {len} bytes is over the limit")));
-            }
+            let (header, fd) = read_prefix_with_fd(stream)?;
+            let len =
+                frame::decode_len(header, MAX_FRAME_LEN).map_err(|e| ClientError::Protocol(format!("reply {e}")))?;
             let mut reply = vec![0u8; len];
             stream.read_exact(&mut reply)?;
             Ok((reply, fd))
@@ -214,11 +212,11 @@ fn unexpected(resp: LocalResponse) -> ClientError {
 }
 
 /// Reads the 4-byte length prefix, collecting a descriptor sent with it.
-fn read_prefix_with_fd(stream: &UnixStream) -> Result<(usize, Option<OwnedFd>), ClientError> {
-    let mut prefix = [0u8; 4];
+fn read_prefix_with_fd(stream: &UnixStream) -> Result<([u8; frame::HEADER_LEN], Option<OwnedFd>), ClientError> {
+    let mut prefix = [0u8; frame::HEADER_LEN];
     let mut got = 0;
     let mut fd = None;
-    while got < 4 {
+    while got < frame::HEADER_LEN {
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
         let mut iov = [IoSliceMut::new(&mut prefix[got..])];
@@ -242,7 +240,7 @@ fn read_prefix_with_fd(stream: &UnixStream) -> Result<(usize, Option<OwnedFd>), 
         }
         got += r.bytes;
     }
-    Ok((u32::from_le_bytes(prefix) as usize, fd))
+    Ok((prefix, fd))
 }
 
 /// A read-only mapping of a sealed memory file.

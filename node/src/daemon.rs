@@ -11,6 +11,7 @@
 
 use crate::service::Node;
 use crate::session::Session;
+use granary_proto::frame;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
 use rustix::fd::BorrowedFd;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -110,19 +111,25 @@ async fn connection(
 ) -> io::Result<()> {
     let mut session = Session::new(node.clone());
     loop {
-        let mut len = [0u8; 4];
-        match stream.read_exact(&mut len).await {
+        let mut header = [0u8; frame::HEADER_LEN];
+        match stream.read_exact(&mut header).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_REQUEST_LEN {
-            tracing::warn!(%client, bytes = len, "oversized request frame; closing the connection");
-            let reply =
-                failed(ErrorKind::BadRequest, format!("request frame of {len} bytes exceeds {MAX_REQUEST_LEN}"));
-            return send(&stream, &reply, None).await;
-        }
+        let len = match frame::decode_len(header, MAX_REQUEST_LEN) {
+            Ok(len) => len,
+            Err(e) => {
+                let len = match e {
+                    frame::FrameError::TooLarge { len, .. } => len,
+                    _ => 0,
+                };
+                tracing::warn!(%client, bytes = len, "oversized request frame; closing the connection");
+                let reply =
+                    failed(ErrorKind::BadRequest, format!("request frame of {len} bytes exceeds {MAX_REQUEST_LEN}"));
+                return send(&stream, &reply, None).await;
+            }
+        };
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body).await?;
         let req = match wire::decode::<LocalRequest>(&body) {
@@ -198,9 +205,7 @@ async fn send(stream: &UnixStream, msg: &LocalResponse, fd: Option<BorrowedFd<'_
         );
         body = wire::encode(&reply);
     }
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&body);
+    let frame = frame::encode(&body, MAX_FRAME_LEN).map_err(io::Error::other)?;
     let mut sent = 0;
     while sent < frame.len() {
         stream.writable().await?;

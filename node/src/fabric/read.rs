@@ -7,6 +7,7 @@
 
 use super::stall::{Liveness, StallClock, TimerFired, Verdict};
 use crate::shm::ChunkFile;
+use granary_proto::frame::{self, FrameError, HEADER_LEN};
 use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{decode, encode};
 use std::time::Duration;
@@ -184,15 +185,18 @@ pub(crate) async fn ask(
 ) -> Result<(PeerResponse, quinn::RecvStream), StreamError> {
     let failed = |e: &dyn std::fmt::Display| StreamError::Failed(e.to_string());
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
-    send.write_all(&frame(encode(request))).await.map_err(|e| failed(&e))?;
+    let request = peer_frame(&encode(request)).map_err(|e| failed(&e))?;
+    send.write_all(&request).await.map_err(|e| failed(&e))?;
     let _ = send.finish();
     loop {
-        let mut prefix = [0u8; 4];
+        let mut prefix = [0u8; HEADER_LEN];
         read_live(&mut recv, &mut Buffer { buf: &mut prefix, pos: 0 }, "response header", stall).await?;
-        let len = u32::from_le_bytes(prefix) as usize;
-        if len > MAX_PEER_FRAME_LEN {
-            return Err(StreamError::Failed(format!("response frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}")));
-        }
+        let len = frame::decode_len(prefix, MAX_PEER_FRAME_LEN).map_err(|e| match e {
+            FrameError::TooLarge { len, cap } => {
+                StreamError::Failed(format!("response frame of {len} bytes exceeds {cap}"))
+            }
+            other => StreamError::Failed(other.to_string()),
+        })?;
         let mut head = vec![0u8; len];
         read_live(&mut recv, &mut Buffer { buf: &mut head, pos: 0 }, "response header", stall).await?;
         match decode::<PeerResponse>(&head).map_err(|e| failed(&e))? {
@@ -202,10 +206,8 @@ pub(crate) async fn ask(
     }
 }
 
-/// One frame: a u32 little-endian length, then `body` (a message's
-/// archive from [`encode`]).
-pub(crate) fn frame(body: Vec<u8>) -> Vec<u8> {
-    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-    frame.extend_from_slice(&body);
-    frame
+/// One peer frame: `body` (a message's archive from [`encode`]) behind the
+/// length prefix of [`granary_proto::frame`], within [`MAX_PEER_FRAME_LEN`].
+pub(crate) fn peer_frame(body: &[u8]) -> Result<Vec<u8>, FrameError> {
+    frame::encode(body, MAX_PEER_FRAME_LEN)
 }

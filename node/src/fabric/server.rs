@@ -8,9 +8,10 @@
 //! requester can tell a slow owner from a stalled one.
 
 use super::config::FabricConfig;
-use super::read::frame;
+use super::read::peer_frame;
 use crate::service::Node;
 use granary_net::tls::{self, Role};
+use granary_proto::frame::{self, FrameError, HEADER_LEN};
 use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
 use std::net::SocketAddr;
@@ -94,7 +95,7 @@ async fn with_progress<T>(
     work: impl std::future::Future<Output = T>,
 ) -> Result<T, String> {
     tokio::pin!(work);
-    let working = frame(encode(&PeerResponse::Working));
+    let working = peer_frame(&encode(&PeerResponse::Working)).map_err(|e| e.to_string())?;
     let start = tokio::time::Instant::now() + config.progress_interval;
     let mut tick = tokio::time::interval_at(start, config.progress_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,20 +123,26 @@ async fn serve_stream(
     mut recv: quinn::RecvStream,
 ) -> Result<(), String> {
     let request_timeout = config.request_timeout;
-    let mut prefix = [0u8; 4];
+    let mut prefix = [0u8; HEADER_LEN];
     tokio::time::timeout(request_timeout, recv.read_exact(&mut prefix))
         .await
         .map_err(|_| format!("no request within {request_timeout:?}"))?
         .map_err(|e| format!("request header: {e}"))?;
-    let len = u32::from_le_bytes(prefix) as usize;
-    let respond = |resp: &PeerResponse| frame(encode(resp));
-    if len > MAX_PEER_FRAME_LEN {
-        let msg = format!("request frame of {len} bytes exceeds {MAX_PEER_FRAME_LEN}");
-        let _ =
-            send.write_all(&respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() })).await;
-        let _ = send.finish();
-        return Err(msg);
-    }
+    let respond = |resp: &PeerResponse| peer_frame(&encode(resp)).map_err(|e| e.to_string());
+    let len = match frame::decode_len(prefix, MAX_PEER_FRAME_LEN) {
+        Ok(len) => len,
+        Err(e) => {
+            let msg = match e {
+                FrameError::TooLarge { len, cap } => format!("request frame of {len} bytes exceeds {cap}"),
+                other => other.to_string(),
+            };
+            if let Ok(reply) = respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() }) {
+                let _ = send.write_all(&reply).await;
+            }
+            let _ = send.finish();
+            return Err(msg);
+        }
+    };
     let mut body = vec![0u8; len];
     tokio::time::timeout(request_timeout, recv.read_exact(&mut body))
         .await
@@ -146,12 +153,12 @@ async fn serve_stream(
         Ok(PeerRequest::FetchFooter { version, file }) => {
             match with_progress(config, &mut send, node.footer_for_peer(version, file)).await? {
                 Ok(raw) => {
-                    let head = respond(&PeerResponse::Footer { len: raw.len() as u64 });
+                    let head = respond(&PeerResponse::Footer { len: raw.len() as u64 })?;
                     send_response(config, &mut send, &head, raw, &format!("the footer of file {file}")).await?;
                 }
                 Err(e) => {
                     let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
-                    send.write_all(&respond(&resp)).await.map_err(|e| e.to_string())?;
+                    send.write_all(&respond(&resp)?).await.map_err(|e| e.to_string())?;
                 }
             }
             let _ = send.finish();
@@ -159,22 +166,22 @@ async fn serve_stream(
         }
         Err(e) => {
             let msg = format!("malformed request: {e}");
-            let _ = send
-                .write_all(&respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() }))
-                .await;
+            if let Ok(reply) = respond(&PeerResponse::Failed { kind: ErrorKind::BadRequest, message: msg.clone() }) {
+                let _ = send.write_all(&reply).await;
+            }
             let _ = send.finish();
             return Err(msg);
         }
     };
     match with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer)).await? {
         Ok(chunk) => {
-            let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 });
+            let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 })?;
             let what = format!("the {} bytes of {shard}", chunk.len());
             send_response(config, &mut send, &head, chunk.shared_bytes(), &what).await?;
         }
         Err(e) => {
             let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
-            send.write_all(&respond(&resp)).await.map_err(|e| e.to_string())?;
+            send.write_all(&respond(&resp)?).await.map_err(|e| e.to_string())?;
         }
     }
     let _ = send.finish();

@@ -88,7 +88,7 @@ pub(crate) struct Runs {
 impl Runs {
     /// Groups `rows` into runs; `slot_of` names the chunk slot of a shard
     /// index (every row's shard must have one).
-    pub fn plan(&mut self, rows: &[RowRef], mut slot_of: impl FnMut(u32) -> u32) {
+    pub(crate) fn plan(&mut self, rows: &[RowRef], mut slot_of: impl FnMut(u32) -> u32) {
         self.runs.clear();
         self.rows = rows.len();
         let mut last_shard = u32::MAX;
@@ -111,12 +111,12 @@ impl Runs {
     }
 
     /// The runs, in batch order.
-    pub fn runs(&self) -> &[Run] {
+    pub(crate) fn runs(&self) -> &[Run] {
         &self.runs
     }
 
     /// Rows in the batch.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 }

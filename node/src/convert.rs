@@ -23,19 +23,19 @@ use arrow::datatypes::{
     UInt8Type,
 };
 use granary_proto::{ChunkLayout, DType};
+use granary_source::schema::arrow_type;
 use granary_source::schema::{Kind, Resolved, ResolvedTensor};
-pub use granary_source::schema::{arrow_type, resolve_view};
 use std::borrow::Cow;
 
 #[cfg(target_endian = "big")]
 compile_error!("chunks are little-endian and the converter copies native buffers: big-endian hosts are not supported");
 
 /// Rows per transposition block when stacking columns.
-pub const BLOCK_ROWS: usize = 64;
+pub(crate) const BLOCK_ROWS: usize = 64;
 
 /// Where a conversion happens, for error messages.
 #[derive(Clone, Copy, Debug)]
-pub struct Site<'a> {
+pub(crate) struct Site<'a> {
     /// Object path of the file.
     pub file: &'a str,
     /// Row group index.
@@ -50,7 +50,7 @@ impl Site<'_> {
 
 /// Writes every tensor of `batch` (one whole row group) into its range of
 /// `out`, a buffer laid out by `layout`. Does not seal the chunk.
-pub fn convert_into(
+pub(crate) fn convert_into(
     batch: &RecordBatch,
     resolved: &Resolved,
     layout: &ChunkLayout,
@@ -268,6 +268,7 @@ mod tests {
     use granary_proto::chunk::Verify;
     use granary_proto::view::fill_fits;
     use granary_proto::{ChunkView, DatasetVersion, ShardId, TensorSpec, View};
+    use granary_source::schema::resolve_view;
     use proptest::prelude::*;
     use std::sync::Arc;
 

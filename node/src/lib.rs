@@ -8,18 +8,18 @@
 //! - `granary_source` (its own crate, shared with the coordinator) —
 //!   object_store sources, footers, dataset listing, manifest, version, and
 //!   the view checked against a file's schema.
-//! - [`convert`] — view resolution and Arrow-to-chunk conversion.
-//! - [`shm`] — chunks in sealed memory files.
-//! - [`tier`] — the foyer RAM/SSD tier.
-//! - [`service`] — [`Node`]: lookup, single flight, load, prefetch.
-//! - [`session`] — one trainer's session: the plan it follows and its requests.
+//! - `convert` — view resolution and Arrow-to-chunk conversion.
+//! - `shm` — chunks in sealed memory files.
+//! - `tier` — the foyer RAM/SSD tier.
+//! - `service` — [`Node`]: lookup, single flight, load, prefetch.
+//! - `session` — one trainer's session: the plan it follows and its requests.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
-//! - [`membership`] — registering with the coordinators, lease renewal, the placement watch.
+//! - `membership` — registering with the coordinators, lease renewal, the placement watch.
 //! - [`fabric`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC;
 //!   its decisions (fetch route, stall clock) are pure cores in it.
-//! - [`flight`] — single-flight admission (pure).
-//! - [`prefetch`] — the prefetch window along a rank's plan (pure).
+//! - `flight` — single-flight admission (pure).
+//! - `prefetch` — the prefetch window along a rank's plan (pure).
 //! - [`error`] — error types.
 //!
 //! A request flows `daemon` → [`Node::chunk`] → `tier` (hit) or a single
@@ -28,22 +28,28 @@
 //! tensors straight into a memory file from `shm`, which is sealed, handed to
 //! every waiter, and inserted into the `tier`.
 
+// The node exports what an embedding program needs: its configuration,
+// the node and its embedded form, the daemon entry, the cluster handle and
+// peer fabric, and errors. Everything else is the node's own business.
 pub mod config;
-pub mod convert;
+mod convert;
 pub mod daemon;
 pub mod embedded;
 pub mod error;
 pub mod fabric;
-pub mod flight;
-pub mod membership;
-pub mod prefetch;
-pub mod service;
-pub mod session;
-pub mod shm;
-pub mod tier;
+mod flight;
+mod membership;
+mod prefetch;
+mod service;
+mod session;
+mod shm;
+mod tier;
 
 use granary_source::{dataset, remote};
 
 pub use config::NodeConfig;
 pub use embedded::EmbeddedNode;
-pub use service::Node;
+pub use membership::JoinError;
+pub use service::{Follower, Node, PREFETCH_EPOCHS_AHEAD, Shared, StartError};
+pub use session::Session;
+pub use shm::{SealedChunk, live_chunk_bytes};

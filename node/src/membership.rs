@@ -32,7 +32,7 @@ pub enum JoinError {
 
 /// This node's standing in the cluster.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub struct Standing {
+pub(crate) struct Standing {
     /// The incarnation of the current registration, if registered.
     pub incarnation: Option<u64>,
     /// The latest placement epoch heard of.
@@ -40,16 +40,15 @@ pub struct Standing {
 }
 
 /// A running membership: registration, heartbeats and the placement watch.
-pub struct Membership {
-    standing: watch::Receiver<Standing>,
+pub(crate) struct Membership {
     view: watch::Receiver<Option<PlacementView>>,
     tasks: JoinSet<()>,
 }
 
 impl Membership {
     /// Starts joining: returns at once; registration proceeds in the
-    /// background and is visible through [`Membership::standing`].
-    pub fn start(cfg: &ClusterConfig, ram_bytes: u64, ssd_bytes: u64) -> Result<Self, JoinError> {
+    /// background (its standing is kept by the lease loop).
+    pub(crate) fn start(cfg: &ClusterConfig, ram_bytes: u64, ssd_bytes: u64) -> Result<Self, JoinError> {
         let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(|e| JoinError::Identity(e.to_string()))?;
         if identity.role() != Role::Node {
             return Err(JoinError::Identity(format!(
@@ -73,7 +72,7 @@ impl Membership {
         // The watch has its own client, so that its long-lived stream and its
         // retries never disturb the heartbeats' leader hint.
         let watch_client = Arc::new(CoordinatorClient::new(&identity, addrs, ClientOptions::default())?);
-        let (standing_tx, standing) = watch::channel(Standing::default());
+        let (standing_tx, _) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();
         let node = NodeId(cfg.node_id);
@@ -81,21 +80,16 @@ impl Membership {
             ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes, registration: 0 };
         tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
         tasks.spawn(watch_loop(watch_client, view_tx));
-        Ok(Self { standing, view, tasks })
-    }
-
-    /// Registration state and placement epoch.
-    pub fn standing(&self) -> watch::Receiver<Standing> {
-        self.standing.clone()
+        Ok(Self { view, tasks })
     }
 
     /// The latest cluster view from the placement watch.
-    pub fn view(&self) -> watch::Receiver<Option<PlacementView>> {
+    pub(crate) fn view(&self) -> watch::Receiver<Option<PlacementView>> {
         self.view.clone()
     }
 
     /// Stops heartbeating and watching.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.tasks.abort_all();
     }
 }

@@ -48,7 +48,7 @@ impl std::fmt::Debug for SealedChunk {
 }
 
 /// A writable memory file being filled; becomes a [`SealedChunk`].
-pub struct ChunkWriter {
+pub(crate) struct ChunkWriter {
     fd: OwnedFd,
     ptr: *mut std::ffi::c_void,
     len: usize,
@@ -60,7 +60,7 @@ unsafe impl Send for ChunkWriter {}
 
 impl ChunkWriter {
     /// A zero-filled memory file of `len` bytes, mapped writable.
-    pub fn new(len: usize) -> io::Result<Self> {
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty chunk"));
         }
@@ -94,14 +94,14 @@ impl ChunkWriter {
     }
 
     /// The bytes to fill.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` maps `len` writable bytes owned by self; the borrow
         // is unique through `&mut self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
     }
 
     /// Drops write access and seals the file.
-    pub fn seal(mut self) -> io::Result<SealedChunk> {
+    pub(crate) fn seal(mut self) -> io::Result<SealedChunk> {
         // SAFETY: unmapping our own writable mapping; the pointer is nulled
         // so Drop does not unmap it again.
         unsafe { rustix::mm::munmap(self.ptr, self.len) }?;
@@ -135,7 +135,7 @@ impl Drop for ChunkWriter {
 /// [`ChunkWriter`] (which maps the file and populates it first) no page is
 /// cleared before it is filled. For bytes that arrive in pieces from
 /// elsewhere (a peer's chunk): one copy, from the pieces into the file.
-pub struct ChunkFile {
+pub(crate) struct ChunkFile {
     fd: OwnedFd,
     len: usize,
     written: usize,
@@ -143,7 +143,7 @@ pub struct ChunkFile {
 
 impl ChunkFile {
     /// An empty memory file of `len` bytes.
-    pub fn new(len: usize) -> io::Result<Self> {
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty chunk"));
         }
@@ -153,23 +153,18 @@ impl ChunkFile {
     }
 
     /// The file's length.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// True for an empty file (never: [`ChunkFile::new`] refuses one).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Bytes written so far, from the start.
-    pub fn written(&self) -> usize {
+    pub(crate) fn written(&self) -> usize {
         self.written
     }
 
     /// Writes `pieces`, in order, after what was written. More bytes than
     /// the file has room for are refused, and nothing of them is written.
-    pub fn append(&mut self, pieces: &[bytes::Bytes]) -> io::Result<()> {
+    pub(crate) fn append(&mut self, pieces: &[bytes::Bytes]) -> io::Result<()> {
         let total: usize = pieces.iter().map(bytes::Bytes::len).sum();
         if total > self.len - self.written {
             return Err(io::Error::new(
@@ -191,7 +186,7 @@ impl ChunkFile {
     }
 
     /// Seals the file (it must be full) and maps it read-only.
-    pub fn seal(self) -> io::Result<SealedChunk> {
+    pub(crate) fn seal(self) -> io::Result<SealedChunk> {
         if self.written != self.len {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

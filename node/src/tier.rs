@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 /// Cache key: one shard of one dataset version.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct ChunkKey {
+pub(crate) struct ChunkKey {
     /// Dataset version.
     pub version: DatasetVersion,
     /// Shard.
@@ -59,7 +59,7 @@ impl Code for ChunkKey {
 
 /// Cache value: a sealed chunk.
 #[derive(Clone, Debug)]
-pub struct ChunkValue(pub Arc<SealedChunk>);
+pub(crate) struct ChunkValue(pub Arc<SealedChunk>);
 
 /// Largest chunk accepted back from disk (bounds a corrupt length prefix).
 const MAX_CHUNK_BYTES: u64 = 4 << 30;
@@ -93,7 +93,7 @@ impl Code for ChunkValue {
 
 /// Where a hit came from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum HitTier {
+pub(crate) enum HitTier {
     /// The RAM tier.
     Ram,
     /// The SSD tier.
@@ -123,7 +123,7 @@ pub enum TierError {
 
 /// SSD settings.
 #[derive(Clone, Debug)]
-pub struct SsdConfig {
+pub(crate) struct SsdConfig {
     /// Folder of the block files.
     pub dir: PathBuf,
     /// Capacity in bytes.
@@ -133,7 +133,7 @@ pub struct SsdConfig {
 }
 
 /// The RAM/SSD tier.
-pub struct ChunkTier {
+pub(crate) struct ChunkTier {
     cache: HybridCache<ChunkKey, ChunkValue>,
     ssd: Option<SsdConfig>,
     disk_turn: tokio::sync::Mutex<()>,
@@ -141,7 +141,7 @@ pub struct ChunkTier {
 
 impl ChunkTier {
     /// Opens the tier; with `ssd`, recovers the chunks already on disk.
-    pub async fn open(ram_bytes: u64, ssd: Option<SsdConfig>) -> Result<Self, TierError> {
+    pub(crate) async fn open(ram_bytes: u64, ssd: Option<SsdConfig>) -> Result<Self, TierError> {
         let builder = HybridCacheBuilder::new()
             .with_name("granary-chunks")
             .with_policy(HybridCachePolicy::WriteOnInsertion)
@@ -211,7 +211,7 @@ impl ChunkTier {
     }
 
     /// Looks a chunk up in RAM, then on SSD.
-    pub async fn get(&self, key: ChunkKey) -> Result<Option<(Arc<SealedChunk>, HitTier)>, TierError> {
+    pub(crate) async fn get(&self, key: ChunkKey) -> Result<Option<(Arc<SealedChunk>, HitTier)>, TierError> {
         match self.cache.get(&key).await {
             Ok(Some(e)) => {
                 let tier = if e.source() == Source::Disk { HitTier::Ssd } else { HitTier::Ram };
@@ -228,7 +228,7 @@ impl ChunkTier {
     /// Inserts a chunk into RAM and, with an SSD tier, writes it to disk
     /// before returning. Chunks larger than the SSD block size stay in RAM
     /// only (logged).
-    pub async fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>) {
+    pub(crate) async fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>) {
         let Some(ssd) = &self.ssd else {
             self.cache.insert(key, ChunkValue(chunk));
             return;
@@ -245,17 +245,12 @@ impl ChunkTier {
     }
 
     /// True when the chunk is in RAM or (probably) on SSD.
-    pub fn contains(&self, key: ChunkKey) -> bool {
+    pub(crate) fn contains(&self, key: ChunkKey) -> bool {
         self.cache.contains(&key)
     }
 
-    /// Removes a chunk from both tiers.
-    pub fn remove(&self, key: ChunkKey) {
-        self.cache.remove(&key);
-    }
-
     /// Flushes and closes the tier.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         if let Err(e) = self.cache.close().await {
             tracing::warn!(error = %e, "closing the chunk tier");
         }
@@ -340,13 +335,13 @@ fn reserve_files(dir: &Path) -> Result<(), String> {
 /// in RAM only and bounded in bytes on their own, so they are always
 /// evicted before any chunk this node owns (they never compete with the
 /// owned tier) and never written to SSD.
-pub struct GuestArea {
+pub(crate) struct GuestArea {
     cache: foyer::Cache<ChunkKey, Arc<SealedChunk>>,
 }
 
 impl GuestArea {
     /// An area of `capacity_bytes` (0 keeps no guest copies).
-    pub fn new(capacity_bytes: u64) -> Self {
+    pub(crate) fn new(capacity_bytes: u64) -> Self {
         // One shard: foyer splits the capacity evenly between shards, and a
         // guest area holds a few large chunks (accessed once per chunk
         // request, so there is no contention to spread). LRU: copies are
@@ -366,7 +361,7 @@ impl GuestArea {
 
     /// The guest copy of `key`, if kept. `now`: a copy kept for a later
     /// epoch is needed now, so it becomes a regular copy.
-    pub fn get(&self, key: ChunkKey, now: bool) -> Option<Arc<SealedChunk>> {
+    pub(crate) fn get(&self, key: ChunkKey, now: bool) -> Option<Arc<SealedChunk>> {
         let e = self.cache.get(&key)?;
         let chunk = e.value().clone();
         if now && e.properties().hint() == Hint::Low {
@@ -380,7 +375,7 @@ impl GuestArea {
     /// (`ahead`) are evicted before any other (least recently used first
     /// among each kind), so looking ahead never pushes out a copy an epoch
     /// in progress needs.
-    pub fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>, ahead: bool) {
+    pub(crate) fn insert(&self, key: ChunkKey, chunk: Arc<SealedChunk>, ahead: bool) {
         if chunk.len() as u64 <= self.cache.capacity() as u64 {
             let hint = if ahead { Hint::Low } else { Hint::Normal };
             self.cache.insert_with_properties(key, chunk, CacheProperties::default().with_hint(hint));
@@ -388,17 +383,17 @@ impl GuestArea {
     }
 
     /// True when a guest copy of `key` is kept.
-    pub fn contains(&self, key: ChunkKey) -> bool {
+    pub(crate) fn contains(&self, key: ChunkKey) -> bool {
         self.cache.contains(&key)
     }
 
     /// Capacity in bytes.
-    pub fn capacity_bytes(&self) -> u64 {
+    pub(crate) fn capacity_bytes(&self) -> u64 {
         self.cache.capacity() as u64
     }
 
     /// Bytes of guest copies held.
-    pub fn usage_bytes(&self) -> u64 {
+    pub(crate) fn usage_bytes(&self) -> u64 {
         self.cache.usage() as u64
     }
 }

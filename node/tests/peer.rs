@@ -200,7 +200,7 @@ async fn a_peer_announcing_another_chunk_length_is_refused_before_memory_is_comm
         let _ = send.write_all(&chunk_head(3 << 30)).await;
         tokio::time::sleep(Duration::from_secs(3600)).await;
     });
-    let before = granary_node::shm::live_chunk_bytes();
+    let before = granary_node::live_chunk_bytes();
     let started = std::time::Instant::now();
     match link(&f, "node").fetch(liar, f.version, f.shard, f.len, Duration::from_secs(20)).await {
         Err(PeerError::Corrupt { addr, shard, reason }) => {
@@ -210,7 +210,7 @@ async fn a_peer_announcing_another_chunk_length_is_refused_before_memory_is_comm
         other => panic!("a 3 GiB announcement gave {:?}", other.map(|b| b.len())),
     }
     assert!(started.elapsed() < Duration::from_secs(5), "refused at once, not at the deadline");
-    assert!(granary_node::shm::live_chunk_bytes() < before + (1 << 30), "no memory committed for the announcement");
+    assert!(granary_node::live_chunk_bytes() < before + (1 << 30), "no memory committed for the announcement");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,7 +334,7 @@ async fn prefetch_looks_ahead_only_while_guest_copies_fit() {
     };
     let epoch0 = plan_rank(f.version, &shards, &params).expect("plan").shard_order().len() as u64;
     let mut ahead = std::collections::BTreeSet::new();
-    for e in 0..=granary_node::service::PREFETCH_EPOCHS_AHEAD {
+    for e in 0..=granary_node::PREFETCH_EPOCHS_AHEAD {
         let p = PlanParams { epoch: e, ..params };
         ahead.extend(plan_rank(f.version, &shards, &p).expect("plan").shard_order().iter().copied());
     }

@@ -2,8 +2,8 @@
 //! the next epochs, within the byte budget.
 
 use granary_node::EmbeddedNode;
+use granary_node::PREFETCH_EPOCHS_AHEAD;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::service::PREFETCH_EPOCHS_AHEAD;
 use granary_proto::{PlanParams, Shuffle, plan_rank};
 use granary_testkit::datagen::{self, GenSpec};
 use std::collections::BTreeSet;

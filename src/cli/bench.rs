@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 /// `granary bench`.
 #[derive(Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// ceiling, naive, warm and cold on one host.
     Local(LocalArgs),
     /// Place shards over nodes, remove one node, add one: balance, speed
@@ -70,7 +70,7 @@ pub enum BenchCommand {
 
 /// Options of `granary bench local`.
 #[derive(Args)]
-pub struct LocalArgs {
+pub(crate) struct LocalArgs {
     /// Rows in the generated dataset.
     #[arg(long, default_value_t = 500_000)]
     rows: u64,
@@ -116,7 +116,7 @@ pub struct LocalArgs {
 
 /// Options of `granary bench cluster`.
 #[derive(Args)]
-pub struct ClusterArgs {
+pub(crate) struct ClusterArgs {
     /// Rows in the generated dataset.
     #[arg(long, default_value_t = 400_000)]
     rows: u64,
@@ -152,7 +152,7 @@ pub struct ClusterArgs {
 }
 
 /// Runs a `bench` subcommand.
-pub fn run(cmd: BenchCommand) -> Result<()> {
+pub(crate) fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Local(a) => bench_local(a),
         BenchCommand::Placement { shards, nodes, json } => bench_placement(shards, nodes, json),

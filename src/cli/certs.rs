@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 /// `granary certs`.
 #[derive(Subcommand)]
-pub enum CertsCommand {
+pub(crate) enum CertsCommand {
     /// Create a cluster CA and one certificate per role (coordinator, node, trainer, admin).
     Init {
         /// Folder to create.
@@ -40,7 +40,7 @@ pub enum CertsCommand {
 }
 
 /// Runs a `certs` subcommand.
-pub fn run(cmd: CertsCommand) -> Result<()> {
+pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
     let (files, json) = match cmd {
         CertsCommand::Init { out, json } => (tls::init_cluster(&out)?, json),
         CertsCommand::Issue { dir, role, name, node_id, json } => {

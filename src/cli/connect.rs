@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// How to reach the coordinators.
 #[derive(Args, Clone)]
-pub struct ConnectArgs {
+pub(crate) struct ConnectArgs {
     /// Coordinator addresses, `HOST:PORT,...` (any voter; requests find the leader).
     #[arg(long, env = "GRANARY_COORDINATORS", value_delimiter = ',', required = true)]
     coordinators: Vec<String>,
@@ -32,7 +32,7 @@ pub struct ConnectArgs {
 
 /// Sends one request and waits for its answer, on a runtime of its own:
 /// these commands make one call and exit.
-pub fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse> {
+pub(crate) fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse> {
     let identity = Identity::load(&connect.certs, &connect.cert_name)?;
     let addrs = parse_addrs(&connect.coordinators)?;
     let options = ClientOptions { deadline: Duration::from_millis(connect.timeout_ms), ..Default::default() };
@@ -46,6 +46,6 @@ pub fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse> {
 }
 
 /// The error for an answer that does not fit the request.
-pub fn unexpected(resp: ApiResponse) -> anyhow::Error {
+pub(crate) fn unexpected(resp: ApiResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the coordinator: {resp:?}")
 }

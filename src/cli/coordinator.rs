@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// `granary coordinator`.
 #[derive(Args)]
-pub struct CoordinatorArgs {
+pub(crate) struct CoordinatorArgs {
     /// This voter's id (a positive integer, unique in the group).
     #[arg(long)]
     id: u64,
@@ -88,7 +88,7 @@ fn parse_kv(items: &[String]) -> Result<BTreeMap<String, String>> {
 }
 
 /// Runs one voter until SIGTERM or ctrl-c.
-pub fn run(a: CoordinatorArgs) -> Result<()> {
+pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     if a.id == 0 {
         bail!("--id must be a positive integer");
     }

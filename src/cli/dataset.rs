@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 /// `granary dataset`.
 #[derive(Subcommand)]
-pub enum DatasetCommand {
+pub(crate) enum DatasetCommand {
     /// Write the synthetic recommendation dataset.
     Gen(GenArgs),
     #[command(flatten)]
@@ -26,7 +26,7 @@ pub enum DatasetCommand {
 
 /// Options of `granary dataset gen`.
 #[derive(Args)]
-pub struct GenArgs {
+pub(crate) struct GenArgs {
     /// Output folder.
     #[arg(long)]
     out: PathBuf,
@@ -56,7 +56,7 @@ pub struct GenArgs {
 
 /// Cluster-side dataset commands.
 #[derive(Subcommand)]
-pub enum ClusterDatasetCommand {
+pub(crate) enum ClusterDatasetCommand {
     /// Register a dataset: the leader lists the source, reads every footer and commits the manifest.
     Add {
         /// Dataset name.
@@ -92,7 +92,7 @@ pub enum ClusterDatasetCommand {
 }
 
 /// Runs a `dataset` subcommand.
-pub fn run(cmd: DatasetCommand) -> Result<()> {
+pub(crate) fn run(cmd: DatasetCommand) -> Result<()> {
     match cmd {
         DatasetCommand::Gen(a) => generate(a),
         DatasetCommand::Cluster(c) => registered(c),
@@ -136,7 +136,7 @@ fn generate(a: GenArgs) -> Result<()> {
 }
 
 /// Prints registered datasets as a table, one row each.
-pub fn print_datasets(list: &[DatasetSummary]) {
+pub(crate) fn print_datasets(list: &[DatasetSummary]) {
     println!("{:<20} {:<14} {:>5} {:>7} {:>12} {:>10}  source", "name", "version", "files", "shards", "rows", "MiB");
     for d in list {
         println!(

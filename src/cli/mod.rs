@@ -19,12 +19,12 @@
 //! imports the crate root or a sibling that imports it back: `dataset` and
 //! `status` use `connect`, and `status` prints `dataset`'s table.
 
-pub mod bench;
-pub mod certs;
-pub mod connect;
-pub mod coordinator;
-pub mod dataset;
-pub mod node;
-pub mod stats;
-pub mod status;
-pub mod trainer;
+pub(crate) mod bench;
+pub(crate) mod certs;
+pub(crate) mod connect;
+pub(crate) mod coordinator;
+pub(crate) mod dataset;
+pub(crate) mod node;
+pub(crate) mod stats;
+pub(crate) mod status;
+pub(crate) mod trainer;

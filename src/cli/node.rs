@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 /// `granary node`.
 #[derive(Args)]
-pub struct NodeArgs {
+pub(crate) struct NodeArgs {
     /// Path of node.toml.
     #[arg(long)]
     config: PathBuf,
@@ -30,7 +30,7 @@ fn limit_malloc_arenas() {
 }
 
 /// Runs the daemon until SIGTERM or ctrl-c.
-pub fn run(a: &NodeArgs) -> Result<()> {
+pub(crate) fn run(a: &NodeArgs) -> Result<()> {
     limit_malloc_arenas();
     let cfg = granary_node::NodeConfig::load(&a.config)?;
     let socket = cfg.socket.clone().unwrap_or_else(granary_node::daemon::default_socket);

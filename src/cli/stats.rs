@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// `granary stats`.
 #[derive(Args)]
-pub struct StatsArgs {
+pub(crate) struct StatsArgs {
     /// The node's socket.
     #[arg(long)]
     socket: PathBuf,
@@ -17,7 +17,7 @@ pub struct StatsArgs {
 }
 
 /// Prints the counters once.
-pub fn run(a: &StatsArgs) -> Result<()> {
+pub(crate) fn run(a: &StatsArgs) -> Result<()> {
     let s = granary_client::LocalSource::connect(&a.socket)?.stats()?;
     if a.json {
         println!(

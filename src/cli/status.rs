@@ -8,7 +8,7 @@ use anyhow::Result;
 use granary_net::api::{ApiRequest, ApiResponse, ClusterStatus};
 
 /// `granary status`.
-pub fn run(connect: &ConnectArgs) -> Result<()> {
+pub(crate) fn run(connect: &ConnectArgs) -> Result<()> {
     match call(connect, ApiRequest::Status)? {
         ApiResponse::Status(s) => {
             if connect.json {

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 /// Arguments of one rank.
 #[derive(Args, Clone, Debug)]
-pub struct TrainerArgs {
+pub(crate) struct TrainerArgs {
     /// The node's socket.
     #[arg(long)]
     pub socket: PathBuf,
@@ -74,7 +74,7 @@ pub struct TrainerArgs {
 
 /// What consuming a batch means.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConsumeArg {
+pub(crate) enum ConsumeArg {
     /// xxh3 of every tensor.
     Checksum,
     /// A copy of every tensor into a staging buffer.
@@ -90,7 +90,7 @@ fn emit(ev: &TrainerEvent) {
 }
 
 /// Runs the rank until stdin closes.
-pub fn run(a: TrainerArgs) -> Result<()> {
+pub(crate) fn run(a: TrainerArgs) -> Result<()> {
     let rank = a.rank;
     match drive(a) {
         Ok(()) => Ok(()),

@@ -5,7 +5,7 @@ use clap::Args;
 
 /// Demo options; every default is the embedded local default.
 #[derive(Args, Clone, Debug)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Rows in the generated dataset.
     #[arg(long, default_value_t = 400_000)]
     pub rows: u64,

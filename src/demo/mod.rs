@@ -20,10 +20,10 @@ mod setup;
 mod single;
 
 use anyhow::{Result, bail};
-pub use args::DemoArgs;
+pub(crate) use args::DemoArgs;
 
 /// Runs the demo: the cluster with `--nodes` ≥ 2, one node otherwise.
-pub fn run(a: DemoArgs) -> Result<()> {
+pub(crate) fn run(a: DemoArgs) -> Result<()> {
     if a.nodes == 0 {
         bail!("--nodes must be at least 1");
     }

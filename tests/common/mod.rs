@@ -6,7 +6,7 @@ use std::path::Path;
 /// Serves `root` (buckets are its sub-folders) with s3s-fs on 127.0.0.1:0,
 /// checking S3 signatures of `auth` (access key, secret) when given and
 /// accepting unsigned requests otherwise. Runs on the current tokio runtime.
-pub async fn serve_object_store(root: &Path, auth: Option<(&str, &str)>) -> SocketAddr {
+pub(crate) async fn serve_object_store(root: &Path, auth: Option<(&str, &str)>) -> SocketAddr {
     let fs = s3s_fs::FileSystem::new(root).map_err(|e| format!("{e:?}")).expect("s3s-fs");
     let mut builder = s3s::service::S3ServiceBuilder::new(fs);
     if let Some((key, secret)) = auth {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 /// One dataset "ads" at `source` with the generator's view, `remote`
 /// options, a 64 MiB RAM tier and no prefetch.
-pub fn node_config(source: String, remote: BTreeMap<String, String>) -> NodeConfig {
+pub(crate) fn node_config(source: String, remote: BTreeMap<String, String>) -> NodeConfig {
     NodeConfig {
         datasets: vec![DatasetConfig { name: "ads".into(), source, view: ViewRef::Inline(datagen::view()) }],
         remote,
@@ -24,7 +24,7 @@ pub fn node_config(source: String, remote: BTreeMap<String, String>) -> NodeConf
 /// Asserts that `remote` and `disk` (the same files from `file://`) list the
 /// same row groups and give equal tensors for every shard; returns what
 /// `remote` describes.
-pub async fn assert_same_tensors(remote: &Node, disk: &Node) -> DatasetInfo {
+pub(crate) async fn assert_same_tensors(remote: &Node, disk: &Node) -> DatasetInfo {
     let (a, b) = (remote.describe("ads").expect("describe"), disk.describe("ads").expect("describe"));
     assert_eq!(a.shards, b.shards, "same row groups");
     let tensors = datagen::view().tensors.len();

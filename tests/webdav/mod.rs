@@ -10,13 +10,17 @@ use std::sync::atomic::AtomicU64;
 /// (listing, depth 0, 1 or infinity), `HEAD`, and `GET` with one byte range
 /// (`bytes=a-b`, `bytes=a-`, `bytes=-n`). Anything else is 405. Runs on the
 /// current tokio runtime; `requests` counts every request served.
-pub async fn serve_webdav(root: &Path, requests: Arc<AtomicU64>) -> SocketAddr {
+pub(crate) async fn serve_webdav(root: &Path, requests: Arc<AtomicU64>) -> SocketAddr {
     serve(root, requests, None).await
 }
 
 /// [`serve_webdav`] over HTTPS: every connection is a TLS session with
 /// `tls` (the test's server certificate).
-pub async fn serve_webdav_tls(root: &Path, requests: Arc<AtomicU64>, tls: Arc<rustls::ServerConfig>) -> SocketAddr {
+pub(crate) async fn serve_webdav_tls(
+    root: &Path,
+    requests: Arc<AtomicU64>,
+    tls: Arc<rustls::ServerConfig>,
+) -> SocketAddr {
     serve(root, requests, Some(tokio_rustls::TlsAcceptor::from(tls))).await
 }
 
@@ -82,7 +86,7 @@ mod dav {
         httpdate::fmt_http_date(meta.modified().unwrap_or(std::time::UNIX_EPOCH))
     }
 
-    pub fn answer<B>(root: &Path, req: &Request<B>) -> Reply {
+    pub(super) fn answer<B>(root: &Path, req: &Request<B>) -> Reply {
         let Some(path) = local(root, req.uri().path()) else { return status(StatusCode::FORBIDDEN) };
         match req.method().as_str() {
             "PROPFIND" => propfind(root, &path, req.headers().get("depth").and_then(|d| d.to_str().ok())),

@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use tempfile::TempDir;
 
 /// Upper bound on every wait in these tests.
-pub const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// Awaits `fut`, failing the test if it takes longer than [`WAIT`].
-pub async fn bounded<F: Future>(what: &str, fut: F) -> F::Output {
+pub(crate) async fn bounded<F: Future>(what: &str, fut: F) -> F::Output {
     match tokio::time::timeout(WAIT, fut).await {
         Ok(out) => out,
         Err(_) => panic!("timed out after {WAIT:?}: {what}"),
@@ -25,53 +25,53 @@ pub async fn bounded<F: Future>(what: &str, fut: F) -> F::Output {
 }
 
 /// 127.0.0.1 with an OS-chosen port.
-pub fn any_local_port() -> SocketAddr {
+pub(crate) fn any_local_port() -> SocketAddr {
     (Ipv4Addr::LOCALHOST, 0).into()
 }
 
 /// A cluster directory made by `init_cluster` inside a temporary directory that is removed on drop.
-pub struct Cluster {
+pub(crate) struct Cluster {
     _tmp: TempDir,
     pub dir: PathBuf,
 }
 
 impl Cluster {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let tmp = tempfile::tempdir().expect("temp dir");
         let dir = tmp.path().join("certs");
         tls::init_cluster(&dir).expect("init_cluster");
         Self { _tmp: tmp, dir }
     }
 
-    pub fn identity(&self, name: &str) -> Identity {
+    pub(crate) fn identity(&self, name: &str) -> Identity {
         Identity::load(&self.dir, name).expect("load identity")
     }
 
-    pub fn path(&self, file: &str) -> PathBuf {
+    pub(crate) fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 }
 
 /// A message for round trips.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Echo {
+pub(crate) struct Echo {
     pub seq: u64,
     pub text: String,
 }
 
 /// A server endpoint with `server_identity` (ALPN_API) and a client endpoint with `client_identity`.
-pub struct Endpoints {
+pub(crate) struct Endpoints {
     pub server: quinn::Endpoint,
     pub server_addr: SocketAddr,
     pub client: quinn::Endpoint,
 }
 
 impl Endpoints {
-    pub fn new(server_identity: &Identity) -> Self {
+    pub(crate) fn new(server_identity: &Identity) -> Self {
         let config = server_identity.server_config(&[ALPN_API]).expect("server config");
         let server = tls::endpoint(any_local_port(), Some(config)).expect("server endpoint");
         let server_addr = server.local_addr().expect("server address");
@@ -80,13 +80,13 @@ impl Endpoints {
     }
 
     /// Dials the server as `server_role`'s DNS name with `config`; the handshake result, unawaited.
-    pub fn dial(&self, config: quinn::ClientConfig, server_role: Role) -> quinn::Connecting {
+    pub(crate) fn dial(&self, config: quinn::ClientConfig, server_role: Role) -> quinn::Connecting {
         self.client.connect_with(config, self.server_addr, server_role.server_name()).expect("connect_with")
     }
 }
 
 /// Both ends of an established mutual-TLS connection (coordinator serves, node dials), with the endpoints kept alive.
-pub struct Pair {
+pub(crate) struct Pair {
     pub server: quinn::Connection,
     pub client: quinn::Connection,
     pub endpoints: Endpoints,
@@ -94,7 +94,7 @@ pub struct Pair {
 }
 
 impl Pair {
-    pub async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         let cluster = Cluster::new();
         let endpoints = Endpoints::new(&cluster.identity("coordinator"));
         let config = cluster.identity("node").client_config(ALPN_API).expect("client config");

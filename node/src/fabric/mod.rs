@@ -4,31 +4,31 @@
 //! owner's. Wire format: `granary_proto::peer`.
 //!
 //! Pure cores (no tokio, no sockets, `now` as an argument):
-//! - [`route`] — where one load gets its chunk: owner, stall vs dead, wait
+//! - `route` — where one load gets its chunk: owner, stall vs dead, wait
 //!   for the placement, read remote storage; the footer rule.
-//! - [`stall`] — the stall clock and the liveness probe.
-//! - [`config`] — [`FabricConfig`], every time and size, validated.
+//! - `stall` — the stall clock and the liveness probe.
+//! - `config` — [`FabricConfig`], every time and size, validated.
 //!
 //! Shells:
-//! - [`link`] — [`PeerLink`]: connections, fetch slots and byte budgets
+//! - `link` — [`PeerLink`]: connections, fetch slots and byte budgets
 //!   towards peers; fetching and validating chunks and footers.
 //! - `read` — reading a peer's stream under the stall clock.
-//! - [`owners`] — [`Cluster`]: what this node knows of placement.
-//! - [`follow`] — keeping [`Cluster`] current from the coordinator.
-//! - [`server`] — answering other nodes.
+//! - `owners` — [`Cluster`]: what this node knows of placement.
+//! - `follow` — keeping [`Cluster`] current from the coordinator.
+//! - `server` — answering other nodes.
 //! - this file — [`ClusterHandle`], a node's part in the cluster.
 //!
 //! Files depend one way: `server`, `follow` → `owners` → `link` → `read` →
 //! `stall`; `route` and `config` depend on nothing here.
 
-pub mod config;
-pub mod follow;
-pub mod link;
-pub mod owners;
+mod config;
+mod follow;
+mod link;
+mod owners;
 mod read;
-pub mod route;
-pub mod server;
-pub mod stall;
+pub(crate) mod route;
+mod server;
+mod stall;
 
 pub use config::{FabricConfig, FabricConfigError};
 pub use follow::follow_placement;

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 /// Owners asked for one chunk, at most: the first and two the placement
 /// moved the shard to.
-pub const MAX_OWNERS_ASKED: usize = 3;
+pub(crate) const MAX_OWNERS_ASKED: usize = 3;
 
 /// A shard's owner, as this node knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub struct Owner {
 
 /// What the shell does next for a load.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Ask `owner` for the chunk, giving up after `within`.
     Ask {
         /// The owner to ask.
@@ -83,7 +83,7 @@ enum State {
 
 /// One load's route: see the module doc.
 #[derive(Debug)]
-pub struct Route {
+pub(crate) struct Route {
     target: Option<Owner>,
     deadline: Instant,
     reroute_wait: Duration,
@@ -96,7 +96,7 @@ impl Route {
     /// A route starting at `owner` (None: this node owns the shard or no
     /// other owner is known), bounded by `fetch_deadline` from `now`; after
     /// an owner fails, the placement is waited for at most `reroute_wait`.
-    pub fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
+    pub(crate) fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
         Self {
             target: owner,
             deadline: now + fetch_deadline,
@@ -110,7 +110,7 @@ impl Route {
     /// The next step. Call again after reporting the outcome of an
     /// [`Step::Ask`] or [`Step::AwaitPlacement`]; once it says
     /// [`Step::ReadRemote`] it always does.
-    pub fn poll(&mut self, now: Instant) -> Step {
+    pub(crate) fn poll(&mut self, now: Instant) -> Step {
         match self.state {
             State::Remote => Step::ReadRemote,
             State::Asking(owner) => {
@@ -139,7 +139,7 @@ impl Route {
     }
 
     /// The owner asked last failed (`reason` names the peer's error).
-    pub fn handle_failed(&mut self, failure: AskFailure) {
+    pub(crate) fn handle_failed(&mut self, failure: AskFailure) {
         let State::Asking(owner) = self.state else { return };
         match failure {
             AskFailure::Stalled(reason) => {
@@ -157,7 +157,7 @@ impl Route {
 
     /// The placement moved the shard: to `owner`, or (None) to this node or
     /// to no node known.
-    pub fn handle_moved(&mut self, owner: Option<Owner>) {
+    pub(crate) fn handle_moved(&mut self, owner: Option<Owner>) {
         if let State::Awaiting(_) = self.state {
             self.target = owner;
             self.state = State::Next;
@@ -165,19 +165,20 @@ impl Route {
     }
 
     /// The placement did not move the shard within the wait.
-    pub fn handle_not_moved(&mut self) {
+    pub(crate) fn handle_not_moved(&mut self) {
         if let State::Awaiting(_) = self.state {
             self.state = State::Remote;
         }
     }
 
     /// Every owner that failed and why, in the order asked.
-    pub fn tried(&self) -> &[String] {
+    #[cfg(test)]
+    pub(crate) fn tried(&self) -> &[String] {
         &self.tried
     }
 
-    /// Takes the list of [`Route::tried`].
-    pub fn into_tried(self) -> Vec<String> {
+    /// Every owner that failed and why, in the order asked.
+    pub(crate) fn into_tried(self) -> Vec<String> {
         self.tried
     }
 
@@ -189,7 +190,7 @@ impl Route {
 
 /// What a node answers a peer that asks for a file's footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FooterAnswer {
+pub(crate) enum FooterAnswer {
     /// The footer is in memory: send it.
     Held,
     /// This node believes `owner` reads that footer (the owner of the file's
@@ -204,7 +205,7 @@ pub enum FooterAnswer {
 /// The footer rule for a peer's request: `held` when the footer is in
 /// memory, `first_owner` the other node this node believes owns the file's
 /// first row group (None: this node, or no cluster).
-pub fn answer_footer(held: bool, first_owner: Option<NodeId>) -> FooterAnswer {
+pub(crate) fn answer_footer(held: bool, first_owner: Option<NodeId>) -> FooterAnswer {
     match (held, first_owner) {
         (true, _) => FooterAnswer::Held,
         (false, Some(owner)) => FooterAnswer::NotOwner(owner),

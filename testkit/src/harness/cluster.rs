@@ -1,0 +1,327 @@
+//! [`LocalCluster`]: one coordinator voter and N node daemons on loopback,
+//! serving a generated dataset, with the calls demos and benchmarks make on
+//! it (start, stop and kill nodes, wait for placement, sum counters).
+
+use super::child::log_tail;
+use super::coordinator::{CoordinatorProcess, VoterSpec, reserve_udp_port};
+use super::node::NodeProcess;
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// How to start a [`LocalCluster`].
+#[derive(Clone, Debug)]
+pub struct LocalClusterSpec {
+    /// Node daemons.
+    pub nodes: u32,
+    /// RAM tier per node.
+    pub ram_bytes: u64,
+    /// Guest area per node (copies of chunks other nodes own).
+    pub guest_bytes: u64,
+    /// SSD tier per node; None: RAM only.
+    pub ssd_bytes: Option<u64>,
+    /// Prefetch budget per rank.
+    pub prefetch_bytes: u64,
+    /// Concurrent shard loads per node.
+    pub loads: usize,
+    /// Converter threads per node.
+    pub convert_threads: usize,
+    /// Simulated remote storage per node: (latency ms, bandwidth bytes/s).
+    /// Each node has its own link to the store.
+    pub throttle: Option<(u64, u64)>,
+    /// Node lease on the coordinator.
+    pub lease_ms: u64,
+}
+
+impl Default for LocalClusterSpec {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            ram_bytes: 1 << 30,
+            guest_bytes: 1 << 30,
+            ssd_bytes: None,
+            prefetch_bytes: 256 << 20,
+            loads: 4,
+            convert_threads: 2,
+            throttle: None,
+            lease_ms: 1500,
+        }
+    }
+}
+
+/// A cluster of real processes on loopback: one coordinator voter and node
+/// daemons 1..=N with `[cluster]` configs and no `[[dataset]]`, serving the
+/// generated dataset, which is registered as `ads` on the coordinator: each
+/// node opens it when the placement watch lists it. Everything is stopped
+/// on drop.
+pub struct LocalCluster {
+    exe: PathBuf,
+    dir: PathBuf,
+    certs: PathBuf,
+    spec: LocalClusterSpec,
+    coordinator: std::net::SocketAddr,
+    _voter: CoordinatorProcess,
+    /// Peer address per node id - 1, kept across restarts.
+    advertise: Vec<std::net::SocketAddr>,
+    nodes: Vec<Option<NodeProcess>>,
+}
+
+impl LocalCluster {
+    /// Creates certificates, starts the voter, registers `data` as `ads`,
+    /// starts the nodes and waits until each knows the placement of all of
+    /// them.
+    pub fn start(exe: &Path, dir: &Path, data: &Path, spec: LocalClusterSpec) -> Result<Self> {
+        let certs = dir.join("certs");
+        granary_net::tls::init_cluster(&certs).context("creating cluster certificates")?;
+        let voter = VoterSpec { id: 1, addr: reserve_udp_port()?, data_dir: dir.join("voter-1") };
+        let extra: Vec<String> = ["--lease-ms", &spec.lease_ms.to_string(), "--election-timeout-ms", "300"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let proc = CoordinatorProcess::spawn(
+            exe,
+            &voter,
+            std::slice::from_ref(&voter),
+            &certs,
+            &extra,
+            &dir.join("voter-1.log"),
+            Duration::from_secs(30),
+        )?;
+        add_dataset(exe, voter.addr, &certs, dir, "ads", data).map_err(|e| anyhow!("{e:#}\n{}", proc.log_tail()))?;
+        let advertise = (0..spec.nodes).map(|_| reserve_udp_port()).collect::<Result<Vec<_>>>()?;
+        let mut c = Self {
+            exe: exe.to_path_buf(),
+            dir: dir.to_path_buf(),
+            certs,
+            coordinator: voter.addr,
+            _voter: proc,
+            advertise,
+            nodes: (0..spec.nodes).map(|_| None).collect(),
+            spec,
+        };
+        for id in 1..=c.spec.nodes as u64 {
+            c.start_node(id)?;
+        }
+        let all: Vec<u64> = (1..=c.spec.nodes as u64).collect();
+        c.wait_placement(&all, c.spec.nodes, 1, Duration::from_secs(60))?;
+        Ok(c)
+    }
+
+    /// Registers the Parquet files in `data` as dataset `name` (the
+    /// generator's view) on the coordinator.
+    pub fn add_dataset(&self, name: &str, data: &Path) -> Result<()> {
+        add_dataset(&self.exe, self.coordinator, &self.certs, &self.dir, name, data)
+    }
+
+    /// Node ids, 1..=N.
+    pub fn node_ids(&self) -> Vec<u64> {
+        (1..=self.spec.nodes as u64).collect()
+    }
+
+    fn node_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node-{id}"))
+    }
+
+    /// Node `id`'s Unix socket.
+    pub fn socket(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join("node.sock")
+    }
+
+    /// Node `id`'s log file.
+    pub fn log(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node-{id}.log"))
+    }
+
+    /// The last lines of node `id`'s log.
+    pub fn log_tail(&self, id: u64) -> String {
+        log_tail(&self.log(id))
+    }
+
+    /// The coordinator's address.
+    pub fn coordinator(&self) -> std::net::SocketAddr {
+        self.coordinator
+    }
+
+    /// The cluster's certificate folder.
+    pub fn certs(&self) -> &Path {
+        &self.certs
+    }
+
+    /// Node `id`'s peer (QUIC) address.
+    pub fn peer_addr(&self, id: u64) -> std::net::SocketAddr {
+        self.advertise[(id - 1) as usize]
+    }
+
+    /// The node.toml of node `id`.
+    fn node_toml(&self, id: u64) -> String {
+        let s = &self.spec;
+        let dir = self.node_dir(id);
+        let mut t = format!(
+            "socket = {:?}\nram_bytes = {}\nguest_bytes = {}\nprefetch_bytes = {}\nmax_concurrent_loads = {}\nconvert_threads = {}\n",
+            self.socket(id),
+            s.ram_bytes,
+            s.guest_bytes,
+            s.prefetch_bytes,
+            s.loads,
+            s.convert_threads
+        );
+        if let Some(ssd) = s.ssd_bytes {
+            // Blocks of an eighth of the tier (at most the default 64 MiB):
+            // small test tiers stay small on disk, where it is reserved.
+            let block = (ssd / 8 / 4096 * 4096).clamp(8192, 64 << 20);
+            t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\nssd_block_bytes = {block}\n", dir.join("ssd"));
+        }
+        if let Some((latency_ms, bw)) = s.throttle {
+            t += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
+        }
+        t += &format!(
+            "\n[cluster]\ncoordinators = [\"{}\"]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\n",
+            self.coordinator,
+            self.certs,
+            self.peer_addr(id)
+        );
+        // No [[dataset]]: the node opens what the coordinator lists.
+        t
+    }
+
+    /// Starts (or restarts) node `id` and waits until its socket serves.
+    pub fn start_node(&mut self, id: u64) -> Result<()> {
+        let dir = self.node_dir(id);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let config = dir.join("node.toml");
+        std::fs::write(&config, self.node_toml(id))?;
+        let p = NodeProcess::spawn(&self.exe, &config, &self.socket(id), &self.log(id), Duration::from_secs(60))?;
+        self.nodes[(id - 1) as usize] = Some(p);
+        Ok(())
+    }
+
+    /// Stops node `id` cleanly (SIGTERM) and waits for it.
+    pub fn terminate(&mut self, id: u64) -> Result<()> {
+        match self.nodes.get_mut((id - 1) as usize).and_then(Option::take) {
+            Some(p) => p.terminate(Duration::from_secs(30)),
+            None => bail!("node {id} is not running"),
+        }
+    }
+
+    /// SIGKILLs node `id`.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(p) = self.nodes.get_mut((id - 1) as usize).and_then(Option::take) {
+            p.stop();
+        }
+    }
+
+    /// Waits until each of `ids` logs that it knows a placement of `peers`
+    /// live nodes and `versions` dataset versions.
+    pub fn wait_placement(&self, ids: &[u64], peers: u32, versions: u32, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let want = format!("peers={peers} ");
+        let want_versions = format!("versions={versions}");
+        for &id in ids {
+            loop {
+                let text = std::fs::read_to_string(self.log(id)).unwrap_or_default();
+                if text
+                    .lines()
+                    .any(|l| l.contains("placement known") && l.contains(&want) && l.contains(&want_versions))
+                {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "node {id} did not learn a placement of {peers} nodes within {timeout:?}:\n{}",
+                        log_tail(&self.log(id))
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// Node `id`'s counters.
+    pub fn stats(&self, id: u64) -> Result<granary_proto::wire::NodeStats> {
+        use granary_client::LocalSource;
+        let src = LocalSource::connect(self.socket(id)).with_context(|| format!("connecting to node {id}"))?;
+        Ok(src.stats()?)
+    }
+
+    /// Counters of every running node, summed.
+    pub fn total_stats(&self) -> Result<ClusterCounters> {
+        let mut t = ClusterCounters::default();
+        for id in self.node_ids() {
+            if self.nodes[(id - 1) as usize].is_none() {
+                continue;
+            }
+            let s = self.stats(id)?;
+            t.remote_bytes += s.remote_bytes;
+            t.conversions += s.conversions;
+            t.peer_fetched += s.peer_fetched;
+            t.peer_fetched_bytes += s.peer_fetched_bytes;
+            t.peer_failures += s.peer_failures;
+            t.local_hits += s.ram_hits + s.ssd_hits + s.guest_hits;
+            t.misses += s.misses;
+            t.joined += s.joined;
+        }
+        Ok(t)
+    }
+}
+
+/// `granary dataset add NAME --source file://DATA/` with the generator's view.
+fn add_dataset(
+    exe: &Path,
+    coordinator: std::net::SocketAddr,
+    certs: &Path,
+    dir: &Path,
+    name: &str,
+    data: &Path,
+) -> Result<()> {
+    let view = dir.join("view.toml");
+    std::fs::write(&view, crate::datagen::VIEW_TOML)?;
+    let out = Command::new(exe)
+        .args(["dataset", "add", name, "--source", &format!("file://{}/", data.display())])
+        .arg("--view")
+        .arg(&view)
+        .args(["--coordinators", &coordinator.to_string(), "--cert-name", "admin", "--timeout-ms", "30000"])
+        .arg("--certs")
+        .arg(certs)
+        .env("GRANARY_LOG", "warn")
+        .output()
+        .context("running `granary dataset add`")?;
+    if !out.status.success() {
+        bail!("dataset add {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Counters summed over a cluster's running nodes.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ClusterCounters {
+    /// Bytes read from remote storage.
+    pub remote_bytes: u64,
+    /// Shards converted.
+    pub conversions: u64,
+    /// Chunks fetched from peers.
+    pub peer_fetched: u64,
+    /// Bytes of chunks fetched from peers.
+    pub peer_fetched_bytes: u64,
+    /// Peer fetches that failed.
+    pub peer_failures: u64,
+    /// Chunk requests answered from a node's own RAM, SSD or guest area.
+    pub local_hits: u64,
+    /// Chunk requests that started a load (a peer fetch or a conversion).
+    pub misses: u64,
+    /// Chunk requests that waited for a load already in flight.
+    pub joined: u64,
+}
+
+impl ClusterCounters {
+    /// The share of chunk requests answered from the node's own RAM, SSD
+    /// or guest area, from `before` to `self`.
+    pub fn local_hit_share(&self, before: &ClusterCounters) -> f64 {
+        let hits = self.local_hits.saturating_sub(before.local_hits) as f64;
+        let all =
+            hits + self.misses.saturating_sub(before.misses) as f64 + self.joined.saturating_sub(before.joined) as f64;
+        if all == 0.0 { 0.0 } else { hits / all }
+    }
+}

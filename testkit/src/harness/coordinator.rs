@@ -1,0 +1,116 @@
+//! Coordinator voters: [`CoordinatorProcess`], started from a
+//! [`VoterSpec`] on a fixed loopback port ([`reserve_udp_port`]) so that a
+//! restarted voter returns to the address the membership records.
+
+use super::child::{log_tail, quiet_errors};
+use anyhow::{Context, Result, bail};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+/// Reserves a loopback UDP port by binding and releasing it. Coordinators
+/// need fixed ports (a voter's address is part of the replicated
+/// membership, so a restarted voter must return to it).
+pub fn reserve_udp_port() -> Result<std::net::SocketAddr> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").context("binding a UDP port")?;
+    Ok(s.local_addr()?)
+}
+
+/// How to start one coordinator voter.
+#[derive(Clone, Debug)]
+pub struct VoterSpec {
+    /// Voter id.
+    pub id: u64,
+    /// Its address.
+    pub addr: std::net::SocketAddr,
+    /// Its data folder.
+    pub data_dir: PathBuf,
+}
+
+/// A coordinator voter child process.
+pub struct CoordinatorProcess {
+    child: Child,
+    id: u64,
+    log: PathBuf,
+}
+
+impl CoordinatorProcess {
+    /// Starts `exe coordinator --json` for `me` in the group `voters`, with
+    /// `certs` and any `extra` arguments, and waits (up to `timeout`) for its
+    /// ready line.
+    pub fn spawn(
+        exe: &Path,
+        me: &VoterSpec,
+        voters: &[VoterSpec],
+        certs: &Path,
+        extra: &[String],
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let peers = voters.iter().map(|v| format!("{}={}", v.id, v.addr)).collect::<Vec<_>>().join(",");
+        // Appended, so a restarted voter's log follows its previous life's.
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let mut child = quiet_errors(&mut Command::new(exe))
+            .args(["coordinator", "--json", "--id", &me.id.to_string(), "--listen", &me.addr.to_string()])
+            .args(["--peers", &peers])
+            .arg("--data-dir")
+            .arg(&me.data_dir)
+            .arg("--certs")
+            .arg(certs)
+            .args(extra)
+            .env("GRANARY_LOG", std::env::var("GRANARY_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {} coordinator", exe.display()))?;
+        let stdout = child.stdout.take().context("coordinator stdout")?;
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut p = Self { child, id: me.id, log: log.to_path_buf() };
+        let line = match rx.recv_timeout(timeout) {
+            Ok(l) if !l.is_empty() => l,
+            _ => bail!("voter {} did not report ready within {timeout:?}:\n{}", me.id, p.log_tail()),
+        };
+        let ready: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("voter {} ready line {line:?}", me.id))?;
+        if ready["addr"] != me.addr.to_string() {
+            let _ = p.child.kill();
+            bail!("voter {} serves on {} instead of {}", me.id, ready["addr"], me.addr);
+        }
+        Ok(p)
+    }
+
+    /// Voter id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log)
+    }
+
+    /// SIGKILL through the handle, then reap.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for CoordinatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,21 @@
+//! Real processes for demos and benchmarks: the node daemon and trainer
+//! ranks, started from the `granary` binary, stopped by handle, every wait
+//! bounded.
+//!
+//! ## Files
+//! Imports go one way: `child` (a child's environment and log tail) is used
+//! by `node`, `trainer` and `coordinator`; `cluster` builds on `node` and
+//! `coordinator`; `memory` stands alone.
+
+mod child;
+mod cluster;
+mod coordinator;
+mod memory;
+mod node;
+mod trainer;
+
+pub use cluster::{ClusterCounters, LocalCluster, LocalClusterSpec};
+pub use coordinator::{CoordinatorProcess, VoterSpec, reserve_udp_port};
+pub use memory::{ProcMemory, proc_memory};
+pub use node::NodeProcess;
+pub use trainer::{EpochOutcome, TrainerEvent, TrainerProcess, run_epoch, spawn_ranks};

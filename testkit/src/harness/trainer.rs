@@ -1,0 +1,209 @@
+//! Trainer ranks: [`TrainerProcess`], the JSON-lines protocol a rank speaks
+//! on stdout ([`TrainerEvent`]), and starting a set of ranks and running an
+//! epoch on all of them at once, every wait bounded.
+
+use super::child::quiet_errors;
+use anyhow::{Context, Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+/// One line a trainer rank prints on stdout.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TrainerEvent {
+    /// Connected and planned; waiting for `epoch N` lines on stdin.
+    Ready {
+        /// Rank.
+        rank: u32,
+        /// Batches per epoch.
+        batches: u64,
+    },
+    /// Progress within an epoch.
+    Progress {
+        /// Rank.
+        rank: u32,
+        /// Epoch.
+        epoch: u64,
+        /// Batches done.
+        done: u64,
+    },
+    /// An epoch finished.
+    Epoch {
+        /// Rank.
+        rank: u32,
+        /// Epoch.
+        epoch: u64,
+        /// Rows delivered.
+        rows: u64,
+        /// Tensor bytes delivered.
+        bytes: u64,
+        /// Seconds from the `epoch` command to the last batch.
+        secs: f64,
+        /// Hash of the sequence of batch checksums, hex.
+        digest: String,
+    },
+    /// The rank failed.
+    Error {
+        /// Rank.
+        rank: u32,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// A trainer rank child process.
+pub struct TrainerProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    events: Receiver<Result<TrainerEvent, String>>,
+    /// The rank.
+    pub rank: u32,
+}
+
+impl TrainerProcess {
+    /// Starts `exe trainer ARGS` as one of `local_world` ranks on this host
+    /// (`LOCAL_WORLD_SIZE`, as torchrun sets it: the loader shares the
+    /// host's cores among them); the reader thread parses its stdout.
+    pub fn spawn(exe: &Path, rank: u32, local_world: usize, args: &[String]) -> Result<Self> {
+        let mut child = quiet_errors(&mut Command::new(exe))
+            .arg("trainer")
+            .args(args)
+            .env("LOCAL_WORLD_SIZE", local_world.max(1).to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting trainer rank {rank}"))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("trainer stdout missing"))?;
+        let stdin = child.stdin.take();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let ev = serde_json::from_str::<TrainerEvent>(&line).map_err(|e| format!("{e}: {line}"));
+                if tx.send(ev).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self { child, stdin, events: rx, rank })
+    }
+
+    /// Tells the rank to run `epoch`.
+    pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("trainer stdin closed"))?;
+        writeln!(stdin, "epoch {epoch}")?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// The next event, waiting at most `timeout`.
+    pub fn next_event(&self, timeout: Duration) -> Result<TrainerEvent> {
+        match self.events.recv_timeout(timeout) {
+            Ok(Ok(ev)) => Ok(ev),
+            Ok(Err(line)) => bail!("rank {} printed an unreadable line: {line}", self.rank),
+            Err(RecvTimeoutError::Timeout) => bail!("rank {} said nothing for {timeout:?}", self.rank),
+            Err(RecvTimeoutError::Disconnected) => bail!("rank {} exited", self.rank),
+        }
+    }
+
+    /// Closes stdin (the rank exits) and waits for it, bounded.
+    pub fn finish(mut self, timeout: Duration) -> Result<()> {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                return if status.success() { Ok(()) } else { Err(anyhow!("rank {} exited with {status}", self.rank)) };
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("rank {} did not exit within {timeout:?}", self.rank)
+    }
+}
+
+impl Drop for TrainerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts one trainer per entry of `sockets` (rank i on `sockets[i]`) with
+/// the common `args`, and waits for each to be ready. Returns the ranks and
+/// the batches per epoch.
+pub fn spawn_ranks(exe: &Path, sockets: &[PathBuf], args: &[String]) -> Result<(Vec<TrainerProcess>, u64)> {
+    let world = sockets.len();
+    let mut ranks = Vec::with_capacity(world);
+    for (r, socket) in sockets.iter().enumerate() {
+        let mut a = vec![
+            "--socket".to_string(),
+            socket.display().to_string(),
+            "--rank".into(),
+            r.to_string(),
+            "--world".into(),
+            world.to_string(),
+        ];
+        a.extend_from_slice(args);
+        let local = sockets.iter().filter(|s| *s == socket).count();
+        ranks.push(TrainerProcess::spawn(exe, r as u32, local, &a)?);
+    }
+    let mut batches = 0;
+    for t in &ranks {
+        match t.next_event(Duration::from_secs(120))? {
+            TrainerEvent::Ready { batches: b, .. } => batches = b,
+            TrainerEvent::Error { message, .. } => bail!("rank {} failed: {message}", t.rank),
+            other => bail!("rank {}: unexpected event {other:?}", t.rank),
+        }
+    }
+    Ok((ranks, batches))
+}
+
+/// One epoch over a set of ranks.
+#[derive(Clone, Debug, Default)]
+pub struct EpochOutcome {
+    /// Rows delivered over all ranks.
+    pub rows: u64,
+    /// Tensor bytes delivered over all ranks.
+    pub bytes: u64,
+    /// Wall time from the start command to the last rank's end.
+    pub secs: f64,
+    /// Rank -> digest of its batch checksums.
+    pub digests: BTreeMap<u32, String>,
+}
+
+/// Runs `epoch` on every rank at once and waits for all of them; `progress`
+/// sees (rank, batches done).
+pub fn run_epoch(
+    ranks: &mut [TrainerProcess],
+    epoch: u64,
+    timeout: Duration,
+    mut progress: impl FnMut(u32, u64),
+) -> Result<EpochOutcome> {
+    let start = Instant::now();
+    for t in ranks.iter_mut() {
+        t.start_epoch(epoch)?;
+    }
+    let mut out = EpochOutcome::default();
+    for t in ranks.iter() {
+        loop {
+            match t.next_event(timeout)? {
+                TrainerEvent::Progress { done, .. } => progress(t.rank, done),
+                TrainerEvent::Epoch { rows, bytes, digest, .. } => {
+                    out.rows += rows;
+                    out.bytes += bytes;
+                    out.digests.insert(t.rank, digest);
+                    break;
+                }
+                TrainerEvent::Error { message, .. } => bail!("rank {} failed: {message}", t.rank),
+                other => bail!("rank {}: unexpected event {other:?}", t.rank),
+            }
+        }
+    }
+    out.secs = start.elapsed().as_secs_f64();
+    Ok(out)
+}

@@ -17,7 +17,7 @@
 //! aws_endpoint = "http://127.0.0.1:9000"
 //! ```
 
-use crate::fabric::{FabricConfig, FabricConfigError};
+use crate::fabric::config::{FabricConfig, FabricConfigError};
 use granary_proto::View;
 pub use granary_source::remote::ThrottleConfig;
 use serde::Deserialize;
@@ -235,5 +235,43 @@ impl DatasetConfig {
             });
         };
         v.clone().validated().map_err(|source| ConfigError::View { dataset: self.name.clone(), source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<NodeConfig, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, text).expect("write");
+        NodeConfig::load(&path)
+    }
+
+    const CLUSTER: &str = "[cluster]\ncoordinators = [\"127.0.0.1:7000\"]\ncerts = \"certs\"\nnode_id = 1\nadvertise = \"127.0.0.1:7100\"\n";
+
+    #[test]
+    fn cluster_fabric_is_read_in_milliseconds_and_defaults_the_rest() {
+        let cfg = load(&format!(
+            "{CLUSTER}\n[cluster.fabric]\nfetch_deadline_ms = 2000\nreroute_wait_ms = 200\nfooter_deadline_ms = 1000\n"
+        ))
+        .expect("load");
+        let fabric = cfg.cluster.expect("cluster").fabric;
+        assert_eq!(fabric.fetch_deadline, std::time::Duration::from_secs(2));
+        assert_eq!(fabric.reroute_wait, std::time::Duration::from_millis(200));
+        assert_eq!(fabric.max_fetches_per_peer, FabricConfig::default().max_fetches_per_peer);
+        let plain = load(CLUSTER).expect("load");
+        assert_eq!(plain.cluster.expect("cluster").fabric, FabricConfig::default());
+    }
+
+    #[test]
+    fn a_fabric_whose_times_cannot_work_together_is_refused_at_load_naming_the_relation() {
+        let err = load(&format!("{CLUSTER}\n[cluster.fabric]\nfetch_deadline_ms = 5000\n")).expect_err("refused");
+        let msg = err.to_string();
+        assert!(matches!(err, ConfigError::Fabric { .. }), "{msg}");
+        assert!(msg.contains("node.toml") && msg.contains("footer_deadline_ms <= fetch_deadline_ms"), "{msg}");
+        let err = load(&format!("{CLUSTER}\n[cluster.fabric]\nfetch_deadline = 5\n")).expect_err("unknown key");
+        assert!(err.to_string().contains("fetch_deadline"), "{err}");
     }
 }

@@ -23,7 +23,7 @@ use crate::config::NodeConfig;
 use crate::convert::{Site, convert_into};
 use crate::dataset::{Dataset, OpenError};
 use crate::error::{FetchError, RemoteError};
-use crate::fabric::Cluster;
+use crate::fabric::owners::Cluster;
 use crate::fabric::route::{FooterAnswer, Route, Step, answer_footer};
 use crate::flight::{Admission, Asker, InFlight, admit};
 use crate::prefetch::{PrefetchWindow, plan_order};

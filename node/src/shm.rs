@@ -18,6 +18,39 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// base pages.
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
+/// Attempts at sealing a memory file that the kernel finds busy.
+const SEAL_ATTEMPTS: u32 = 10;
+/// Pause between those attempts.
+const SEAL_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Seals `fd` against writes and resizes. The kernel refuses the write seal
+/// with EBUSY while any page of the file holds an extra reference, and a
+/// page just written can hold one for a moment in another CPU's LRU batch
+/// (the kernel drains only its own CPU's before it gives up): seen once in
+/// `bench cluster` as a peer chunk that could not be sealed. A few short
+/// retries outlast that batch; a file still busy after them is an error.
+fn seal_fd(fd: &OwnedFd) -> io::Result<()> {
+    retry_busy(SEAL_ATTEMPTS, || {
+        rustix::fs::fcntl_add_seals(fd, SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(io::Error::from)
+    })
+}
+
+/// Calls `f` up to `attempts` times while it fails with EBUSY, pausing
+/// [`SEAL_RETRY_PAUSE`] between calls.
+fn retry_busy(attempts: u32, mut f: impl FnMut() -> io::Result<()>) -> io::Result<()> {
+    let mut left = attempts.max(1);
+    loop {
+        match f() {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) && left > 1 => {
+                left -= 1;
+                std::thread::sleep(SEAL_RETRY_PAUSE);
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Bytes held by live sealed chunks in this process.
 static LIVE_CHUNK_BYTES: AtomicU64 = AtomicU64::new(0);
 
@@ -106,10 +139,7 @@ impl ChunkWriter {
         // so Drop does not unmap it again.
         unsafe { rustix::mm::munmap(self.ptr, self.len) }?;
         self.ptr = std::ptr::null_mut();
-        rustix::fs::fcntl_add_seals(
-            &self.fd,
-            SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-        )?;
+        seal_fd(&self.fd)?;
         // SAFETY: a read-only mapping of the now-sealed file, unmapped once
         // in SealedChunk's Drop.
         let ptr = unsafe {
@@ -193,10 +223,7 @@ impl ChunkFile {
                 format!("{} of {} bytes written", self.written, self.len),
             ));
         }
-        rustix::fs::fcntl_add_seals(
-            &self.fd,
-            SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-        )?;
+        seal_fd(&self.fd)?;
         // Populated: every page exists already (the writes made them), so
         // this maps them in one pass instead of a fault per page when the
         // chunk is first read (its checksum is checked next).
@@ -283,6 +310,36 @@ impl granary_client::ChunkBytes for SealedChunk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_seal_is_retried_a_bounded_number_of_times() {
+        let busy = || io::Error::from_raw_os_error(rustix::io::Errno::BUSY.raw_os_error());
+        let mut calls = 0;
+        assert!(
+            retry_busy(3, || {
+                calls += 1;
+                if calls < 3 { Err(busy()) } else { Ok(()) }
+            })
+            .is_ok()
+        );
+        assert_eq!(calls, 3);
+        let mut calls = 0;
+        let err = retry_busy(3, || {
+            calls += 1;
+            Err(busy())
+        })
+        .expect_err("still busy");
+        assert_eq!((calls, err.raw_os_error()), (3, Some(rustix::io::Errno::BUSY.raw_os_error())));
+        let mut calls = 0;
+        assert!(
+            retry_busy(3, || {
+                calls += 1;
+                Err(io::Error::from(io::ErrorKind::PermissionDenied))
+            })
+            .is_err()
+        );
+        assert_eq!(calls, 1, "other errors are not retried");
+    }
 
     #[test]
     fn sealed_files_refuse_writes_and_keep_their_bytes() {

@@ -21,10 +21,10 @@
 //! Files depend one way: `server`, `follow` → `owners` → `link` → `read` →
 //! `stall`; `route` and `config` depend on nothing here.
 
-mod config;
+pub(crate) mod config;
 mod follow;
 mod link;
-mod owners;
+pub(crate) mod owners;
 mod read;
 pub(crate) mod route;
 mod server;

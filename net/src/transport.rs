@@ -14,7 +14,7 @@ use crate::error::TlsError;
 pub const ALPN_API: &[u8] = b"granary-api/1";
 /// ALPN protocol of Raft traffic between coordinators.
 pub const ALPN_RAFT: &[u8] = b"granary-raft/1";
-/// ALPN protocol of node-to-node and trainer-to-node data traffic.
+/// ALPN protocol of the peer fabric: node-to-node chunk and footer traffic (trainers reach their node over its Unix socket, never over QUIC).
 pub const ALPN_PEER: &[u8] = b"granary-peer/2";
 
 /// How often an idle connection sends a keep-alive, so that the peer's idle timer never fires on a live link.

@@ -50,7 +50,8 @@ pub enum ViewRef {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
-    /// Unix socket trainers connect to. Required for the daemon.
+    /// Unix socket trainers connect to. Default: `granary-node.sock` in the
+    /// temporary folder (`$TMPDIR`, else `/tmp`).
     #[serde(default)]
     pub socket: Option<PathBuf>,
     /// SSD tier folder. Default: none (RAM tier only).

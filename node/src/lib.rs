@@ -11,6 +11,7 @@
 //! - `convert` — view resolution and Arrow-to-chunk conversion.
 //! - `shm` — chunks in sealed memory files.
 //! - `tier` — the foyer RAM/SSD tier.
+//! - `load` — one shard read and converted here; the one panic guard.
 //! - `service` — [`Node`]: lookup, single flight, load, prefetch.
 //! - `session` — one trainer's session: the plan it follows and its requests.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
@@ -38,6 +39,7 @@ pub mod embedded;
 pub mod error;
 pub mod fabric;
 mod flight;
+mod load;
 mod membership;
 mod prefetch;
 mod service;

@@ -20,21 +20,19 @@
 //! the next epochs'.
 
 use crate::config::NodeConfig;
-use crate::convert::{Site, convert_into};
 use crate::dataset::{Dataset, OpenError};
-use crate::error::{FetchError, RemoteError};
+use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
 use crate::fabric::route::{FooterAnswer, Route, Step, answer_footer};
 use crate::flight::{Admission, Asker, InFlight, admit};
+use crate::load;
 use crate::prefetch::{PrefetchWindow, plan_order};
 use crate::remote::{Remote, RemoteCounters, Throttle};
-use crate::shm::{ChunkWriter, SealedChunk};
+use crate::shm::SealedChunk;
 use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
-use arrow::array::RecordBatch;
 use futures::FutureExt;
 use granary_proto::wire::{DatasetInfo, NodeStats};
-use granary_proto::{ChunkLayout, DatasetVersion, PlanParams, ShardId};
-use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use granary_proto::{DatasetVersion, PlanParams, ShardId};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -409,14 +407,7 @@ impl Node {
         // turned into an error naming the shard instead of killing the task.
         let result = match AssertUnwindSafe(self.load(key, forward, &asking)).catch_unwind().await {
             Ok(r) => r,
-            Err(panic) => {
-                let what = panic_text(&*panic);
-                let site = self.site(key);
-                Err(FetchError::Remote(RemoteError::Parquet {
-                    path: site,
-                    source: parquet::errors::ParquetError::General(format!("the decoder panicked: {what}")),
-                }))
-            }
+            Err(panic) => Err(load::panicked(&self.site(key), &*panic)),
         };
         let (result, guest) = match result {
             Ok((chunk, guest)) => (Ok(Arc::new(chunk)), guest),
@@ -509,87 +500,12 @@ impl Node {
         }
     }
 
-    /// Reads one row group and converts it into a sealed chunk.
+    /// Reads one row group and converts it into a sealed chunk
+    /// ([`crate::load`]), counting the conversion.
     async fn convert_here(&self, key: ChunkKey) -> Result<SealedChunk, FetchError> {
-        let _permit = self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown)?;
         let ds = self.dataset(key.version)?;
-        let (file, rg) = ds.locate(key.shard)?;
-        let footer = ds.footer_via(key.shard.file as usize, self.footer_from_peer(key.version, key.shard.file)).await?;
-        let path = file.path.to_string();
-        let rows = ds.manifest.files[key.shard.file as usize].row_groups[rg].rows;
-        // Errors name the file and the row group.
-        let site = format!("{path} row group {rg}");
-        let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
-        let reader = ds.remote.file(file.path.clone(), file.size);
-        let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.metadata.clone());
-        let mask = ProjectionMask::roots(builder.parquet_schema(), footer.resolved.projection.iter().copied());
-        let mut stream = builder
-            .with_row_groups(vec![rg])
-            .with_projection(mask)
-            .with_batch_size(rows.clamp(1, 1 << 24) as usize)
-            .build()
-            .map_err(parquet_err)?;
-        // The row group's column chunks are fetched here, on the runtime;
-        // decoding them is CPU work and runs with the conversion on the
-        // converter pool, so a long decode never holds up the node's other
-        // requests (its trainers', its peers', the progress frames it owes
-        // them). The reader gives no decoder for a row group without rows
-        // (the manifest keeps it as a shard, converted to an empty chunk).
-        let decoder = stream.next_row_group().await.map_err(|e| unwrap_store_error(e, &site))?;
-        if decoder.is_none() && rows != 0 {
-            return Err(parquet_err(parquet::errors::ParquetError::General(format!(
-                "the reader returned no rows; the footer says {rows}"
-            ))));
-        }
-        let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
-            .map_err(|source| FetchError::Layout { shard: key.shard, source })?;
-        let resolved = footer.resolved.clone();
-        let schema = footer.metadata.schema().clone();
-        let permit = self.inner.converts.clone().acquire_owned().await.map_err(FetchError::ShuttingDown)?;
-        let shard = key.shard;
-        let chunk = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
-            // Decoding can panic on hostile pages: an error naming the file
-            // and the row group, not a lost task.
-            let decode = || -> Result<RecordBatch, parquet::errors::ParquetError> {
-                let batches = match decoder {
-                    Some(d) => d.collect::<Result<Vec<RecordBatch>, _>>().map_err(|e| match e {
-                        arrow::error::ArrowError::ParquetError(m) => parquet::errors::ParquetError::General(m),
-                        other => parquet::errors::ParquetError::ArrowError(other.to_string()),
-                    })?,
-                    None => Vec::new(),
-                };
-                let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
-                match batches.len() {
-                    0 => Ok(RecordBatch::new_empty(schema)),
-                    1 => Ok(batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema))),
-                    _ => arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
-                        parquet::errors::ParquetError::General(format!("cannot join decoded batches: {e}"))
-                    }),
-                }
-            };
-            let batch = std::panic::catch_unwind(AssertUnwindSafe(decode))
-                .map_err(|panic| {
-                    parquet_err(parquet::errors::ParquetError::General(format!(
-                        "the decoder panicked: {}",
-                        panic_text(&*panic)
-                    )))
-                })?
-                .map_err(parquet_err)?;
-            if batch.num_rows() as u64 != rows {
-                return Err(parquet_err(parquet::errors::ParquetError::General(format!(
-                    "decoded to {} rows, the footer says {rows}",
-                    batch.num_rows()
-                ))));
-            }
-            let mut w = ChunkWriter::new(layout.total_len()).map_err(|source| FetchError::Memory { shard, source })?;
-            convert_into(&batch, &resolved, &layout, w.as_mut_slice(), Site { file: &path, row_group: rg })?;
-            layout.seal(w.as_mut_slice()).map_err(|source| FetchError::Layout { shard, source })?;
-            w.seal().map_err(|source| FetchError::Memory { shard, source })
-        })
-        .await
-        .map_err(|source| FetchError::Task { what: "converting", source })??;
+        let peer = self.footer_from_peer(key.version, key.shard.file);
+        let chunk = load::read_and_convert(&ds, key, peer, &self.inner.loads, &self.inner.converts).await?;
         let c = &self.inner.counters;
         c.conversions.fetch_add(1, Ordering::Relaxed);
         c.converted_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -622,36 +538,6 @@ impl Node {
         f.top_up();
         Ok(f)
     }
-}
-
-/// The message a panic carried, if it is text.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("unknown panic")
-}
-
-/// Turns a store error wrapped by the Parquet reader back into a clear
-/// remote error (missing object, network), keeping decode errors as such.
-/// `site` is "FILE row group N".
-fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchError {
-    if let parquet::errors::ParquetError::External(inner) = e {
-        return match inner.downcast::<RemoteError>() {
-            Ok(remote) => match *remote {
-                RemoteError::Store { error, .. } => {
-                    FetchError::Remote(RemoteError::Store { path: site.to_string(), error })
-                }
-                other => FetchError::Remote(other),
-            },
-            Err(other) => FetchError::Remote(RemoteError::Parquet {
-                path: site.to_string(),
-                source: parquet::errors::ParquetError::External(other),
-            }),
-        };
-    }
-    FetchError::Remote(RemoteError::Parquet { path: site.to_string(), source: e })
 }
 
 /// A load in flight: its result channel, and whether anything other than

@@ -1,0 +1,141 @@
+//! One shard loaded here: its row group read from remote storage (footer
+//! from memory, from the peer that reads it for the cluster, or from
+//! remote storage), decoded and converted on the converter pool straight
+//! into a sealed memory file. [`panicked`] is the one panic guard's error:
+//! a decoder that panics on hostile pages (in the load task or on the
+//! converter pool) becomes an error naming the file and row group, never a
+//! lost task or a hung waiter.
+
+use crate::convert::{Site, convert_into};
+use crate::dataset::Dataset;
+use crate::error::{FetchError, RemoteError};
+use crate::shm::{ChunkWriter, SealedChunk};
+use crate::tier::ChunkKey;
+use arrow::array::RecordBatch;
+use futures::future::BoxFuture;
+use granary_proto::ChunkLayout;
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// Reads the row group of `key` and converts it into a sealed chunk, under
+/// one of `loads` (reads at once) and one of `converts` (decode and
+/// convert on the blocking pool). `footer_from_peer` fetches the file's
+/// footer from the node that reads it for the cluster, if any.
+pub(crate) async fn read_and_convert(
+    ds: &Dataset,
+    key: ChunkKey,
+    footer_from_peer: Option<BoxFuture<'static, Result<bytes::Bytes, String>>>,
+    loads: &Semaphore,
+    converts: &Arc<Semaphore>,
+) -> Result<SealedChunk, FetchError> {
+    let _permit = loads.acquire().await.map_err(FetchError::ShuttingDown)?;
+    let (file, rg) = ds.locate(key.shard)?;
+    let footer = ds.footer_via(key.shard.file as usize, footer_from_peer).await?;
+    let path = file.path.to_string();
+    let rows = ds.manifest.files[key.shard.file as usize].row_groups[rg].rows;
+    // Errors name the file and the row group.
+    let site = format!("{path} row group {rg}");
+    let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
+    let reader = ds.remote.file(file.path.clone(), file.size);
+    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.metadata.clone());
+    let mask = ProjectionMask::roots(builder.parquet_schema(), footer.resolved.projection.iter().copied());
+    let mut stream = builder
+        .with_row_groups(vec![rg])
+        .with_projection(mask)
+        .with_batch_size(rows.clamp(1, 1 << 24) as usize)
+        .build()
+        .map_err(parquet_err)?;
+    // The row group's column chunks are fetched here, on the runtime;
+    // decoding them is CPU work and runs with the conversion on the
+    // converter pool, so a long decode never holds up the node's other
+    // requests (its trainers', its peers', the progress frames it owes
+    // them). The reader gives no decoder for a row group without rows
+    // (the manifest keeps it as a shard, converted to an empty chunk).
+    let decoder = stream.next_row_group().await.map_err(|e| unwrap_store_error(e, &site))?;
+    if decoder.is_none() && rows != 0 {
+        return Err(parquet_err(parquet::errors::ParquetError::General(format!(
+            "the reader returned no rows; the footer says {rows}"
+        ))));
+    }
+    let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
+        .map_err(|source| FetchError::Layout { shard: key.shard, source })?;
+    let resolved = footer.resolved.clone();
+    let schema = footer.metadata.schema().clone();
+    let permit = converts.clone().acquire_owned().await.map_err(FetchError::ShuttingDown)?;
+    let shard = key.shard;
+    let chunk = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
+        // Decoding can panic on hostile pages: an error naming the file
+        // and the row group, not a lost task.
+        let decode = || -> Result<RecordBatch, parquet::errors::ParquetError> {
+            let batches = match decoder {
+                Some(d) => d.collect::<Result<Vec<RecordBatch>, _>>().map_err(|e| match e {
+                    arrow::error::ArrowError::ParquetError(m) => parquet::errors::ParquetError::General(m),
+                    other => parquet::errors::ParquetError::ArrowError(other.to_string()),
+                })?,
+                None => Vec::new(),
+            };
+            let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
+            match batches.len() {
+                0 => Ok(RecordBatch::new_empty(schema)),
+                1 => Ok(batches.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(schema))),
+                _ => arrow::compute::concat_batches(&schema, &batches)
+                    .map_err(|e| parquet::errors::ParquetError::General(format!("cannot join decoded batches: {e}"))),
+            }
+        };
+        let batch = std::panic::catch_unwind(AssertUnwindSafe(decode))
+            .map_err(|panic| panicked(&site, &*panic))?
+            .map_err(parquet_err)?;
+        if batch.num_rows() as u64 != rows {
+            return Err(parquet_err(parquet::errors::ParquetError::General(format!(
+                "decoded to {} rows, the footer says {rows}",
+                batch.num_rows()
+            ))));
+        }
+        let mut w = ChunkWriter::new(layout.total_len()).map_err(|source| FetchError::Memory { shard, source })?;
+        convert_into(&batch, &resolved, &layout, w.as_mut_slice(), Site { file: &path, row_group: rg })?;
+        layout.seal(w.as_mut_slice()).map_err(|source| FetchError::Layout { shard, source })?;
+        w.seal().map_err(|source| FetchError::Memory { shard, source })
+    })
+    .await
+    .map_err(|source| FetchError::Task { what: "converting", source })??;
+    Ok(chunk)
+}
+
+/// The error for a panic of the decoder while loading "FILE row group N"
+/// (`site`): the message it carried, if it is text.
+pub(crate) fn panicked(site: &str, panic: &(dyn std::any::Any + Send)) -> FetchError {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    FetchError::Remote(RemoteError::Parquet {
+        path: site.to_string(),
+        source: parquet::errors::ParquetError::General(format!("the decoder panicked: {what}")),
+    })
+}
+
+/// Turns a store error wrapped by the Parquet reader back into a clear
+/// remote error (missing object, network), keeping decode errors as such.
+/// `site` is "FILE row group N".
+fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchError {
+    if let parquet::errors::ParquetError::External(inner) = e {
+        return match inner.downcast::<RemoteError>() {
+            Ok(remote) => match *remote {
+                RemoteError::Store { error, .. } => {
+                    FetchError::Remote(RemoteError::Store { path: site.to_string(), error })
+                }
+                other => FetchError::Remote(other),
+            },
+            Err(other) => FetchError::Remote(RemoteError::Parquet {
+                path: site.to_string(),
+                source: parquet::errors::ParquetError::External(other),
+            }),
+        };
+    }
+    FetchError::Remote(RemoteError::Parquet { path: site.to_string(), source: e })
+}

@@ -55,9 +55,9 @@ pub enum ClientError {
     /// The background producer stopped unexpectedly.
     #[error("batch producer stopped: {0}")]
     Producer(String),
-    /// The GPU path failed (no driver, out of memory...).
+    /// The GPU path failed: see [`GpuError`] for the cause.
     #[error("GPU: {0}")]
-    Gpu(String),
+    Gpu(#[from] GpuError),
 }
 
 /// A batch was asked for a tensor it does not hold, or as a type it is not:
@@ -78,6 +78,47 @@ pub enum TensorError {
         /// Stored dtype.
         have: &'static str,
     },
+}
+
+/// Why the GPU path failed, by cause, so a trainer can fall back to the CPU
+/// when there is no driver, or fix a setting when a batch does not fit.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GpuError {
+    /// No CUDA driver could be loaded: not a GPU host, or `libcuda` is not
+    /// on the library path.
+    #[error(
+        "no CUDA driver (libcuda) found: install the NVIDIA driver or add the directory holding \
+         libcuda.so to LD_LIBRARY_PATH (the `cuda` feature loads it at run time)"
+    )]
+    NoDriver,
+    /// The device asked for does not exist.
+    #[error("CUDA device {ordinal} does not exist: the driver reports {devices} device(s)")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices the driver reports.
+        devices: usize,
+    },
+    /// A driver call failed.
+    #[error("{what}: {code}")]
+    Driver {
+        /// What was being done.
+        what: String,
+        /// The driver's error name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        code: String,
+    },
+    /// The driver wrapper panicked (a driver missing a symbol it expects).
+    #[error("the CUDA driver wrapper panicked while {what}: {message}")]
+    Panicked {
+        /// What was being done.
+        what: String,
+        /// The panic's message.
+        message: String,
+    },
+    /// A batch, a tensor or a setting does not fit the feed's buffers.
+    #[error("{0}")]
+    Buffers(String),
 }
 
 impl ClientError {
@@ -116,5 +157,15 @@ mod tests {
         assert!(!ClientError::Tensor(TensorError::Unknown("x".into())).is_retryable());
         assert!(!ClientError::Plan(PlanError::ZeroBatch).is_retryable());
         assert!(!ClientError::Protocol("bad frame".into()).is_retryable());
+    }
+
+    #[test]
+    fn a_trainer_can_tell_no_gpu_from_a_batch_that_does_not_fit() {
+        let no_driver = ClientError::from(GpuError::NoDriver);
+        assert!(matches!(no_driver, ClientError::Gpu(GpuError::NoDriver)));
+        assert!(no_driver.to_string().contains("LD_LIBRARY_PATH"), "{no_driver}");
+        let oom = GpuError::Driver { what: "allocating 1 GiB".into(), code: "CUDA_ERROR_OUT_OF_MEMORY".into() };
+        assert_eq!(oom.to_string(), "allocating 1 GiB: CUDA_ERROR_OUT_OF_MEMORY");
+        assert!(!ClientError::from(oom).is_retryable());
     }
 }

@@ -1,23 +1,19 @@
 //! The CUDA driver boundary: loading and probing `libcuda` without
-//! panicking, mapping driver errors to [`ClientError::Gpu`], and the
+//! panicking, mapping driver errors to [`GpuError`], and the
 //! host-memory calls the rest of the crate makes (registering chunk mappings,
 //! allocating page-locked buffers).
 //!
 //! Every driver call in `cuda` goes through [`guarded`] and [`driver`], so
 //! the "no driver is an error, not a panic" rule lives in one place.
 
-use crate::error::ClientError;
+use crate::error::{ClientError, GpuError};
 use cudarc::driver::{CudaContext, DriverError, PinnedHostSlice};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 
 /// The error returned when `libcuda` cannot be loaded.
 fn no_driver() -> ClientError {
-    ClientError::Gpu(
-        "no CUDA driver (libcuda) found: install the NVIDIA driver or add the directory holding \
-         libcuda.so to LD_LIBRARY_PATH (the `cuda` feature loads it at run time)"
-            .to_string(),
-    )
+    ClientError::Gpu(GpuError::NoDriver)
 }
 
 /// Maps a driver error to [`ClientError::Gpu`], naming what failed.
@@ -26,7 +22,7 @@ fn no_driver() -> ClientError {
 /// `CUDA_ERROR_OUT_OF_MEMORY`) rather than `Display`, which would call back
 /// into the driver.
 pub(super) fn driver(what: impl std::fmt::Display) -> impl FnOnce(DriverError) -> ClientError {
-    move |e| ClientError::Gpu(format!("{what}: {:?}", e.0))
+    move |e| ClientError::Gpu(GpuError::Driver { what: what.to_string(), code: format!("{:?}", e.0) })
 }
 
 /// True when `libcuda` can be loaded. Never calls into the driver.
@@ -54,7 +50,7 @@ pub(super) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, ClientError>)
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "non-string panic payload".to_string());
         tracing::error!(what, %msg, "the CUDA driver wrapper panicked");
-        Err(ClientError::Gpu(format!("the CUDA driver wrapper panicked while {what}: {msg}")))
+        Err(ClientError::Gpu(GpuError::Panicked { what: what.to_string(), message: msg }))
     })
 }
 

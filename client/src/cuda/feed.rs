@@ -7,7 +7,7 @@ use super::layout::{GpuTensor, slot_bytes};
 use super::slot::Slot;
 use super::view::GpuBatch;
 use crate::batch::Batch;
-use crate::error::ClientError;
+use crate::error::{ClientError, GpuError};
 use crate::hostbuf::HostMemory;
 use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::Arc;
@@ -49,16 +49,14 @@ impl GpuFeed {
     /// panics.
     pub fn new(device_ordinal: usize, max_batch_bytes: usize) -> Result<GpuFeed, ClientError> {
         if max_batch_bytes == 0 || max_batch_bytes > isize::MAX as usize {
-            return Err(ClientError::Gpu(format!(
+            return Err(ClientError::Gpu(GpuError::Buffers(format!(
                 "max_batch_bytes must be between 1 and {}, not {max_batch_bytes}",
                 isize::MAX
-            )));
+            ))));
         }
         let devices = probe()?;
         if device_ordinal >= devices {
-            return Err(ClientError::Gpu(format!(
-                "CUDA device {device_ordinal} does not exist: the driver reports {devices} device(s)"
-            )));
+            return Err(ClientError::Gpu(GpuError::NoDevice { ordinal: device_ordinal, devices }));
         }
         let feed = guarded("creating the GPU feed", || Self::create(device_ordinal, max_batch_bytes))?;
         tracing::debug!(device_ordinal, max_batch_bytes, "GPU feed ready");
@@ -196,7 +194,10 @@ impl GpuFeed {
         let host = slot.host.as_mut_slice().map_err(driver("waiting on the pinned staging buffer"))?;
         for (i, p) in slot.placements.iter().enumerate() {
             let dst = host.get_mut(p.offset..p.offset + p.len).ok_or_else(|| {
-                ClientError::Gpu(format!("tensor {i} at {}+{} overruns the staging buffer", p.offset, p.len))
+                ClientError::Gpu(GpuError::Buffers(format!(
+                    "tensor {i} at {}+{} overruns the staging buffer",
+                    p.offset, p.len
+                )))
             })?;
             dst.copy_from_slice(batch.tensor_bytes(i));
         }
@@ -229,7 +230,7 @@ impl GpuFeed {
             .slots
             .get(index)
             .filter(|s| s.filled)
-            .ok_or_else(|| ClientError::Gpu(format!("slot {index} holds no uploaded batch")))?;
+            .ok_or_else(|| ClientError::Gpu(GpuError::Buffers(format!("slot {index} holds no uploaded batch"))))?;
         Ok(GpuBatch { stream: &self.stream, slot })
     }
 }
@@ -267,7 +268,7 @@ mod tests {
             return;
         }
         match GpuFeed::new(0, 1 << 20) {
-            Err(ClientError::Gpu(msg)) => assert!(msg.contains("driver"), "unclear message: {msg}"),
+            Err(ClientError::Gpu(e)) => assert!(e.to_string().contains("driver"), "unclear message: {e}"),
             other => panic!("expected a GPU error, got {other:?}"),
         }
         // Repeated probes stay errors, never panics.

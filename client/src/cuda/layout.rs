@@ -4,7 +4,7 @@
 //!
 //! Pure arithmetic, no driver calls, so it is tested without a GPU.
 
-use crate::error::ClientError;
+use crate::error::{ClientError, GpuError};
 use granary_proto::{DType, TensorLayout};
 
 /// Alignment, in bytes, of every tensor's offset inside a slot.
@@ -41,13 +41,14 @@ pub(super) fn plan_slot(
     capacity: usize,
     out: &mut Vec<Placement>,
 ) -> Result<usize, ClientError> {
-    let used = place(layouts, rows, out)
-        .ok_or_else(|| ClientError::Gpu(format!("a batch of {rows} rows overflows the address space")))?;
+    let used = place(layouts, rows, out).ok_or_else(|| {
+        ClientError::Gpu(GpuError::Buffers(format!("a batch of {rows} rows overflows the address space")))
+    })?;
     if used > capacity {
-        return Err(ClientError::Gpu(format!(
+        return Err(ClientError::Gpu(GpuError::Buffers(format!(
             "a batch of {rows} rows needs {used} bytes on the GPU (tensors at {SLOT_ALIGN}-byte-aligned offsets) but \
              the feed's slots hold {capacity} bytes; create the GpuFeed with max_batch_bytes >= {used}"
-        )));
+        ))));
     }
     Ok(used)
 }
@@ -123,7 +124,7 @@ mod tests {
             assert_eq!(plan_slot(&ls, rows, used, &mut p).ok(), Some(used));
             if used > 0 {
                 match plan_slot(&ls, rows, used - 1, &mut p) {
-                    Err(ClientError::Gpu(msg)) => assert!(msg.contains("max_batch_bytes"), "{msg}"),
+                    Err(ClientError::Gpu(e)) => assert!(e.to_string().contains("max_batch_bytes"), "{e}"),
                     other => panic!("expected a capacity error, got {other:?}"),
                 }
             }

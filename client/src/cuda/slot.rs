@@ -5,7 +5,7 @@
 use super::driver::driver;
 use super::layout::{GpuTensor, Placement, plan_slot};
 use crate::batch::Batch;
-use crate::error::ClientError;
+use crate::error::{ClientError, GpuError};
 use crate::position::Position;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
@@ -89,12 +89,12 @@ impl Slot {
             // A Batch holds one byte range per layout, in view order.
             let have = batch.tensor_bytes(i).len();
             if have != p.len {
-                return Err(ClientError::Gpu(format!(
+                return Err(ClientError::Gpu(GpuError::Buffers(format!(
                     "tensor {:?} holds {have} bytes, not the {} its layout implies for {} rows",
                     layout.name,
                     p.len,
                     batch.rows()
-                )));
+                ))));
             }
         }
         Ok(used)
@@ -104,9 +104,9 @@ impl Slot {
     /// every earlier consumer of the device buffer, and records `copied`.
     pub(super) fn enqueue_copy(&mut self, stream: &Arc<CudaStream>, used: usize) -> Result<(), ClientError> {
         let host = self.host.as_slice().map_err(driver("waiting on the pinned staging buffer"))?;
-        let src = host
-            .get(..used)
-            .ok_or_else(|| ClientError::Gpu(format!("{used} bytes exceed the {}-byte staging buffer", host.len())))?;
+        let src = host.get(..used).ok_or_else(|| {
+            ClientError::Gpu(GpuError::Buffers(format!("{used} bytes exceed the {}-byte staging buffer", host.len())))
+        })?;
         Self::enqueue_copy_from(&mut self.dev, &self.released, &self.copied, stream, src)
     }
 
@@ -140,7 +140,9 @@ impl Slot {
             }
             let dev_len = dev.len();
             let mut dst = offset.checked_add(len).and_then(|end| dev.try_slice_mut(offset..end)).ok_or_else(|| {
-                ClientError::Gpu(format!("{len} bytes at {offset} exceed the {dev_len}-byte device buffer"))
+                ClientError::Gpu(GpuError::Buffers(format!(
+                    "{len} bytes at {offset} exceed the {dev_len}-byte device buffer"
+                )))
             })?;
             stream
                 .memcpy_htod(src, &mut dst)

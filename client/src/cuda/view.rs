@@ -6,7 +6,7 @@ use super::driver::driver;
 use super::layout::GpuTensor;
 use super::slot::Slot;
 use crate::batch::Element;
-use crate::error::{ClientError, TensorError};
+use crate::error::{ClientError, GpuError, TensorError};
 use crate::position::Position;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, CudaView, DeviceRepr};
@@ -73,7 +73,10 @@ impl<'a> GpuBatch<'a> {
     pub fn view(&self, name: &str) -> Result<CudaView<'a, u8>, ClientError> {
         let t = self.tensor(name)?;
         self.slot.dev.try_slice(t.offset..t.offset + t.len).ok_or_else(|| {
-            ClientError::Gpu(format!("tensor {name:?} at {}+{} overruns the device buffer", t.offset, t.len))
+            ClientError::Gpu(GpuError::Buffers(format!(
+                "tensor {name:?} at {}+{} overruns the device buffer",
+                t.offset, t.len
+            )))
         })
     }
 
@@ -92,8 +95,9 @@ impl<'a> GpuBatch<'a> {
         // `T`; and `t.len` is rows x row elements x the dtype's size, which
         // equals `size_of::<T>()` because `T` accepts the dtype, so `elems`
         // elements cover exactly the tensor's bytes.
-        unsafe { bytes.transmute::<T>(elems) }
-            .ok_or_else(|| ClientError::Gpu(format!("tensor {name:?} cannot be viewed as {}", T::NAME)))
+        unsafe { bytes.transmute::<T>(elems) }.ok_or_else(|| {
+            ClientError::Gpu(GpuError::Buffers(format!("tensor {name:?} cannot be viewed as {}", T::NAME)))
+        })
     }
 
     /// Raw device address of tensor `name`, for handing to other libraries.

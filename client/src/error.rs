@@ -122,18 +122,20 @@ pub enum GpuError {
 }
 
 impl ClientError {
-    /// Whether asking again (after a pause, or after reconnecting) may
-    /// succeed: the node unreachable or gone mid-request, or a failure the
-    /// node reports as unavailable (a peer, remote storage, memory); a
-    /// chunk that failed validation (the next fetch may bring a good one).
-    /// False for what will fail the same way again: bad input or
-    /// parameters, an unknown dataset, a protocol violation, a misused
-    /// batch, a stopped producer, the GPU.
+    /// Whether asking again may succeed: the node unreachable or gone
+    /// mid-request (retry with a new `LocalSource` or `Loader`: a connection
+    /// an error left out of step refuses further calls), or a failure the
+    /// node reports as unavailable (a peer, remote storage, memory). False
+    /// for what will fail the same way again: bad input or parameters, an
+    /// unknown dataset, a chunk that failed validation (the node holds the
+    /// same bytes), a protocol violation, a misused batch, a stopped
+    /// producer, the GPU.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Connect { .. } | ClientError::Io(_) | ClientError::Chunk { .. } => true,
+            ClientError::Connect { .. } | ClientError::Io(_) => true,
             ClientError::Node { kind, .. } => *kind == ErrorKind::Unavailable,
-            ClientError::Protocol(_)
+            ClientError::Chunk { .. }
+            | ClientError::Protocol(_)
             | ClientError::Plan(_)
             | ClientError::UnknownDataset(_)
             | ClientError::Tensor(_)

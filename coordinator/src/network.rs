@@ -164,11 +164,6 @@ impl LeaderContact {
     pub fn last(&self) -> Option<std::time::Instant> {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    /// Time since the last contact; `None` if there was none.
-    pub fn since(&self) -> Option<Duration> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed())
-    }
 }
 
 /// Serves one Raft RPC stream: reads the request, hands it to `raft`,

@@ -8,7 +8,7 @@
 //! - `granary_source` (its own crate, shared with the coordinator) —
 //!   object_store sources, footers, dataset listing, manifest, version, and
 //!   the view checked against a file's schema.
-//! - `convert` — view resolution and Arrow-to-chunk conversion.
+//! - `convert` — Arrow-to-chunk conversion (the view is resolved by `granary_source::schema`).
 //! - `shm` — chunks in sealed memory files.
 //! - `tier` — the foyer RAM/SSD tier.
 //! - `load` — one shard read and converted here; the one panic guard.

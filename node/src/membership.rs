@@ -28,6 +28,9 @@ pub enum JoinError {
     /// The client could not be built (bad coordinator address).
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The fabric's times and sizes cannot work together.
+    #[error(transparent)]
+    Fabric(#[from] crate::fabric::config::FabricConfigError),
 }
 
 /// This node's standing in the cluster.

@@ -98,11 +98,15 @@ impl PrefetchWindow {
         }
     }
 
-    /// The rank asked for `shard`: the window moves past it (a shard not of
-    /// this epoch, or behind the window, changes nothing).
-    pub(crate) fn handle_asked(&mut self, shard: ShardId) {
-        if let Some(&p) = self.position.get(&shard) {
-            self.next = self.next.max(p + 1);
+    /// The rank asked for `shard`: the window moves past it. False for a
+    /// shard not of this epoch, which changes nothing (and issues nothing).
+    pub(crate) fn handle_asked(&mut self, shard: ShardId) -> bool {
+        match self.position.get(&shard) {
+            Some(&p) => {
+                self.next = self.next.max(p + 1);
+                true
+            }
+            None => false,
         }
     }
 
@@ -154,8 +158,10 @@ mod tests {
         w.handle_asked(s(0));
         assert_eq!(drain(&mut w, |_| false), vec![Issue { shard: s(2), later: false }]);
         // Asking for a shard behind the window changes nothing.
-        w.handle_asked(s(0));
+        assert!(w.handle_asked(s(0)));
         assert!(drain(&mut w, |_| false).is_empty());
+        // Nor does a shard of no epoch of this window (nothing to top up).
+        assert!(!w.handle_asked(ShardId { file: 9, row_group: 9 }));
     }
 
     #[test]

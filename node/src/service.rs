@@ -454,13 +454,13 @@ impl Node {
         };
         let config = cluster.config();
         let mut route = Route::new(
-            std::time::Instant::now(),
+            tokio::time::Instant::now().into_std(),
             cluster.owner(key.version, key.shard),
             config.fetch_deadline,
             config.reroute_wait,
         );
         loop {
-            match route.poll(std::time::Instant::now()) {
+            match route.poll(tokio::time::Instant::now().into_std()) {
                 Step::ReadRemote => break,
                 Step::Ask { owner, within } => {
                     let c = &self.inner.counters;
@@ -476,8 +476,16 @@ impl Node {
                         }
                         Err(e) => {
                             c.peer_failures.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(shard = %key.shard, owner = %owner.node, "owner could not serve: {e}");
                             route.handle_failed(e.as_ask_failure());
+                            // Polling again returns the same step: say
+                            // which way the route went (a stalled owner, or
+                            // the last owner, is read around at once).
+                            match route.poll(tokio::time::Instant::now().into_std()) {
+                                Step::AwaitPlacement { .. } => tracing::warn!(shard = %key.shard, owner = %owner.node,
+                                    "owner could not serve; waiting for the placement to move it: {e}"),
+                                _ => tracing::warn!(shard = %key.shard, owner = %owner.node,
+                                    "owner could not serve; reading remote storage: {e}"),
+                            }
                         }
                     }
                 }
@@ -575,8 +583,9 @@ pub struct Follower {
 impl Follower {
     /// Records that the rank asked for `shard`, and prefetches ahead of it.
     pub fn advance(&mut self, shard: ShardId) {
-        self.window.handle_asked(shard);
-        self.top_up();
+        if self.window.handle_asked(shard) {
+            self.top_up();
+        }
     }
 
     /// Issues the loads the window wants.

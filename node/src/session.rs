@@ -19,11 +19,6 @@ impl Session {
         Self { node, follower: None }
     }
 
-    /// The node.
-    pub fn node(&self) -> &Node {
-        &self.node
-    }
-
     /// From now on, prefetch along `follower`'s plan (replacing any plan
     /// followed before).
     pub fn follow(&mut self, follower: Follower) {

@@ -1,7 +1,7 @@
 //! The frame every Granary stream carries: a u32 little-endian length, then
 //! that many bytes of body. Pure and sans-I/O; the callers own the sockets.
 //!
-//! Four transports use it with their own body encodings and caps: the
+//! Three transports use it with their own body encodings and caps: the
 //! trainer's Unix socket ([`crate::wire`], rkyv, [`crate::wire::MAX_FRAME_LEN`]),
 //! the peer fabric ([`crate::peer`], rkyv, [`crate::peer::MAX_PEER_FRAME_LEN`])
 //! and the control plane (`granary_net::frame`, JSON). What they share is

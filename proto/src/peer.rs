@@ -14,7 +14,9 @@
 //! converting) it sends a [`PeerResponse::Working`] frame at least every
 //! [`PEER_PROGRESS_INTERVAL`] before the answer's frame, so the asking node
 //! tells a slow owner from a stalled one: it gives up on a stream that
-//! sends nothing (no frame, no byte) for [`PEER_STALL_TIMEOUT`].
+//! sends nothing (no frame, no byte) for [`PEER_STALL_TIMEOUT`]. Both are the
+//! defaults of a node's `[cluster.fabric]` (`progress_interval_ms`,
+//! `stall_timeout_ms`), which must be the same on every node.
 //!
 //! Frames are bounded by [`MAX_PEER_FRAME_LEN`], chunks by
 //! [`MAX_PEER_CHUNK_LEN`] and footers by [`MAX_PEER_FOOTER_LEN`], all checked

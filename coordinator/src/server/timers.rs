@@ -9,7 +9,6 @@ use crate::election::Watchdog;
 use crate::types::{Command, CommandResult, VoterId};
 use granary_proto::NodeId;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// On the leader: expires nodes whose heartbeats stopped, by the rules of
 /// [`crate::leases::Leases`]. Expiries are proposed one at a time and
@@ -18,7 +17,7 @@ pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
     loop {
         let wake = ctx.leases().poll_timeout();
         tokio::time::sleep_until(wake.into()).await;
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
         let term = {
             let m = ctx.raft.metrics().borrow().clone();
             (m.current_leader == Some(ctx.id)).then_some(m.current_term)
@@ -54,7 +53,7 @@ pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
 pub(super) async fn election_loop(ctx: Arc<Ctx>, mut watchdog: Watchdog) {
     loop {
         tokio::time::sleep_until(watchdog.poll_timeout().into()).await;
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
         watchdog.handle_timeout(now);
         if let Some(at) = ctx.contact.last() {
             watchdog.handle_contact(at);

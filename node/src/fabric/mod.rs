@@ -65,6 +65,8 @@ impl ClusterHandle {
         ssd_bytes: u64,
     ) -> Result<Self, crate::membership::JoinError> {
         use crate::membership::{JoinError, Membership};
+        // A config built in code (not loaded from node.toml) is checked here.
+        cfg.fabric.validate()?;
         let membership = Membership::start(cfg, ram_bytes, ssd_bytes)?;
         let id_err = |e: tls::TlsError| JoinError::Identity(e.to_string());
         let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(id_err)?;

@@ -120,13 +120,13 @@ pub(crate) async fn read_live(
     stall: Duration,
 ) -> Result<(), StreamError> {
     let len = into.len();
-    let mut clock = StallClock::new(std::time::Instant::now(), stall);
+    let mut clock = StallClock::new(tokio::time::Instant::now().into_std(), stall);
     let mut until = clock.deadline();
     while into.filled() < len {
         let reading = async {
             while into.filled() < len {
                 match into.take(recv).await {
-                    Ok(true) => clock.handle_progress(std::time::Instant::now()),
+                    Ok(true) => clock.handle_progress(tokio::time::Instant::now().into_std()),
                     Ok(false) => {
                         let got = into.filled();
                         return Err(StreamError::Failed(format!(
@@ -140,7 +140,7 @@ pub(crate) async fn read_live(
         };
         match tokio::time::timeout_at(until.into(), reading).await {
             Ok(done) => return done,
-            Err(_) => match clock.handle_timer(std::time::Instant::now()) {
+            Err(_) => match clock.handle_timer(tokio::time::Instant::now().into_std()) {
                 TimerFired::Rearm(next) => until = next,
                 TimerFired::Stalled => {
                     return Err(StreamError::Stalled {
@@ -157,10 +157,10 @@ pub(crate) async fn read_live(
 /// Whether the other end of `conn` still answers, asked after a stream on
 /// it stalled; [`Liveness`] decides from the connection's datagram count.
 pub(crate) async fn peer_answers(conn: &quinn::Connection, keep_alive: Duration) -> bool {
-    let probe = Liveness::new(std::time::Instant::now(), conn.stats().udp_rx.datagrams, keep_alive);
+    let probe = Liveness::new(tokio::time::Instant::now().into_std(), conn.stats().udp_rx.datagrams, keep_alive);
     loop {
         let closed = conn.close_reason().is_some();
-        match probe.sample(std::time::Instant::now(), conn.stats().udp_rx.datagrams, closed) {
+        match probe.sample(tokio::time::Instant::now().into_std(), conn.stats().udp_rx.datagrams, closed) {
             Verdict::Answers => return true,
             Verdict::Silent => return false,
             Verdict::SampleIn(wait) => {

@@ -210,8 +210,7 @@ where
             >,
         >,
 {
-    // As in `encode`: serialising owned data into a growable buffer cannot fail.
-    let body = rkyv::to_bytes::<rkyv::rancor::Error>(msg).unwrap_or_default();
+    let body = encode(msg);
     frame::encode(&body, MAX_FRAME_LEN).map_err(|_| FrameError::TooLarge(body.len()))
 }
 

@@ -114,9 +114,14 @@ impl Route {
         match self.state {
             State::Remote => Step::ReadRemote,
             State::Asking(owner) => {
-                // The answer was not reported; asking again is the only
-                // consistent thing the shell can be told.
-                Step::Ask { owner, within: self.deadline.saturating_duration_since(now) }
+                // The answer was not reported: asking again counts as another
+                // ask, so a shell that never reports is still bounded.
+                let left = self.deadline.saturating_duration_since(now);
+                if self.asked >= MAX_OWNERS_ASKED || left.is_zero() {
+                    return self.remote();
+                }
+                self.asked += 1;
+                Step::Ask { owner, within: left }
             }
             State::Awaiting(failed) => Step::AwaitPlacement {
                 failed,
@@ -338,6 +343,15 @@ mod tests {
         assert_eq!(r.poll(t0), ask(owner(2), DEADLINE));
         r.handle_moved(Some(owner(5)));
         assert_eq!(r.poll(t0), ask(owner(2), DEADLINE), "still asking owner 2");
+    }
+
+    #[test]
+    fn a_shell_that_never_reports_an_outcome_is_still_bounded() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        let steps: Vec<Step> = (0..5).map(|_| r.poll(t0)).collect();
+        assert_eq!(steps[..3], [ask(owner(2), DEADLINE), ask(owner(2), DEADLINE), ask(owner(2), DEADLINE)]);
+        assert_eq!(steps[3..], [Step::ReadRemote, Step::ReadRemote]);
     }
 
     #[test]

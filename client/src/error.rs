@@ -23,9 +23,10 @@ pub enum ClientError {
     /// The connection to the node failed mid-request; the node may be gone.
     #[error("connection to the node failed: {0}")]
     Io(#[from] std::io::Error),
-    /// The node answered with something this client does not understand.
+    /// The node answered with something this client does not understand,
+    /// or something that contradicts what it said before.
     #[error("protocol error from the node: {0}")]
-    Protocol(String),
+    Protocol(#[from] ProtocolError),
     /// The node reported a failure.
     #[error("node refused: {message}")]
     Node {
@@ -54,10 +55,142 @@ pub enum ClientError {
     Tensor(#[from] TensorError),
     /// The background producer stopped unexpectedly.
     #[error("batch producer stopped: {0}")]
-    Producer(String),
+    Producer(#[from] ProducerError),
     /// The GPU path failed: see [`GpuError`] for the cause.
     #[error("GPU: {0}")]
     Gpu(#[from] GpuError),
+}
+
+/// What was wrong with the node's answer: a broken frame, a reply of the
+/// wrong kind, or a chunk that contradicts the dataset's description. Not
+/// retryable: the node or the client is at fault, not the moment.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// Another thread panicked mid-call; the connection may hold half a
+    /// frame, so it is not used again.
+    #[error("the connection is poisoned by a thread that panicked mid-call")]
+    Poisoned,
+    /// An earlier error left the connection in the middle of a reply.
+    #[error("the connection to the node at {} is out of step after an earlier error; connect again", path.display())]
+    OutOfStep {
+        /// The node's socket.
+        path: PathBuf,
+    },
+    /// A frame broke the length rules.
+    #[error("{what} {error}")]
+    Frame {
+        /// "request" or "reply".
+        what: &'static str,
+        /// The codec's reason.
+        error: granary_proto::frame::FrameError,
+    },
+    /// The reply does not decode.
+    #[error("reply: {0}")]
+    Decode(#[from] granary_proto::wire::FrameError),
+    /// A reply of another kind than the request asks for.
+    #[error("asked {asked}, the node replied {replied}")]
+    Unexpected {
+        /// The request.
+        asked: &'static str,
+        /// The reply's kind.
+        replied: &'static str,
+    },
+    /// The node described another dataset than the one asked for.
+    #[error("asked to describe dataset {asked:?}, the node described {described:?}")]
+    WrongDataset {
+        /// The name asked for.
+        asked: String,
+        /// The name described.
+        described: String,
+    },
+    /// A chunk reply came without its memory file.
+    #[error("chunk reply for {shard} carried no descriptor")]
+    NoDescriptor {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The chunk's announced length contradicts the dataset's layout.
+    #[error("the node announced {announced} bytes for {shard}; the dataset's layout gives {expected}")]
+    ChunkLength {
+        /// The shard.
+        shard: ShardId,
+        /// Bytes announced.
+        announced: u64,
+        /// Bytes the layout gives.
+        expected: u64,
+    },
+    /// Where no layout is known, the chunk's announced length is over the
+    /// cap.
+    #[error("the node announced {announced} bytes for {shard}, over {cap}")]
+    ChunkTooLarge {
+        /// The shard.
+        shard: ShardId,
+        /// Bytes announced.
+        announced: u64,
+        /// The cap.
+        cap: u64,
+    },
+    /// The memory file is not sealed against writes and resizing.
+    #[error("chunk file for {shard} is not sealed against writes and resizing")]
+    Unsealed {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The memory file's size is not the announced length.
+    #[error("chunk file for {shard} is {size} bytes, the reply said {len}")]
+    FileSize {
+        /// The shard.
+        shard: ShardId,
+        /// The file's size.
+        size: i64,
+        /// The announced length.
+        len: u64,
+    },
+    /// A chunk's rows or tensors are not the ones the dataset's description
+    /// (which the plan used) gives.
+    #[error(
+        "chunk {shard} has {rows} rows and tensors {tensors:?}; the dataset description says {expected_rows} rows and {expected_tensors:?}"
+    )]
+    ChunkShape {
+        /// The shard.
+        shard: ShardId,
+        /// Rows in the chunk.
+        rows: u64,
+        /// Tensor names in the chunk.
+        tensors: Vec<String>,
+        /// Rows the description gives.
+        expected_rows: u64,
+        /// Tensor names the description gives.
+        expected_tensors: Vec<String>,
+    },
+    /// A batch of this many rows would not fit the address space.
+    #[error("a batch of {rows} rows overflows the address space")]
+    BatchTooLarge {
+        /// Rows in the batch.
+        rows: usize,
+    },
+}
+
+/// Why the background producer of batches stopped.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProducerError {
+    /// A loader thread ended without sending its result.
+    #[error("a loader thread ended early")]
+    ThreadEnded,
+    /// Assembling a batch panicked (a chunk inconsistent with the plan
+    /// that validation missed); that batch is this error.
+    #[error("assembling batch {batch} of epoch {epoch} panicked")]
+    AssemblyPanicked {
+        /// The epoch.
+        epoch: u64,
+        /// The batch's index in the epoch.
+        batch: u64,
+    },
+    /// A fault injected by a test.
+    #[error("injected: {0}")]
+    Injected(&'static str),
 }
 
 /// A batch was asked for a tensor it does not hold, or as a type it is not:
@@ -158,7 +291,7 @@ mod tests {
         assert!(ClientError::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe)).is_retryable());
         assert!(!ClientError::Tensor(TensorError::Unknown("x".into())).is_retryable());
         assert!(!ClientError::Plan(PlanError::ZeroBatch).is_retryable());
-        assert!(!ClientError::Protocol("bad frame".into()).is_retryable());
+        assert!(!ClientError::Protocol(ProtocolError::Poisoned).is_retryable());
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub mod position;
 pub mod source;
 
 pub use batch::{Batch, Element, TensorView};
-pub use error::{ClientError, GpuError, TensorError};
+pub use error::{ClientError, GpuError, ProducerError, ProtocolError, TensorError};
 pub use granary_proto as proto;
 pub use hostbuf::HostMemory;
 pub use loader::{EpochStream, Loader, LoaderConfig, default_assembly_threads, default_assembly_threads_for};

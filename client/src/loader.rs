@@ -28,7 +28,7 @@
 
 use crate::assemble::{Runs, assemble};
 use crate::batch::{Batch, Storage};
-use crate::error::ClientError;
+use crate::error::{ClientError, ProducerError, ProtocolError};
 use crate::hostbuf::{BufferPool, HostBuf, HostMemory, pack};
 use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
 pub use crate::position::Position;
@@ -273,7 +273,7 @@ impl Iterator for EpochStream {
             }
             Err(_) => {
                 self.total = self.next.batch;
-                Some(Err(ClientError::Producer("a loader thread ended early".into())))
+                Some(Err(ProducerError::ThreadEnded.into()))
             }
         }
     }
@@ -420,8 +420,7 @@ impl Walker {
     /// has one), and where each tensor goes in it.
     fn buffer(&self, rows: usize) -> Result<(HostBuf, Vec<(usize, usize)>), ClientError> {
         let mut placements = Vec::with_capacity(self.layouts.len());
-        let used = pack(&self.layouts, rows, &mut placements)
-            .ok_or_else(|| ClientError::Protocol(format!("a batch of {rows} rows overflows the address space")))?;
+        let used = pack(&self.layouts, rows, &mut placements).ok_or(ProtocolError::BatchTooLarge { rows })?;
         Ok((self.pool.take(used)?, placements))
     }
 
@@ -436,14 +435,14 @@ impl Walker {
                 .zip(self.layouts.iter())
                 .all(|(m, l)| m.name == l.name && m.dtype == l.dtype && m.shape == l.shape);
         if h.rows != entry.rows || !layout_matches {
-            return Err(ClientError::Protocol(format!(
-                "chunk {} has {} rows and tensors {:?}; the dataset description says {} rows and {:?}",
-                entry.shard,
-                h.rows,
-                h.tensors.iter().map(|t| &t.name).collect::<Vec<_>>(),
-                entry.rows,
-                self.layouts.iter().map(|t| &t.name).collect::<Vec<_>>()
-            )));
+            return Err(ProtocolError::ChunkShape {
+                shard: entry.shard,
+                rows: h.rows,
+                tensors: h.tensors.iter().map(|t| t.name.clone()).collect(),
+                expected_rows: entry.rows,
+                expected_tensors: self.layouts.iter().map(|t| t.name.clone()).collect(),
+            }
+            .into());
         }
         Ok(chunk)
     }
@@ -482,10 +481,7 @@ fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
         drop(chunks);
         let result = match assembled {
             Ok(()) => Ok(owned_batch(position, runs.rows(), layouts, buf, placements, &recycle)),
-            Err(_) => Err(ClientError::Producer(format!(
-                "assembling batch {} of epoch {} panicked",
-                position.batch, position.epoch
-            ))),
+            Err(_) => Err(ProducerError::AssemblyPanicked { epoch: position.epoch, batch: position.batch }.into()),
         };
         // A consumer that went away drops the batch (and its buffer).
         let _ = done.send(result);

@@ -18,7 +18,7 @@
 //! budget bounds how much memory a trainer can hold on to that way; while
 //! the node also holds the chunk, the pages are shared and cost nothing.
 
-use crate::error::ClientError;
+use crate::error::{ClientError, ProtocolError};
 use crate::source::{Chunk, ChunkBytes, ChunkSource};
 use granary_proto::chunk::Verify;
 use granary_proto::frame;
@@ -163,7 +163,7 @@ impl LocalSource {
     pub fn stats(&self) -> Result<NodeStats, ClientError> {
         match self.call(&LocalRequest::Stats)?.0 {
             LocalResponse::Stats(s) => Ok(s),
-            other => Err(unexpected(other)),
+            other => Err(unexpected("Stats", &other)),
         }
     }
 
@@ -172,21 +172,19 @@ impl LocalSource {
         let body = wire::encode(req);
         // A poisoned lock only means another thread panicked mid-call; the
         // stream may hold half a frame, so refuse rather than desynchronise.
-        let mut guard = self.stream.lock().map_err(|_| ClientError::Protocol("connection poisoned".into()))?;
+        let mut guard = self.stream.lock().map_err(|_| ProtocolError::Poisoned)?;
         let Some(stream) = guard.as_mut() else {
-            return Err(ClientError::Protocol(format!(
-                "the connection to the node at {} is out of step after an earlier error; connect again",
-                self.path.display()
-            )));
+            return Err(ProtocolError::OutOfStep { path: self.path.clone() }.into());
         };
-        let frame = frame::encode(&body, MAX_FRAME_LEN).map_err(|e| ClientError::Protocol(format!("request {e}")))?;
+        let frame =
+            frame::encode(&body, MAX_FRAME_LEN).map_err(|error| ProtocolError::Frame { what: "request", error })?;
         // Until the whole reply is read, an error leaves the stream out of
         // step (the next reply would be read from the middle of this one).
         let exchange = (|| -> Result<(Vec<u8>, Option<OwnedFd>), ClientError> {
             stream.write_all(&frame)?;
             let (header, fd) = read_prefix_with_fd(stream)?;
-            let len =
-                frame::decode_len(header, MAX_FRAME_LEN).map_err(|e| ClientError::Protocol(format!("reply {e}")))?;
+            let len = frame::decode_len(header, MAX_FRAME_LEN)
+                .map_err(|error| ProtocolError::Frame { what: "reply", error })?;
             let mut reply = vec![0u8; len];
             stream.read_exact(&mut reply)?;
             Ok((reply, fd))
@@ -199,7 +197,7 @@ impl LocalSource {
             }
         };
         drop(guard);
-        let resp = wire::decode::<LocalResponse>(&reply).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let resp = wire::decode::<LocalResponse>(&reply).map_err(ProtocolError::Decode)?;
         if let LocalResponse::Failed { kind, message } = resp {
             return Err(ClientError::Node { kind, message });
         }
@@ -207,8 +205,17 @@ impl LocalSource {
     }
 }
 
-fn unexpected(resp: LocalResponse) -> ClientError {
-    ClientError::Protocol(format!("unexpected reply {resp:?}"))
+/// A reply of the wrong kind to the request `asked`.
+fn unexpected(asked: &'static str, resp: &LocalResponse) -> ClientError {
+    let replied = match resp {
+        LocalResponse::Described(_) => "Described",
+        LocalResponse::Following => "Following",
+        LocalResponse::Chunk { .. } => "Chunk",
+        LocalResponse::Stats(_) => "Stats",
+        LocalResponse::Touched => "Touched",
+        LocalResponse::Failed { .. } => "Failed",
+    };
+    ProtocolError::Unexpected { asked, replied }.into()
 }
 
 /// Reads the 4-byte length prefix, collecting a descriptor sent with it.
@@ -260,15 +267,16 @@ unsafe impl Send for MappedChunk {}
 unsafe impl Sync for MappedChunk {}
 
 impl MappedChunk {
-    fn map(fd: &OwnedFd, len: usize) -> Result<Self, ClientError> {
+    fn map(fd: &OwnedFd, shard: ShardId, announced: u64) -> Result<Self, ClientError> {
+        let len = announced as usize;
         let seals = rustix::fs::fcntl_get_seals(fd).map_err(std::io::Error::from)?;
         let needed = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW;
         if !seals.contains(needed) {
-            return Err(ClientError::Protocol(format!("chunk file is not sealed (seals {seals:?})")));
+            return Err(ProtocolError::Unsealed { shard }.into());
         }
         let size = rustix::fs::fstat(fd).map_err(std::io::Error::from)?.st_size;
         if size != len as i64 || len == 0 {
-            return Err(ClientError::Protocol(format!("chunk file is {size} bytes, reply said {len}")));
+            return Err(ProtocolError::FileSize { shard, size, len: announced }.into());
         }
         // SAFETY: mapping a sealed file read-only; the region is owned by
         // this value and unmapped exactly once in Drop. The file cannot
@@ -321,10 +329,9 @@ impl Drop for MappedChunk {
 impl ChunkSource for LocalSource {
     fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError> {
         match self.call(&LocalRequest::Describe { dataset: dataset.to_string() })?.0 {
-            LocalResponse::Described(info) if info.name != dataset => Err(ClientError::Protocol(format!(
-                "asked to describe dataset {dataset:?}, the node described {:?}",
-                info.name
-            ))),
+            LocalResponse::Described(info) if info.name != dataset => {
+                Err(ProtocolError::WrongDataset { asked: dataset.to_string(), described: info.name }.into())
+            }
             LocalResponse::Described(info) => {
                 // A layout that cannot be computed leaves those shards
                 // bounded by MAX_UNDESCRIBED_CHUNK_LEN only.
@@ -342,14 +349,14 @@ impl ChunkSource for LocalSource {
                 }
                 Ok(info)
             }
-            other => Err(unexpected(other)),
+            other => Err(unexpected("Describe", &other)),
         }
     }
 
     fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
         match self.call(&LocalRequest::Follow { version, params: *params })?.0 {
             LocalResponse::Following => Ok(()),
-            other => Err(unexpected(other)),
+            other => Err(unexpected("Follow", &other)),
         }
     }
 
@@ -359,27 +366,28 @@ impl ChunkSource for LocalSource {
             // The node still learns where the rank is, for its prefetch.
             return match self.call(&LocalRequest::Touch { version, shard })?.0 {
                 LocalResponse::Touched => Ok(chunk),
-                other => Err(unexpected(other)),
+                other => Err(unexpected("Touch", &other)),
             };
         }
         match self.call(&LocalRequest::FetchChunk { version, shard })? {
             (LocalResponse::Chunk { len }, Some(fd)) => {
                 let expected = self.chunk_lens.lock().ok().and_then(|m| m.get(&version)?.get(&shard).copied());
                 match expected {
-                    Some(want) if want != len => {
-                        return Err(ClientError::Protocol(format!(
-                            "the node announced {len} bytes for {shard}; the dataset's layout gives {want}"
-                        )));
+                    Some(expected) if expected != len => {
+                        return Err(ProtocolError::ChunkLength { shard, announced: len, expected }.into());
                     }
                     None if len > MAX_UNDESCRIBED_CHUNK_LEN => {
-                        return Err(ClientError::Protocol(format!(
-                            "the node announced {len} bytes for {shard}, over {MAX_UNDESCRIBED_CHUNK_LEN}"
-                        )));
+                        return Err(ProtocolError::ChunkTooLarge {
+                            shard,
+                            announced: len,
+                            cap: MAX_UNDESCRIBED_CHUNK_LEN,
+                        }
+                        .into());
                     }
                     _ => {}
                 }
                 #[allow(unused_mut)]
-                let mut mapped = MappedChunk::map(&fd, len as usize)?;
+                let mut mapped = MappedChunk::map(&fd, shard, len)?;
                 #[cfg(feature = "cuda")]
                 if let Some(ctx) = &self.page_lock
                     && !self.page_lock_refused.load(std::sync::atomic::Ordering::Relaxed)
@@ -399,10 +407,8 @@ impl ChunkSource for LocalSource {
                 }
                 Ok(chunk)
             }
-            (LocalResponse::Chunk { .. }, None) => {
-                Err(ClientError::Protocol(format!("chunk reply for {shard} carried no descriptor")))
-            }
-            (other, _) => Err(unexpected(other)),
+            (LocalResponse::Chunk { .. }, None) => Err(ProtocolError::NoDescriptor { shard }.into()),
+            (other, _) => Err(unexpected("FetchChunk", &other)),
         }
     }
 }

@@ -8,8 +8,8 @@
 //! `RPCError::Unreachable`, so openraft backs off instead of spinning.
 
 use crate::types::{TypeConfig, VoterId};
-use granary_net::conn::Connections;
-use granary_net::frame::{self, MAX_FRAME_BYTES};
+use granary_net::conn::{Connections, DialError};
+use granary_net::frame::{self, FrameError, MAX_FRAME_BYTES};
 use granary_net::tls::Role;
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -45,10 +45,50 @@ pub enum RaftReply {
     Snapshot(Result<InstallSnapshotResponse<VoterId>, RaftError<VoterId, InstallSnapshotError>>),
 }
 
-/// Transport failure on one RPC, as text for openraft's error wrappers.
+/// Transport failure on one RPC, for openraft's error wrappers.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LinkError(String);
+#[non_exhaustive]
+pub enum LinkError {
+    /// No connection to the voter.
+    #[error("voter at {0}")]
+    Dial(#[from] DialError),
+    /// The voter's address in the membership does not parse.
+    #[error("{voter}: bad address {addr:?}: {error}")]
+    BadAddress {
+        /// The voter.
+        voter: VoterId,
+        /// The address as the membership holds it.
+        addr: String,
+        /// The parser's reason.
+        error: std::net::AddrParseError,
+    },
+    /// The RPC failed on an open connection.
+    #[error("{voter} at {addr}: {error}")]
+    Call {
+        /// The voter.
+        voter: VoterId,
+        /// Its address.
+        addr: SocketAddr,
+        /// What failed.
+        error: FrameError,
+    },
+    /// No answer within the RPC's time to live.
+    #[error("{voter} at {addr}: no answer within {ttl:?}")]
+    Timeout {
+        /// The voter.
+        voter: VoterId,
+        /// Its address.
+        addr: SocketAddr,
+        /// The time to live.
+        ttl: Duration,
+    },
+    /// The voter answered with a reply of another RPC.
+    #[error("{voter} answered with the wrong reply type")]
+    WrongReply {
+        /// The voter.
+        voter: VoterId,
+    },
+}
 
 /// Creates links to peer voters; shared by all of them.
 #[derive(Clone)]
@@ -64,7 +104,7 @@ impl QuicNetwork {
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, LinkError> {
-        self.conns.get(addr).await.map_err(|e| LinkError(format!("voter at {e}")))
+        Ok(self.conns.get(addr).await?)
     }
 
     fn forget(&self, addr: SocketAddr) {
@@ -89,18 +129,17 @@ pub struct PeerLink {
 
 impl PeerLink {
     async fn rpc(&self, rpc: &RaftRpc, ttl: Duration) -> Result<RaftReply, LinkError> {
+        let voter = self.target;
         let addr: SocketAddr =
-            self.addr.parse().map_err(|e| LinkError(format!("{}: bad address {:?}: {e}", self.target, self.addr)))?;
+            self.addr.parse().map_err(|error| LinkError::BadAddress { voter, addr: self.addr.clone(), error })?;
         let exchange = async {
             let conn = self.net.connection(addr).await?;
-            frame::call::<_, RaftReply>(&conn, rpc, MAX_FRAME_BYTES).await.map_err(|e| {
+            frame::call::<_, RaftReply>(&conn, rpc, MAX_FRAME_BYTES).await.map_err(|error| {
                 self.net.forget(addr);
-                LinkError(format!("{} at {addr}: {e}", self.target))
+                LinkError::Call { voter, addr, error }
             })
         };
-        tokio::time::timeout(ttl, exchange)
-            .await
-            .map_err(|_| LinkError(format!("{} at {addr}: no answer within {ttl:?}", self.target)))?
+        tokio::time::timeout(ttl, exchange).await.map_err(|_| LinkError::Timeout { voter, addr, ttl })?
     }
 }
 
@@ -109,7 +148,7 @@ fn unreachable<E: std::error::Error>(e: LinkError) -> RPCError<VoterId, BasicNod
 }
 
 fn mismatch<E: std::error::Error>(target: VoterId) -> RPCError<VoterId, BasicNode, E> {
-    RPCError::Network(NetworkError::new(&LinkError(format!("{target} answered with the wrong reply type"))))
+    RPCError::Network(NetworkError::new(&LinkError::WrongReply { voter: target }))
 }
 
 impl RaftNetwork<TypeConfig> for PeerLink {

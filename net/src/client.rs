@@ -167,8 +167,11 @@ impl CoordinatorClient {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = addr;
     }
 
+    /// The connection to `addr`; the error is text for
+    /// [`ClientError::Unavailable`]'s `last`, which sums up one of several
+    /// attempts.
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
-        self.conns.get(addr).await
+        self.conns.get(addr).await.map_err(|e| e.to_string())
     }
 
     fn forget(&self, addr: SocketAddr) {

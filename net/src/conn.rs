@@ -3,6 +3,7 @@
 //! made again once it closes. The coordinator client, the Raft transport and
 //! the peer fabric all dial through it.
 
+use crate::error::TlsError;
 use crate::identity;
 use crate::role::Role;
 use std::collections::HashMap;
@@ -24,7 +25,73 @@ pub struct Connections {
     dialing: Mutex<HashMap<SocketAddr, Arc<Dial>>>,
 }
 
-type Dial = tokio::sync::OnceCell<Result<quinn::Connection, String>>;
+type Dial = tokio::sync::OnceCell<Result<quinn::Connection, DialError>>;
+
+/// Why no connection to a peer could be made. Every variant names the
+/// address dialed. Cloneable: callers that share one dial share its error.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum DialError {
+    /// The dial could not start (no usable configuration, address, or
+    /// endpoint): it will fail again the same way.
+    #[error("{addr}: {error}")]
+    Start {
+        /// The address dialed.
+        addr: SocketAddr,
+        /// quinn's reason.
+        error: quinn::ConnectError,
+    },
+    /// No handshake completed within the connect timeout: the peer is down,
+    /// unreachable, or too slow to answer.
+    #[error("{addr}: no handshake within {timeout:?}")]
+    Timeout {
+        /// The address dialed.
+        addr: SocketAddr,
+        /// The connect timeout.
+        timeout: Duration,
+    },
+    /// The handshake failed (refused, reset, TLS rejected, timed out in
+    /// QUIC).
+    #[error("{addr}: {error}")]
+    Handshake {
+        /// The address dialed.
+        addr: SocketAddr,
+        /// quinn's reason.
+        error: quinn::ConnectionError,
+    },
+    /// The peer's certificate names no role we could read.
+    #[error("{addr}: {error}")]
+    Certificate {
+        /// The address dialed.
+        addr: SocketAddr,
+        /// What was wrong with the certificate.
+        error: Arc<TlsError>,
+    },
+    /// The peer holds a certificate of another role than the one dialed
+    /// for.
+    #[error("{addr}: peer holds a {found} certificate, not a {wanted}'s")]
+    WrongRole {
+        /// The address dialed.
+        addr: SocketAddr,
+        /// The role its certificate holds.
+        found: Role,
+        /// The role it must hold.
+        wanted: Role,
+    },
+}
+
+impl DialError {
+    /// The address dialed.
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            Self::Start { addr, .. }
+            | Self::Timeout { addr, .. }
+            | Self::Handshake { addr, .. }
+            | Self::Certificate { addr, .. }
+            | Self::WrongRole { addr, .. } => *addr,
+        }
+    }
+}
 
 impl Connections {
     /// Dials from `endpoint` with `config`; every peer must present a
@@ -47,7 +114,7 @@ impl Connections {
 
     /// The open connection to `addr`, or a new one. The error names `addr`.
     /// Concurrent callers share one dial.
-    pub async fn get(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
+    pub async fn get(&self, addr: SocketAddr) -> Result<quinn::Connection, DialError> {
         if let Some(c) = self.cached(addr) {
             return Ok(c);
         }
@@ -75,19 +142,19 @@ impl Connections {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr).filter(|c| c.close_reason().is_none()).cloned()
     }
 
-    async fn dial(&self, addr: SocketAddr) -> Result<quinn::Connection, String> {
+    async fn dial(&self, addr: SocketAddr) -> Result<quinn::Connection, DialError> {
         let connecting = self
             .endpoint
             .connect_with(self.config.clone(), addr, self.role.server_name())
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|error| DialError::Start { addr, error })?;
         let conn = tokio::time::timeout(self.connect_timeout, connecting)
             .await
-            .map_err(|_| format!("{addr}: no handshake within {:?}", self.connect_timeout))?
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|_| DialError::Timeout { addr, timeout: self.connect_timeout })?
+            .map_err(|error| DialError::Handshake { addr, error })?;
         match identity::peer_role(&conn) {
             Ok(r) if r == self.role => {}
-            Ok(other) => return Err(format!("{addr}: peer holds a {other} certificate, not a {}'s", self.role)),
-            Err(e) => return Err(format!("{addr}: {e}")),
+            Ok(found) => return Err(DialError::WrongRole { addr, found, wanted: self.role }),
+            Err(error) => return Err(DialError::Certificate { addr, error: Arc::new(error) }),
         }
         self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, conn.clone());
         Ok(conn)

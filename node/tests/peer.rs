@@ -6,7 +6,7 @@
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::Node;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
-use granary_node::fabric::{Cluster, FabricConfig, PeerError, PeerLink, serve};
+use granary_node::fabric::{Cluster, Corruption, FabricConfig, LinkFault, PeerError, PeerLink, serve};
 use granary_proto::peer::PeerResponse;
 use granary_proto::wire::{ErrorKind, decode, encode};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
@@ -203,9 +203,9 @@ async fn a_peer_announcing_another_chunk_length_is_refused_before_memory_is_comm
     let before = granary_node::live_chunk_bytes();
     let started = std::time::Instant::now();
     match link(&f, "node").fetch(liar, f.version, f.shard, f.len, Duration::from_secs(20)).await {
-        Err(PeerError::Corrupt { addr, shard, reason }) => {
+        Err(PeerError::Corrupt { addr, shard, corruption: Corruption::Length { announced, expected } }) => {
             assert_eq!((addr, shard), (liar, f.shard));
-            assert!(reason.contains(&(3u64 << 30).to_string()) && reason.contains(&f.len.to_string()), "{reason}");
+            assert_eq!((announced, expected), (3u64 << 30, f.len));
         }
         other => panic!("a 3 GiB announcement gave {:?}", other.map(|b| b.len())),
     }
@@ -260,8 +260,18 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
         });
         let started = std::time::Instant::now();
         match link(&f, "node").fetch(bad_addr, f.version, f.shard, f.len, Duration::from_secs(20)).await {
-            Err(PeerError::Transfer { addr, shard, reason }) => {
-                assert_eq!((addr, shard), (bad_addr, f.shard), "{reason}");
+            Err(PeerError::Transfer { addr, shard, fault }) => {
+                assert_eq!((addr, shard), (bad_addr, f.shard), "{fault}");
+                // The header cut short ends the stream; the dead process
+                // closes the connection under the read.
+                if truncate_header {
+                    assert!(matches!(fault, LinkFault::Ended { what: "response header", .. }), "{fault}");
+                } else {
+                    assert!(
+                        matches!(fault, LinkFault::Read { what: "chunk bytes", .. } | LinkFault::Ended { .. }),
+                        "{fault}"
+                    );
+                }
             }
             other => panic!("truncate_header={truncate_header}: {:?}", other.map(|b| b.len())),
         }
@@ -622,8 +632,9 @@ async fn an_owner_whose_host_vanishes_mid_chunk_is_taken_for_gone_not_stalled() 
     });
     let started = std::time::Instant::now();
     match link(&f, "node").fetch(relay.addr, f.version, f.shard, f.len, Duration::from_secs(60)).await {
-        Err(PeerError::Transfer { addr, shard, reason }) => {
-            assert_eq!((addr, shard), (relay.addr, f.shard), "{reason}");
+        Err(PeerError::Transfer { addr, shard, fault }) => {
+            assert_eq!((addr, shard), (relay.addr, f.shard), "{fault}");
+            assert!(matches!(fault, LinkFault::Gone(_)), "a cut-off owner is gone, not stalled: {fault}");
         }
         other => panic!("a vanished owner gave {:?}", other.map(|c| c.len())),
     }

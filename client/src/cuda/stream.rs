@@ -119,7 +119,7 @@ mod tests {
         let feed = GpuFeed::new(0, cap).expect("feed on device 0");
         let expected: Vec<Batch> = (0..5).map(|i| batch(&ls, 32, i)).collect();
         let mut source: Vec<Result<Batch, ClientError>> = (0..5).map(|i| Ok(batch(&ls, 32, i))).collect();
-        source.insert(3, Err(ClientError::Producer("injected".into())));
+        source.insert(3, Err(ClientError::Producer(crate::error::ProducerError::Injected("a failed batch"))));
         let mut stream = GpuStream::new(feed, source.into_iter());
         let mut seen = Vec::new();
         let mut errors = 0;

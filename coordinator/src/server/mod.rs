@@ -124,9 +124,15 @@ pub enum StartError {
         /// Those listed.
         listed: Vec<VoterId>,
     },
-    /// openraft refused the configuration or failed to start.
+    /// The endpoint's bound address could not be read.
+    #[error("endpoint address: {0}")]
+    Endpoint(std::io::Error),
+    /// openraft refused the configuration.
+    #[error("raft configuration: {0}")]
+    RaftConfig(#[from] openraft::ConfigError),
+    /// openraft failed to start or to read its state.
     #[error("raft: {0}")]
-    Raft(String),
+    Raft(#[from] openraft::error::Fatal<VoterId>),
 }
 
 /// A running voter.
@@ -152,7 +158,7 @@ impl Coordinator {
 
         let server = cfg.identity.server_config(&[ALPN_API, ALPN_RAFT])?;
         let endpoint = tls::server_endpoint(&cfg.identity, cfg.listen, server)?;
-        let addr = endpoint.local_addr().map_err(|e| StartError::Raft(format!("endpoint address: {e}")))?;
+        let addr = endpoint.local_addr().map_err(StartError::Endpoint)?;
         // Raft links notice a dead or restarted peer within the election
         // timeout: keep-alive every heartbeat, idle timeout one election
         // timeout. A vote then never waits on a connection to a process that
@@ -176,11 +182,8 @@ impl Coordinator {
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         }
-        .validate()
-        .map_err(|e| StartError::Raft(e.to_string()))?;
-        let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log, sm)
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
+        .validate()?;
+        let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log, sm).await?;
 
         let mut voters = cfg.voters.clone();
         if voters.is_empty() {
@@ -189,7 +192,7 @@ impl Coordinator {
         if !voters.contains_key(&cfg.id) {
             return Err(StartError::NotAVoter { id: cfg.id, listed: voters.keys().copied().collect() });
         }
-        let initialized = raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?;
+        let initialized = raft.is_initialized().await?;
         if !initialized && voters.keys().next() == Some(&cfg.id) {
             let members: BTreeMap<VoterId, BasicNode> =
                 voters.iter().map(|(id, a)| (*id, BasicNode { addr: a.clone() })).collect();

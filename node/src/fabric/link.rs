@@ -7,103 +7,19 @@
 //! and payload checksum) before it is used.
 
 use super::config::{BYTE_PERMIT, FabricConfig};
+use super::error::{Corruption, LinkFault, PeerError};
 use super::read::{Buffer, Pieces, StreamError, ask, peer_answers, read_live};
 use super::route::AskFailure;
 use crate::shm::{ChunkFile, SealedChunk};
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, PeerRequest, PeerResponse};
-use granary_proto::wire::ErrorKind;
 use granary_proto::{ChunkView, DatasetVersion, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
-
-/// A peer fetch failed; the caller falls back to another source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PeerError {
-    /// No connection could be made.
-    #[error("peer {addr}: {reason}")]
-    Connect {
-        /// The peer.
-        addr: SocketAddr,
-        /// Why.
-        reason: String,
-    },
-    /// The stream failed or the peer broke the protocol.
-    #[error("peer {addr}, {shard}: {reason}")]
-    Transfer {
-        /// The peer.
-        addr: SocketAddr,
-        /// The shard asked for.
-        shard: ShardId,
-        /// Why.
-        reason: String,
-    },
-    /// The peer answered that it could not produce the chunk.
-    #[error("peer {addr} could not serve {shard} ({kind:?}): {message}")]
-    Refused {
-        /// The peer.
-        addr: SocketAddr,
-        /// The shard.
-        shard: ShardId,
-        /// Category.
-        kind: ErrorKind,
-        /// The peer's message.
-        message: String,
-    },
-    /// Asking for a file's footer failed: the stream, the protocol, or
-    /// the peer's own read.
-    #[error("peer {addr}, footer of file {file}: {reason}")]
-    Footer {
-        /// The peer.
-        addr: SocketAddr,
-        /// File index in the manifest.
-        file: u32,
-        /// Why.
-        reason: String,
-    },
-    /// The chunk failed validation.
-    #[error("peer {addr} sent a corrupt chunk for {shard}: {reason}")]
-    Corrupt {
-        /// The peer.
-        addr: SocketAddr,
-        /// The shard.
-        shard: ShardId,
-        /// What failed.
-        reason: String,
-    },
-    /// The peer sent nothing on the stream (no progress frame, no chunk
-    /// byte; see `read_live`) for [`FabricConfig::stall_timeout`] while its
-    /// connection still answered (see `peer_answers`): the stream is
-    /// dropped and the caller reads elsewhere without waiting for the
-    /// placement to move. A stall on a connection that went quiet too is a
-    /// [`PeerError::Transfer`]: the peer is gone.
-    #[error("peer {addr}, {shard}: stalled for {idle:?} ({during})")]
-    Stalled {
-        /// The peer.
-        addr: SocketAddr,
-        /// The shard.
-        shard: ShardId,
-        /// How long nothing came.
-        idle: Duration,
-        /// What the stall interrupted.
-        during: String,
-    },
-    /// The deadline passed.
-    #[error("peer {addr}: no chunk for {shard} within {deadline:?}")]
-    Timeout {
-        /// The peer.
-        addr: SocketAddr,
-        /// The shard.
-        shard: ShardId,
-        /// The deadline.
-        deadline: Duration,
-    },
-}
 
 /// Connections and flow control towards peers.
 pub struct PeerLink {
@@ -129,18 +45,17 @@ impl PeerLink {
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, PeerError> {
-        let err = |reason: String| PeerError::Connect { addr, reason };
         if let Some(until) = self.down.lock().unwrap_or_else(|p| p.into_inner()).get(&addr)
             && std::time::Instant::now() < *until
         {
-            return Err(err("unreachable moments ago; not retried yet".into()));
+            return Err(PeerError::Connect { addr, fault: LinkFault::RecentlyDown });
         }
-        self.conns.get(addr).await.map_err(|reason| {
+        self.conns.get(addr).await.map_err(|error| {
             self.down
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(addr, std::time::Instant::now() + self.config.down_for);
-            err(reason)
+            PeerError::Connect { addr, fault: LinkFault::Dial(error) }
         })
     }
 
@@ -176,7 +91,7 @@ impl PeerLink {
     ) -> Result<SealedChunk, PeerError> {
         let work = async {
             let slot = self.slot(addr);
-            let _permit = slot.acquire().await.map_err(|e| PeerError::Connect { addr, reason: e.to_string() })?;
+            let _permit = slot.acquire().await.map_err(|_| PeerError::Connect { addr, fault: LinkFault::Closed })?;
             let conn = self.connection(addr).await?;
             let result = self.exchange(&conn, addr, version, shard, expected_len).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
@@ -206,13 +121,13 @@ impl PeerLink {
         file_size: u64,
         deadline: Duration,
     ) -> Result<bytes::Bytes, PeerError> {
-        let fail = |reason: String| PeerError::Footer { addr, file, reason };
+        let fail = |fault: LinkFault| PeerError::Footer { addr, file, fault };
         let work = async {
             let conn = self.connection(addr).await?;
             let (response, mut recv) =
                 ask(&conn, &PeerRequest::FetchFooter { version, file }, self.config.stall_timeout)
                     .await
-                    .map_err(|e| fail(e.to_string()))?;
+                    .map_err(|e| fail(e.into_fault()))?;
             match response {
                 PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN.min(file_size) => {
                     let mut buf = vec![0u8; len as usize];
@@ -223,19 +138,18 @@ impl PeerLink {
                         self.config.stall_timeout,
                     )
                     .await
-                    .map_err(|e| fail(e.to_string()))?;
+                    .map_err(|e| fail(e.into_fault()))?;
                     Ok(bytes::Bytes::from(buf))
                 }
-                PeerResponse::Footer { len } => Err(fail(format!(
-                    "announced a footer of {len} bytes, over {} (the file is {file_size} bytes)",
-                    MAX_PEER_FOOTER_LEN.min(file_size)
-                ))),
-                PeerResponse::Failed { kind, message } => Err(fail(format!("refused ({kind:?}): {message}"))),
-                PeerResponse::Chunk { .. } => Err(fail("answered with a chunk".into())),
-                PeerResponse::Working => Err(fail("a progress frame was taken for an answer".into())),
+                PeerResponse::Footer { len } => {
+                    Err(fail(LinkFault::TooLarge { what: "footer", len, cap: MAX_PEER_FOOTER_LEN.min(file_size) }))
+                }
+                PeerResponse::Failed { kind, message } => Err(fail(LinkFault::Refused { kind, message })),
+                PeerResponse::Chunk { .. } => Err(fail(LinkFault::Unexpected("a chunk"))),
+                PeerResponse::Working => Err(fail(LinkFault::Unexpected("a progress frame taken for an answer"))),
             }
         };
-        tokio::time::timeout(deadline, work).await.map_err(|_| fail(format!("no footer within {deadline:?}")))?
+        tokio::time::timeout(deadline, work).await.map_err(|_| fail(LinkFault::Timeout(deadline)))?
     }
 
     async fn exchange(
@@ -246,19 +160,16 @@ impl PeerLink {
         shard: ShardId,
         expected_len: u64,
     ) -> Result<SealedChunk, PeerError> {
-        let transfer = |reason: String| PeerError::Transfer { addr, shard, reason };
+        let transfer = |fault: LinkFault| PeerError::Transfer { addr, shard, fault };
+        let corrupt = |corruption: Corruption| PeerError::Corrupt { addr, shard, corruption };
         // A stall on a connection that hears nothing at all is a dead
         // peer: a transfer failure, which waits for the placement.
         let failed = async |e: StreamError| match e {
-            StreamError::Stalled { idle, during } if peer_answers(conn, tls::KEEP_ALIVE_INTERVAL).await => {
-                PeerError::Stalled { addr, shard, idle, during }
+            StreamError::Stalled(stall) if peer_answers(conn, tls::KEEP_ALIVE_INTERVAL).await => {
+                PeerError::Stalled { addr, shard, stall }
             }
-            StreamError::Stalled { idle, during } => PeerError::Transfer {
-                addr,
-                shard,
-                reason: format!("nothing for {idle:?} ({during}), and the connection went quiet too: the peer is gone"),
-            },
-            StreamError::Failed(reason) => PeerError::Transfer { addr, shard, reason },
+            StreamError::Stalled(stall) => transfer(LinkFault::Gone(stall)),
+            StreamError::Failed(fault) => transfer(fault),
         };
         let (response, mut recv) =
             match ask(conn, &PeerRequest::FetchChunk { version, shard }, self.config.stall_timeout).await {
@@ -267,48 +178,41 @@ impl PeerLink {
             };
         match response {
             PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
-            PeerResponse::Footer { .. } => Err(transfer("answered with a footer".into())),
-            PeerResponse::Working => Err(transfer("a progress frame was taken for an answer".into())),
+            PeerResponse::Footer { .. } => Err(transfer(LinkFault::Unexpected("a footer"))),
+            PeerResponse::Working => Err(transfer(LinkFault::Unexpected("a progress frame taken for an answer"))),
             PeerResponse::Chunk { len } => {
                 if len > MAX_PEER_CHUNK_LEN {
-                    return Err(transfer(format!("announced a chunk of {len} bytes, over {MAX_PEER_CHUNK_LEN}")));
+                    return Err(transfer(LinkFault::TooLarge { what: "chunk", len, cap: MAX_PEER_CHUNK_LEN }));
                 }
                 // The manifest fixes every chunk's length: refuse another
                 // before committing memory for it.
                 if len != expected_len {
-                    return Err(PeerError::Corrupt {
-                        addr,
-                        shard,
-                        reason: format!("announced a chunk of {len} bytes; the manifest's layout gives {expected_len}"),
-                    });
+                    return Err(corrupt(Corruption::Length { announced: len, expected: expected_len }));
                 }
                 // A chunk larger than the whole budget takes all of it.
                 let units = len.div_ceil(BYTE_PERMIT).clamp(1, self.config.byte_permits()) as u32;
                 let budget = self.byte_budget(addr);
-                let _reserved = budget.acquire_many(units).await.map_err(|e| transfer(e.to_string()))?;
+                let _reserved = budget.acquire_many(units).await.map_err(|_| transfer(LinkFault::Closed))?;
                 // Written straight from QUIC's receive buffers into the
                 // memory file the chunk is kept and handed to trainers in:
                 // one copy, and no page cleared before it is filled.
                 if len == 0 {
-                    return Err(PeerError::Corrupt { addr, shard, reason: "announced an empty chunk".into() });
+                    return Err(corrupt(Corruption::Empty));
                 }
-                let mut file = ChunkFile::new(len as usize)
-                    .map_err(|e| transfer(format!("cannot allocate {len} bytes of chunk memory: {e}")))?;
+                let len = len as usize;
+                let mut file = ChunkFile::new(len)
+                    .map_err(|error| transfer(LinkFault::Memory { what: "allocating", len, error }))?;
                 if let Err(e) =
                     read_live(&mut recv, &mut Pieces::new(&mut file), "chunk bytes", self.config.stall_timeout).await
                 {
                     return Err(failed(e).await);
                 }
-                let chunk = file.seal().map_err(|e| transfer(format!("cannot seal the chunk's memory: {e}")))?;
+                let chunk = file.seal().map_err(|error| transfer(LinkFault::Memory { what: "sealing", len, error }))?;
                 let view = ChunkView::parse(chunk.bytes(), granary_proto::chunk::Verify::Full)
-                    .map_err(|e| PeerError::Corrupt { addr, shard, reason: e.to_string() })?;
+                    .map_err(|e| corrupt(Corruption::Invalid(e)))?;
                 let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
                 if got_version != version || got_shard != shard {
-                    return Err(PeerError::Corrupt {
-                        addr,
-                        shard,
-                        reason: format!("it is the chunk of {got_shard} in version {got_version}"),
-                    });
+                    return Err(corrupt(Corruption::Misplaced { shard: got_shard, version: got_version }));
                 }
                 Ok(chunk)
             }

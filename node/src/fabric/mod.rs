@@ -22,6 +22,7 @@
 //! `stall`; `route` and `config` depend on nothing here.
 
 pub(crate) mod config;
+mod error;
 mod follow;
 mod link;
 pub(crate) mod owners;
@@ -31,8 +32,9 @@ mod server;
 mod stall;
 
 pub use config::{FabricConfig, FabricConfigError};
+pub use error::{Corruption, LinkFault, PeerError, Stall};
 pub use follow::follow_placement;
-pub use link::{PeerError, PeerLink};
+pub use link::PeerLink;
 pub use owners::Cluster;
 pub use route::Owner;
 pub use server::serve;

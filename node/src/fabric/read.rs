@@ -5,6 +5,7 @@
 //! still answers) are the pure [`StallClock`] and [`Liveness`]; this file
 //! only waits for what they say.
 
+use super::error::{LinkFault, Stall};
 use super::stall::{Liveness, StallClock, TimerFired, Verdict};
 use crate::shm::ChunkFile;
 use granary_proto::frame::{self, FrameError, HEADER_LEN};
@@ -15,17 +16,24 @@ use std::time::Duration;
 /// Reading a peer's stream failed.
 #[derive(Debug)]
 pub(crate) enum StreamError {
-    /// Nothing came on the stream for `idle` (the stall timeout).
-    Stalled { idle: Duration, during: String },
+    /// Nothing came on the stream for the stall timeout.
+    Stalled(Stall),
     /// The stream or connection failed, or the peer broke the protocol.
-    Failed(String),
+    Failed(LinkFault),
 }
 
-impl std::fmt::Display for StreamError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl From<LinkFault> for StreamError {
+    fn from(fault: LinkFault) -> Self {
+        Self::Failed(fault)
+    }
+}
+
+impl StreamError {
+    /// As a link fault, for callers that do not tell a stall apart.
+    pub(crate) fn into_fault(self) -> LinkFault {
         match self {
-            Self::Stalled { idle, during } => write!(f, "stalled for {idle:?} ({during})"),
-            Self::Failed(reason) => f.write_str(reason),
+            Self::Stalled(stall) => LinkFault::Stalled(stall),
+            Self::Failed(fault) => fault,
         }
     }
 }
@@ -37,8 +45,8 @@ pub(crate) trait Fill {
     /// Bytes taken so far.
     fn filled(&self) -> usize;
     /// Takes what `recv` has, waiting for at least one byte; false when
-    /// the stream ended first.
-    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String>;
+    /// the stream ended first. `what` names the bytes in an error.
+    async fn take(&mut self, recv: &mut quinn::RecvStream, what: &'static str) -> Result<bool, LinkFault>;
 }
 
 /// A buffer filled by copying.
@@ -56,8 +64,8 @@ impl Fill for Buffer<'_> {
         self.pos
     }
 
-    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String> {
-        match recv.read(&mut self.buf[self.pos..]).await.map_err(|e| e.to_string())? {
+    async fn take(&mut self, recv: &mut quinn::RecvStream, what: &'static str) -> Result<bool, LinkFault> {
+        match recv.read(&mut self.buf[self.pos..]).await.map_err(|error| LinkFault::Read { what, error })? {
             Some(n) => {
                 self.pos += n;
                 Ok(true)
@@ -93,8 +101,8 @@ impl Fill for Pieces<'_> {
         self.file.written()
     }
 
-    async fn take(&mut self, recv: &mut quinn::RecvStream) -> Result<bool, String> {
-        let Some(n) = recv.read_chunks(&mut self.pieces).await.map_err(|e| e.to_string())? else {
+    async fn take(&mut self, recv: &mut quinn::RecvStream, what: &'static str) -> Result<bool, LinkFault> {
+        let Some(n) = recv.read_chunks(&mut self.pieces).await.map_err(|error| LinkFault::Read { what, error })? else {
             return Ok(false);
         };
         // What comes after the chunk's announced length is not the chunk:
@@ -104,7 +112,9 @@ impl Fill for Pieces<'_> {
             piece.truncate(room);
             room -= piece.len();
         }
-        let written = self.file.append(&self.pieces[..n]).map_err(|e| e.to_string());
+        let len = self.file.len();
+        let written =
+            self.file.append(&self.pieces[..n]).map_err(|error| LinkFault::Memory { what: "writing", len, error });
         self.pieces[..n].fill(bytes::Bytes::new());
         written.map(|()| true)
     }
@@ -116,7 +126,7 @@ impl Fill for Pieces<'_> {
 pub(crate) async fn read_live(
     recv: &mut quinn::RecvStream,
     into: &mut impl Fill,
-    what: &str,
+    what: &'static str,
     stall: Duration,
 ) -> Result<(), StreamError> {
     let len = into.len();
@@ -125,15 +135,10 @@ pub(crate) async fn read_live(
     while into.filled() < len {
         let reading = async {
             while into.filled() < len {
-                match into.take(recv).await {
+                match into.take(recv, what).await {
                     Ok(true) => clock.handle_progress(tokio::time::Instant::now().into_std()),
-                    Ok(false) => {
-                        let got = into.filled();
-                        return Err(StreamError::Failed(format!(
-                            "{what}: the stream ended after {got} of {len} bytes"
-                        )));
-                    }
-                    Err(e) => return Err(StreamError::Failed(format!("{what}: {e}"))),
+                    Ok(false) => return Err(LinkFault::Ended { what, got: into.filled(), len }.into()),
+                    Err(fault) => return Err(fault.into()),
                 }
             }
             Ok(())
@@ -143,10 +148,7 @@ pub(crate) async fn read_live(
             Err(_) => match clock.handle_timer(tokio::time::Instant::now().into_std()) {
                 TimerFired::Rearm(next) => until = next,
                 TimerFired::Stalled => {
-                    return Err(StreamError::Stalled {
-                        idle: clock.timeout(),
-                        during: format!("{what}: nothing came after {} of {len} bytes", into.filled()),
-                    });
+                    return Err(StreamError::Stalled(Stall { idle: clock.timeout(), what, got: into.filled(), len }));
                 }
             },
         }
@@ -183,23 +185,18 @@ pub(crate) async fn ask(
     request: &PeerRequest,
     stall: Duration,
 ) -> Result<(PeerResponse, quinn::RecvStream), StreamError> {
-    let failed = |e: &dyn std::fmt::Display| StreamError::Failed(e.to_string());
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
-    let request = peer_frame(&encode(request)).map_err(|e| failed(&e))?;
-    send.write_all(&request).await.map_err(|e| failed(&e))?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(LinkFault::Open)?;
+    let request = peer_frame(&encode(request)).map_err(|error| LinkFault::Frame { what: "request", error })?;
+    send.write_all(&request).await.map_err(LinkFault::Send)?;
     let _ = send.finish();
     loop {
         let mut prefix = [0u8; HEADER_LEN];
         read_live(&mut recv, &mut Buffer { buf: &mut prefix, pos: 0 }, "response header", stall).await?;
-        let len = frame::decode_len(prefix, MAX_PEER_FRAME_LEN).map_err(|e| match e {
-            FrameError::TooLarge { len, cap } => {
-                StreamError::Failed(format!("response frame of {len} bytes exceeds {cap}"))
-            }
-            other => StreamError::Failed(other.to_string()),
-        })?;
+        let len = frame::decode_len(prefix, MAX_PEER_FRAME_LEN)
+            .map_err(|error| LinkFault::Frame { what: "response header", error })?;
         let mut head = vec![0u8; len];
         read_live(&mut recv, &mut Buffer { buf: &mut head, pos: 0 }, "response header", stall).await?;
-        match decode::<PeerResponse>(&head).map_err(|e| failed(&e))? {
+        match decode::<PeerResponse>(&head).map_err(LinkFault::Decode)? {
             PeerResponse::Working => continue,
             response => return Ok((response, recv)),
         }

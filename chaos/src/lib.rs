@@ -1,18 +1,35 @@
 //! # granary-chaos: chaos testing of Granary
 //!
 //! Granary must hand every trainer the same batch stream while hosts die and
-//! networks misbehave. This crate holds the pieces of issue 14's two layers:
-//! a deterministic simulation of the decision cores, and runs of real
-//! processes under a seeded schedule of faults. Both end in the same
-//! question, whether what the system did is allowed, and both must replay
-//! from a seed.
+//! networks misbehave. This crate holds the pieces of chaos testing's two
+//! layers (issue 14): a deterministic simulation of the decision cores over
+//! a virtual clock and network, and runs of the real processes under a seeded
+//! schedule of faults. Both must replay from a seed, and both end in the same
+//! question: was what the system did allowed?
 //!
 //! ## Module map
 //! - [`lincheck`] — a linearizability checker for recorded histories
-//!   (memoizing Wing–Gong–Lowe), with ready models of a register
-//!   ([`lincheck::Register`]) and a grow-only set ([`lincheck::GrowSet`]).
+//!   (memoizing Wing–Gong–Lowe) with a step bound, ready models of a
+//!   register ([`lincheck::Register`]) and a grow-only set
+//!   ([`lincheck::GrowSet`]), and per-key checking
+//!   ([`lincheck::check_by_key`]). It judges what a chaos client saw of the
+//!   coordinator's writes.
+//! - [`relay`] — a seeded userspace UDP fault relay between real processes
+//!   (drop, delay, duplication, reordering, partitions, bandwidth caps), for
+//!   QUIC links on a kernel without netem. Its decisions are pure:
+//!   [`relay::decide`](mod@relay::decide) (the fate of the n-th datagram of a link, from the
+//!   seed alone) and [`relay::core`] (a sans-I/O state machine with time as
+//!   an argument); [`relay::RelayHandle`] is the tokio shell around them.
 //!
-//! The simulation harness, the fault schedule and the `granary chaos`
-//! commands will be added here as they are built.
+//! ## Data flow
+//! A real-process run starts a [`relay::RelayHandle`] in front of the
+//! processes, points each at the others' front addresses, changes faults as
+//! its schedule says, and afterwards reads the relay's counts. Its chaos
+//! client records each call and answer as a [`lincheck::Operation`], and
+//! [`lincheck::check`] says whether the history is linearizable.
+//!
+//! The simulation harness, the fault schedule, the fault-injecting store
+//! and the `granary chaos` commands will be added here as they are built.
 
 pub mod lincheck;
+pub mod relay;

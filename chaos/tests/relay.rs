@@ -163,3 +163,49 @@ async fn strangers_and_bad_settings_are_refused() {
     assert_eq!(err.to_string(), "faults for p0->p1: drop probability 2 is outside 0.0..=1.0");
     relay.shutdown().await;
 }
+
+#[tokio::test]
+async fn bandwidth_cap_spreads_a_burst_at_the_rate() {
+    use granary_chaos::relay::Bandwidth;
+    let cap = Bandwidth { bytes_per_sec: 100_000, burst_bytes: 2_000, max_queue: Duration::from_secs(1) };
+    let capped = LinkFaults { bandwidth: Some(cap), ..LinkFaults::NONE };
+    let (a, b, relay) = pair(|c| c.link_faults = BTreeMap::from([(Link::new(0, 1), capped)])).await;
+    let front_b = relay.front(B).expect("front");
+    let started = tokio::time::Instant::now();
+    for _ in 0..22 {
+        a.send_to(&[0u8; 1000], front_b).await.expect("send");
+    }
+    for _ in 0..22 {
+        recv(&b).await;
+    }
+    // 2,000 bytes go at once, the other 20,000 at 100 kB/s: 200 ms at least.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(195), "22 kB through a 100 kB/s cap took {took:?}");
+    let s = relay.stats().link(Link::new(0, 1));
+    assert_eq!((s.throttled, s.throttle_dropped, s.sent), (20, 0, 22));
+    relay.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_second_sending_address_of_a_process_is_relayed_as_that_process() {
+    use granary_chaos::relay::{ProcessSpec, RelayError};
+    let (a, a2, b) = (socket().await, socket().await, socket().await);
+    let (a_addr, a2_addr, b_addr) =
+        (a.local_addr().expect("addr"), a2.local_addr().expect("addr"), b.local_addr().expect("addr"));
+    let mut cfg = RelayConfig::new(1, [a_addr, b_addr]);
+    cfg.processes[0] = ProcessSpec { listen: a_addr, sends_from: vec![a2_addr] };
+    let relay = RelayHandle::start(cfg.clone()).await.expect("relay starts");
+    let front_b = relay.front(B).expect("front");
+    a2.send_to(b"from a2", front_b).await.expect("send");
+    let (bytes, back) = recv(&b).await;
+    assert_eq!(bytes, b"from a2");
+    b.send_to(b"to a2", back).await.expect("send");
+    assert_eq!(recv(&a2).await, (b"to a2".to_vec(), front_b));
+    let s = relay.stats();
+    assert_eq!((s.link(Link::new(0, 1)).sent, s.link(Link::new(1, 0)).sent, s.unknown_source), (1, 1, 0));
+    relay.shutdown().await;
+    // One address may not belong to two processes.
+    cfg.processes[1].sends_from = vec![a2_addr];
+    let Err(err) = RelayHandle::start(cfg).await else { panic!("a shared address was accepted") };
+    assert!(matches!(err, RelayError::DuplicateAddress { addr, .. } if addr == a2_addr), "{err}");
+}

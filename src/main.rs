@@ -23,7 +23,7 @@ mod demo;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cli::{bench, certs, connect, coordinator, dataset, node, stats, status, trainer};
+use cli::{bench, certs, chaos, connect, coordinator, dataset, node, stats, status, trainer};
 
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
@@ -53,6 +53,9 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Print a node's counters.
     Stats(stats::StatsArgs),
+    /// Chaos testing: the deterministic simulation of the fabric's races.
+    #[command(subcommand)]
+    Chaos(chaos::ChaosCommand),
     /// One trainer rank, driven over stdin/stdout (used by the demo).
     #[command(hide = true)]
     Trainer(trainer::TrainerArgs),
@@ -82,6 +85,7 @@ fn main() -> Result<()> {
         Command::Status(c) => status::run(&c),
         Command::Bench(c) => bench::run(c),
         Command::Stats(a) => stats::run(&a),
+        Command::Chaos(c) => chaos::run(c),
         Command::Trainer(a) => trainer::run(a),
     }
 }

@@ -28,8 +28,13 @@
 //! client records each call and answer as a [`lincheck::Operation`], and
 //! [`lincheck::check`] says whether the history is linearizable.
 //!
-//! The simulation harness, the fault schedule, the fault-injecting store
-//! and the `granary chaos` commands will be added here as they are built.
+//! - [`sim`] — `granary chaos sim`: the node's and the coordinator's
+//!   decision cores on a simulated clock and network, one seed per run,
+//!   with the invariants of the fabric checked after every run.
+//!
+//! The real-process runner (`granary chaos run`) and the fault-injecting
+//! store will be added here as they are built.
 
 pub mod lincheck;
 pub mod relay;
+pub mod sim;

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 /// Who asks for a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Asker {
+pub enum Asker {
     /// A trainer on this host, or prefetch for the epoch in progress: the
     /// load may ask the shard's owner, and the chunk is needed now.
     Trainer,
@@ -27,26 +27,26 @@ pub(crate) enum Asker {
 
 impl Asker {
     /// Whether a load started for this asker may ask the shard's owner.
-    pub(crate) fn forwards(self) -> bool {
+    pub fn forwards(self) -> bool {
         !matches!(self, Asker::Peer(_))
     }
 
     /// Whether the chunk is needed now (false only for a later epoch).
-    pub(crate) fn wants_now(self) -> bool {
+    pub fn wants_now(self) -> bool {
         !matches!(self, Asker::Ahead)
     }
 }
 
 /// A load in flight, as the admission sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct InFlight {
+pub struct InFlight {
     /// The peer the load is asking for the chunk right now, if any.
     pub asking: Option<SocketAddr>,
 }
 
 /// What to do with a request that found no chunk in the tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admission {
+pub enum Admission {
     /// Wait on the load in flight. `promote`: the load now serves a request
     /// that needs the chunk now, so its guest copy becomes a regular one.
     Join {
@@ -67,7 +67,7 @@ pub(crate) enum Admission {
 /// were looked up (asked only when it matters); `may_look_again` is false
 /// on the last of the bounded attempts, so a lookup that never settles
 /// still starts a load.
-pub(crate) fn admit(
+pub fn admit(
     pending: Option<InFlight>,
     asker: Asker,
     finished: impl FnOnce() -> bool,

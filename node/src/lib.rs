@@ -22,6 +22,9 @@
 //! - `flight` — single-flight admission (pure).
 //! - `prefetch` — the prefetch window along a rank's plan (pure).
 //! - [`error`] — error types.
+//! - [`decide`] — the pure decision cores above, exported for the chaos
+//!   simulation (`granary-chaos`), which runs them on a virtual clock and
+//!   network; not needed to embed a node.
 //!
 //! A request flows `daemon` → [`Node::chunk`] → `tier` (hit) or a single
 //! shared load: the source's `Remote` reads the row group's column chunks
@@ -48,6 +51,16 @@ mod shm;
 mod tier;
 
 use granary_source::{dataset, remote};
+
+/// The node's pure decision cores (no I/O, `now` as an argument): the
+/// fetch route of one load, single-flight admission, the stall clock and
+/// the liveness probe. The node's async shells execute what they decide;
+/// `granary-chaos` drives the same code on a simulated clock and network.
+pub mod decide {
+    pub use crate::fabric::route::{AskFailure, FooterAnswer, MAX_OWNERS_ASKED, Owner, Route, Step, answer_footer};
+    pub use crate::fabric::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
+    pub use crate::flight::{Admission, Asker, InFlight, admit};
+}
 
 pub use config::NodeConfig;
 pub use embedded::EmbeddedNode;

@@ -12,6 +12,7 @@
 //!   the coordinators.
 //! - [`stats`]: `granary stats`, one node's counters.
 //! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
+//! - [`chaos`]: `granary chaos sim`, the deterministic simulation.
 //! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
 //!   and the benchmarks.
 //!
@@ -21,6 +22,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod certs;
+pub(crate) mod chaos;
 pub(crate) mod connect;
 pub(crate) mod coordinator;
 pub(crate) mod dataset;

@@ -4,6 +4,7 @@
 //! connection still answered ([`Stall`]), or its bytes failed validation
 //! ([`Corruption`]). Every variant names the peer, and the shard or file.
 
+use super::route::AskFailure;
 use granary_net::conn::DialError;
 use granary_proto::wire::ErrorKind;
 use granary_proto::{ChunkError, DatasetVersion, ShardId};
@@ -91,6 +92,25 @@ pub enum PeerError {
         /// The deadline.
         deadline: Duration,
     },
+}
+
+impl PeerError {
+    /// How the fetch route takes this failure: an owner known to be alive
+    /// (it stalled while its connection answered, refused in words, or sent
+    /// a chunk that failed validation; it keeps its lease, so waiting for
+    /// the placement to move its shard would only wait) or one that may be
+    /// dead.
+    pub fn as_ask_failure(&self) -> AskFailure {
+        match self {
+            PeerError::Stalled { .. } | PeerError::Refused { .. } | PeerError::Corrupt { .. } => {
+                AskFailure::Alive(self.to_string())
+            }
+            PeerError::Connect { .. }
+            | PeerError::Transfer { .. }
+            | PeerError::Footer { .. }
+            | PeerError::Timeout { .. } => AskFailure::Unavailable(self.to_string()),
+        }
+    }
 }
 
 /// Nothing came on a peer's stream for the stall timeout.
@@ -227,4 +247,31 @@ pub enum Corruption {
         /// The version it is of.
         version: DatasetVersion,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_that_answered_is_alive_and_one_that_went_quiet_may_be_dead() {
+        let (addr, shard) = (SocketAddr::from(([10, 0, 0, 2], 7000)), ShardId { file: 0, row_group: 3 });
+        let stall = Stall { idle: Duration::from_secs(5), what: "chunk bytes", got: 0, len: 10 };
+        let alive = [
+            PeerError::Stalled { addr, shard, stall },
+            PeerError::Refused { addr, shard, kind: ErrorKind::Unavailable, message: "busy".into() },
+            PeerError::Corrupt { addr, shard, corruption: Corruption::Empty },
+        ];
+        for e in alive {
+            assert!(matches!(e.as_ask_failure(), AskFailure::Alive(_)), "{e}");
+        }
+        let maybe_dead = [
+            PeerError::Transfer { addr, shard, fault: LinkFault::Gone(stall) },
+            PeerError::Connect { addr, fault: LinkFault::RecentlyDown },
+            PeerError::Timeout { addr, shard, deadline: Duration::from_secs(30) },
+        ];
+        for e in maybe_dead {
+            assert!(matches!(e.as_ask_failure(), AskFailure::Unavailable(_)), "{e}");
+        }
+    }
 }

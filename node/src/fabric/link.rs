@@ -9,7 +9,6 @@
 use super::config::{BYTE_PERMIT, FabricConfig};
 use super::error::{Corruption, LinkFault, PeerError};
 use super::read::{Buffer, Pieces, StreamError, ask, peer_answers, read_live};
-use super::route::AskFailure;
 use crate::shm::{ChunkFile, SealedChunk};
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
@@ -216,17 +215,6 @@ impl PeerLink {
                 }
                 Ok(chunk)
             }
-        }
-    }
-}
-
-impl PeerError {
-    /// How the fetch route takes this failure: a stall (the owner is alive)
-    /// or an owner that could not serve (it may be dead).
-    pub fn as_ask_failure(&self) -> AskFailure {
-        match self {
-            PeerError::Stalled { .. } => AskFailure::Stalled(self.to_string()),
-            _ => AskFailure::Unavailable(self.to_string()),
         }
     }
 }

@@ -29,7 +29,7 @@ pub(crate) mod owners;
 mod read;
 pub(crate) mod route;
 mod server;
-mod stall;
+pub(crate) mod stall;
 
 pub use config::{FabricConfig, FabricConfigError};
 pub use error::{Corruption, LinkFault, PeerError, Stall};

@@ -7,10 +7,13 @@
 //! virtual clock (the async shell in `service.rs` only executes [`Step`]s):
 //!
 //! - **The owner answers**: the chunk is a guest copy; done.
-//! - **The owner stalled** (its connection answers, the stream does not):
-//!   it is alive and keeps its lease, so the placement will not move the
-//!   shard; waiting would only add to the stall. Read remote storage now.
-//! - **The owner failed otherwise** (unreachable, stream reset, refused):
+//! - **The owner is alive but gave no chunk**: it stalled (its connection
+//!   answers, the stream does not), refused in words, or sent a chunk that
+//!   failed validation. It keeps its lease, so the placement will not move
+//!   the shard; waiting would only add to the failure. Read remote storage
+//!   now. (`granary chaos sim` found the corrupt case: seed 11438 waited the
+//!   whole reroute wait for a live owner's shard to move.)
+//! - **The owner failed otherwise** (unreachable, gone quiet, reset):
 //!   it may be dead, and a dead owner's lease expiry moves its shards to one
 //!   survivor, which reads them once. Reading here at once would make every
 //!   survivor read them, so wait (up to the reroute wait) for the placement
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 
 /// Owners asked for one chunk, at most: the first and two the placement
 /// moved the shard to.
-pub(crate) const MAX_OWNERS_ASKED: usize = 3;
+pub const MAX_OWNERS_ASKED: usize = 3;
 
 /// A shard's owner, as this node knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +42,7 @@ pub struct Owner {
 
 /// What the shell does next for a load.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// Ask `owner` for the chunk, giving up after `within`.
     Ask {
         /// The owner to ask.
@@ -63,9 +66,10 @@ pub(crate) enum Step {
 /// How asking an owner failed, as far as the route cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AskFailure {
-    /// The owner is alive but its answer stopped coming.
-    Stalled(String),
-    /// Anything else: unreachable, reset, refused, corrupt, timed out.
+    /// The owner is alive but gave no chunk: its answer stopped coming while
+    /// its connection answered, it refused, or its chunk failed validation.
+    Alive(String),
+    /// Anything else: unreachable, gone quiet, reset, timed out.
     Unavailable(String),
 }
 
@@ -83,7 +87,7 @@ enum State {
 
 /// One load's route: see the module doc.
 #[derive(Debug)]
-pub(crate) struct Route {
+pub struct Route {
     target: Option<Owner>,
     deadline: Instant,
     reroute_wait: Duration,
@@ -96,7 +100,7 @@ impl Route {
     /// A route starting at `owner` (None: this node owns the shard or no
     /// other owner is known), bounded by `fetch_deadline` from `now`; after
     /// an owner fails, the placement is waited for at most `reroute_wait`.
-    pub(crate) fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
+    pub fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
         Self {
             target: owner,
             deadline: now + fetch_deadline,
@@ -110,7 +114,7 @@ impl Route {
     /// The next step. Call again after reporting the outcome of an
     /// [`Step::Ask`] or [`Step::AwaitPlacement`]; once it says
     /// [`Step::ReadRemote`] it always does.
-    pub(crate) fn poll(&mut self, now: Instant) -> Step {
+    pub fn poll(&mut self, now: Instant) -> Step {
         match self.state {
             State::Remote => Step::ReadRemote,
             State::Asking(owner) => {
@@ -144,10 +148,10 @@ impl Route {
     }
 
     /// The owner asked last failed (`reason` names the peer's error).
-    pub(crate) fn handle_failed(&mut self, failure: AskFailure) {
+    pub fn handle_failed(&mut self, failure: AskFailure) {
         let State::Asking(owner) = self.state else { return };
         match failure {
-            AskFailure::Stalled(reason) => {
+            AskFailure::Alive(reason) => {
                 self.tried.push(format!("{}: {reason}", owner.node));
                 self.state = State::Remote;
             }
@@ -162,7 +166,7 @@ impl Route {
 
     /// The placement moved the shard: to `owner`, or (None) to this node or
     /// to no node known.
-    pub(crate) fn handle_moved(&mut self, owner: Option<Owner>) {
+    pub fn handle_moved(&mut self, owner: Option<Owner>) {
         if let State::Awaiting(_) = self.state {
             self.target = owner;
             self.state = State::Next;
@@ -170,20 +174,29 @@ impl Route {
     }
 
     /// The placement did not move the shard within the wait.
-    pub(crate) fn handle_not_moved(&mut self) {
+    pub fn handle_not_moved(&mut self) {
         if let State::Awaiting(_) = self.state {
             self.state = State::Remote;
         }
     }
 
+    /// The owner whose shard the route waits to see moved, while it waits
+    /// for the placement ([`Step::AwaitPlacement`]).
+    pub fn awaiting(&self) -> Option<NodeId> {
+        match self.state {
+            State::Awaiting(failed) => Some(failed),
+            _ => None,
+        }
+    }
+
     /// Every owner that failed and why, in the order asked.
     #[cfg(test)]
-    pub(crate) fn tried(&self) -> &[String] {
+    pub fn tried(&self) -> &[String] {
         &self.tried
     }
 
     /// Every owner that failed and why, in the order asked.
-    pub(crate) fn into_tried(self) -> Vec<String> {
+    pub fn into_tried(self) -> Vec<String> {
         self.tried
     }
 
@@ -195,7 +208,7 @@ impl Route {
 
 /// What a node answers a peer that asks for a file's footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FooterAnswer {
+pub enum FooterAnswer {
     /// The footer is in memory: send it.
     Held,
     /// This node believes `owner` reads that footer (the owner of the file's
@@ -210,7 +223,7 @@ pub(crate) enum FooterAnswer {
 /// The footer rule for a peer's request: `held` when the footer is in
 /// memory, `first_owner` the other node this node believes owns the file's
 /// first row group (None: this node, or no cluster).
-pub(crate) fn answer_footer(held: bool, first_owner: Option<NodeId>) -> FooterAnswer {
+pub fn answer_footer(held: bool, first_owner: Option<NodeId>) -> FooterAnswer {
     match (held, first_owner) {
         (true, _) => FooterAnswer::Held,
         (false, Some(owner)) => FooterAnswer::NotOwner(owner),
@@ -247,7 +260,7 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
         assert_eq!(r.poll(t0), ask(owner(2), DEADLINE));
-        r.handle_failed(AskFailure::Stalled("stalled for 5s".into()));
+        r.handle_failed(AskFailure::Alive("stalled for 5s".into()));
         // Alive owners keep their lease: the placement will not move the
         // shard, so the route reads at once instead of waiting for it.
         assert_eq!(r.poll(t0 + Duration::from_secs(5)), Step::ReadRemote);

@@ -20,20 +20,20 @@
 use std::time::{Duration, Instant};
 
 /// How often the probe looks at the connection's counters.
-pub(super) const LIVENESS_SAMPLE: Duration = Duration::from_millis(50);
+pub const LIVENESS_SAMPLE: Duration = Duration::from_millis(50);
 /// Slack on top of two keep-alive intervals before a silent peer is gone.
-pub(super) const LIVENESS_SLACK: Duration = Duration::from_millis(100);
+pub const LIVENESS_SLACK: Duration = Duration::from_millis(100);
 
 /// The time since the last byte of one stream.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct StallClock {
+pub struct StallClock {
     last: Instant,
     timeout: Duration,
 }
 
 /// What a stall timer that fired means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TimerFired {
+pub enum TimerFired {
     /// Bytes came since the timer was set: set it again for this instant.
     Rearm(Instant),
     /// Nothing came for the whole timeout: the stream stalled.
@@ -42,41 +42,41 @@ pub(super) enum TimerFired {
 
 impl StallClock {
     /// A clock started at `now` (the request was sent, or reading began).
-    pub(super) fn new(now: Instant, timeout: Duration) -> Self {
+    pub fn new(now: Instant, timeout: Duration) -> Self {
         Self { last: now, timeout }
     }
 
     /// Bytes arrived at `now`.
-    pub(super) fn handle_progress(&mut self, now: Instant) {
+    pub fn handle_progress(&mut self, now: Instant) {
         self.last = self.last.max(now);
     }
 
     /// When the stream counts as stalled if nothing more arrives.
-    pub(super) fn deadline(&self) -> Instant {
+    pub fn deadline(&self) -> Instant {
         self.last + self.timeout
     }
 
     /// The timer set for [`StallClock::deadline`] fired at `now`.
-    pub(super) fn handle_timer(&self, now: Instant) -> TimerFired {
+    pub fn handle_timer(&self, now: Instant) -> TimerFired {
         if self.deadline() > now { TimerFired::Rearm(self.deadline()) } else { TimerFired::Stalled }
     }
 
     /// The stall timeout.
-    pub(super) fn timeout(&self) -> Duration {
+    pub fn timeout(&self) -> Duration {
         self.timeout
     }
 }
 
 /// The probe of whether a connection's other end still answers.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Liveness {
+pub struct Liveness {
     heard: u64,
     until: Instant,
 }
 
 /// The probe's verdict at one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub enum Verdict {
     /// A datagram arrived since the probe began: the peer is alive.
     Answers,
     /// The connection closed, or stayed silent for the whole probe.
@@ -88,13 +88,13 @@ pub(super) enum Verdict {
 impl Liveness {
     /// A probe begun at `now`, when `heard` datagrams had been received on
     /// the connection, whose keep-alive interval is `keep_alive`.
-    pub(super) fn new(now: Instant, heard: u64, keep_alive: Duration) -> Self {
+    pub fn new(now: Instant, heard: u64, keep_alive: Duration) -> Self {
         Self { heard, until: now + 2 * keep_alive + LIVENESS_SLACK }
     }
 
     /// A sample at `now`: `heard` datagrams received so far, `closed` when
     /// the connection has closed.
-    pub(super) fn sample(&self, now: Instant, heard: u64, closed: bool) -> Verdict {
+    pub fn sample(&self, now: Instant, heard: u64, closed: bool) -> Verdict {
         if closed {
             Verdict::Silent
         } else if heard > self.heard {

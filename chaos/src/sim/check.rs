@@ -1,0 +1,257 @@
+//! What a simulated run recorded, and the invariants judged on it. Each
+//! invariant is one method, named after it in a [`Violation`]:
+//!
+//! - `integrity`: every chunk a trainer is handed has its shard's checksum
+//!   (corrupted transfers are caught by validation, never handed on);
+//! - `exactly-once`: every request of every trainer is delivered once,
+//!   never twice, and by the end of the run;
+//! - `route-bounds`: one load asks at most `MAX_OWNERS_ASKED` owners, and
+//!   none after its fetch deadline;
+//! - `lease-safety`: the coordinator never expires a node within one lease
+//!   of a heartbeat of it that reached the leader;
+//! - `calm-reads`: away from every fault (two leases and a fetch deadline
+//!   after the last one), no node reads from remote storage a shard that
+//!   the placement gives to another node which holds it, when the reader's
+//!   route met no failure: the fabric's whole point, one read per cluster;
+//! - `calm-latency`: a request issued and answered away from every fault
+//!   takes at most two remote reads (at their slowest) and two seconds: no
+//!   load waits on a cycle of nodes or on a deadline when nothing failed;
+//! - `wait-cycle`: no load joins a chain of loads that comes back to the
+//!   node that asked (A asks B for a shard, B's load asks C, C's asks A):
+//!   such a cycle waits until the fetch deadline;
+//! - `placement`: at the end, every shard has one owner, a live node.
+//!
+//! Remote reads beyond one per shard are counted by cause and reported
+//! whether or not they break an invariant.
+
+use super::node::{FETCH_DEADLINE, LEASE, checksum};
+use super::world::Micros;
+use granary_node::decide::MAX_OWNERS_ASKED;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An invariant that did not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant's name.
+    pub invariant: &'static str,
+    /// When, in simulated microseconds.
+    pub at: Micros,
+    /// What happened.
+    pub detail: String,
+}
+
+/// Time after a fault during which extra remote reads are expected.
+const CALM_AFTER: Micros = 2 * LEASE + FETCH_DEADLINE.as_micros() as Micros;
+
+/// The run's record.
+#[derive(Debug, Default)]
+pub struct Record {
+    /// Violations found so far.
+    pub violations: Vec<Violation>,
+    delivered: BTreeMap<u64, u32>,
+    /// Requests of all trainers.
+    pub requests: u64,
+    streams: u64,
+    holders: BTreeMap<u32, BTreeSet<usize>>,
+    /// Remote reads per shard.
+    pub reads: BTreeMap<u32, u64>,
+    /// Extra remote reads by cause.
+    pub extra: BTreeMap<&'static str, u64>,
+    renewed: BTreeMap<usize, Micros>,
+    /// Until when reads are not judged (a fault is recent).
+    disturbed_until: Micros,
+    /// Corrupted chunks caught by validation.
+    pub corrupt_caught: u64,
+    /// When each trainer finished each epoch.
+    pub epochs: BTreeMap<(usize, usize), Micros>,
+    /// Node expiries.
+    pub expiries: u64,
+    /// The placement the leader last published.
+    owners: Vec<Option<usize>>,
+    /// Requests in flight: when issued, and whether all was calm then.
+    issued: BTreeMap<u64, (Micros, bool)>,
+    /// The longest a calm request may take.
+    pub calm_bound: Micros,
+    /// Peer requests joined to a load since the last cycle check: (node,
+    /// peer, shard).
+    pub joins: Vec<(usize, usize, u32)>,
+}
+
+impl Record {
+    fn violate(&mut self, invariant: &'static str, at: Micros, detail: String) {
+        // The first few are enough to read; the count says the rest.
+        if self.violations.len() < 32 {
+            self.violations.push(Violation { invariant, at, detail });
+        }
+    }
+
+    /// The id of request `index` of `node`'s trainer in `epoch`.
+    pub fn request_id(&self, node: usize, epoch: usize, index: usize) -> u64 {
+        ((node as u64) << 40) | ((epoch as u64) << 20) | index as u64
+    }
+
+    /// Whether a request was delivered already (a restarted trainer skips
+    /// it, as a resumed job does).
+    pub fn was_delivered(&self, req: u64) -> bool {
+        self.delivered.contains_key(&req)
+    }
+
+    /// A new stream id.
+    pub fn new_stream(&mut self) -> u64 {
+        self.streams += 1;
+        self.streams
+    }
+
+    /// A fault began or ended at `now`.
+    pub fn disturbed(&mut self, now: Micros) {
+        self.disturbed_until = self.disturbed_until.max(now + CALM_AFTER);
+    }
+
+    /// `node` crashed: its chunks are gone.
+    pub fn crashed(&mut self, node: usize) {
+        for h in self.holders.values_mut() {
+            h.remove(&node);
+        }
+    }
+
+    /// `node` now holds `shard`.
+    pub fn held(&mut self, node: usize, shard: u32) {
+        self.holders.entry(shard).or_default().insert(node);
+    }
+
+    /// The trainer of `node` asks for request `req` at `now`.
+    pub fn issued(&mut self, req: u64, now: Micros) {
+        self.issued.insert(req, (now, now >= self.disturbed_until));
+    }
+
+    /// The trainer of `node` was handed `shard` with `sum` for `req`.
+    pub fn delivered(&mut self, node: usize, req: u64, shard: u32, sum: u64, now: Micros) {
+        if let Some((at, calm)) = self.issued.remove(&req)
+            && calm
+            && now >= self.disturbed_until
+            && now - at > self.calm_bound
+        {
+            self.violate(
+                "calm-latency",
+                now,
+                format!("n{node} took {} ms for s{shard} with no fault near", (now - at) / 1000),
+            );
+        }
+        if sum != checksum(shard) {
+            self.violate("integrity", now, format!("n{node} handed s{shard} with a wrong checksum to its trainer"));
+        }
+        if self.delivered.insert(req, shard).is_some() {
+            self.violate("exactly-once", now, format!("n{node} handed request {req:#x} (s{shard}) twice"));
+        }
+    }
+
+    /// `node`'s load of `shard` (started at `started`) asks its `asks`-th
+    /// owner at `now`.
+    pub fn asked(&mut self, node: usize, shard: u32, asks: usize, now: Micros, started: Micros) {
+        if asks > MAX_OWNERS_ASKED {
+            self.violate("route-bounds", now, format!("n{node} asked owner number {asks} for s{shard}"));
+        }
+        if now > started + FETCH_DEADLINE.as_micros() as Micros {
+            self.violate("route-bounds", now, format!("n{node} asked for s{shard} past the fetch deadline"));
+        }
+    }
+
+    /// `node` reads `shard` from remote storage at `now`; `failures` are
+    /// what its route met first.
+    pub fn remote_read(&mut self, node: usize, shard: u32, now: Micros, failures: Vec<String>) {
+        let n = self.reads.entry(shard).or_default();
+        *n += 1;
+        if *n == 1 {
+            return;
+        }
+        let holds = |m: usize| self.holders.get(&shard).is_some_and(|h| h.contains(&m));
+        let owner = self.owners.get(shard as usize).copied().flatten();
+        let cause = if owner == Some(node) {
+            "the owner reads it (a new owner, or its copy was lost)"
+        } else if !failures.is_empty() {
+            "the route met a failure"
+        } else if !owner.is_some_and(holds) {
+            "the owner holds no copy yet"
+        } else if now < self.disturbed_until {
+            "placement in flux after a fault"
+        } else {
+            let owner = owner.unwrap_or(usize::MAX);
+            self.violate(
+                "calm-reads",
+                now,
+                format!(
+                    "n{node} read s{shard} from remote storage while its owner n{owner} held it, with no fault near"
+                ),
+            );
+            "calm (a violation)"
+        };
+        *self.extra.entry(cause).or_default() += 1;
+    }
+
+    /// `node` joined `peer`'s request for `shard` to its load.
+    pub fn joined(&mut self, node: usize, peer: usize, shard: u32) {
+        self.joins.push((node, peer, shard));
+    }
+
+    /// A wait cycle was found: `chain` of nodes, each asking the next.
+    pub fn wait_cycle(&mut self, now: Micros, shard: u32, chain: &[usize]) {
+        self.violate("wait-cycle", now, format!("loads of s{shard} wait on each other: {chain:?}"));
+    }
+
+    /// The leader published a placement.
+    pub fn set_owners(&mut self, owners: Vec<Option<usize>>) {
+        self.owners = owners;
+    }
+
+    /// The leader accepted a heartbeat or registration of `node`.
+    pub fn renewed(&mut self, node: usize, now: Micros) {
+        self.renewed.insert(node, now);
+    }
+
+    /// The leader expired `node` at `now`.
+    pub fn expired(&mut self, node: usize, now: Micros) {
+        self.expiries += 1;
+        if let Some(&last) = self.renewed.get(&node)
+            && now.saturating_sub(last) <= LEASE
+        {
+            self.violate(
+                "lease-safety",
+                now,
+                format!("n{node} expired {} ms after a renewal reached the leader", (now - last) / 1000),
+            );
+        }
+    }
+
+    /// `node` applied placement `epoch`.
+    pub fn placement_seen(&mut self, _node: usize, _epoch: u64) {}
+
+    /// `node`'s trainer finished `epoch` at `now`.
+    pub fn epoch_done(&mut self, node: usize, epoch: usize, now: Micros) {
+        self.epochs.insert((node, epoch), now);
+    }
+
+    /// A corrupted chunk was refused by validation.
+    pub fn corrupt_caught(&mut self) {
+        self.corrupt_caught += 1;
+    }
+
+    /// The checks at the end of a run: every request delivered; the final
+    /// placement gives every shard one live owner.
+    pub fn finish(&mut self, now: Micros, owners: &[Option<usize>], live: &[usize], finished: bool) {
+        if !finished || (self.delivered.len() as u64) < self.requests {
+            let missing = self.requests - self.delivered.len() as u64;
+            self.violate(
+                "exactly-once",
+                now,
+                format!("{missing} of {} requests were never delivered by {} ms", self.requests, now / 1000),
+            );
+        }
+        if !live.is_empty() {
+            for (s, o) in owners.iter().enumerate() {
+                if !o.is_some_and(|o| live.contains(&o)) {
+                    self.violate("placement", now, format!("s{s} has owner {o:?}, not one of the live {live:?}"));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! `granary chaos sim`: a deterministic simulation of the fabric's races.
+//!
+//! The node's and the coordinator's decision cores (the fetch route,
+//! single-flight admission, the stall clock and liveness probe, the lease
+//! table, the replicated state machine with its placement) run unchanged
+//! against a simulated clock and network, in one thread, driven by one
+//! seed. The seed draws the run's [`Swarm`] (sizes, latencies, fault rates
+//! and counts: swarm testing) and every draw after it; the same seed gives
+//! the same trace, byte for byte ([`Outcome::trace_hash`]).
+//!
+//! Why an own step-driven harness and not turmoil or madsim: the cores are
+//! sans-I/O, so driving them needs no runtime, no scheduler and no hasher
+//! in the path; nothing can break determinism; a run jumps from event to
+//! event (thousands of seeds a minute on one core); and its faults act on
+//! exactly what the cores decide on (see docs/TESTING.md).
+//!
+//! ## Files
+//! - [`swarm`] — the parameters a seed draws.
+//! - [`world`] — clock, event queue, network, trace.
+//! - [`node`] — a node daemon over the node's cores, and its trainer.
+//! - [`coord`] — the coordinator over its state machine and lease table.
+//! - [`check`] — the record and the invariants.
+
+pub mod check;
+pub mod coord;
+pub mod node;
+pub mod swarm;
+pub mod world;
+
+use check::{Record, Violation};
+use coord::Coord;
+use granary_proto::rng::{Rng, seed_of};
+use node::{Node, Run};
+use std::collections::BTreeMap;
+pub use swarm::Swarm;
+use world::{Addr, Event, Fault, IDLE_TIMEOUT, Micros, World, ms};
+
+/// Events one run may take before it counts as a livelock.
+pub const MAX_STEPS: u64 = 2_000_000;
+/// Simulated time a run may take past its last fault.
+pub const MAX_AFTER_FAULTS: Micros = ms(300_000);
+
+/// What one seed did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The seed.
+    pub seed: u64,
+    /// Its parameters.
+    pub swarm: Swarm,
+    /// Hash of the whole trace: the same seed must give the same hash.
+    pub trace_hash: u64,
+    /// Events handled.
+    pub steps: u64,
+    /// Simulated time at the end, in milliseconds.
+    pub sim_ms: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Invariants that did not hold.
+    pub violations: Vec<Violation>,
+    /// Requests delivered to trainers.
+    pub requests: u64,
+    /// Remote reads in all, and shards.
+    pub remote_reads: u64,
+    /// Shards of the dataset.
+    pub shards: usize,
+    /// Remote reads beyond one per shard, by cause.
+    pub extra_reads: BTreeMap<&'static str, u64>,
+    /// Corrupted chunks caught by validation.
+    pub corrupt_caught: u64,
+    /// The trace's lines, when asked for.
+    pub trace: Option<Vec<String>>,
+}
+
+/// Runs `seed`; `keep_trace` keeps the trace's lines in the outcome.
+pub fn run(seed: u64, keep_trace: bool) -> Outcome {
+    run_swarm(seed, Swarm::from_seed(seed), keep_trace)
+}
+
+/// Runs `seed` with the given parameters (a test may pin some).
+pub fn run_swarm(seed: u64, swarm: Swarm, keep_trace: bool) -> Outcome {
+    let mut w = World::new(seed, swarm.clone(), keep_trace);
+    let mut rec = Record::default();
+    rec.calm_bound = 2 * ms(swarm.remote_ms.1) * 10 + ms(2_000);
+    w.log(format_args!("seed {seed}: {swarm}"));
+    let plans = plans(seed, &swarm);
+    rec.requests = plans.iter().flatten().map(|e| e.len() as u64).sum();
+    let mut nodes: Vec<Node> = plans.into_iter().enumerate().map(|(i, p)| Node::new(i, swarm.nodes, p)).collect();
+    let mut coord = Coord::new(&mut w, swarm.shards);
+    for n in &mut nodes {
+        n.boot(&mut w);
+    }
+    let (schedule, last_fault) = schedule(seed, &swarm);
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut pending_faults = schedule.len();
+    for (at, f) in schedule {
+        w.at(at, Event::Fault(f));
+    }
+    let mut deferred: Vec<Vec<Event>> = vec![Vec::new(); swarm.nodes];
+    let mut stopped_reason = None;
+    while let Some(event) = w.pop() {
+        if w.steps > MAX_STEPS {
+            stopped_reason = Some(format!("step limit of {MAX_STEPS} events reached"));
+            break;
+        }
+        if w.now > last_fault + MAX_AFTER_FAULTS {
+            stopped_reason = Some(format!("not done {} s after the last fault", MAX_AFTER_FAULTS / 1_000_000));
+            break;
+        }
+        match event {
+            Event::Fault(f) => {
+                pending_faults -= 1;
+                if let Some(kind) = f.kind() {
+                    *faults.entry(kind).or_default() += 1;
+                }
+                rec.disturbed(w.now);
+                apply_fault(&mut w, &mut rec, &mut nodes, &mut coord, &mut deferred, f);
+            }
+            Event::CoordTick => coord.tick(&mut w, &mut rec),
+            Event::Deliver { from: Addr::Node(from), to: Addr::Coord, msg, .. } => {
+                coord.deliver(&mut w, &mut rec, from, msg.clone());
+                if w.odds(w.swarm.duplicate_per_mille) {
+                    // The client's retry after a lost answer.
+                    w.log(format_args!("n{from}'s request reaches the coordinator again"));
+                    coord.deliver(&mut w, &mut rec, from, msg);
+                }
+            }
+            Event::Deliver { to: Addr::Coord, .. } => {}
+            ref e @ (Event::Deliver { to: Addr::Node(i), .. } | Event::Timer { node: i, .. }) => {
+                match nodes[i].accepts(e) {
+                    None => deferred[i].push(event),
+                    Some(false) => {}
+                    Some(true) => match event {
+                        Event::Deliver { from, to_life, from_life, msg, .. } => {
+                            nodes[i].deliver(&mut w, &mut rec, from, from_life, to_life, msg)
+                        }
+                        Event::Timer { timer, .. } => nodes[i].timer(&mut w, &mut rec, timer),
+                        _ => {}
+                    },
+                }
+            }
+        }
+        for (node, peer, shard) in std::mem::take(&mut rec.joins) {
+            // `peer` waits on `node`; follow whom each load asks.
+            let mut chain = vec![peer, node];
+            let mut cur = node;
+            while let Some(next) = nodes[cur].asking_for(shard) {
+                if next == peer {
+                    rec.wait_cycle(w.now, shard, &chain);
+                    break;
+                }
+                if chain.contains(&next) || chain.len() > nodes.len() {
+                    break;
+                }
+                chain.push(next);
+                cur = next;
+            }
+        }
+        if pending_faults == 0 && nodes.iter().all(Node::finished) {
+            break;
+        }
+    }
+    let finished = nodes.iter().all(Node::finished);
+    if let Some(reason) = stopped_reason {
+        rec.violations.push(Violation { invariant: "liveness", at: w.now, detail: reason });
+    }
+    rec.finish(w.now, &coord.final_owners(), &coord.live(), finished);
+    w.log(format_args!("end: {} violations", rec.violations.len()));
+    Outcome {
+        seed,
+        trace_hash: w.trace_hash(),
+        steps: w.steps,
+        sim_ms: w.now / 1_000,
+        faults,
+        requests: rec.requests,
+        remote_reads: rec.reads.values().sum(),
+        shards: swarm.shards,
+        extra_reads: rec.extra.clone(),
+        corrupt_caught: rec.corrupt_caught,
+        violations: std::mem::take(&mut rec.violations),
+        trace: w.take_trace(),
+        swarm,
+    }
+}
+
+fn apply_fault(
+    w: &mut World,
+    rec: &mut Record,
+    nodes: &mut [Node],
+    coord: &mut Coord,
+    deferred: &mut [Vec<Event>],
+    f: Fault,
+) {
+    w.log(format_args!("fault: {f:?}"));
+    match f {
+        Fault::Cut { from, to, .. } => w.set_cut(from, to, true),
+        Fault::Heal { from, to } => {
+            w.set_cut(from, to, false);
+            let now = w.now;
+            for (sent, from_life, to_life, msg) in w.take_parked(from, to) {
+                // A connection silent past its idle timeout closed; what
+                // it held is lost.
+                if now - sent < IDLE_TIMEOUT {
+                    w.send(from, from_life, to, to_life, msg);
+                }
+            }
+        }
+        Fault::Crash(i) => {
+            deferred[i].clear();
+            nodes[i].crash();
+            rec.crashed(i);
+        }
+        Fault::Restart(i) => {
+            if nodes[i].run == Run::Down {
+                nodes[i].run = Run::Up;
+                nodes[i].boot(w);
+            }
+        }
+        Fault::Stop(i) => {
+            if nodes[i].run == Run::Up {
+                nodes[i].run = Run::Stopped;
+            }
+        }
+        Fault::Continue(i) => {
+            if nodes[i].run == Run::Stopped {
+                nodes[i].run = Run::Up;
+                let now = w.now;
+                for e in deferred[i].drain(..) {
+                    w.at(now, e);
+                }
+            }
+        }
+        Fault::LeaderLost => coord.lost(),
+        Fault::Elected => coord.elected(w),
+    }
+}
+
+/// Each node's trainer's shards, per epoch: the epoch's seeded shard order
+/// split in contiguous ranges, each overlapping the next by one shard (as
+/// ranks' row ranges share a shard at their boundary).
+fn plans(seed: u64, swarm: &Swarm) -> Vec<Vec<Vec<u32>>> {
+    let n = swarm.nodes;
+    let s = swarm.shards;
+    let mut out = vec![Vec::new(); n];
+    for epoch in 0..swarm.epochs {
+        let mut order: Vec<u32> = (0..s as u32).collect();
+        Rng::new(seed_of(&[seed, 0x504c_414e, epoch as u64])).shuffle(&mut order);
+        for (i, plan) in out.iter_mut().enumerate() {
+            let lo = i * s / n;
+            let hi = ((i + 1) * s / n + 1).min(s);
+            plan.push(order[lo..hi].to_vec());
+        }
+    }
+    out
+}
+
+/// The fault schedule of `seed`: (time, fault) pairs, and when the last
+/// fault ends.
+fn schedule(seed: u64, swarm: &Swarm) -> (Vec<(Micros, Fault)>, Micros) {
+    let mut r = Rng::new(seed_of(&[seed, 0x0046_4155_4c54]));
+    let mut between = |lo: u64, hi: u64| lo + r.below(hi.saturating_sub(lo) + 1);
+    let mut out = Vec::new();
+    let n = swarm.nodes;
+    let mut window = || {
+        let at = ms(between(2_000, swarm.fault_window_ms));
+        let lasts = ms(between(swarm.fault_ms.0, swarm.fault_ms.1));
+        (at, lasts)
+    };
+    let mut draws = Vec::new();
+    for _ in 0..swarm.partitions {
+        draws.push(("partition", window()));
+    }
+    for _ in 0..swarm.crashes {
+        draws.push(("crash", window()));
+    }
+    for _ in 0..swarm.stalls {
+        draws.push(("stop", window()));
+    }
+    for _ in 0..swarm.failovers {
+        draws.push(("failover", window()));
+    }
+    let mut r = Rng::new(seed_of(&[seed, 0x0057_484f]));
+    let mut pick = |k: u64| r.below(k);
+    // A node's process faults (crash, stop) and the coordinator's failovers
+    // do not overlap: each starts after the one before ends (a restart
+    // inside a stop would undo the stop).
+    let mut free_at: BTreeMap<Option<usize>, Micros> = BTreeMap::new();
+    for (kind, (at, lasts)) in draws {
+        let node = pick(n as u64) as usize;
+        let key = match kind {
+            "crash" | "stop" => Some(Some(node)),
+            "failover" => Some(None),
+            _ => None,
+        };
+        let at = match key {
+            Some(k) => {
+                let free = free_at.entry(k).or_insert(0);
+                let at = at.max(*free);
+                *free = at + lasts + ms(500);
+                at
+            }
+            None => at,
+        };
+        match kind {
+            "partition" => {
+                let links: Vec<(Addr, Addr)> = match pick(3) {
+                    // One node cut from everyone, both ways.
+                    0 => (0..n)
+                        .filter(|&m| m != node)
+                        .map(Addr::Node)
+                        .chain([Addr::Coord])
+                        .flat_map(|o| [(Addr::Node(node), o), (o, Addr::Node(node))])
+                        .collect(),
+                    // One link, both ways.
+                    1 => {
+                        let other = (node + 1 + pick(n as u64 - 1) as usize) % n;
+                        vec![(Addr::Node(node), Addr::Node(other)), (Addr::Node(other), Addr::Node(node))]
+                    }
+                    // One link, one way.
+                    _ => {
+                        let other = (node + 1 + pick(n as u64 - 1) as usize) % n;
+                        vec![(Addr::Node(node), Addr::Node(other))]
+                    }
+                };
+                for (k, (from, to)) in links.into_iter().enumerate() {
+                    out.push((at, Fault::Cut { from, to, first: k == 0 }));
+                    out.push((at + lasts, Fault::Heal { from, to }));
+                }
+            }
+            "crash" => {
+                out.push((at, Fault::Crash(node)));
+                out.push((at + lasts, Fault::Restart(node)));
+            }
+            "stop" => {
+                out.push((at, Fault::Stop(node)));
+                out.push((at + lasts, Fault::Continue(node)));
+            }
+            _ => {
+                out.push((at, Fault::LeaderLost));
+                out.push((at + lasts.min(ms(5_000)), Fault::Elected));
+            }
+        }
+    }
+    // One fault of a kind per node at a time: a crash inside a stop, or two
+    // overlapping cuts of one link, would end early at the first heal.
+    out.sort_by_key(|(at, _)| *at);
+    let last = out.iter().map(|(at, _)| *at).max().unwrap_or(0);
+    (out, last)
+}

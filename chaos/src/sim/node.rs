@@ -1,0 +1,630 @@
+//! A simulated node daemon: the node's own decision cores
+//! ([`granary_node::decide`]: the fetch route, single-flight admission, the
+//! stall clock and the liveness probe) driven by simulated messages and
+//! timers, with the same wiring as the node's async shells (`service.rs`,
+//! `fabric/read.rs`, `membership.rs`), and a trainer that asks for its
+//! shards of every epoch a few at a time.
+//!
+//! What is modelled and what is not: a chunk is its checksum (a corrupted
+//! transfer fails validation, as `ChunkView::parse` does); the RAM tier
+//! holds every chunk (no eviction); a remote read is one delay; footers are
+//! not fetched.
+
+use super::check::Record;
+use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
+use granary_node::decide::{
+    Admission, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
+};
+use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
+use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
+use granary_proto::wire::ErrorKind;
+use granary_proto::{ChunkError, NodeId, ShardId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The fabric's fetch deadline and reroute wait (`FabricConfig` defaults).
+pub const FETCH_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a load waits for the placement to move a failed owner's shard.
+pub const REROUTE_WAIT: Duration = Duration::from_secs(10);
+/// The coordinator's lease (its default).
+pub const LEASE: Micros = ms(3_000);
+
+/// A shard's true checksum.
+pub fn checksum(shard: u32) -> u64 {
+    granary_proto::rng::seed_of(&[0xC4A0_5000, shard as u64])
+}
+
+/// The address a node serves peers at.
+pub fn addr_of(node: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, node as u8 + 1], 7000))
+}
+
+/// The shard id of shard index `i` (four row groups a file, as the
+/// coordinator's manifest has them).
+pub fn shard_id(i: u32) -> ShardId {
+    ShardId { file: i / 4, row_group: i % 4 }
+}
+
+fn index_of(addr: SocketAddr) -> usize {
+    match addr.ip() {
+        std::net::IpAddr::V4(v4) => v4.octets()[3] as usize - 1,
+        std::net::IpAddr::V6(_) => usize::MAX,
+    }
+}
+
+/// Whether the process runs, is stopped, or is dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// Running.
+    Up,
+    /// SIGSTOPped: its events wait until it continues.
+    Stopped,
+    /// Killed: its events are lost.
+    Down,
+}
+
+/// Who waits on a load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiter {
+    /// The trainer's request number.
+    Trainer(u64),
+    /// A peer's stream.
+    Peer(usize, u64),
+}
+
+/// A load of one shard in flight.
+#[derive(Debug)]
+struct Load {
+    id: u64,
+    shard: u32,
+    route: Route,
+    started: Micros,
+    /// The stream asking an owner now.
+    asking: Option<(usize, u64)>,
+    /// Owners asked.
+    asks: usize,
+    waiters: Vec<Waiter>,
+    remote: bool,
+    /// Whether a failure of the route came with a fault the run knows of.
+    failures: Vec<String>,
+}
+
+/// An ask on a stream to an owner.
+#[derive(Debug)]
+struct Ask {
+    load: u64,
+    peer: usize,
+    clock: StallClock,
+    probe: Option<Liveness>,
+}
+
+/// One simulated node.
+pub struct Node {
+    /// Its index (node id is index + 1).
+    pub idx: usize,
+    /// Running, stopped or dead.
+    pub run: Run,
+    /// Bumped at every restart; events of a former life are dropped.
+    pub life: u64,
+    incarnation: Option<u64>,
+    token: u64,
+    placement_epoch: u64,
+    owners: Vec<Option<usize>>,
+    /// Chunks held: shard -> guest (not owned when fetched).
+    held: BTreeMap<u32, bool>,
+    loads: BTreeMap<u32, Load>,
+    asks: BTreeMap<u64, Ask>,
+    serving: BTreeSet<(usize, u64)>,
+    heard: Vec<u64>,
+    last_heard: Vec<Micros>,
+    conn_life: Vec<u64>,
+    next_load: u64,
+    /// The trainer: requests per epoch, the next to issue, those in flight.
+    plan: Vec<Vec<u32>>,
+    epoch: usize,
+    next_req: usize,
+    in_flight: BTreeMap<u64, u32>,
+    trainer_started: bool,
+    /// The trainer computes on what it was handed until then.
+    busy_until: Micros,
+}
+
+impl Node {
+    /// Node `idx` of `nodes`, whose trainer reads `plan` (shards per epoch).
+    pub fn new(idx: usize, nodes: usize, plan: Vec<Vec<u32>>) -> Self {
+        Self {
+            idx,
+            run: Run::Up,
+            life: 1,
+            incarnation: None,
+            token: 0,
+            placement_epoch: 0,
+            owners: Vec::new(),
+            held: BTreeMap::new(),
+            loads: BTreeMap::new(),
+            asks: BTreeMap::new(),
+            serving: BTreeSet::new(),
+            heard: vec![0; nodes],
+            last_heard: vec![0; nodes],
+            conn_life: vec![0; nodes],
+            next_load: 0,
+            plan,
+            epoch: 0,
+            next_req: 0,
+            in_flight: BTreeMap::new(),
+            trainer_started: false,
+            busy_until: 0,
+        }
+    }
+
+    /// Whether the trainer read every epoch.
+    pub fn finished(&self) -> bool {
+        self.epoch >= self.plan.len()
+    }
+
+    /// Starts (or restarts) the process: timers, registration.
+    pub fn boot(&mut self, w: &mut World) {
+        self.token = self.life * 1_000 + self.idx as u64 + 1;
+        w.timer(self.idx, self.life, 0, Timer::Heartbeat);
+        w.timer(self.idx, self.life, KEEP_ALIVE, Timer::Ping);
+    }
+
+    /// SIGKILL: everything in memory is gone; the trainer's position (what
+    /// it was delivered) survives, as a job's checkpoint does.
+    pub fn crash(&mut self) {
+        let plan = std::mem::take(&mut self.plan);
+        let (epoch, life, nodes) = (self.epoch, self.life, self.heard.len());
+        // Requests in flight are asked again after the restart.
+        let mut fresh = Node::new(self.idx, nodes, plan);
+        fresh.epoch = epoch;
+        fresh.next_req = 0;
+        fresh.life = life + 1;
+        fresh.run = Run::Down;
+        fresh.busy_until = self.busy_until;
+        *self = fresh;
+    }
+
+    fn send(&self, w: &mut World, to: Addr, msg: Msg) {
+        let to_life = match to {
+            Addr::Node(p) => self.conn_life[p],
+            Addr::Coord => 0,
+        };
+        w.send(Addr::Node(self.idx), self.life, to, to_life, msg);
+    }
+
+    /// A message arrived (the node is up).
+    pub fn deliver(&mut self, w: &mut World, rec: &mut Record, from: Addr, from_life: u64, to_life: u64, msg: Msg) {
+        if let Addr::Node(p) = from {
+            self.heard[p] += 1;
+            self.last_heard[p] = w.now;
+            if from_life > self.conn_life[p] {
+                let restarted = self.conn_life[p] != 0;
+                self.conn_life[p] = from_life;
+                if restarted {
+                    // The peer's new life answers the old connection with a
+                    // stateless reset: every stream on it fails at once.
+                    let on_it: Vec<u64> = self.asks.iter().filter(|(_, a)| a.peer == p).map(|(&s, _)| s).collect();
+                    for stream in on_it {
+                        let addr = addr_of(p);
+                        let error = quinn::ReadError::ConnectionLost(quinn::ConnectionError::Reset);
+                        let fault = LinkFault::Read { what: "chunk bytes", error };
+                        self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault });
+                    }
+                }
+            }
+            if to_life != 0 && to_life != self.life {
+                // A stream of the connection to this node's former life.
+                if let Msg::Ask { stream, .. } = msg {
+                    self.send(w, from, Msg::Reset { stream });
+                }
+                return;
+            }
+        }
+        match msg {
+            Msg::Registered { token, incarnation } if token == self.token => {
+                w.log(format_args!("n{} registered as incarnation {incarnation}", self.idx));
+                self.incarnation = Some(incarnation);
+            }
+            Msg::Registered { .. } => {}
+            Msg::Expired => {
+                if self.incarnation.take().is_some() {
+                    w.log(format_args!("n{} lost its lease; registers again", self.idx));
+                    self.token += 1;
+                }
+            }
+            Msg::Placement { epoch, owners } => self.placement(w, rec, epoch, owners),
+            Msg::Ping => {}
+            Msg::Ask { stream, shard } => {
+                if let Addr::Node(p) = from {
+                    self.asked(w, rec, p, stream, shard);
+                }
+            }
+            Msg::Working { stream } => {
+                let now = w.instant_now();
+                if let Some(a) = self.asks.get_mut(&stream) {
+                    a.clock.handle_progress(now);
+                }
+            }
+            Msg::Chunk { stream, sum } => self.answered(w, rec, stream, Some(sum), false),
+            Msg::Refused { stream } => self.answered(w, rec, stream, None, true),
+            Msg::Reset { stream } => self.answered(w, rec, stream, None, false),
+            Msg::Register { .. } | Msg::Heartbeat { .. } => {}
+        }
+    }
+
+    fn placement(&mut self, w: &mut World, rec: &mut Record, epoch: u64, owners: Vec<Option<usize>>) {
+        if epoch < self.placement_epoch {
+            return;
+        }
+        rec.placement_seen(self.idx, epoch);
+        if epoch > self.placement_epoch || self.owners.is_empty() {
+            w.log(format_args!("n{} placement epoch {epoch}: {owners:?}", self.idx));
+        }
+        self.placement_epoch = epoch;
+        self.owners = owners;
+        // Loads waiting for a failed owner's shard to move.
+        let waiting: Vec<u32> = self.loads.keys().copied().collect();
+        for shard in waiting {
+            let owner = self.owner_of(shard);
+            if let Some(load) = self.loads.get_mut(&shard)
+                && let Some(failed) = load.route.awaiting()
+                && owner.map(|o| o.node) != Some(failed)
+            {
+                load.route.handle_moved(owner);
+                self.drive(w, rec, shard);
+            }
+        }
+        // The trainer starts once the placement covers every node (as a
+        // deployment waits for the cluster to form), or after 5 s.
+        let owners: BTreeSet<usize> = self.owners.iter().flatten().copied().collect();
+        if !self.trainer_started && (owners.len() >= self.heard.len().min(self.owners.len()) || w.now > ms(5_000)) {
+            self.trainer_started = true;
+            w.timer(self.idx, self.life, 0, Timer::Trainer);
+        }
+    }
+
+    fn owner_of(&self, shard: u32) -> Option<Owner> {
+        match self.owners.get(shard as usize).copied().flatten() {
+            Some(o) if o != self.idx => Some(Owner { node: NodeId(o as u64 + 1), addr: addr_of(o) }),
+            _ => None,
+        }
+    }
+
+    /// A timer fired (the node is up).
+    pub fn timer(&mut self, w: &mut World, rec: &mut Record, timer: Timer) {
+        match timer {
+            Timer::Ping => {
+                for p in 0..self.heard.len() {
+                    if p != self.idx {
+                        self.send(w, Addr::Node(p), Msg::Ping);
+                    }
+                }
+                w.timer(self.idx, self.life, KEEP_ALIVE, Timer::Ping);
+            }
+            Timer::Heartbeat => {
+                let msg = match self.incarnation {
+                    Some(incarnation) => Msg::Heartbeat { incarnation, epoch: self.placement_epoch },
+                    None => Msg::Register { token: self.token },
+                };
+                self.send(w, Addr::Coord, msg);
+                w.timer(self.idx, self.life, LEASE / 3, Timer::Heartbeat);
+            }
+            Timer::Trainer => self.trainer(w, rec),
+            Timer::Stall(stream) => self.stall_timer(w, rec, stream),
+            Timer::Probe(stream) => self.probe(w, rec, stream),
+            Timer::AskDeadline(stream) => {
+                if let Some(peer) = self.asks.get(&stream).map(|a| a.peer) {
+                    let deadline = FETCH_DEADLINE;
+                    self.fail_ask(w, rec, stream, |shard| PeerError::Timeout { addr: addr_of(peer), shard, deadline });
+                }
+            }
+            Timer::Await(id, asks) => {
+                if let Some(shard) = self.load_by_id(id)
+                    && let Some(load) = self.loads.get_mut(&shard)
+                    && load.asks == asks
+                    && load.route.awaiting().is_some()
+                {
+                    load.route.handle_not_moved();
+                    load.failures.push("the placement did not move the shard in time".into());
+                    self.drive(w, rec, shard);
+                }
+            }
+            Timer::Progress(peer, stream) => {
+                if self.serving.contains(&(peer, stream)) {
+                    self.send(w, Addr::Node(peer), Msg::Working { stream });
+                    w.timer(self.idx, self.life, PEER_PROGRESS_INTERVAL.as_micros() as Micros, timer);
+                }
+            }
+            Timer::RemoteDone(id) => {
+                if let Some(shard) = self.load_by_id(id) {
+                    w.log(format_args!("n{} read s{shard} from remote storage", self.idx));
+                    self.finish(w, rec, shard, checksum(shard));
+                }
+            }
+        }
+    }
+
+    fn load_by_id(&self, id: u64) -> Option<u32> {
+        self.loads.values().find(|l| l.id == id).map(|l| l.shard)
+    }
+
+    /// The trainer issues requests up to its window, epoch by epoch.
+    fn trainer(&mut self, w: &mut World, rec: &mut Record) {
+        if w.now < self.busy_until {
+            let after = self.busy_until - w.now;
+            w.timer(self.idx, self.life, after, Timer::Trainer);
+            return;
+        }
+        while !self.finished() && self.in_flight.len() < w.swarm.window && w.now >= self.busy_until {
+            let epoch = &self.plan[self.epoch];
+            if self.next_req >= epoch.len() {
+                if self.in_flight.is_empty() {
+                    w.log(format_args!("n{} trainer finished epoch {}", self.idx, self.epoch));
+                    rec.epoch_done(self.idx, self.epoch, w.now);
+                    self.epoch += 1;
+                    self.next_req = 0;
+                    continue;
+                }
+                break;
+            }
+            let shard = epoch[self.next_req];
+            let req = rec.request_id(self.idx, self.epoch, self.next_req);
+            self.next_req += 1;
+            if rec.was_delivered(req) {
+                continue;
+            }
+            self.in_flight.insert(req, shard);
+            rec.issued(req, w.now);
+            self.request(w, rec, shard, Waiter::Trainer(req));
+        }
+    }
+
+    /// A request for `shard` from the trainer or a peer.
+    fn request(&mut self, w: &mut World, rec: &mut Record, shard: u32, waiter: Waiter) {
+        if self.held.contains_key(&shard) {
+            self.hand(w, rec, shard, waiter, checksum(shard));
+            return;
+        }
+        let asker = match waiter {
+            Waiter::Trainer(_) => Asker::Trainer,
+            Waiter::Peer(p, _) => Asker::Peer(addr_of(p)),
+        };
+        let pending = self.loads.get(&shard).map(|l| InFlight { asking: l.asking.map(|(p, _)| addr_of(p)) });
+        match admit(pending, asker, || false, true) {
+            Admission::Join { .. } => {
+                if let Some(l) = self.loads.get_mut(&shard) {
+                    l.waiters.push(waiter);
+                }
+                if let Waiter::Peer(p, _) = waiter {
+                    rec.joined(self.idx, p, shard);
+                }
+                self.serve_progress(w, waiter);
+            }
+            Admission::Refuse => {
+                if let Waiter::Peer(p, stream) = waiter {
+                    w.log(format_args!("n{} refuses s{shard} to n{p}: its load asks n{p}", self.idx));
+                    self.send(w, Addr::Node(p), Msg::Refused { stream });
+                }
+            }
+            Admission::LookAgain | Admission::Start => {
+                let owner = if asker.forwards() { self.owner_of(shard) } else { None };
+                self.next_load += 1;
+                let route = Route::new(w.instant_now(), owner, FETCH_DEADLINE, REROUTE_WAIT);
+                let load = Load {
+                    id: self.next_load,
+                    shard,
+                    route,
+                    started: w.now,
+                    asking: None,
+                    asks: 0,
+                    waiters: vec![waiter],
+                    remote: false,
+                    failures: Vec::new(),
+                };
+                self.loads.insert(shard, load);
+                self.serve_progress(w, waiter);
+                self.drive(w, rec, shard);
+            }
+        }
+    }
+
+    fn serve_progress(&mut self, w: &mut World, waiter: Waiter) {
+        if let Waiter::Peer(p, stream) = waiter
+            && self.serving.insert((p, stream))
+        {
+            w.timer(self.idx, self.life, PEER_PROGRESS_INTERVAL.as_micros() as Micros, Timer::Progress(p, stream));
+        }
+    }
+
+    /// Executes the route's next step for the load of `shard`.
+    fn drive(&mut self, w: &mut World, rec: &mut Record, shard: u32) {
+        let now = w.instant_now();
+        let Some(load) = self.loads.get_mut(&shard) else { return };
+        match load.route.poll(now) {
+            Step::Ask { owner, within } => {
+                let peer = index_of(owner.addr);
+                load.asks += 1;
+                rec.asked(self.idx, shard, load.asks, w.now, load.started);
+                let stream = rec.new_stream();
+                load.asking = Some((peer, stream));
+                let clock = StallClock::new(now, PEER_STALL_TIMEOUT);
+                let stall_at = w.micros(clock.deadline()) - w.now;
+                self.asks.insert(stream, Ask { load: load.id, peer, clock, probe: None });
+                w.log(format_args!("n{} asks n{peer} for s{shard} (stream {stream})", self.idx));
+                self.send(w, Addr::Node(peer), Msg::Ask { stream, shard });
+                w.timer(self.idx, self.life, stall_at, Timer::Stall(stream));
+                w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::AskDeadline(stream));
+            }
+            Step::AwaitPlacement { failed, within } => {
+                w.log(format_args!("n{} waits up to {within:?} for s{shard} to move from {failed}", self.idx));
+                let (id, asks) = (load.id, load.asks);
+                // The placement may have moved already.
+                let owner = self.owner_of(shard);
+                if owner.map(|o| o.node) != Some(failed) {
+                    if let Some(load) = self.loads.get_mut(&shard) {
+                        load.route.handle_moved(owner);
+                    }
+                    return self.drive(w, rec, shard);
+                }
+                w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::Await(id, asks));
+            }
+            Step::ReadRemote => {
+                if load.remote {
+                    return;
+                }
+                load.remote = true;
+                let id = load.id;
+                let failures = load.failures.clone();
+                rec.remote_read(self.idx, shard, w.now, failures);
+                let (lo, hi) = w.swarm.remote_ms;
+                let mut took = w.between(ms(lo), ms(hi));
+                if w.odds(w.swarm.slow_remote_per_mille) {
+                    took *= 10;
+                }
+                w.log(format_args!("n{} reads s{shard} from remote storage ({} ms)", self.idx, took / 1000));
+                w.timer(self.idx, self.life, took, Timer::RemoteDone(id));
+            }
+        }
+    }
+
+    /// A peer asks for `shard` on `stream`.
+    fn asked(&mut self, w: &mut World, rec: &mut Record, peer: usize, stream: u64, shard: u32) {
+        self.request(w, rec, shard, Waiter::Peer(peer, stream));
+    }
+
+    /// An owner answered `stream`: a chunk with checksum `sum`, or a
+    /// refusal (`refused`) or reset (`None`).
+    fn answered(&mut self, w: &mut World, rec: &mut Record, stream: u64, sum: Option<u64>, refused: bool) {
+        let Some((load, peer)) = self.asks.get(&stream).map(|a| (a.load, a.peer)) else { return };
+        let Some(shard) = self.load_by_id(load) else {
+            self.asks.remove(&stream);
+            return;
+        };
+        match sum {
+            Some(sum) if sum == checksum(shard) => {
+                self.asks.remove(&stream);
+                w.log(format_args!("n{} got s{shard} from n{peer}", self.idx));
+                self.finish(w, rec, shard, sum);
+            }
+            Some(actual) => {
+                rec.corrupt_caught();
+                let addr = addr_of(peer);
+                let corruption = Corruption::Invalid(ChunkError::PayloadChecksum { expected: checksum(shard), actual });
+                self.fail_ask(w, rec, stream, |shard| PeerError::Corrupt { addr, shard, corruption });
+            }
+            None if refused => {
+                let (addr, kind) = (addr_of(peer), ErrorKind::Unavailable);
+                let message = "a load of the peer asks this node for the shard".to_string();
+                self.fail_ask(w, rec, stream, |shard| PeerError::Refused { addr, shard, kind, message });
+            }
+            None => {
+                let addr = addr_of(peer);
+                let error = quinn::ReadError::ConnectionLost(quinn::ConnectionError::Reset);
+                let fault = LinkFault::Read { what: "response header", error };
+                self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault });
+            }
+        }
+    }
+
+    /// The ask on `stream` failed with the peer error `error` makes for its
+    /// shard; the route takes it as the node's link does
+    /// ([`PeerError::as_ask_failure`]).
+    fn fail_ask(&mut self, w: &mut World, rec: &mut Record, stream: u64, error: impl FnOnce(ShardId) -> PeerError) {
+        let Some(ask) = self.asks.remove(&stream) else { return };
+        let Some(shard) = self.load_by_id(ask.load) else { return };
+        let failure = error(shard_id(shard)).as_ask_failure();
+        let Some(load) = self.loads.get_mut(&shard) else { return };
+        if load.asking.map(|(_, s)| s) != Some(stream) {
+            return;
+        }
+        w.log(format_args!("n{} ask of n{} for s{shard} failed: {failure:?}", self.idx, ask.peer));
+        load.asking = None;
+        load.failures.push(format!("n{}: {failure:?}", ask.peer));
+        load.route.handle_failed(failure);
+        self.drive(w, rec, shard);
+    }
+
+    fn stall_timer(&mut self, w: &mut World, rec: &mut Record, stream: u64) {
+        let now = w.instant_now();
+        let Some(ask) = self.asks.get_mut(&stream) else { return };
+        if ask.probe.is_some() {
+            return;
+        }
+        match ask.clock.handle_timer(now) {
+            TimerFired::Rearm(at) => {
+                let after = w.micros(at) - w.now;
+                w.timer(self.idx, self.life, after, Timer::Stall(stream));
+            }
+            TimerFired::Stalled => {
+                ask.probe = Some(Liveness::new(now, self.heard[ask.peer], Duration::from_micros(KEEP_ALIVE)));
+                self.probe(w, rec, stream);
+            }
+        }
+    }
+
+    fn probe(&mut self, w: &mut World, rec: &mut Record, stream: u64) {
+        let now = w.instant_now();
+        let Some(ask) = self.asks.get(&stream) else { return };
+        let Some(probe) = ask.probe else { return };
+        let closed = w.now.saturating_sub(self.last_heard[ask.peer]) > IDLE_TIMEOUT;
+        let (addr, idle) = (addr_of(ask.peer), PEER_STALL_TIMEOUT);
+        let stall = Stall { idle, what: "chunk bytes", got: 0, len: 1 };
+        match probe.sample(now, self.heard[ask.peer], closed) {
+            Verdict::Answers => self.fail_ask(w, rec, stream, |shard| PeerError::Stalled { addr, shard, stall }),
+            Verdict::Silent => {
+                let fault = LinkFault::Gone(stall);
+                self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault })
+            }
+            Verdict::SampleIn(after) => w.timer(self.idx, self.life, after.as_micros() as Micros, Timer::Probe(stream)),
+        }
+    }
+
+    /// The load of `shard` produced its chunk.
+    fn finish(&mut self, w: &mut World, rec: &mut Record, shard: u32, sum: u64) {
+        let Some(load) = self.loads.remove(&shard) else { return };
+        let owned = self.owners.get(shard as usize).copied().flatten() == Some(self.idx);
+        self.held.insert(shard, !owned);
+        rec.held(self.idx, shard);
+        for waiter in load.waiters {
+            self.hand(w, rec, shard, waiter, sum);
+        }
+    }
+
+    fn hand(&mut self, w: &mut World, rec: &mut Record, shard: u32, waiter: Waiter, sum: u64) {
+        match waiter {
+            Waiter::Trainer(req) => {
+                if self.in_flight.remove(&req).is_some() {
+                    rec.delivered(self.idx, req, shard, sum, w.now);
+                    let step = ms(w.swarm.step_ms);
+                    self.busy_until = self.busy_until.max(w.now) + step;
+                    let after = self.busy_until - w.now;
+                    w.timer(self.idx, self.life, after, Timer::Trainer);
+                }
+            }
+            Waiter::Peer(p, stream) => {
+                self.serving.remove(&(p, stream));
+                let sum = if w.odds(w.swarm.corrupt_per_mille) { sum ^ 1 } else { sum };
+                self.send(w, Addr::Node(p), Msg::Chunk { stream, sum });
+            }
+        }
+    }
+
+    /// The peer this node's load of `shard` asks now, if any.
+    pub fn asking_for(&self, shard: u32) -> Option<usize> {
+        self.loads.get(&shard).and_then(|l| l.asking.map(|(p, _)| p))
+    }
+
+    /// Whether an event for this node should wait (stopped), be dropped
+    /// (dead, or of a former life), or be handled.
+    pub fn accepts(&self, event: &Event) -> Option<bool> {
+        match self.run {
+            Run::Down => Some(false),
+            Run::Stopped => None,
+            Run::Up => Some(match event {
+                Event::Timer { life, .. } => *life == self.life,
+                _ => true,
+            }),
+        }
+    }
+}

@@ -455,7 +455,7 @@ impl Node {
         let config = cluster.config();
         let mut route = Route::new(
             tokio::time::Instant::now().into_std(),
-            cluster.owner(key.version, key.shard),
+            cluster.source(key.version, key.shard),
             config.fetch_deadline,
             config.reroute_wait,
         );
@@ -472,7 +472,10 @@ impl Node {
                         Ok(chunk) => {
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                             c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                            return Ok((chunk, true));
+                            // From a former owner to this one (a handoff),
+                            // it is this node's own copy, not a guest.
+                            let guest = cluster.owner(key.version, key.shard).is_some();
+                            return Ok((chunk, guest));
                         }
                         Err(e) => {
                             c.peer_failures.fetch_add(1, Ordering::Relaxed);
@@ -489,12 +492,23 @@ impl Node {
                         }
                     }
                 }
-                Step::AwaitPlacement { failed, within } => {
-                    match cluster.reroute(key.version, key.shard, failed, within).await {
-                        Ok(next) => route.handle_moved(next),
-                        Err(()) => {
+                Step::AwaitPlacement { failed, addr, within } => {
+                    // Whichever comes first: the placement moves the shard,
+                    // or the owner answers a handshake again (it was cut
+                    // off or stopped, and keeps its lease and its shards).
+                    let moved = tokio::select! {
+                        moved = cluster.reroute(key.version, key.shard, failed, within) => Some(moved),
+                        () = cluster.link().reachable_again(addr) => None,
+                    };
+                    match moved {
+                        Some(Ok(next)) => route.handle_moved(next),
+                        Some(Err(())) => {
                             tracing::warn!(shard = %key.shard, owner = %failed, "placement did not move it in time; reading remote storage");
                             route.handle_not_moved();
+                        }
+                        None => {
+                            tracing::info!(shard = %key.shard, owner = %failed, "owner answers again; asking it again");
+                            route.handle_owner_back();
                         }
                     }
                 }

@@ -75,6 +75,18 @@ pub struct Record {
     /// Peer requests joined to a load since the last cycle check: (node,
     /// peer, shard).
     pub joins: Vec<(usize, usize, u32)>,
+    /// Remote reads by the epoch of the slowest trainer when they began.
+    pub reads_by_epoch: Vec<u64>,
+    /// Nodes.
+    pub nodes: usize,
+    /// Loads in flight on nodes when a stop or partition of them began.
+    pub in_flight_at_faults: u64,
+    /// A scenario's watched node and fault window (start, end): the shards
+    /// it held or loaded when the fault began, or asked for until a lease
+    /// after it ended, are the ones the fault may cost a second read of.
+    pub watch: Option<(usize, Micros, Micros)>,
+    /// Those shards.
+    pub exposed: BTreeSet<u32>,
 }
 
 impl Record {
@@ -119,7 +131,18 @@ impl Record {
         self.holders.entry(shard).or_default().insert(node);
     }
 
-    /// The trainer of `node` asks for request `req` at `now`.
+    /// The trainer of `node` asks for `shard` (request `req`) at `now`.
+    pub fn issued_for(&mut self, node: usize, shard: u32, req: u64, now: Micros) {
+        if let Some((n, start, end)) = self.watch
+            && n == node
+            && (start..end + LEASE).contains(&now)
+        {
+            self.exposed.insert(shard);
+        }
+        self.issued(req, now);
+    }
+
+    /// The trainer asks for request `req` at `now`.
     pub fn issued(&mut self, req: u64, now: Micros) {
         self.issued.insert(req, (now, now >= self.disturbed_until));
     }
@@ -159,6 +182,11 @@ impl Record {
     /// `node` reads `shard` from remote storage at `now`; `failures` are
     /// what its route met first.
     pub fn remote_read(&mut self, node: usize, shard: u32, now: Micros, failures: Vec<String>) {
+        let epoch = (0..).find(|&e| (0..self.nodes).any(|n| !self.epochs.contains_key(&(n, e)))).unwrap_or(0);
+        if self.reads_by_epoch.len() <= epoch {
+            self.reads_by_epoch.resize(epoch + 1, 0);
+        }
+        self.reads_by_epoch[epoch] += 1;
         let n = self.reads.entry(shard).or_default();
         *n += 1;
         if *n == 1 {
@@ -228,6 +256,14 @@ impl Record {
     /// `node`'s trainer finished `epoch` at `now`.
     pub fn epoch_done(&mut self, node: usize, epoch: usize, now: Micros) {
         self.epochs.insert((node, epoch), now);
+    }
+
+    /// When the last trainer finished each of `epochs` epochs (ms; 0 if
+    /// not finished).
+    pub fn epoch_ends(&self, epochs: usize) -> Vec<u64> {
+        (0..epochs)
+            .map(|e| (0..self.nodes).filter_map(|n| self.epochs.get(&(n, e))).max().map_or(0, |t| t / 1000))
+            .collect()
     }
 
     /// A corrupted chunk was refused by validation.

@@ -20,10 +20,13 @@
 //! - [`node`] — a node daemon over the node's cores, and its trainer.
 //! - [`coord`] — the coordinator over its state machine and lease table.
 //! - [`check`] — the record and the invariants.
+//! - [`scenario`] — one named fault on a fixed cluster, measured against
+//!   the same run without it.
 
 pub mod check;
 pub mod coord;
 pub mod node;
+pub mod scenario;
 pub mod swarm;
 pub mod world;
 
@@ -33,7 +36,8 @@ use granary_proto::rng::{Rng, seed_of};
 use node::{Node, Run};
 use std::collections::BTreeMap;
 pub use swarm::Swarm;
-use world::{Addr, Event, Fault, IDLE_TIMEOUT, Micros, World, ms};
+pub use world::{Addr, Fault, Micros};
+use world::{Event, IDLE_TIMEOUT, World, ms};
 
 /// Events one run may take before it counts as a livelock.
 pub const MAX_STEPS: u64 = 2_000_000;
@@ -67,6 +71,16 @@ pub struct Outcome {
     pub extra_reads: BTreeMap<&'static str, u64>,
     /// Corrupted chunks caught by validation.
     pub corrupt_caught: u64,
+    /// Loads in flight on the nodes a stop or partition hit, when it began.
+    pub in_flight_at_faults: u64,
+    /// Shards read more than twice, or twice without the watched fault
+    /// exposing them (see [`run_watched`]): (shard, reads).
+    pub reads_beyond: Vec<(u32, u64)>,
+    /// When the last trainer finished each epoch, in milliseconds.
+    pub epoch_end_ms: Vec<u64>,
+    /// Remote reads per epoch (by the epoch the cluster's slowest trainer
+    /// was in when the read began).
+    pub reads_by_epoch: Vec<u64>,
     /// The trace's lines, when asked for.
     pub trace: Option<Vec<String>>,
 }
@@ -78,9 +92,33 @@ pub fn run(seed: u64, keep_trace: bool) -> Outcome {
 
 /// Runs `seed` with the given parameters (a test may pin some).
 pub fn run_swarm(seed: u64, swarm: Swarm, keep_trace: bool) -> Outcome {
+    let faults = schedule(seed, &swarm);
+    run_schedule(seed, swarm, faults, keep_trace)
+}
+
+/// Runs `seed` with the given parameters and exactly the faults of
+/// `faults` (time, fault), instead of those the swarm draws.
+pub fn run_schedule(seed: u64, swarm: Swarm, faults: Vec<(Micros, Fault)>, keep_trace: bool) -> Outcome {
+    run_watched(seed, swarm, faults, None, keep_trace)
+}
+
+/// [`run_schedule`], watching node `watch.0` through the fault window
+/// `(watch.1, watch.2)`: [`Outcome::reads_beyond`] then says which shards
+/// were read more than once that the fault did not expose.
+pub fn run_watched(
+    seed: u64,
+    swarm: Swarm,
+    faults: Vec<(Micros, Fault)>,
+    watch: Option<(usize, Micros, Micros)>,
+    keep_trace: bool,
+) -> Outcome {
+    let last_fault = faults.iter().map(|(at, _)| *at).max().unwrap_or(0);
+    let schedule = faults;
     let mut w = World::new(seed, swarm.clone(), keep_trace);
     let mut rec = Record::default();
     rec.calm_bound = 2 * ms(swarm.remote_ms.1) * 10 + ms(2_000);
+    rec.nodes = swarm.nodes;
+    rec.watch = watch;
     w.log(format_args!("seed {seed}: {swarm}"));
     let plans = plans(seed, &swarm);
     rec.requests = plans.iter().flatten().map(|e| e.len() as u64).sum();
@@ -89,7 +127,6 @@ pub fn run_swarm(seed: u64, swarm: Swarm, keep_trace: bool) -> Outcome {
     for n in &mut nodes {
         n.boot(&mut w);
     }
-    let (schedule, last_fault) = schedule(seed, &swarm);
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut pending_faults = schedule.len();
     for (at, f) in schedule {
@@ -176,6 +213,15 @@ pub fn run_swarm(seed: u64, swarm: Swarm, keep_trace: bool) -> Outcome {
         shards: swarm.shards,
         extra_reads: rec.extra.clone(),
         corrupt_caught: rec.corrupt_caught,
+        in_flight_at_faults: rec.in_flight_at_faults,
+        reads_beyond: rec
+            .reads
+            .iter()
+            .filter(|&(s, &n)| n > 2 || (n == 2 && !rec.exposed.contains(s)))
+            .map(|(&s, &n)| (s, n))
+            .collect(),
+        epoch_end_ms: rec.epoch_ends(swarm.epochs as usize),
+        reads_by_epoch: rec.reads_by_epoch.clone(),
         violations: std::mem::take(&mut rec.violations),
         trace: w.take_trace(),
         swarm,
@@ -191,6 +237,16 @@ fn apply_fault(
     f: Fault,
 ) {
     w.log(format_args!("fault: {f:?}"));
+    match f {
+        Fault::Stop(i) | Fault::Cut { from: Addr::Node(i), first: true, .. } => {
+            rec.in_flight_at_faults += nodes[i].loads_in_flight() as u64;
+            if rec.watch.is_some_and(|(n, ..)| n == i) {
+                let here: Vec<u32> = nodes[i].shards_here().collect();
+                rec.exposed.extend(here);
+            }
+        }
+        _ => {}
+    }
     match f {
         Fault::Cut { from, to, .. } => w.set_cut(from, to, true),
         Fault::Heal { from, to } => {
@@ -218,13 +274,21 @@ fn apply_fault(
         Fault::Stop(i) => {
             if nodes[i].run == Run::Up {
                 nodes[i].run = Run::Stopped;
+                nodes[i].stopped_at = w.now;
             }
         }
         Fault::Continue(i) => {
             if nodes[i].run == Run::Stopped {
                 nodes[i].run = Run::Up;
                 let now = w.now;
+                let stopped_for = now.saturating_sub(nodes[i].stopped_at);
                 for e in deferred[i].drain(..) {
+                    // Connections idle past their timeout closed on both
+                    // ends while the process was stopped: what arrived on
+                    // them is dropped with them. Timers still fire.
+                    if stopped_for > IDLE_TIMEOUT && matches!(e, Event::Deliver { from: Addr::Node(_), .. }) {
+                        continue;
+                    }
                     w.at(now, e);
                 }
             }
@@ -253,9 +317,8 @@ fn plans(seed: u64, swarm: &Swarm) -> Vec<Vec<Vec<u32>>> {
     out
 }
 
-/// The fault schedule of `seed`: (time, fault) pairs, and when the last
-/// fault ends.
-fn schedule(seed: u64, swarm: &Swarm) -> (Vec<(Micros, Fault)>, Micros) {
+/// The fault schedule of `seed`: (time, fault) pairs.
+fn schedule(seed: u64, swarm: &Swarm) -> Vec<(Micros, Fault)> {
     let mut r = Rng::new(seed_of(&[seed, 0x0046_4155_4c54]));
     let mut between = |lo: u64, hi: u64| lo + r.below(hi.saturating_sub(lo) + 1);
     let mut out = Vec::new();
@@ -343,6 +406,5 @@ fn schedule(seed: u64, swarm: &Swarm) -> (Vec<(Micros, Fault)>, Micros) {
     // One fault of a kind per node at a time: a crash inside a stop, or two
     // overlapping cuts of one link, would end early at the first heal.
     out.sort_by_key(|(at, _)| *at);
-    let last = out.iter().map(|(at, _)| *at).max().unwrap_or(0);
-    (out, last)
+    out
 }

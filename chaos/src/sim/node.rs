@@ -13,7 +13,7 @@
 use super::check::Record;
 use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
 use granary_node::decide::{
-    Admission, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
+    Admission, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit, former_owner,
 };
 use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
 use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
@@ -27,6 +27,10 @@ use std::time::Duration;
 pub const FETCH_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a load waits for the placement to move a failed owner's shard.
 pub const REROUTE_WAIT: Duration = Duration::from_secs(10);
+/// How long a failed peer is not dialed again (`FabricConfig::down_for`).
+pub const DOWN_FOR: Micros = ms(2_000);
+/// How long a dial waits for its handshake (`FabricConfig::connect_timeout`).
+pub const CONNECT_TIMEOUT: Micros = ms(3_000);
 /// The coordinator's lease (its default).
 pub const LEASE: Micros = ms(3_000);
 
@@ -38,6 +42,14 @@ pub fn checksum(shard: u32) -> u64 {
 /// The address a node serves peers at.
 pub fn addr_of(node: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, node as u8 + 1], 7000))
+}
+
+fn node_id(idx: usize) -> NodeId {
+    NodeId(idx as u64 + 1)
+}
+
+fn index_of_id(n: NodeId) -> usize {
+    n.0 as usize - 1
 }
 
 /// The shard id of shard index `i` (four row groups a file, as the
@@ -107,15 +119,22 @@ pub struct Node {
     pub run: Run,
     /// Bumped at every restart; events of a former life are dropped.
     pub life: u64,
+    /// When the process was last stopped.
+    pub stopped_at: Micros,
     incarnation: Option<u64>,
     token: u64,
     placement_epoch: u64,
     owners: Vec<Option<usize>>,
+    /// Per shard this node owns: the live node that owned it before
+    /// (`former_owner`, as `Cluster::source` keeps it).
+    former: Vec<Option<usize>>,
     /// Chunks held: shard -> guest (not owned when fetched).
     held: BTreeMap<u32, bool>,
     loads: BTreeMap<u32, Load>,
     asks: BTreeMap<u64, Ask>,
     serving: BTreeSet<(usize, u64)>,
+    /// Dials out: id -> (load id, owners asked, peer, sent at).
+    dials: BTreeMap<u64, (u64, usize, usize, Micros)>,
     heard: Vec<u64>,
     last_heard: Vec<Micros>,
     conn_life: Vec<u64>,
@@ -137,14 +156,17 @@ impl Node {
             idx,
             run: Run::Up,
             life: 1,
+            stopped_at: 0,
             incarnation: None,
             token: 0,
             placement_epoch: 0,
             owners: Vec::new(),
+            former: Vec::new(),
             held: BTreeMap::new(),
             loads: BTreeMap::new(),
             asks: BTreeMap::new(),
             serving: BTreeSet::new(),
+            dials: BTreeMap::new(),
             heard: vec![0; nodes],
             last_heard: vec![0; nodes],
             conn_life: vec![0; nodes],
@@ -233,8 +255,24 @@ impl Node {
                     self.token += 1;
                 }
             }
-            Msg::Placement { epoch, owners } => self.placement(w, rec, epoch, owners),
+            Msg::Placement { epoch, owners, handed_from } => self.placement(w, rec, epoch, owners, handed_from),
             Msg::Ping => {}
+            Msg::Dial { id } => self.send(w, from, Msg::DialOk { id }),
+            Msg::DialOk { id } => {
+                // A handshake answered within the connect timeout: the
+                // owner a load waits on is back (`PeerLink::reachable_again`).
+                if let Some((load_id, asks, _, sent)) = self.dials.remove(&id)
+                    && w.now - sent <= CONNECT_TIMEOUT
+                    && let Some(shard) = self.load_by_id(load_id)
+                    && let Some(load) = self.loads.get_mut(&shard)
+                    && load.asks == asks
+                    && load.route.awaiting().is_some()
+                {
+                    w.log(format_args!("n{} hears its failed owner of s{shard} again; asks it again", self.idx));
+                    load.route.handle_owner_back();
+                    self.drive(w, rec, shard);
+                }
+            }
             Msg::Ask { stream, shard } => {
                 if let Addr::Node(p) = from {
                     self.asked(w, rec, p, stream, shard);
@@ -253,7 +291,14 @@ impl Node {
         }
     }
 
-    fn placement(&mut self, w: &mut World, rec: &mut Record, epoch: u64, owners: Vec<Option<usize>>) {
+    fn placement(
+        &mut self,
+        w: &mut World,
+        rec: &mut Record,
+        epoch: u64,
+        owners: Vec<Option<usize>>,
+        handed_from: Vec<Option<usize>>,
+    ) {
         if epoch < self.placement_epoch {
             return;
         }
@@ -262,6 +307,25 @@ impl Node {
             w.log(format_args!("n{} placement epoch {epoch}: {owners:?}", self.idx));
         }
         self.placement_epoch = epoch;
+        let me = node_id(self.idx);
+        let live: BTreeSet<usize> = owners.iter().flatten().copied().collect();
+        self.former = owners
+            .iter()
+            .enumerate()
+            .map(|(s, next)| {
+                let next = (*next)?;
+                let before = self.owners.get(s).copied().flatten().map(node_id);
+                let before_former = self.former.get(s).copied().flatten().map(node_id);
+                // What the coordinator says first, else this node's own
+                // reckoning (as `Cluster::replace` merges them).
+                let given = handed_from.get(s).copied().flatten().filter(|f| next == self.idx && *f != self.idx);
+                let f = given.or_else(|| {
+                    former_owner(me, node_id(next), before, before_former, |n| live.contains(&index_of_id(n)))
+                        .map(index_of_id)
+                })?;
+                live.contains(&f).then_some(f)
+            })
+            .collect();
         self.owners = owners;
         // Loads waiting for a failed owner's shard to move.
         let waiting: Vec<u32> = self.loads.keys().copied().collect();
@@ -282,6 +346,15 @@ impl Node {
             self.trainer_started = true;
             w.timer(self.idx, self.life, 0, Timer::Trainer);
         }
+    }
+
+    /// Whom a load of `shard` asks first (`Cluster::source`): the owner
+    /// when another node, else the former owner of a shard moved here.
+    fn source_of(&self, shard: u32) -> Option<Owner> {
+        self.owner_of(shard).or_else(|| {
+            let f = self.former.get(shard as usize).copied().flatten()?;
+            Some(Owner { node: node_id(f), addr: addr_of(f) })
+        })
     }
 
     fn owner_of(&self, shard: u32) -> Option<Owner> {
@@ -313,6 +386,18 @@ impl Node {
             Timer::Trainer => self.trainer(w, rec),
             Timer::Stall(stream) => self.stall_timer(w, rec, stream),
             Timer::Probe(stream) => self.probe(w, rec, stream),
+            Timer::Idle(stream) => {
+                let Some(peer) = self.asks.get(&stream).map(|a| a.peer) else { return };
+                let deadline = self.last_heard[peer] + IDLE_TIMEOUT;
+                if w.now >= deadline {
+                    let addr = addr_of(peer);
+                    let error = quinn::ReadError::ConnectionLost(quinn::ConnectionError::TimedOut);
+                    let fault = LinkFault::Read { what: "chunk bytes", error };
+                    self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault });
+                } else {
+                    w.timer(self.idx, self.life, deadline - w.now, timer);
+                }
+            }
             Timer::AskDeadline(stream) => {
                 if let Some(peer) = self.asks.get(&stream).map(|a| a.peer) {
                     let deadline = FETCH_DEADLINE;
@@ -334,6 +419,21 @@ impl Node {
                 if self.serving.contains(&(peer, stream)) {
                     self.send(w, Addr::Node(peer), Msg::Working { stream });
                     w.timer(self.idx, self.life, PEER_PROGRESS_INTERVAL.as_micros() as Micros, timer);
+                }
+            }
+            Timer::Redial(id, asks) => {
+                if let Some(shard) = self.load_by_id(id)
+                    && let Some(load) = self.loads.get(&shard)
+                    && load.asks == asks
+                    && let Some(failed) = load.route.awaiting()
+                {
+                    let peer = failed.0 as usize - 1;
+                    let dial = rec.new_stream();
+                    self.dials.insert(dial, (id, asks, peer, w.now));
+                    self.send(w, Addr::Node(peer), Msg::Dial { id: dial });
+                    // A dial that fails takes the connect timeout, then the
+                    // peer is left alone for `down_for`.
+                    w.timer(self.idx, self.life, CONNECT_TIMEOUT + DOWN_FOR, Timer::Redial(id, asks));
                 }
             }
             Timer::RemoteDone(id) => {
@@ -375,7 +475,7 @@ impl Node {
                 continue;
             }
             self.in_flight.insert(req, shard);
-            rec.issued(req, w.now);
+            rec.issued_for(self.idx, shard, req, w.now);
             self.request(w, rec, shard, Waiter::Trainer(req));
         }
     }
@@ -408,7 +508,12 @@ impl Node {
                 }
             }
             Admission::LookAgain | Admission::Start => {
-                let owner = if asker.forwards() { self.owner_of(shard) } else { None };
+                let owner = if asker.forwards() { self.source_of(shard) } else { None };
+                w.log(format_args!(
+                    "n{} loads s{shard} for {waiter:?}, first from {:?}",
+                    self.idx,
+                    owner.map(|o| index_of(o.addr))
+                ));
                 self.next_load += 1;
                 let route = Route::new(w.instant_now(), owner, FETCH_DEADLINE, REROUTE_WAIT);
                 let load = Load {
@@ -454,9 +559,13 @@ impl Node {
                 w.log(format_args!("n{} asks n{peer} for s{shard} (stream {stream})", self.idx));
                 self.send(w, Addr::Node(peer), Msg::Ask { stream, shard });
                 w.timer(self.idx, self.life, stall_at, Timer::Stall(stream));
+                // The connection closes once it has heard nothing for the
+                // idle timeout, and the stream with it.
+                let idle_at = (self.last_heard[peer] + IDLE_TIMEOUT).max(w.now) - w.now;
+                w.timer(self.idx, self.life, idle_at, Timer::Idle(stream));
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::AskDeadline(stream));
             }
-            Step::AwaitPlacement { failed, within } => {
+            Step::AwaitPlacement { failed, within, .. } => {
                 w.log(format_args!("n{} waits up to {within:?} for s{shard} to move from {failed}", self.idx));
                 let (id, asks) = (load.id, load.asks);
                 // The placement may have moved already.
@@ -468,6 +577,7 @@ impl Node {
                     return self.drive(w, rec, shard);
                 }
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::Await(id, asks));
+                w.timer(self.idx, self.life, DOWN_FOR, Timer::Redial(id, asks));
             }
             Step::ReadRemote => {
                 if load.remote {
@@ -608,6 +718,16 @@ impl Node {
                 self.send(w, Addr::Node(p), Msg::Chunk { stream, sum });
             }
         }
+    }
+
+    /// Loads in flight on this node.
+    pub fn loads_in_flight(&self) -> usize {
+        self.loads.len()
+    }
+
+    /// Shards held or being loaded here.
+    pub fn shards_here(&self) -> impl Iterator<Item = u32> + '_ {
+        self.held.keys().chain(self.loads.keys()).copied()
     }
 
     /// The peer this node's load of `shard` asks now, if any.

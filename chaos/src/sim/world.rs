@@ -68,6 +68,9 @@ pub enum Msg {
         epoch: u64,
         /// Owner node index per shard (None: no live node).
         owners: Vec<Option<usize>>,
+        /// Per shard, the live node it was handed from
+        /// (`ClusterState::handed_from`).
+        handed_from: Vec<Option<usize>>,
     },
     /// Node to node: a keep-alive datagram.
     Ping,
@@ -95,6 +98,16 @@ pub enum Msg {
     Refused {
         /// The stream.
         stream: u64,
+    },
+    /// A handshake to a peer (a dial).
+    Dial {
+        /// The dial's id.
+        id: u64,
+    },
+    /// The handshake's answer.
+    DialOk {
+        /// The dial's id.
+        id: u64,
     },
     /// A restarted process answering a stream of its former life (QUIC's
     /// stateless reset).
@@ -147,6 +160,8 @@ pub enum Timer {
     Stall(u64),
     /// A sample of the liveness probe of an ask.
     Probe(u64),
+    /// The idle deadline of the connection an ask runs on.
+    Idle(u64),
     /// The deadline of an ask.
     AskDeadline(u64),
     /// The wait for the placement of a load (by load id, and owners asked
@@ -154,6 +169,9 @@ pub enum Timer {
     Await(u64, usize),
     /// Send a progress frame on a stream served to a peer.
     Progress(usize, u64),
+    /// Dial a failed owner again, for a load (by load id, and owners asked)
+    /// waiting for the placement.
+    Redial(u64, usize),
     /// A remote read of a load (by load id) finished.
     RemoteDone(u64),
     /// The trainer issues its next requests.

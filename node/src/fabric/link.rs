@@ -58,6 +58,26 @@ impl PeerLink {
         })
     }
 
+    /// Returns once the peer at `addr` answers again: a handshake with it
+    /// completes (or its cached connection still receives datagrams; see
+    /// `peer_answers`). Tries every [`FabricConfig::down_for`]; never
+    /// returns while the peer is unreachable, so the caller bounds the
+    /// wait. A fetch route waiting for the placement to move a failed
+    /// owner's shard races this against the placement.
+    pub async fn reachable_again(&self, addr: SocketAddr) {
+        loop {
+            tokio::time::sleep(self.config.down_for).await;
+            match self.conns.get(addr).await {
+                Ok(conn) if peer_answers(&conn, tls::KEEP_ALIVE_INTERVAL).await => {
+                    self.down.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+                    return;
+                }
+                Ok(_) => self.conns.forget(addr),
+                Err(_) => {}
+            }
+        }
+    }
+
     fn byte_budget(&self, addr: SocketAddr) -> Arc<Semaphore> {
         self.bytes
             .lock()

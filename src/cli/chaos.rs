@@ -38,7 +38,8 @@ pub(crate) struct SimArgs {
     json: bool,
     /// Instead of swarm seeds: one named fault on a fixed 3-node,
     /// 40-shard cluster (node 2 stopped, or cut off from everyone, in the
-    /// cold epoch), measured against the same run without it.
+    /// cold epoch, or killed and restarted), measured against the same run
+    /// without it.
     #[arg(long, value_enum, conflicts_with_all = ["seed", "trace"])]
     scenario: Option<ScenarioKind>,
     /// With `--scenario`: how long the fault lasts, in seconds.
@@ -53,6 +54,8 @@ pub(crate) enum ScenarioKind {
     Stop,
     /// Every link of the node cut both ways, then healed.
     Partition,
+    /// SIGKILL, then a restart (its memory is gone).
+    Crash,
 }
 
 /// Runs `granary chaos`.
@@ -166,6 +169,7 @@ fn scenario_run(a: &SimArgs, kind: ScenarioKind) -> Result<()> {
     let kind = match kind {
         ScenarioKind::Stop => Kind::Stop,
         ScenarioKind::Partition => Kind::Partition,
+        ScenarioKind::Crash => Kind::Crash,
     };
     let name = format!("{kind:?}").to_lowercase();
     let seeds = a.seeds.min(10_000);

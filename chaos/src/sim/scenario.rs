@@ -1,8 +1,8 @@
 //! One named fault on a fixed cluster, measured against the same run
 //! without it: the costs issue 14 sets targets for. Three nodes, forty
 //! shards, remote reads of about a second each (a throttled link), three
-//! epochs; node 2 is stopped, or cut off from every other process, for
-//! `secs` seconds in the middle of the cold epoch.
+//! epochs; node 2 is stopped, cut off from every other process, or killed
+//! and restarted, for `secs` seconds in the middle of the cold epoch.
 //!
 //! Target: the cold epoch takes at most `secs` + one lease longer than
 //! without the fault; warm epochs read nothing from remote storage.
@@ -20,6 +20,8 @@ pub enum Kind {
     /// Every link of the node cut both ways (the other nodes and the
     /// coordinator), then healed.
     Partition,
+    /// SIGKILL, restarted after the fault's length (its memory is gone).
+    Crash,
 }
 
 /// A scenario's result.
@@ -95,6 +97,7 @@ pub fn run(kind: Kind, secs: u64, start_ms: u64, seed: u64) -> Cost {
     let node = Addr::Node(2);
     let faults = match kind {
         Kind::Stop => vec![(at, Fault::Stop(2)), (until, Fault::Continue(2))],
+        Kind::Crash => vec![(at, Fault::Crash(2)), (until, Fault::Restart(2))],
         Kind::Partition => {
             let others = [Addr::Node(0), Addr::Node(1), Addr::Coord];
             let mut f = Vec::new();

@@ -8,12 +8,13 @@
 //!
 //! - **The owner answers**: the chunk is a guest copy; done.
 //! - **The owner is alive but gave no chunk**: it stalled (its connection
-//!   answers, the stream does not), refused in words, or sent a chunk that
-//!   failed validation. It keeps its lease, so the placement will not move
+//!   answers, the stream does not) or sent a chunk that failed validation. It keeps its lease, so the placement will not move
 //!   the shard; waiting would only add to the failure. Read remote storage
 //!   now. (`granary chaos sim` found the corrupt case: seed 11438 waited the
 //!   whole reroute wait for a live owner's shard to move.)
-//! - **The owner failed otherwise** (unreachable, gone quiet, reset):
+//! - **The owner failed otherwise** (unreachable, gone quiet, reset, or
+//!   refused: most often because its placement and this node's disagree
+//!   for a moment):
 //!   it may be dead, and a dead owner's lease expiry moves its shards to one
 //!   survivor, which reads them once. Reading here at once would make every
 //!   survivor read them, so wait (up to the reroute wait) for the placement
@@ -76,9 +77,9 @@ pub enum Step {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AskFailure {
     /// The owner is alive but gave no chunk: its answer stopped coming while
-    /// its connection answered, it refused, or its chunk failed validation.
+    /// its connection answered, or its chunk failed validation.
     Alive(String),
-    /// Anything else: unreachable, gone quiet, reset, timed out.
+    /// Anything else: unreachable, gone quiet, reset, refused, timed out.
     Unavailable(String),
 }
 

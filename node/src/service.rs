@@ -455,7 +455,7 @@ impl Node {
         let config = cluster.config();
         let mut route = Route::new(
             tokio::time::Instant::now().into_std(),
-            cluster.source(key.version, key.shard),
+            cluster.owner(key.version, key.shard),
             config.fetch_deadline,
             config.reroute_wait,
         );
@@ -472,8 +472,8 @@ impl Node {
                         Ok(chunk) => {
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                             c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                            // From a former owner to this one (a handoff),
-                            // it is this node's own copy, not a guest.
+                            // A copy of a shard the placement moved here
+                            // meanwhile is this node's own, not a guest.
                             let guest = cluster.owner(key.version, key.shard).is_some();
                             return Ok((chunk, guest));
                         }

@@ -13,7 +13,7 @@
 use super::check::Record;
 use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
 use granary_node::decide::{
-    Admission, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit, former_owner,
+    Admission, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
 };
 use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
 use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
@@ -42,14 +42,6 @@ pub fn checksum(shard: u32) -> u64 {
 /// The address a node serves peers at.
 pub fn addr_of(node: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, node as u8 + 1], 7000))
-}
-
-fn node_id(idx: usize) -> NodeId {
-    NodeId(idx as u64 + 1)
-}
-
-fn index_of_id(n: NodeId) -> usize {
-    n.0 as usize - 1
 }
 
 /// The shard id of shard index `i` (four row groups a file, as the
@@ -125,9 +117,6 @@ pub struct Node {
     token: u64,
     placement_epoch: u64,
     owners: Vec<Option<usize>>,
-    /// Per shard this node owns: the live node that owned it before
-    /// (`former_owner`, as `Cluster::source` keeps it).
-    former: Vec<Option<usize>>,
     /// Chunks held: shard -> guest (not owned when fetched).
     held: BTreeMap<u32, bool>,
     loads: BTreeMap<u32, Load>,
@@ -161,7 +150,6 @@ impl Node {
             token: 0,
             placement_epoch: 0,
             owners: Vec::new(),
-            former: Vec::new(),
             held: BTreeMap::new(),
             loads: BTreeMap::new(),
             asks: BTreeMap::new(),
@@ -255,7 +243,7 @@ impl Node {
                     self.token += 1;
                 }
             }
-            Msg::Placement { epoch, owners, handed_from } => self.placement(w, rec, epoch, owners, handed_from),
+            Msg::Placement { epoch, owners } => self.placement(w, rec, epoch, owners),
             Msg::Ping => {}
             Msg::Dial { id } => self.send(w, from, Msg::DialOk { id }),
             Msg::DialOk { id } => {
@@ -291,14 +279,7 @@ impl Node {
         }
     }
 
-    fn placement(
-        &mut self,
-        w: &mut World,
-        rec: &mut Record,
-        epoch: u64,
-        owners: Vec<Option<usize>>,
-        handed_from: Vec<Option<usize>>,
-    ) {
+    fn placement(&mut self, w: &mut World, rec: &mut Record, epoch: u64, owners: Vec<Option<usize>>) {
         if epoch < self.placement_epoch {
             return;
         }
@@ -307,25 +288,6 @@ impl Node {
             w.log(format_args!("n{} placement epoch {epoch}: {owners:?}", self.idx));
         }
         self.placement_epoch = epoch;
-        let me = node_id(self.idx);
-        let live: BTreeSet<usize> = owners.iter().flatten().copied().collect();
-        self.former = owners
-            .iter()
-            .enumerate()
-            .map(|(s, next)| {
-                let next = (*next)?;
-                let before = self.owners.get(s).copied().flatten().map(node_id);
-                let before_former = self.former.get(s).copied().flatten().map(node_id);
-                // What the coordinator says first, else this node's own
-                // reckoning (as `Cluster::replace` merges them).
-                let given = handed_from.get(s).copied().flatten().filter(|f| next == self.idx && *f != self.idx);
-                let f = given.or_else(|| {
-                    former_owner(me, node_id(next), before, before_former, |n| live.contains(&index_of_id(n)))
-                        .map(index_of_id)
-                })?;
-                live.contains(&f).then_some(f)
-            })
-            .collect();
         self.owners = owners;
         // Loads waiting for a failed owner's shard to move.
         let waiting: Vec<u32> = self.loads.keys().copied().collect();
@@ -346,15 +308,6 @@ impl Node {
             self.trainer_started = true;
             w.timer(self.idx, self.life, 0, Timer::Trainer);
         }
-    }
-
-    /// Whom a load of `shard` asks first (`Cluster::source`): the owner
-    /// when another node, else the former owner of a shard moved here.
-    fn source_of(&self, shard: u32) -> Option<Owner> {
-        self.owner_of(shard).or_else(|| {
-            let f = self.former.get(shard as usize).copied().flatten()?;
-            Some(Owner { node: node_id(f), addr: addr_of(f) })
-        })
     }
 
     fn owner_of(&self, shard: u32) -> Option<Owner> {
@@ -508,7 +461,7 @@ impl Node {
                 }
             }
             Admission::LookAgain | Admission::Start => {
-                let owner = if asker.forwards() { self.source_of(shard) } else { None };
+                let owner = if asker.forwards() { self.owner_of(shard) } else { None };
                 w.log(format_args!(
                     "n{} loads s{shard} for {waiter:?}, first from {:?}",
                     self.idx,

@@ -68,9 +68,6 @@ pub enum Msg {
         epoch: u64,
         /// Owner node index per shard (None: no live node).
         owners: Vec<Option<usize>>,
-        /// Per shard, the live node it was handed from
-        /// (`ClusterState::handed_from`).
-        handed_from: Vec<Option<usize>>,
     },
     /// Node to node: a keep-alive datagram.
     Ping,

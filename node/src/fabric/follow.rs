@@ -79,12 +79,6 @@ pub async fn follow_placement(
                             .map(|&(file, row_group, owner)| (ShardId { file, row_group }, owner))
                             .collect();
                         map.owners.insert(*version, owners);
-                        let handed = report
-                            .handed_from
-                            .iter()
-                            .map(|&(file, row_group, from)| (ShardId { file, row_group }, from))
-                            .collect();
-                        map.former.insert(*version, handed);
                     }
                     // Keep what was known for this version (a slightly old
                     // owner still serves; no owner at all would make this

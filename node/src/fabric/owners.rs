@@ -6,7 +6,7 @@
 
 use super::config::FabricConfig;
 use super::link::PeerLink;
-use super::route::{Owner, former_owner};
+use super::route::Owner;
 use granary_proto::{DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,9 +29,6 @@ pub(crate) struct PlacementMap {
     pub(crate) epoch: u64,
     pub(crate) addrs: HashMap<NodeId, SocketAddr>,
     pub(crate) owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
-    /// For shards a placement moved to this node: the live node that owned
-    /// them before (see [`Cluster::source`]). Filled by [`Cluster::replace`].
-    pub(crate) former: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
 }
 
 impl Cluster {
@@ -61,22 +58,6 @@ impl Cluster {
         map.addrs.get(&owner).map(|a| Owner { node: owner, addr: *a })
     }
 
-    /// Whom a load of `shard` asks first: its owner when that is another
-    /// node; when this node owns it, the live node that owned it before
-    /// the placement moved it here (a handoff: that node may hold the
-    /// chunk, and asking costs a round trip where reading remote storage
-    /// costs a conversion); else nobody.
-    ///
-    /// `granary chaos sim --scenario stop` measured the cost without it: a
-    /// node that came back after a stop was given shards the survivors had
-    /// read while it was away, and read them again in the warm epochs.
-    pub fn source(&self, version: DatasetVersion, shard: ShardId) -> Option<Owner> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        let owner = *map.owners.get(&version)?.get(&shard)?;
-        let node = if owner == self.me { *map.former.get(&version)?.get(&shard)? } else { owner };
-        map.addrs.get(&node).map(|a| Owner { node, addr: *a })
-    }
-
     /// The link to peers.
     pub fn link(&self) -> &PeerLink {
         &self.link
@@ -92,26 +73,8 @@ impl Cluster {
         self.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version).cloned()
     }
 
-    /// Replaces the placement. `map.former` holds what the coordinator
-    /// says each shard was handed from; shards it says nothing of get this
-    /// node's own reckoning from the placement before ([`handoffs`]).
-    pub(crate) fn replace(&self, mut map: PlacementMap) {
-        let mut current = self.map.write().unwrap_or_else(|p| p.into_inner());
-        for (version, local) in handoffs(self.me, &current, &map) {
-            let given = map.former.entry(version).or_default();
-            for (shard, from) in local {
-                given.entry(shard).or_insert(from);
-            }
-        }
-        // Only shards this node owns, from live nodes, matter.
-        for (version, former) in &mut map.former {
-            let owners = map.owners.get(version);
-            former.retain(|shard, from| {
-                owners.and_then(|o| o.get(shard)) == Some(&self.me) && *from != self.me && map.addrs.contains_key(from)
-            });
-        }
-        *current = map;
-        drop(current);
+    pub(crate) fn replace(&self, map: PlacementMap) {
+        *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
         self.updates.send_modify(|n| *n += 1);
     }
 
@@ -125,7 +88,7 @@ impl Cluster {
         addrs: HashMap<NodeId, SocketAddr>,
         owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
     ) {
-        self.replace(PlacementMap { epoch, addrs, owners, former: HashMap::new() });
+        self.replace(PlacementMap { epoch, addrs, owners });
     }
 
     /// Waits until the owner of `shard` is no longer `failed` (a newer
@@ -159,71 +122,5 @@ impl Cluster {
             Ok(()) => Ok(self.owner(version, shard)),
             Err(_) => Err(()),
         }
-    }
-}
-
-/// For every shard `next` gives to `me`, its former owner by
-/// [`former_owner`] (live: has an address in `next`).
-fn handoffs(
-    me: NodeId,
-    before: &PlacementMap,
-    next: &PlacementMap,
-) -> HashMap<DatasetVersion, HashMap<ShardId, NodeId>> {
-    let mut out: HashMap<DatasetVersion, HashMap<ShardId, NodeId>> = HashMap::new();
-    for (version, owners) in &next.owners {
-        for (shard, owner) in owners {
-            let before_owner = before.owners.get(version).and_then(|o| o.get(shard)).copied();
-            let before_former = before.former.get(version).and_then(|f| f.get(shard)).copied();
-            let live = |n: NodeId| next.addrs.contains_key(&n);
-            if let Some(f) = former_owner(me, *owner, before_owner, before_former, live) {
-                out.entry(*version).or_default().insert(*shard, f);
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(epoch: u64, live: &[u64], owners: &[u64]) -> PlacementMap {
-        let v = DatasetVersion([7; 16]);
-        PlacementMap {
-            epoch,
-            addrs: live.iter().map(|&n| (NodeId(n), SocketAddr::from(([10, 0, 0, n as u8], 7000)))).collect(),
-            owners: [(
-                v,
-                owners
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| (ShardId { file: 0, row_group: i as u32 }, NodeId(n)))
-                    .collect(),
-            )]
-            .into(),
-            former: HashMap::new(),
-        }
-    }
-
-    #[test]
-    fn a_shard_moved_here_is_asked_of_its_former_owner_while_that_node_lives() {
-        let me = NodeId(1);
-        let v = DatasetVersion([7; 16]);
-        let s = |i: u32| ShardId { file: 0, row_group: i };
-        // Shard 0 moves from node 2 to me; shard 1 stays mine; shard 2
-        // stays node 3's.
-        let before = map(1, &[1, 2, 3], &[2, 1, 3]);
-        let mut next = map(2, &[1, 2, 3], &[1, 1, 3]);
-        next.former = handoffs(me, &before, &next);
-        assert_eq!(next.former[&v].get(&s(0)), Some(&NodeId(2)));
-        assert_eq!(next.former[&v].len(), 1);
-        // The next placement keeps me as owner: the handoff is remembered.
-        let mut later = map(3, &[1, 2, 3], &[1, 1, 3]);
-        later.former = handoffs(me, &next, &later);
-        assert_eq!(later.former[&v].get(&s(0)), Some(&NodeId(2)));
-        // Node 2 dies: it is not asked.
-        let mut gone = map(4, &[1, 3], &[1, 1, 3]);
-        gone.former = handoffs(me, &later, &gone);
-        assert!(gone.former.get(&v).is_none_or(|f| f.is_empty()));
     }
 }

@@ -227,30 +227,6 @@ impl Route {
     }
 }
 
-/// The handoff rule for one shard as a new placement arrives: when the
-/// placement gives the shard to `me`, the node that owned it before
-/// (`before_owner`, or the former owner remembered from before if `me`
-/// owned it then too), while that node is still live in the new
-/// placement. A load of a shard this node owns but holds no copy of asks
-/// that node first (it may hold the chunk: one round trip instead of a
-/// conversion); see `Cluster::source`.
-pub fn former_owner(
-    me: NodeId,
-    next_owner: NodeId,
-    before_owner: Option<NodeId>,
-    before_former: Option<NodeId>,
-    live: impl Fn(NodeId) -> bool,
-) -> Option<NodeId> {
-    if next_owner != me {
-        return None;
-    }
-    let former = match before_owner {
-        Some(p) if p != me => Some(p),
-        _ => before_former,
-    };
-    former.filter(|f| *f != me && live(*f))
-}
-
 /// What a node answers a peer that asks for a file's footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FooterAnswer {
@@ -289,18 +265,6 @@ mod tests {
 
     fn ask(o: Owner, within: Duration) -> Step {
         Step::Ask { owner: o, within }
-    }
-
-    #[test]
-    fn a_shard_moved_here_remembers_its_live_former_owner() {
-        let (me, two, three) = (NodeId(1), NodeId(2), NodeId(3));
-        let all = |_: NodeId| true;
-        assert_eq!(former_owner(me, me, Some(two), None, all), Some(two), "moved here from node 2");
-        assert_eq!(former_owner(me, three, Some(two), None, all), None, "not mine");
-        assert_eq!(former_owner(me, me, Some(me), Some(two), all), Some(two), "still mine: remembered");
-        assert_eq!(former_owner(me, me, Some(me), None, all), None, "always mine");
-        assert_eq!(former_owner(me, me, Some(two), None, |n| n != two), None, "node 2 is dead");
-        assert_eq!(former_owner(me, me, None, None, all), None, "no placement before");
     }
 
     #[test]

@@ -474,7 +474,7 @@ impl Node {
                             c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                             // A copy of a shard the placement moved here
                             // meanwhile is this node's own, not a guest.
-                            let guest = cluster.owner(key.version, key.shard).is_some();
+                            let guest = cluster.placed_owner(key.version, key.shard) != Some(cluster.me());
                             return Ok((chunk, guest));
                         }
                         Err(e) => {
@@ -492,13 +492,21 @@ impl Node {
                         }
                     }
                 }
-                Step::AwaitPlacement { failed, addr, within } => {
+                Step::AwaitPlacement { failed, redial, within } => {
                     // Whichever comes first: the placement moves the shard,
-                    // or the owner answers a handshake again (it was cut
-                    // off or stopped, and keeps its lease and its shards).
+                    // or an unreachable owner answers a handshake again (it
+                    // was cut off or stopped, and keeps its lease and its
+                    // shards). The placement wins a tie.
+                    let back = async {
+                        match redial {
+                            Some(addr) => cluster.link().reachable_again(addr).await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     let moved = tokio::select! {
+                        biased;
                         moved = cluster.reroute(key.version, key.shard, failed, within) => Some(moved),
-                        () = cluster.link().reachable_again(addr) => None,
+                        () = back => None,
                     };
                     match moved {
                         Some(Ok(next)) => route.handle_moved(next),
@@ -506,10 +514,16 @@ impl Node {
                             tracing::warn!(shard = %key.shard, owner = %failed, "placement did not move it in time; reading remote storage");
                             route.handle_not_moved();
                         }
-                        None => {
-                            tracing::info!(shard = %key.shard, owner = %failed, "owner answers again; asking it again");
-                            route.handle_owner_back();
-                        }
+                        // Back, but the placement may have moved the shard
+                        // meanwhile (its lease ran out while it was away):
+                        // then ask the owner the placement gives.
+                        None => match cluster.placed_owner(key.version, key.shard) {
+                            Some(owner) if owner != failed => route.handle_moved(cluster.owner(key.version, key.shard)),
+                            _ => {
+                                tracing::info!(shard = %key.shard, owner = %failed, "owner answers again; asking it again");
+                                route.handle_owner_back();
+                            }
+                        },
                     }
                 }
             }

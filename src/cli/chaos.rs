@@ -87,7 +87,7 @@ fn sim_run(a: &SimArgs) -> Result<()> {
         for (k, v) in &o.extra_reads {
             *extra.entry(k).or_default() += v;
         }
-        violations += o.violations.len() as u64;
+        violations += o.violation_counts.values().sum::<u64>();
         failed += u64::from(!o.violations.is_empty());
         reads += o.remote_reads;
         shards += o.shards as u64;
@@ -179,7 +179,7 @@ fn scenario_run(a: &SimArgs, kind: ScenarioKind) -> Result<()> {
         let time_ok = c.extra_cold_ms() <= c.allowed_ms();
         let reads_ok = c.unexposed_rereads().is_empty();
         let warm_ok = c.warm_reads() == 0;
-        let ok = time_ok && reads_ok && warm_ok && c.faulted.violations.is_empty();
+        let ok = time_ok && reads_ok && warm_ok && c.faulted.violations.is_empty() && c.calm.violations.is_empty();
         missed += u64::from(!ok);
         if a.json {
             println!(

@@ -13,6 +13,10 @@
 //!   after the last one), no node reads from remote storage a shard that
 //!   the placement gives to another node which holds it, when the reader's
 //!   route met no failure: the fabric's whole point, one read per cluster;
+//! - `pair-reads`: two nodes that refused each other a shard (their
+//!   placements disagree) do not both read it from remote storage within
+//!   a fetch deadline: the refused one waits for the placement and takes
+//!   the chunk from the other;
 //! - `calm-latency`: a request issued and answered away from every fault
 //!   takes at most two remote reads (at their slowest) and two seconds: no
 //!   load waits on a cycle of nodes or on a deadline when nothing failed;
@@ -46,8 +50,10 @@ const CALM_AFTER: Micros = 2 * LEASE + FETCH_DEADLINE.as_micros() as Micros;
 /// The run's record.
 #[derive(Debug, Default)]
 pub struct Record {
-    /// Violations found so far.
+    /// Violations found so far (the first eight of each invariant).
     pub violations: Vec<Violation>,
+    /// Violations by invariant, all of them.
+    pub violation_counts: BTreeMap<&'static str, u64>,
     delivered: BTreeMap<u64, u32>,
     /// Requests of all trainers.
     pub requests: u64,
@@ -72,6 +78,10 @@ pub struct Record {
     issued: BTreeMap<u64, (Micros, bool)>,
     /// The longest a calm request may take.
     pub calm_bound: Micros,
+    /// When two nodes (lower index first) last refused each other a shard.
+    refused_at: BTreeMap<(usize, usize, u32), Micros>,
+    /// When each node last began a remote read of a shard.
+    read_at: BTreeMap<(usize, u32), Micros>,
     /// Peer requests joined to a load since the last cycle check: (node,
     /// peer, shard).
     pub joins: Vec<(usize, usize, u32)>,
@@ -91,8 +101,10 @@ pub struct Record {
 
 impl Record {
     fn violate(&mut self, invariant: &'static str, at: Micros, detail: String) {
-        // The first few are enough to read; the count says the rest.
-        if self.violations.len() < 32 {
+        // The first few of each invariant are enough to read; the rest are
+        // counted (an early flood of one kind hides no other kind).
+        *self.violation_counts.entry(invariant).or_default() += 1;
+        if self.violations.iter().filter(|v| v.invariant == invariant).count() < 8 {
             self.violations.push(Violation { invariant, at, detail });
         }
     }
@@ -170,7 +182,8 @@ impl Record {
 
     /// `node`'s load of `shard` (started at `started`) asks its `asks`-th
     /// owner at `now`.
-    pub fn asked(&mut self, node: usize, shard: u32, asks: usize, now: Micros, started: Micros) {
+    pub fn asked(&mut self, node: usize, peer: usize, shard: u32, asks: usize, now: Micros, started: Micros) {
+        let _ = peer;
         if asks > MAX_OWNERS_ASKED {
             self.violate("route-bounds", now, format!("n{node} asked owner number {asks} for s{shard}"));
         }
@@ -182,6 +195,19 @@ impl Record {
     /// `node` reads `shard` from remote storage at `now`; `failures` are
     /// what its route met first.
     pub fn remote_read(&mut self, node: usize, shard: u32, now: Micros, failures: Vec<String>) {
+        let window = FETCH_DEADLINE.as_micros() as Micros;
+        let recent = |t: Option<&Micros>| t.is_some_and(|&t| now.saturating_sub(t) <= window);
+        for other in 0..self.nodes {
+            let refused = |a: usize, b: usize| self.refused_at.get(&(a.min(b), a.max(b), shard));
+            if other != node && recent(refused(node, other)) && recent(self.read_at.get(&(other, shard))) {
+                self.violate(
+                    "pair-reads",
+                    now,
+                    format!("n{node} and n{other} refused each other s{shard}, and both read it from remote storage"),
+                );
+            }
+        }
+        self.read_at.insert((node, shard), now);
         let epoch = (0..).find(|&e| (0..self.nodes).any(|n| !self.epochs.contains_key(&(n, e)))).unwrap_or(0);
         if self.reads_by_epoch.len() <= epoch {
             self.reads_by_epoch.resize(epoch + 1, 0);
@@ -214,6 +240,12 @@ impl Record {
             "calm (a violation)"
         };
         *self.extra.entry(cause).or_default() += 1;
+    }
+
+    /// `node` refused `peer` its load of `shard` (their placements
+    /// disagree: its load asks `peer`).
+    pub fn refused(&mut self, node: usize, peer: usize, shard: u32, now: Micros) {
+        self.refused_at.insert((node.min(peer), node.max(peer), shard), now);
     }
 
     /// `node` joined `peer`'s request for `shard` to its load.
@@ -274,13 +306,15 @@ impl Record {
     /// The checks at the end of a run: every request delivered; the final
     /// placement gives every shard one live owner.
     pub fn finish(&mut self, now: Micros, owners: &[Option<usize>], live: &[usize], finished: bool) {
-        if !finished || (self.delivered.len() as u64) < self.requests {
-            let missing = self.requests - self.delivered.len() as u64;
+        let missing = self.requests.saturating_sub(self.delivered.len() as u64);
+        if missing > 0 {
             self.violate(
                 "exactly-once",
                 now,
                 format!("{missing} of {} requests were never delivered by {} ms", self.requests, now / 1000),
             );
+        } else if !finished {
+            self.violate("liveness", now, "every request was delivered but a trainer did not finish".into());
         }
         if !live.is_empty() {
             for (s, o) in owners.iter().enumerate() {

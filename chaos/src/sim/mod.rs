@@ -59,8 +59,10 @@ pub struct Outcome {
     pub sim_ms: u64,
     /// Faults injected, by kind.
     pub faults: BTreeMap<&'static str, u64>,
-    /// Invariants that did not hold.
+    /// Invariants that did not hold (the first eight of each).
     pub violations: Vec<Violation>,
+    /// Violations by invariant, all of them.
+    pub violation_counts: BTreeMap<&'static str, u64>,
     /// Requests delivered to trainers.
     pub requests: u64,
     /// Remote reads in all, and shards.
@@ -199,6 +201,7 @@ pub fn run_watched(
     let finished = nodes.iter().all(Node::finished);
     if let Some(reason) = stopped_reason {
         rec.violations.push(Violation { invariant: "liveness", at: w.now, detail: reason });
+        *rec.violation_counts.entry("liveness").or_default() += 1;
     }
     rec.finish(w.now, &coord.final_owners(), &coord.live(), finished);
     w.log(format_args!("end: {} violations", rec.violations.len()));
@@ -223,6 +226,7 @@ pub fn run_watched(
         epoch_end_ms: rec.epoch_ends(swarm.epochs as usize),
         reads_by_epoch: rec.reads_by_epoch.clone(),
         violations: std::mem::take(&mut rec.violations),
+        violation_counts: std::mem::take(&mut rec.violation_counts),
         trace: w.take_trace(),
         swarm,
     }
@@ -248,9 +252,13 @@ fn apply_fault(
         _ => {}
     }
     match f {
-        Fault::Cut { from, to, .. } => w.set_cut(from, to, true),
+        Fault::Cut { from, to, .. } => {
+            w.set_cut(from, to, true);
+        }
         Fault::Heal { from, to } => {
-            w.set_cut(from, to, false);
+            if !w.set_cut(from, to, false) {
+                return;
+            }
             let now = w.now;
             for (sent, from_life, to_life, msg) in w.take_parked(from, to) {
                 // A connection silent past its idle timeout closed; what
@@ -300,7 +308,8 @@ fn apply_fault(
 
 /// Each node's trainer's shards, per epoch: the epoch's seeded shard order
 /// split in contiguous ranges, each overlapping the next by one shard (as
-/// ranks' row ranges share a shard at their boundary).
+/// ranks' row ranges share a shard at their boundary), lengthened to the
+/// swarm's share of the dataset.
 fn plans(seed: u64, swarm: &Swarm) -> Vec<Vec<Vec<u32>>> {
     let n = swarm.nodes;
     let s = swarm.shards;
@@ -308,10 +317,14 @@ fn plans(seed: u64, swarm: &Swarm) -> Vec<Vec<Vec<u32>>> {
     for epoch in 0..swarm.epochs {
         let mut order: Vec<u32> = (0..s as u32).collect();
         Rng::new(seed_of(&[seed, 0x504c_414e, epoch as u64])).shuffle(&mut order);
+        let share = (s * swarm.share_per_mille as usize / 1000).min(s);
         for (i, plan) in out.iter_mut().enumerate() {
-            let lo = i * s / n;
-            let hi = ((i + 1) * s / n + 1).min(s);
-            plan.push(order[lo..hi].to_vec());
+            // Reading everything, every node starts at the same place (an
+            // evaluation pass): they want the same shards at once.
+            let lo = if share == s { 0 } else { i * s / n };
+            let own = ((i + 1) * s / n + 1).min(s) - lo;
+            // From its own range on, wrapping around the epoch's order.
+            plan.push((0..own.max(share)).map(|k| order[(lo + k) % s]).collect());
         }
     }
     out
@@ -403,8 +416,8 @@ fn schedule(seed: u64, swarm: &Swarm) -> Vec<(Micros, Fault)> {
             }
         }
     }
-    // One fault of a kind per node at a time: a crash inside a stop, or two
-    // overlapping cuts of one link, would end early at the first heal.
+    // Cuts of one link nest (`World::set_cut`); process faults and
+    // failovers do not overlap (above).
     out.sort_by_key(|(at, _)| *at);
     out
 }

@@ -44,6 +44,10 @@ pub fn addr_of(node: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, node as u8 + 1], 7000))
 }
 
+fn node_of(idx: usize) -> NodeId {
+    NodeId(idx as u64 + 1)
+}
+
 /// The shard id of shard index `i` (four row groups a file, as the
 /// coordinator's manifest has them).
 pub fn shard_id(i: u32) -> ShardId {
@@ -254,10 +258,25 @@ impl Node {
                     && let Some(shard) = self.load_by_id(load_id)
                     && let Some(load) = self.loads.get_mut(&shard)
                     && load.asks == asks
-                    && load.route.awaiting().is_some()
+                    && let Some(failed) = load.route.awaiting()
                 {
-                    w.log(format_args!("n{} hears its failed owner of s{shard} again; asks it again", self.idx));
-                    load.route.handle_owner_back();
+                    // As the node's shell: back, but the placement may have
+                    // moved the shard meanwhile.
+                    match self.owners.get(shard as usize).copied().flatten() {
+                        Some(o) if node_of(o) != failed => {
+                            let owner = self.owner_of(shard);
+                            if let Some(load) = self.loads.get_mut(&shard) {
+                                load.route.handle_moved(owner);
+                            }
+                        }
+                        _ => {
+                            w.log(format_args!(
+                                "n{} hears its failed owner of s{shard} again; asks it again",
+                                self.idx
+                            ));
+                            load.route.handle_owner_back();
+                        }
+                    }
                     self.drive(w, rec, shard);
                 }
             }
@@ -292,11 +311,11 @@ impl Node {
         // Loads waiting for a failed owner's shard to move.
         let waiting: Vec<u32> = self.loads.keys().copied().collect();
         for shard in waiting {
+            if !self.moved_from(shard) {
+                continue;
+            }
             let owner = self.owner_of(shard);
-            if let Some(load) = self.loads.get_mut(&shard)
-                && let Some(failed) = load.route.awaiting()
-                && owner.map(|o| o.node) != Some(failed)
-            {
+            if let Some(load) = self.loads.get_mut(&shard) {
                 load.route.handle_moved(owner);
                 self.drive(w, rec, shard);
             }
@@ -308,6 +327,15 @@ impl Node {
             self.trainer_started = true;
             w.timer(self.idx, self.life, 0, Timer::Trainer);
         }
+    }
+
+    /// Whether the placement moved `shard` away from the owner its load
+    /// waits on, as `Cluster::reroute` decides: the shard has an owner in
+    /// the placement and it is another node (a shard with no owner has not
+    /// moved).
+    fn moved_from(&self, shard: u32) -> bool {
+        let Some(failed) = self.loads.get(&shard).and_then(|l| l.route.awaiting()) else { return false };
+        self.owners.get(shard as usize).copied().flatten().is_some_and(|o| node_of(o) != failed)
     }
 
     fn owner_of(&self, shard: u32) -> Option<Owner> {
@@ -456,6 +484,7 @@ impl Node {
             }
             Admission::Refuse => {
                 if let Waiter::Peer(p, stream) = waiter {
+                    rec.refused(self.idx, p, shard, w.now);
                     w.log(format_args!("n{} refuses s{shard} to n{p}: its load asks n{p}", self.idx));
                     self.send(w, Addr::Node(p), Msg::Refused { stream });
                 }
@@ -503,7 +532,7 @@ impl Node {
             Step::Ask { owner, within } => {
                 let peer = index_of(owner.addr);
                 load.asks += 1;
-                rec.asked(self.idx, shard, load.asks, w.now, load.started);
+                rec.asked(self.idx, peer, shard, load.asks, w.now, load.started);
                 let stream = rec.new_stream();
                 load.asking = Some((peer, stream));
                 let clock = StallClock::new(now, PEER_STALL_TIMEOUT);
@@ -518,19 +547,21 @@ impl Node {
                 w.timer(self.idx, self.life, idle_at, Timer::Idle(stream));
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::AskDeadline(stream));
             }
-            Step::AwaitPlacement { failed, within, .. } => {
+            Step::AwaitPlacement { failed, within, redial } => {
                 w.log(format_args!("n{} waits up to {within:?} for s{shard} to move from {failed}", self.idx));
                 let (id, asks) = (load.id, load.asks);
                 // The placement may have moved already.
-                let owner = self.owner_of(shard);
-                if owner.map(|o| o.node) != Some(failed) {
+                if self.moved_from(shard) {
+                    let owner = self.owner_of(shard);
                     if let Some(load) = self.loads.get_mut(&shard) {
                         load.route.handle_moved(owner);
                     }
                     return self.drive(w, rec, shard);
                 }
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::Await(id, asks));
-                w.timer(self.idx, self.life, DOWN_FOR, Timer::Redial(id, asks));
+                if redial.is_some() {
+                    w.timer(self.idx, self.life, DOWN_FOR, Timer::Redial(id, asks));
+                }
             }
             Step::ReadRemote => {
                 if load.remote {
@@ -657,8 +688,10 @@ impl Node {
     fn hand(&mut self, w: &mut World, rec: &mut Record, shard: u32, waiter: Waiter, sum: u64) {
         match waiter {
             Waiter::Trainer(req) => {
+                // Every hand counts, before the trainer's own bookkeeping:
+                // a request handed twice is a violation, not a no-op.
+                rec.delivered(self.idx, req, shard, sum, w.now);
                 if self.in_flight.remove(&req).is_some() {
-                    rec.delivered(self.idx, req, shard, sum, w.now);
                     let step = ms(w.swarm.step_ms);
                     self.busy_until = self.busy_until.max(w.now) + step;
                     let after = self.busy_until - w.now;

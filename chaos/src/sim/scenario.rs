@@ -73,6 +73,7 @@ pub fn swarm() -> Swarm {
         shards: 40,
         epochs: 3,
         window: 4,
+        share_per_mille: 0,
         step_ms: 10,
         latency_ms: (0, 1),
         loss_per_mille: 0,

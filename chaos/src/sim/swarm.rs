@@ -18,6 +18,11 @@ pub struct Swarm {
     pub epochs: u32,
     /// Chunk requests a trainer keeps in flight.
     pub window: usize,
+    /// Share of the dataset each node's trainer reads per epoch, in
+    /// thousandths (at least its own range: 1/nodes and one shard; 1000:
+    /// every node reads everything, as an evaluation pass does), so nodes
+    /// often want the same shard at once.
+    pub share_per_mille: u64,
     /// The trainer's compute time per chunk it is handed.
     pub step_ms: u64,
     /// One-way latency between two processes, drawn per message in this
@@ -65,6 +70,11 @@ impl Swarm {
         let shards = between(4, 24) as usize;
         let window = between(1, 4) as usize;
         let step_ms = between(20, 400);
+        let share_per_mille = match between(0, 3) {
+            0 => 1000,
+            1 => between(0, 1000),
+            _ => 0,
+        };
         let lat_lo = between(0, 2);
         let latency_ms = (lat_lo, lat_lo + between(0, 20));
         // Half the runs are calm on some axis, so each fault is also seen
@@ -85,13 +95,15 @@ impl Swarm {
         let fault_ms = (fault_lo, fault_lo + between(0, 12_000));
         // Enough epochs that the trainers still read when the last fault
         // ends: a fault in an idle cluster tests nothing.
-        let per_epoch_ms = (shards / nodes + 1) as u64 * step_ms;
+        let per_node = (shards / nodes + 1).max(shards * share_per_mille as usize / 1000);
+        let per_epoch_ms = per_node as u64 * step_ms;
         let epochs = ((fault_window_ms + fault_ms.1) / per_epoch_ms + 2).clamp(2, 200) as u32;
         Self {
             nodes,
             shards,
             epochs,
             window,
+            share_per_mille,
             step_ms,
             latency_ms,
             loss_per_mille,
@@ -114,13 +126,14 @@ impl fmt::Display for Swarm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} nodes, {} shards, {} epochs, window {}, step {} ms; latency {}-{} ms, loss {}‰, duplicates {}‰, watch lag {} ms; \
+            "{} nodes, {} shards, {} epochs, window {}, share {}‰, step {} ms; latency {}-{} ms, loss {}‰, duplicates {}‰, watch lag {} ms; \
              remote {}-{} ms, slow {}‰, corrupt {}‰; faults within {} ms lasting {}-{} ms: \
              {} partitions, {} crashes, {} stops, {} failovers",
             self.nodes,
             self.shards,
             self.epochs,
             self.window,
+            self.share_per_mille,
             self.step_ms,
             self.latency_ms.0,
             self.latency_ms.1,

@@ -240,8 +240,9 @@ pub struct World {
     pub rng: Rng,
     /// The run's parameters.
     pub swarm: Swarm,
-    /// Cut links, each with when the cut began.
-    cut: BTreeMap<(Addr, Addr), Micros>,
+    /// Cut links, each with when the cut began and how many partitions
+    /// cut it.
+    cut: BTreeMap<(Addr, Addr), (Micros, u32)>,
     /// Each stream's last scheduled arrival per direction, so a stream's
     /// messages arrive in order.
     ordered: BTreeMap<(Addr, Addr), Micros>,
@@ -329,12 +330,23 @@ impl World {
     }
 
     /// Cuts or heals a link; a message already on its way when a cut
-    /// began still arrives (it left before).
-    pub fn set_cut(&mut self, from: Addr, to: Addr, cut: bool) {
+    /// began still arrives (it left before). Cuts of one link nest: it
+    /// heals when every partition that cut it has healed. Returns whether
+    /// the link is whole again.
+    pub fn set_cut(&mut self, from: Addr, to: Addr, cut: bool) -> bool {
+        let now = self.now;
+        let entry = self.cut.entry((from, to)).or_insert((now, 0));
         if cut {
-            self.cut.entry((from, to)).or_insert(self.now);
+            entry.1 += 1;
+            false
         } else {
-            self.cut.remove(&(from, to));
+            entry.1 = entry.1.saturating_sub(1);
+            if entry.1 == 0 {
+                self.cut.remove(&(from, to));
+                true
+            } else {
+                false
+            }
         }
     }
 

@@ -60,13 +60,17 @@ impl PeerLink {
 
     /// Returns once the peer at `addr` answers again: a handshake with it
     /// completes (or its cached connection still receives datagrams; see
-    /// `peer_answers`). Tries every [`FabricConfig::down_for`]; never
+    /// `peer_answers`). Tries every [`FabricConfig::down_for`] (at least
+    /// the keep-alive interval); never
     /// returns while the peer is unreachable, so the caller bounds the
     /// wait. A fetch route waiting for the placement to move a failed
     /// owner's shard races this against the placement.
     pub async fn reachable_again(&self, addr: SocketAddr) {
+        // Never faster than the keep-alive, however short `down_for` is set:
+        // a dial that fails at once must not spin.
+        let every = self.config.down_for.max(tls::KEEP_ALIVE_INTERVAL);
         loop {
-            tokio::time::sleep(self.config.down_for).await;
+            tokio::time::sleep(every).await;
             match self.conns.get(addr).await {
                 Ok(conn) if peer_answers(&conn, tls::KEEP_ALIVE_INTERVAL).await => {
                     self.down.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);

@@ -58,6 +58,12 @@ impl Cluster {
         map.addrs.get(&owner).map(|a| Owner { node: owner, addr: *a })
     }
 
+    /// The owner the placement gives `shard`, whichever node it is (this
+    /// one included); `None` when the version or shard is not placed.
+    pub fn placed_owner(&self, version: DatasetVersion, shard: ShardId) -> Option<NodeId> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version)?.get(&shard).copied()
+    }
+
     /// The link to peers.
     pub fn link(&self) -> &PeerLink {
         &self.link

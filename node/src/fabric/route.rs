@@ -34,8 +34,9 @@ use granary_proto::NodeId;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// Owners asked for one chunk, at most: the first and two the placement
-/// moved the shard to.
+/// Owners asked for one chunk, at most: the first, and the owners the
+/// placement moved the shard to or the same owner again once it answers
+/// after being unreachable.
 pub const MAX_OWNERS_ASKED: usize = 3;
 
 /// A shard's owner, as this node knows it.
@@ -59,13 +60,16 @@ pub enum Step {
     },
     /// Wait up to `within` for a placement in which `failed` no longer owns
     /// the shard, then report [`Route::handle_moved`] or
-    /// [`Route::handle_not_moved`]; or, if the owner at `addr` answers a
-    /// handshake again first, report [`Route::handle_owner_back`].
+    /// [`Route::handle_not_moved`]; or, with `redial`, if the owner at that
+    /// address answers a handshake again first (and the placement still
+    /// gives it the shard), report [`Route::handle_owner_back`].
     AwaitPlacement {
         /// The owner that failed.
         failed: NodeId,
-        /// Where it serves peers.
-        addr: SocketAddr,
+        /// Where to redial it: only when it was unreachable (an owner that
+        /// refused is reachable, and asking it again at once would refuse
+        /// again).
+        redial: Option<SocketAddr>,
         /// How long to wait at most.
         within: Duration,
     },
@@ -79,8 +83,13 @@ pub enum AskFailure {
     /// The owner is alive but gave no chunk: its answer stopped coming while
     /// its connection answered, or its chunk failed validation.
     Alive(String),
-    /// Anything else: unreachable, gone quiet, reset, refused, timed out.
+    /// Unreachable or maybe dead: no connection, gone quiet, reset, timed
+    /// out. The route waits for the placement and redials the owner.
     Unavailable(String),
+    /// The owner answered that it could not serve (most often its placement
+    /// and this node's disagree for a moment; or its own load failed). The
+    /// route waits for the placement, without redialing.
+    Refused(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +98,9 @@ enum State {
     Next,
     /// Asked this owner; waiting for the answer.
     Asking(Owner),
-    /// Waiting for the placement to move the shard from this owner.
-    Awaiting(Owner),
+    /// Waiting for the placement to move the shard from this owner (and,
+    /// if it was unreachable, redialing it).
+    Awaiting(Owner, bool),
     /// Reading remote storage (final).
     Remote,
 }
@@ -137,9 +147,9 @@ impl Route {
                 self.asked += 1;
                 Step::Ask { owner, within: left }
             }
-            State::Awaiting(failed) => Step::AwaitPlacement {
+            State::Awaiting(failed, redial) => Step::AwaitPlacement {
                 failed: failed.node,
-                addr: failed.addr,
+                redial: redial.then_some(failed.addr),
                 within: self.reroute_wait.min(self.deadline.saturating_duration_since(now)),
             },
             State::Next => {
@@ -161,16 +171,17 @@ impl Route {
     /// The owner asked last failed (`reason` names the peer's error).
     pub fn handle_failed(&mut self, failure: AskFailure) {
         let State::Asking(owner) = self.state else { return };
+        let redial = matches!(failure, AskFailure::Unavailable(_));
         match failure {
             AskFailure::Alive(reason) => {
                 self.tried.push(format!("{}: {reason}", owner.node));
                 self.state = State::Remote;
             }
-            AskFailure::Unavailable(reason) => {
+            AskFailure::Unavailable(reason) | AskFailure::Refused(reason) => {
                 self.tried.push(format!("{}: {reason}", owner.node));
                 // No owner may be asked after this one: waiting for the
                 // placement could not change where the chunk comes from.
-                self.state = if self.asked < MAX_OWNERS_ASKED { State::Awaiting(owner) } else { State::Remote };
+                self.state = if self.asked < MAX_OWNERS_ASKED { State::Awaiting(owner, redial) } else { State::Remote };
             }
         }
     }
@@ -178,17 +189,18 @@ impl Route {
     /// The placement moved the shard: to `owner`, or (None) to this node or
     /// to no node known.
     pub fn handle_moved(&mut self, owner: Option<Owner>) {
-        if let State::Awaiting(_) = self.state {
+        if let State::Awaiting(..) = self.state {
             self.target = owner;
             self.state = State::Next;
         }
     }
 
     /// The failed owner answers again (a handshake with it completed while
-    /// the route waited for the placement): ask it again, as one more of
-    /// the owners asked.
+    /// the route waited for the placement, and the placement still gives it
+    /// the shard): ask it again, as one more of the owners asked. Only
+    /// after [`AskFailure::Unavailable`]; a refusal is not redialed.
     pub fn handle_owner_back(&mut self) {
-        if let State::Awaiting(owner) = self.state {
+        if let State::Awaiting(owner, true) = self.state {
             self.target = Some(owner);
             self.state = State::Next;
         }
@@ -196,7 +208,7 @@ impl Route {
 
     /// The placement did not move the shard within the wait.
     pub fn handle_not_moved(&mut self) {
-        if let State::Awaiting(_) = self.state {
+        if let State::Awaiting(..) = self.state {
             self.state = State::Remote;
         }
     }
@@ -205,7 +217,7 @@ impl Route {
     /// for the placement ([`Step::AwaitPlacement`]).
     pub fn awaiting(&self) -> Option<NodeId> {
         match self.state {
-            State::Awaiting(failed) => Some(failed.node),
+            State::Awaiting(failed, _) => Some(failed.node),
             _ => None,
         }
     }
@@ -295,7 +307,10 @@ mod tests {
         assert_eq!(r.poll(t0), ask(owner(2), DEADLINE));
         let t1 = t0 + Duration::from_secs(3);
         r.handle_failed(AskFailure::Unavailable("connection refused".into()));
-        assert_eq!(r.poll(t1), Step::AwaitPlacement { failed: NodeId(2), addr: owner(2).addr, within: REROUTE });
+        assert_eq!(
+            r.poll(t1),
+            Step::AwaitPlacement { failed: NodeId(2), redial: Some(owner(2).addr), within: REROUTE }
+        );
         r.handle_moved(Some(owner(3)));
         let t2 = t1 + Duration::from_secs(7);
         assert_eq!(r.poll(t2), ask(owner(3), DEADLINE - Duration::from_secs(10)));
@@ -328,6 +343,20 @@ mod tests {
     }
 
     #[test]
+    fn an_owner_that_refused_is_not_redialed_only_waited_for() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        r.poll(t0);
+        r.handle_failed(AskFailure::Refused("its load asks this node".into()));
+        assert_eq!(r.poll(t0), Step::AwaitPlacement { failed: NodeId(2), redial: None, within: REROUTE });
+        // A report of it answering again changes nothing: it answered.
+        r.handle_owner_back();
+        assert!(matches!(r.poll(t0), Step::AwaitPlacement { redial: None, .. }));
+        r.handle_moved(Some(owner(3)));
+        assert_eq!(r.poll(t0), ask(owner(3), DEADLINE));
+    }
+
+    #[test]
     fn the_wait_for_the_placement_is_bounded_by_the_deadline() {
         let t0 = Instant::now();
         let mut r = Route::new(t0, Some(owner(2)), Duration::from_secs(4), REROUTE);
@@ -335,7 +364,7 @@ mod tests {
         r.handle_failed(AskFailure::Unavailable("reset".into()));
         assert_eq!(
             r.poll(t0 + Duration::from_secs(1)),
-            Step::AwaitPlacement { failed: NodeId(2), addr: owner(2).addr, within: Duration::from_secs(3) }
+            Step::AwaitPlacement { failed: NodeId(2), redial: Some(owner(2).addr), within: Duration::from_secs(3) }
         );
         r.handle_not_moved();
         assert_eq!(r.poll(t0 + Duration::from_secs(4)), Step::ReadRemote);

@@ -132,10 +132,12 @@ pub enum ProtocolError {
         cap: u64,
     },
     /// The memory file is not sealed against writes and resizing.
-    #[error("chunk file for {shard} is not sealed against writes and resizing")]
+    #[error("chunk file for {shard} is not sealed against writes and resizing (seals {seals:#x})")]
     Unsealed {
         /// The shard.
         shard: ShardId,
+        /// The seals it has (`F_GET_SEALS` bits).
+        seals: u32,
     },
     /// The memory file's size is not the announced length.
     #[error("chunk file for {shard} is {size} bytes, the reply said {len}")]

@@ -272,7 +272,7 @@ impl MappedChunk {
         let seals = rustix::fs::fcntl_get_seals(fd).map_err(std::io::Error::from)?;
         let needed = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW;
         if !seals.contains(needed) {
-            return Err(ProtocolError::Unsealed { shard }.into());
+            return Err(ProtocolError::Unsealed { shard, seals: seals.bits() }.into());
         }
         let size = rustix::fs::fstat(fd).map_err(std::io::Error::from)?.st_size;
         if size != len as i64 || len == 0 {

@@ -50,8 +50,13 @@ pub enum RaftReply {
 #[non_exhaustive]
 pub enum LinkError {
     /// No connection to the voter.
-    #[error("voter at {0}")]
-    Dial(#[from] DialError),
+    #[error("{voter} at {error}")]
+    Dial {
+        /// The voter.
+        voter: VoterId,
+        /// Why no connection was made (names the address).
+        error: DialError,
+    },
     /// The voter's address in the membership does not parse.
     #[error("{voter}: bad address {addr:?}: {error}")]
     BadAddress {
@@ -103,8 +108,8 @@ impl QuicNetwork {
         Self { conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)) }
     }
 
-    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, LinkError> {
-        Ok(self.conns.get(addr).await?)
+    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, DialError> {
+        self.conns.get(addr).await
     }
 
     fn forget(&self, addr: SocketAddr) {
@@ -133,7 +138,7 @@ impl PeerLink {
         let addr: SocketAddr =
             self.addr.parse().map_err(|error| LinkError::BadAddress { voter, addr: self.addr.clone(), error })?;
         let exchange = async {
-            let conn = self.net.connection(addr).await?;
+            let conn = self.net.connection(addr).await.map_err(|error| LinkError::Dial { voter, error })?;
             frame::call::<_, RaftReply>(&conn, rpc, MAX_FRAME_BYTES).await.map_err(|error| {
                 self.net.forget(addr);
                 LinkError::Call { voter, addr, error }

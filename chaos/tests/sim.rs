@@ -69,3 +69,14 @@ fn a_stop_or_a_partition_costs_at_most_its_length_and_a_lease() {
         }
     }
 }
+
+/// Found by the simulation: two nodes whose placements disagreed asked
+/// each other for a shard and refused each other; one then read it, the
+/// other waited the whole reroute wait for a placement that would never
+/// move the shard from its (right) owner, and read it too. A refusing owner
+/// is now redialed and asked again, as an unreachable one is.
+#[test]
+fn seed_19695_two_nodes_that_refused_each_other_do_not_both_read_the_shard() {
+    let o = sim::run(19695, false);
+    assert!(o.violations.is_empty(), "{:?}", o.violations);
+}

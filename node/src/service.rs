@@ -492,21 +492,16 @@ impl Node {
                         }
                     }
                 }
-                Step::AwaitPlacement { failed, redial, within } => {
+                Step::AwaitPlacement { failed, addr, within } => {
                     // Whichever comes first: the placement moves the shard,
-                    // or an unreachable owner answers a handshake again (it
-                    // was cut off or stopped, and keeps its lease and its
-                    // shards). The placement wins a tie.
-                    let back = async {
-                        match redial {
-                            Some(addr) => cluster.link().reachable_again(addr).await,
-                            None => std::future::pending().await,
-                        }
-                    };
+                    // or the owner answers a handshake again (it was cut
+                    // off or stopped and keeps its lease and its shards, or
+                    // it refused while the placements disagreed). The
+                    // placement wins a tie.
                     let moved = tokio::select! {
                         biased;
                         moved = cluster.reroute(key.version, key.shard, failed, within) => Some(moved),
-                        () = back => None,
+                        () = cluster.link().reachable_again(addr) => None,
                     };
                     match moved {
                         Some(Ok(next)) => route.handle_moved(next),

@@ -547,7 +547,7 @@ impl Node {
                 w.timer(self.idx, self.life, idle_at, Timer::Idle(stream));
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::AskDeadline(stream));
             }
-            Step::AwaitPlacement { failed, within, redial } => {
+            Step::AwaitPlacement { failed, within, .. } => {
                 w.log(format_args!("n{} waits up to {within:?} for s{shard} to move from {failed}", self.idx));
                 let (id, asks) = (load.id, load.asks);
                 // The placement may have moved already.
@@ -559,9 +559,7 @@ impl Node {
                     return self.drive(w, rec, shard);
                 }
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::Await(id, asks));
-                if redial.is_some() {
-                    w.timer(self.idx, self.life, DOWN_FOR, Timer::Redial(id, asks));
-                }
+                w.timer(self.idx, self.life, DOWN_FOR, Timer::Redial(id, asks));
             }
             Step::ReadRemote => {
                 if load.remote {

@@ -89,8 +89,6 @@ pub struct Record {
     pub reads_by_epoch: Vec<u64>,
     /// Nodes.
     pub nodes: usize,
-    /// Loads in flight on nodes when a stop or partition of them began.
-    pub in_flight_at_faults: u64,
     /// A scenario's watched node and fault window (start, end): the shards
     /// it held or loaded when the fault began, or asked for until a lease
     /// after it ended, are the ones the fault may cost a second read of.
@@ -151,11 +149,6 @@ impl Record {
         {
             self.exposed.insert(shard);
         }
-        self.issued(req, now);
-    }
-
-    /// The trainer asks for request `req` at `now`.
-    pub fn issued(&mut self, req: u64, now: Micros) {
         self.issued.insert(req, (now, now >= self.disturbed_until));
     }
 
@@ -182,8 +175,7 @@ impl Record {
 
     /// `node`'s load of `shard` (started at `started`) asks its `asks`-th
     /// owner at `now`.
-    pub fn asked(&mut self, node: usize, peer: usize, shard: u32, asks: usize, now: Micros, started: Micros) {
-        let _ = peer;
+    pub fn asked(&mut self, node: usize, shard: u32, asks: usize, now: Micros, started: Micros) {
         if asks > MAX_OWNERS_ASKED {
             self.violate("route-bounds", now, format!("n{node} asked owner number {asks} for s{shard}"));
         }
@@ -281,9 +273,6 @@ impl Record {
             );
         }
     }
-
-    /// `node` applied placement `epoch`.
-    pub fn placement_seen(&mut self, _node: usize, _epoch: u64) {}
 
     /// `node`'s trainer finished `epoch` at `now`.
     pub fn epoch_done(&mut self, node: usize, epoch: usize, now: Micros) {

@@ -73,8 +73,6 @@ pub struct Outcome {
     pub extra_reads: BTreeMap<&'static str, u64>,
     /// Corrupted chunks caught by validation.
     pub corrupt_caught: u64,
-    /// Loads in flight on the nodes a stop or partition hit, when it began.
-    pub in_flight_at_faults: u64,
     /// Shards read more than twice, or twice without the watched fault
     /// exposing them (see [`run_watched`]): (shard, reads).
     pub reads_beyond: Vec<(u32, u64)>,
@@ -216,7 +214,6 @@ pub fn run_watched(
         shards: swarm.shards,
         extra_reads: rec.extra.clone(),
         corrupt_caught: rec.corrupt_caught,
-        in_flight_at_faults: rec.in_flight_at_faults,
         reads_beyond: rec
             .reads
             .iter()
@@ -241,15 +238,12 @@ fn apply_fault(
     f: Fault,
 ) {
     w.log(format_args!("fault: {f:?}"));
-    match f {
-        Fault::Stop(i) | Fault::Cut { from: Addr::Node(i), first: true, .. } => {
-            rec.in_flight_at_faults += nodes[i].loads_in_flight() as u64;
-            if rec.watch.is_some_and(|(n, ..)| n == i) {
-                let here: Vec<u32> = nodes[i].shards_here().collect();
-                rec.exposed.extend(here);
-            }
-        }
-        _ => {}
+    // A watched node's copies and loads become unreachable to the others.
+    if let Fault::Stop(i) | Fault::Cut { from: Addr::Node(i), first: true, .. } = f
+        && rec.watch.is_some_and(|(n, ..)| n == i)
+    {
+        let here: Vec<u32> = nodes[i].shards_here().collect();
+        rec.exposed.extend(here);
     }
     match f {
         Fault::Cut { from, to, .. } => {

@@ -302,7 +302,6 @@ impl Node {
         if epoch < self.placement_epoch {
             return;
         }
-        rec.placement_seen(self.idx, epoch);
         if epoch > self.placement_epoch || self.owners.is_empty() {
             w.log(format_args!("n{} placement epoch {epoch}: {owners:?}", self.idx));
         }
@@ -532,7 +531,7 @@ impl Node {
             Step::Ask { owner, within } => {
                 let peer = index_of(owner.addr);
                 load.asks += 1;
-                rec.asked(self.idx, peer, shard, load.asks, w.now, load.started);
+                rec.asked(self.idx, shard, load.asks, w.now, load.started);
                 let stream = rec.new_stream();
                 load.asking = Some((peer, stream));
                 let clock = StallClock::new(now, PEER_STALL_TIMEOUT);
@@ -702,11 +701,6 @@ impl Node {
                 self.send(w, Addr::Node(p), Msg::Chunk { stream, sum });
             }
         }
-    }
-
-    /// Loads in flight on this node.
-    pub fn loads_in_flight(&self) -> usize {
-        self.loads.len()
     }
 
     /// Shards held or being loaded here.

@@ -280,6 +280,7 @@ fn nodes_scenario(
     scenario: &'static str,
 ) -> Result<(NodesScenario, LocalCluster)> {
     let spec = LocalClusterSpec {
+        voters: 1,
         nodes,
         ram_bytes: opts.ram_bytes,
         guest_bytes: opts.ram_bytes,

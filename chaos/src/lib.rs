@@ -32,9 +32,15 @@
 //!   decision cores on a simulated clock and network, one seed per run,
 //!   with the invariants of the fabric checked after every run.
 //!
-//! The real-process runner (`granary chaos run`) and the fault-injecting
-//! store will be added here as they are built.
+//! - [`run`] — `granary chaos run`: a real cluster (voters, node daemons,
+//!   trainer ranks, a [`relay::RelayHandle`] between the nodes) under a
+//!   seed's fault schedule ([`run::schedule`]), judged by
+//!   [`run::verdict`] against a fault-free single-node reference.
+//!
+//! The fault-injecting store and the coordinator's linearizability client
+//! will be added here as they are built.
 
 pub mod lincheck;
 pub mod relay;
+pub mod run;
 pub mod sim;

@@ -113,6 +113,11 @@ pub struct ClusterConfig {
     pub node_id: u64,
     /// Address peers reach this node at (`host:port`).
     pub advertise: String,
+    /// Address the peer endpoint binds (`host:port`), where it differs
+    /// from the advertised one: `0.0.0.0:7100` behind NAT, or a port
+    /// behind a relay (chaos runs). Default: the advertised address.
+    #[serde(default)]
+    pub listen: Option<String>,
     /// The peer fabric's times and sizes (`[cluster.fabric]`); every key
     /// is optional (see [`FabricConfig`] for the defaults).
     #[serde(default)]

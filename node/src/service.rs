@@ -288,11 +288,16 @@ impl Node {
         }))
     }
 
-    /// Waits (up to 30 s) for loads in flight to reach the tier, then
+    /// Waits (up to 30 s) for loads in flight to reach the SSD tier, if
+    /// the node has one, then
     /// flushes and closes it, so a clean stop loses no converted chunk.
     pub async fn close(&self) {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
+        // Loads in flight are waited for only to put their chunks on SSD;
+        // a RAM-only node would wait for nothing it keeps (and a load
+        // waiting for a placement that no longer changes, this node having
+        // left, could hold the stop for the whole reroute wait).
+        while self.inner.tier.has_ssd() {
             let pending = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len();
             if pending == 0 {
                 break;

@@ -249,6 +249,11 @@ impl ChunkTier {
         self.cache.contains(&key)
     }
 
+    /// Whether chunks outlive the process (an SSD tier is configured).
+    pub(crate) fn has_ssd(&self) -> bool {
+        self.ssd.is_some()
+    }
+
     /// Flushes and closes the tier.
     pub(crate) async fn close(&self) {
         if let Err(e) = self.cache.close().await {

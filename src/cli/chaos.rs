@@ -1,5 +1,6 @@
 //! `granary chaos sim`: the deterministic simulation of the fabric's races
-//! (`granary_chaos::sim`), over a range of seeds or one seed with its trace.
+//! (`granary_chaos::sim`), over a range of seeds or one seed with its trace;
+//! `granary chaos run` is in `chaos_run`.
 //! Human output is a progress line, one line per failing seed with its
 //! replay command, and a summary; `--json` gives one JSON line per seed and
 //! a last `summary` line.
@@ -16,6 +17,9 @@ use std::time::Instant;
 pub(crate) enum ChaosCommand {
     /// Deterministic simulation of the decision cores under seeded faults.
     Sim(SimArgs),
+    /// The real processes (voters, nodes, trainer ranks) under a seeded
+    /// schedule of faults, checked against a fault-free reference.
+    Run(super::chaos_run::RunArgs),
 }
 
 /// `granary chaos sim`.
@@ -62,6 +66,7 @@ pub(crate) enum ScenarioKind {
 pub(crate) fn run(c: ChaosCommand) -> Result<()> {
     match c {
         ChaosCommand::Sim(a) => sim_run(&a),
+        ChaosCommand::Run(a) => super::chaos_run::run(&a),
     }
 }
 

@@ -12,7 +12,8 @@
 //!   the coordinators.
 //! - [`stats`]: `granary stats`, one node's counters.
 //! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
-//! - [`chaos`]: `granary chaos sim`, the deterministic simulation.
+//! - [`chaos`]: `granary chaos sim`, the deterministic simulation, and
+//!   [`chaos_run`]: `granary chaos run`, real processes under seeded faults.
 //! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
 //!   and the benchmarks.
 //!
@@ -23,6 +24,7 @@
 pub(crate) mod bench;
 pub(crate) mod certs;
 pub(crate) mod chaos;
+pub(crate) mod chaos_run;
 pub(crate) mod connect;
 pub(crate) mod coordinator;
 pub(crate) mod dataset;

@@ -75,6 +75,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
     spinner.set_message("starting the coordinator and the node daemons");
     spinner.enable_steady_tick(Duration::from_millis(100));
     let spec = LocalClusterSpec {
+        voters: 1,
         nodes: a.nodes,
         ram_bytes: a.ram_mib << 20,
         guest_bytes: a.ram_mib << 20,

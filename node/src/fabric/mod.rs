@@ -72,10 +72,12 @@ impl ClusterHandle {
         let membership = Membership::start(cfg, ram_bytes, ssd_bytes)?;
         let id_err = |e: tls::TlsError| JoinError::Identity(e.to_string());
         let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(id_err)?;
-        let listen: SocketAddr = cfg
-            .advertise
-            .parse()
-            .map_err(|e| JoinError::Identity(format!("advertise address {:?}: {e}", cfg.advertise)))?;
+        let (key, bind) = match &cfg.listen {
+            Some(l) => ("listen", l),
+            None => ("advertise", &cfg.advertise),
+        };
+        let listen: SocketAddr =
+            bind.parse().map_err(|e| JoinError::Identity(format!("{key} address {bind:?}: {e}")))?;
         let endpoint = tls::server_endpoint(&identity, listen, identity.server_config(&[ALPN_PEER]).map_err(id_err)?)
             .map_err(id_err)?;
         let link = PeerLink::new(endpoint.clone(), &identity, &cfg.fabric).map_err(id_err)?;

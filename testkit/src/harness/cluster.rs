@@ -1,6 +1,7 @@
-//! [`LocalCluster`]: one coordinator voter and N node daemons on loopback,
+//! [`LocalCluster`]: coordinator voters and N node daemons on loopback,
 //! serving a generated dataset, with the calls demos and benchmarks make on
-//! it (start, stop and kill nodes, wait for placement, sum counters).
+//! it (start, stop and kill nodes and voters, wait for placement, sum
+//! counters).
 
 use super::child::log_tail;
 use super::coordinator::{CoordinatorProcess, VoterSpec, reserve_udp_port};
@@ -14,6 +15,8 @@ use std::time::{Duration, Instant};
 /// How to start a [`LocalCluster`].
 #[derive(Clone, Debug)]
 pub struct LocalClusterSpec {
+    /// Coordinator voters (1 or more; 3 for a cluster that survives one).
+    pub voters: u32,
     /// Node daemons.
     pub nodes: u32,
     /// RAM tier per node.
@@ -38,6 +41,7 @@ pub struct LocalClusterSpec {
 impl Default for LocalClusterSpec {
     fn default() -> Self {
         Self {
+            voters: 1,
             nodes: 3,
             ram_bytes: 1 << 30,
             guest_bytes: 1 << 30,
@@ -51,68 +55,162 @@ impl Default for LocalClusterSpec {
     }
 }
 
-/// A cluster of real processes on loopback: one coordinator voter and node
-/// daemons 1..=N with `[cluster]` configs and no `[[dataset]]`, serving the
-/// generated dataset, which is registered as `ads` on the coordinator: each
-/// node opens it when the placement watch lists it. Everything is stopped
-/// on drop.
+/// A cluster of real processes on loopback: coordinator voters 1..=V and
+/// node daemons 1..=N with `[cluster]` configs and no `[[dataset]]`,
+/// serving the generated dataset, which is registered as `ads` on the
+/// coordinator: each node opens it when the placement watch lists it.
+/// Everything is stopped on drop.
+///
+/// A node binds its peer endpoint on a reserved port ([`Self::peer_listen`])
+/// and advertises that port unless told otherwise
+/// ([`LocalCluster::set_advertise`], for a relay in between).
 pub struct LocalCluster {
     exe: PathBuf,
     dir: PathBuf,
     certs: PathBuf,
     spec: LocalClusterSpec,
-    coordinator: std::net::SocketAddr,
-    _voter: CoordinatorProcess,
-    /// Peer address per node id - 1, kept across restarts.
+    voter_specs: Vec<VoterSpec>,
+    voters: Vec<Option<CoordinatorProcess>>,
+    /// Peer listening address per node id - 1, kept across restarts.
+    listen: Vec<std::net::SocketAddr>,
+    /// Peer address advertised per node id - 1.
     advertise: Vec<std::net::SocketAddr>,
     nodes: Vec<Option<NodeProcess>>,
 }
 
 impl LocalCluster {
-    /// Creates certificates, starts the voter, registers `data` as `ads`,
+    /// Creates certificates, starts the voters, registers `data` as `ads`,
     /// starts the nodes and waits until each knows the placement of all of
     /// them.
     pub fn start(exe: &Path, dir: &Path, data: &Path, spec: LocalClusterSpec) -> Result<Self> {
+        let mut c = Self::prepare(exe, dir, data, spec)?;
+        c.start_nodes()?;
+        Ok(c)
+    }
+
+    /// [`LocalCluster::start`] up to the nodes: certificates, voters, the
+    /// dataset, reserved peer ports; no node runs yet.
+    pub fn prepare(exe: &Path, dir: &Path, data: &Path, spec: LocalClusterSpec) -> Result<Self> {
+        if spec.voters == 0 {
+            bail!("a cluster needs at least one coordinator voter");
+        }
         let certs = dir.join("certs");
         granary_net::tls::init_cluster(&certs).context("creating cluster certificates")?;
-        let voter = VoterSpec { id: 1, addr: reserve_udp_port()?, data_dir: dir.join("voter-1") };
-        let extra: Vec<String> = ["--lease-ms", &spec.lease_ms.to_string(), "--election-timeout-ms", "300"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let proc = CoordinatorProcess::spawn(
-            exe,
-            &voter,
-            std::slice::from_ref(&voter),
-            &certs,
-            &extra,
-            &dir.join("voter-1.log"),
-            Duration::from_secs(30),
-        )?;
-        add_dataset(exe, voter.addr, &certs, dir, "ads", data).map_err(|e| anyhow!("{e:#}\n{}", proc.log_tail()))?;
-        let advertise = (0..spec.nodes).map(|_| reserve_udp_port()).collect::<Result<Vec<_>>>()?;
+        let voter_specs = (1..=spec.voters as u64)
+            .map(|id| Ok(VoterSpec { id, addr: reserve_udp_port()?, data_dir: dir.join(format!("voter-{id}")) }))
+            .collect::<Result<Vec<_>>>()?;
+        let listen = (0..spec.nodes).map(|_| reserve_udp_port()).collect::<Result<Vec<_>>>()?;
         let mut c = Self {
             exe: exe.to_path_buf(),
             dir: dir.to_path_buf(),
             certs,
-            coordinator: voter.addr,
-            _voter: proc,
-            advertise,
+            voters: voter_specs.iter().map(|_| None).collect(),
+            voter_specs,
+            advertise: listen.clone(),
+            listen,
             nodes: (0..spec.nodes).map(|_| None).collect(),
             spec,
         };
-        for id in 1..=c.spec.nodes as u64 {
-            c.start_node(id)?;
+        for id in c.voter_ids() {
+            c.start_voter(id)?;
         }
-        let all: Vec<u64> = (1..=c.spec.nodes as u64).collect();
-        c.wait_placement(&all, c.spec.nodes, 1, Duration::from_secs(60))?;
+        c.add_dataset("ads", data)?;
         Ok(c)
+    }
+
+    /// Starts every node that is not running and waits until each knows
+    /// the placement of all of them.
+    pub fn start_nodes(&mut self) -> Result<()> {
+        for id in self.node_ids() {
+            if self.nodes[(id - 1) as usize].is_none() {
+                self.start_node(id)?;
+            }
+        }
+        let all = self.node_ids();
+        self.wait_placement(&all, self.spec.nodes, 1, Duration::from_secs(60))
+    }
+
+    /// Voter ids, 1..=V.
+    pub fn voter_ids(&self) -> Vec<u64> {
+        (1..=self.spec.voters as u64).collect()
+    }
+
+    /// Voter `id`'s log file (every life of it, appended).
+    pub fn voter_log(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("voter-{id}.log"))
+    }
+
+    /// Whether voter `id` runs (as far as this handle knows).
+    pub fn voter_running(&self, id: u64) -> bool {
+        self.voters.get((id - 1) as usize).is_some_and(Option::is_some)
+    }
+
+    /// Starts (or restarts) voter `id` on its address and data folder.
+    pub fn start_voter(&mut self, id: u64) -> Result<()> {
+        let i = (id - 1) as usize;
+        let extra: Vec<String> = ["--lease-ms", &self.spec.lease_ms.to_string(), "--election-timeout-ms", "300"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let p = CoordinatorProcess::spawn(
+            &self.exe,
+            &self.voter_specs[i],
+            &self.voter_specs,
+            &self.certs,
+            &extra,
+            &self.voter_log(id),
+            Duration::from_secs(30),
+        )?;
+        self.voters[i] = Some(p);
+        Ok(())
+    }
+
+    /// SIGKILLs voter `id`.
+    pub fn kill_voter(&mut self, id: u64) {
+        if let Some(p) = self.voters.get_mut((id - 1) as usize).and_then(Option::take) {
+            p.kill();
+        }
+    }
+
+    /// Stops voter `id` cleanly (SIGTERM) and waits for it.
+    pub fn terminate_voter(&mut self, id: u64) -> Result<()> {
+        match self.voters.get_mut((id - 1) as usize).and_then(Option::take) {
+            Some(p) => p.terminate(Duration::from_secs(30)),
+            None => bail!("voter {id} is not running"),
+        }
+    }
+
+    /// The voter that a `granary status` answer names as leader, if one
+    /// answers within `timeout`.
+    pub fn leader(&self, timeout: Duration) -> Result<Option<u64>> {
+        let out = Command::new(&self.exe)
+            .args(["status", "--json", "--cert-name", "admin"])
+            .args(["--coordinators", &self.coordinators().join(",")])
+            .args(["--timeout-ms", &timeout.as_millis().to_string()])
+            .arg("--certs")
+            .arg(&self.certs)
+            .env("GRANARY_LOG", "error")
+            .output()
+            .context("running `granary status`")?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading `granary status --json`")?;
+        Ok(v["leader"].as_u64())
+    }
+
+    /// Every voter's address, as `host:port`.
+    pub fn coordinators(&self) -> Vec<String> {
+        self.voter_specs.iter().map(|v| v.addr.to_string()).collect()
     }
 
     /// Registers the Parquet files in `data` as dataset `name` (the
     /// generator's view) on the coordinator.
     pub fn add_dataset(&self, name: &str, data: &Path) -> Result<()> {
-        add_dataset(&self.exe, self.coordinator, &self.certs, &self.dir, name, data)
+        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, data).map_err(|e| {
+            let tails: Vec<String> = self.voter_ids().iter().map(|&v| log_tail(&self.voter_log(v))).collect();
+            anyhow!("{e:#}\n{}", tails.join("\n"))
+        })
     }
 
     /// Node ids, 1..=N.
@@ -129,9 +227,33 @@ impl LocalCluster {
         self.node_dir(id).join("node.sock")
     }
 
-    /// Node `id`'s log file.
+    /// Node `id`'s log file (its current life; see [`Self::logs`]).
     pub fn log(&self, id: u64) -> PathBuf {
         self.dir.join(format!("node-{id}.log"))
+    }
+
+    /// Every log this cluster's processes wrote: each node's lives
+    /// (`node-ID.log`, earlier ones `node-ID.N.log`) and each voter's.
+    pub fn logs(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        out.retain(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            (name.starts_with("node-") || name.starts_with("voter-")) && name.ends_with(".log")
+        });
+        out.sort();
+        out
+    }
+
+    /// The process id of node `id`, if it runs.
+    pub fn node_pid(&self, id: u64) -> Option<u32> {
+        self.nodes.get((id - 1) as usize).and_then(Option::as_ref).map(NodeProcess::pid)
+    }
+
+    /// Whether node `id` runs (as far as this handle knows).
+    pub fn node_running(&self, id: u64) -> bool {
+        self.node_pid(id).is_some()
     }
 
     /// The last lines of node `id`'s log.
@@ -139,9 +261,9 @@ impl LocalCluster {
         log_tail(&self.log(id))
     }
 
-    /// The coordinator's address.
+    /// The first coordinator voter's address.
     pub fn coordinator(&self) -> std::net::SocketAddr {
-        self.coordinator
+        self.voter_specs[0].addr
     }
 
     /// The cluster's certificate folder.
@@ -149,9 +271,20 @@ impl LocalCluster {
         &self.certs
     }
 
-    /// Node `id`'s peer (QUIC) address.
+    /// Node `id`'s advertised peer (QUIC) address.
     pub fn peer_addr(&self, id: u64) -> std::net::SocketAddr {
         self.advertise[(id - 1) as usize]
+    }
+
+    /// The address node `id` binds its peer endpoint on.
+    pub fn peer_listen(&self, id: u64) -> std::net::SocketAddr {
+        self.listen[(id - 1) as usize]
+    }
+
+    /// Makes node `id` advertise `addr` (a relay's front for it) from its
+    /// next start on; it keeps binding [`Self::peer_listen`].
+    pub fn set_advertise(&mut self, id: u64, addr: std::net::SocketAddr) {
+        self.advertise[(id - 1) as usize] = addr;
     }
 
     /// The node.toml of node `id`.
@@ -176,11 +309,13 @@ impl LocalCluster {
         if let Some((latency_ms, bw)) = s.throttle {
             t += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
         }
+        let coordinators: Vec<String> = self.coordinators().iter().map(|a| format!("\"{a}\"")).collect();
         t += &format!(
-            "\n[cluster]\ncoordinators = [\"{}\"]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\n",
-            self.coordinator,
+            "\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\nlisten = \"{}\"\n",
+            coordinators.join(", "),
             self.certs,
-            self.peer_addr(id)
+            self.peer_addr(id),
+            self.peer_listen(id)
         );
         // No [[dataset]]: the node opens what the coordinator lists.
         t
@@ -192,6 +327,13 @@ impl LocalCluster {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let config = dir.join("node.toml");
         std::fs::write(&config, self.node_toml(id))?;
+        // A restarted node's earlier life keeps its log, as node-ID.N.log.
+        let log = self.log(id);
+        if log.exists() {
+            let n = (1..).find(|n| !self.dir.join(format!("node-{id}.{n}.log")).exists()).unwrap_or(0);
+            std::fs::rename(&log, self.dir.join(format!("node-{id}.{n}.log")))
+                .with_context(|| format!("keeping {}", log.display()))?;
+        }
         let p = NodeProcess::spawn(&self.exe, &config, &self.socket(id), &self.log(id), Duration::from_secs(60))?;
         self.nodes[(id - 1) as usize] = Some(p);
         Ok(())
@@ -268,21 +410,14 @@ impl LocalCluster {
 }
 
 /// `granary dataset add NAME --source file://DATA/` with the generator's view.
-fn add_dataset(
-    exe: &Path,
-    coordinator: std::net::SocketAddr,
-    certs: &Path,
-    dir: &Path,
-    name: &str,
-    data: &Path,
-) -> Result<()> {
+fn add_dataset(exe: &Path, coordinators: &[String], certs: &Path, dir: &Path, name: &str, data: &Path) -> Result<()> {
     let view = dir.join("view.toml");
     std::fs::write(&view, crate::datagen::VIEW_TOML)?;
     let out = Command::new(exe)
         .args(["dataset", "add", name, "--source", &format!("file://{}/", data.display())])
         .arg("--view")
         .arg(&view)
-        .args(["--coordinators", &coordinator.to_string(), "--cert-name", "admin", "--timeout-ms", "30000"])
+        .args(["--coordinators", &coordinators.join(","), "--cert-name", "admin", "--timeout-ms", "30000"])
         .arg("--certs")
         .arg(certs)
         .env("GRANARY_LOG", "warn")

@@ -101,6 +101,29 @@ impl CoordinatorProcess {
         log_tail(&self.log)
     }
 
+    /// Stops the voter cleanly (SIGTERM) and waits for it, bounded.
+    pub fn terminate(mut self, timeout: Duration) -> Result<()> {
+        // SAFETY: kill(2) on our own child, which has not been reaped (we
+        // hold its handle), so the pid is still ours.
+        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        if rc != 0 {
+            bail!("SIGTERM to voter {}: {}", self.id, std::io::Error::last_os_error());
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if status.success() {
+                    return Ok(());
+                }
+                bail!("voter {} exited with {status} after SIGTERM:\n{}", self.id, self.log_tail());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("voter {} did not stop within {timeout:?} of SIGTERM:\n{}", self.id, self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL through the handle, then reap.
     pub fn kill(mut self) {
         let _ = self.child.kill();

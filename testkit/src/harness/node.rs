@@ -69,13 +69,18 @@ impl NodeProcess {
             bail!("SIGTERM to node {}: {}", self.child.id(), std::io::Error::last_os_error());
         }
         let deadline = Instant::now() + timeout;
-        while self.child.try_wait()?.is_none() {
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if status.success() {
+                    return Ok(());
+                }
+                bail!("node exited with {status} after SIGTERM:\n{}", self.log_tail());
+            }
             if Instant::now() > deadline {
                 bail!("node did not stop within {timeout:?} of SIGTERM:\n{}", self.log_tail());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(())
     }
 
     /// Stops the daemon (SIGKILL through its handle) and reaps it.

@@ -70,13 +70,28 @@ impl TrainerProcess {
     /// (`LOCAL_WORLD_SIZE`, as torchrun sets it: the loader shares the
     /// host's cores among them); the reader thread parses its stdout.
     pub fn spawn(exe: &Path, rank: u32, local_world: usize, args: &[String]) -> Result<Self> {
+        Self::spawn_to(exe, rank, local_world, args, Stdio::inherit())
+    }
+
+    /// [`TrainerProcess::spawn`] with the rank's stderr (its log) appended
+    /// to `log`.
+    pub fn spawn_logged(exe: &Path, rank: u32, local_world: usize, args: &[String], log: &Path) -> Result<Self> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        Self::spawn_to(exe, rank, local_world, args, Stdio::from(out))
+    }
+
+    fn spawn_to(exe: &Path, rank: u32, local_world: usize, args: &[String], stderr: Stdio) -> Result<Self> {
         let mut child = quiet_errors(&mut Command::new(exe))
             .arg("trainer")
             .args(args)
             .env("LOCAL_WORLD_SIZE", local_world.max(1).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .with_context(|| format!("starting trainer rank {rank}"))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("trainer stdout missing"))?;
@@ -110,6 +125,21 @@ impl TrainerProcess {
             Err(RecvTimeoutError::Timeout) => bail!("rank {} said nothing for {timeout:?}", self.rank),
             Err(RecvTimeoutError::Disconnected) => bail!("rank {} exited", self.rank),
         }
+    }
+
+    /// The next event if one has arrived; `Ok(None)` if none has yet.
+    pub fn try_event(&self) -> Result<Option<TrainerEvent>> {
+        match self.events.try_recv() {
+            Ok(Ok(ev)) => Ok(Some(ev)),
+            Ok(Err(line)) => bail!("rank {} printed an unreadable line: {line}", self.rank),
+            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => bail!("rank {} exited", self.rank),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Closes stdin (the rank exits) and waits for it, bounded.

@@ -1,0 +1,557 @@
+//! `granary chaos run`: the real processes under a seeded fault schedule.
+//!
+//! A job (a generated dataset, trainer ranks on every node, several epochs)
+//! first runs on one node alone, without faults: its batch digests are the
+//! reference. Then each seed starts a fresh cluster (3 coordinator voters,
+//! N node daemons, each with its own throttled link to the store, a
+//! [`RelayHandle`] between the nodes' peer endpoints), runs the same job,
+//! fires the faults [`schedule::draw`] gives for the seed, and judges the run
+//! with [`verdict`]: every rank's digests equal the reference, remote reads
+//! stay within what the schedule allows, no process log shows a panic or an
+//! internal error, every process stops cleanly.
+//!
+//! A node kill takes its trainer ranks with it (one host): they are started
+//! again with the node and run their unfinished epochs from the start, as a
+//! job restarted from an epoch checkpoint would.
+//!
+//! ## Files
+//! `schedule` (pure: seed to faults) and `verdict` (pure: what was seen to
+//! violations) stand alone; this file is the shell that runs processes.
+
+pub mod schedule;
+pub mod verdict;
+
+use crate::relay::{LinkFaults, ProcessId, RelayConfig, RelayHandle, Reorder};
+use anyhow::{Context, Result, anyhow, bail};
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{
+    ClusterCounters, LocalCluster, LocalClusterSpec, TrainerEvent, TrainerProcess, run_epoch, spawn_ranks,
+};
+use schedule::{Fault, Schedule, Target, VoterPick};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use verdict::{Observed, Violation};
+
+/// A chaos run's job and cluster.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The `granary` binary.
+    pub exe: PathBuf,
+    /// Where the dataset, the reference and each seed's processes live.
+    pub work: PathBuf,
+    /// Node daemons.
+    pub nodes: u32,
+    /// Coordinator voters.
+    pub voters: u32,
+    /// Trainer ranks per node.
+    pub ranks_per_node: u32,
+    /// Epochs of the job.
+    pub epochs: u64,
+    /// Rows of the generated dataset.
+    pub rows: u64,
+    /// Rows per row group (one shard).
+    pub row_group_rows: u64,
+    /// Rows per batch.
+    pub batch_size: u32,
+    /// Each node's link to the store: bandwidth, bytes/s.
+    pub bandwidth: u64,
+    /// Each node's link to the store: latency per request.
+    pub latency_ms: u64,
+    /// Faults start within this time of the first epoch's start.
+    pub horizon: Duration,
+    /// Fault events per seed at most.
+    pub max_faults: u32,
+    /// A seed that has not finished its epochs after this long fails.
+    pub seed_timeout: Duration,
+    /// Node lease on the coordinator.
+    pub lease_ms: u64,
+}
+
+impl RunConfig {
+    /// The defaults of `granary chaos run`: 3 voters, 3 nodes with 2 ranks
+    /// each, 3 epochs of a 24-shard dataset over 4 MiB/s links.
+    pub fn new(exe: PathBuf, work: PathBuf) -> Self {
+        Self {
+            exe,
+            work,
+            nodes: 3,
+            voters: 3,
+            ranks_per_node: 2,
+            epochs: 3,
+            rows: 48_000,
+            row_group_rows: 2_000,
+            batch_size: 500,
+            bandwidth: 4 << 20,
+            latency_ms: 10,
+            horizon: Duration::from_secs(4),
+            max_faults: 3,
+            seed_timeout: Duration::from_secs(180),
+            lease_ms: 1500,
+        }
+    }
+
+    /// What a schedule may aim at.
+    pub fn target(&self) -> Target {
+        Target { nodes: self.nodes, voters: self.voters, horizon: self.horizon, max_faults: self.max_faults }
+    }
+
+    fn world(&self) -> u32 {
+        self.nodes * self.ranks_per_node
+    }
+
+    fn trainer_args(&self) -> Vec<String> {
+        ["--batch-size", &self.batch_size.to_string(), "--seed", "2026", "--prefetch-batches", "2"]
+            .map(String::from)
+            .into()
+    }
+
+    fn spec(&self, nodes: u32, voters: u32) -> LocalClusterSpec {
+        LocalClusterSpec {
+            voters,
+            nodes,
+            ram_bytes: 512 << 20,
+            guest_bytes: 512 << 20,
+            ssd_bytes: None,
+            prefetch_bytes: 64 << 20,
+            loads: 2,
+            convert_threads: 1,
+            throttle: Some((self.latency_ms, self.bandwidth)),
+            lease_ms: self.lease_ms,
+        }
+    }
+}
+
+/// The job every seed runs, with its fault-free reference.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The dataset's folder.
+    pub data: PathBuf,
+    /// Parquet bytes of the dataset.
+    pub source_bytes: u64,
+    /// (rank, epoch) -> digest of the batch checksums, from one node
+    /// alone without faults.
+    pub reference: BTreeMap<(u32, u64), String>,
+    /// Seconds the reference took for all epochs.
+    pub reference_secs: f64,
+}
+
+/// Generates the dataset and runs the reference: every rank of the job on
+/// one node, no faults. `say` hears what is going on.
+pub fn prepare(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Job> {
+    let data = cfg.work.join("data");
+    say(&format!("generating {} rows ({} shards)", cfg.rows, cfg.rows.div_ceil(cfg.row_group_rows)));
+    let spec = GenSpec { rows: cfg.rows, files: 4, row_group_rows: cfg.row_group_rows, ..GenSpec::default() };
+    let report = datagen::generate(&data, &spec, |_| {}).context("generating the dataset")?;
+    say("reference run: one node, every rank, no faults");
+    let started = Instant::now();
+    let cluster = LocalCluster::start(&cfg.exe, &cfg.work.join("reference"), &data, cfg.spec(1, 1))?;
+    let sockets: Vec<PathBuf> = (0..cfg.world()).map(|_| cluster.socket(1)).collect();
+    let (mut ranks, _) = spawn_ranks(&cfg.exe, &sockets, &cfg.trainer_args())?;
+    let mut reference = BTreeMap::new();
+    for epoch in 0..cfg.epochs {
+        let out = run_epoch(&mut ranks, epoch, Duration::from_secs(300), |_, _| {})
+            .map_err(|e| anyhow!("reference epoch {epoch}: {e:#}\n{}", cluster.log_tail(1)))?;
+        for (rank, d) in out.digests {
+            reference.insert((rank, epoch), d);
+        }
+    }
+    for t in ranks {
+        t.finish(Duration::from_secs(30))?;
+    }
+    Ok(Job { data, source_bytes: report.bytes, reference, reference_secs: started.elapsed().as_secs_f64() })
+}
+
+/// What one seed did and how it was judged.
+#[derive(Clone, Debug, Serialize)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Its schedule.
+    pub schedule: Schedule,
+    /// Fault events fired, by kind.
+    pub by_fault: BTreeMap<String, u64>,
+    /// Wall time from the first epoch's start to the last rank's end.
+    pub secs: f64,
+    /// When the last rank finished each epoch, seconds from the start.
+    pub epoch_ends: Vec<f64>,
+    /// Remote bytes read by the cluster over the dataset's bytes.
+    pub remote_ratio: f64,
+    /// What the schedule allows of it.
+    pub remote_bound: f64,
+    /// Shards converted, all nodes, all lives.
+    pub conversions: u64,
+    /// Trainer ranks started again after their node was killed.
+    pub rank_restarts: u64,
+    /// Datagrams the relay dropped (faults and partitions).
+    pub relay_dropped: u64,
+    /// Datagrams the relay sent twice.
+    pub relay_duplicated: u64,
+    /// Voters a voter fault hit, in order ("leader" picks resolved).
+    pub voters_hit: Vec<u64>,
+    /// What broke an invariant; empty when the seed passed.
+    pub violations: Vec<Violation>,
+    /// Where its processes' logs are.
+    pub dir: PathBuf,
+}
+
+/// One rank's state in a seed's run.
+struct Rank {
+    proc: Option<TrainerProcess>,
+    /// Waiting for its Ready line after a (re)start.
+    starting: bool,
+    /// The first epoch it has not finished.
+    next_epoch: u64,
+    finished: bool,
+    /// Failed while its node ran: it is not started again.
+    lost: bool,
+}
+
+/// What a scheduled action does.
+#[derive(Clone, Copy)]
+enum Edge {
+    Start,
+    End,
+}
+
+/// Runs one seed in `cfg.work/seed-N` and judges it. An error means the
+/// harness itself could not run (a process did not start); what the system
+/// did wrong is in [`SeedReport::violations`].
+pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
+    let dir = cfg.work.join(format!("seed-{seed}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let schedule = schedule::draw(seed, cfg.target());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the relay's runtime")?;
+
+    let mut cluster = LocalCluster::prepare(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters))?;
+    let ids = cluster.node_ids();
+    let mut relay_cfg = RelayConfig::new(seed, ids.iter().map(|&id| cluster.peer_listen(id)));
+    relay_cfg.default_faults = link_faults(&schedule);
+    let relay = rt.block_on(RelayHandle::start(relay_cfg)).context("starting the relay")?;
+    for &id in &ids {
+        let front = relay.front(pid(id)).ok_or_else(|| anyhow!("relay has no front for node {id}"))?;
+        cluster.set_advertise(id, front);
+    }
+    cluster.start_nodes()?;
+
+    let world = cfg.world();
+    let node_of = |rank: u32| u64::from(rank / cfg.ranks_per_node) + 1;
+    let spawn_rank = |rank: u32| -> Result<TrainerProcess> {
+        let socket = cluster_socket(&dir, node_of(rank));
+        let mut a = vec![
+            "--socket".to_string(),
+            socket.display().to_string(),
+            "--rank".into(),
+            rank.to_string(),
+            "--world".into(),
+            world.to_string(),
+        ];
+        a.extend(cfg.trainer_args());
+        let log = dir.join(format!("rank-{rank}.log"));
+        TrainerProcess::spawn_logged(&cfg.exe, rank, cfg.ranks_per_node as usize, &a, &log)
+    };
+    let mut ranks: Vec<Rank> = Vec::new();
+    for rank in 0..world {
+        ranks.push(Rank { proc: Some(spawn_rank(rank)?), starting: true, next_epoch: 0, finished: false, lost: false });
+    }
+    // Every rank ready before the clock starts: the schedule counts from
+    // the first epoch.
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        let p = rank.proc.as_mut().ok_or_else(|| anyhow!("rank {r} missing"))?;
+        match p.next_event(Duration::from_secs(120))? {
+            TrainerEvent::Ready { .. } => {}
+            other => bail!("rank {r}: expected ready, got {other:?}"),
+        }
+        rank.starting = false;
+        p.start_epoch(0)?;
+    }
+
+    let mut actions: Vec<(Duration, usize, Edge)> = Vec::new();
+    for (i, e) in schedule.events.iter().enumerate() {
+        actions.push((e.at, i, Edge::Start));
+        actions.push((e.at + e.fault.duration(), i, Edge::End));
+    }
+    actions.sort_by_key(|a| a.0);
+    let mut actions = std::collections::VecDeque::from(actions);
+
+    let mut obs = Observed::default();
+    let mut retired = ClusterCounters::default();
+    let mut voters_hit: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut by_fault: BTreeMap<String, u64> = BTreeMap::new();
+    let mut rank_restarts = 0;
+    let mut epoch_ends: Vec<f64> = Vec::new();
+    let t0 = Instant::now();
+    let mut timed_out = false;
+
+    loop {
+        while actions.front().is_some_and(|a| a.0 <= t0.elapsed()) {
+            let Some((_, i, edge)) = actions.pop_front() else { break };
+            let fault = schedule.events[i].fault;
+            if let Edge::Start = edge {
+                *by_fault.entry(fault.kind().to_string()).or_insert(0) += 1;
+            }
+            if let (Fault::KillNode { node, .. }, Edge::Start) = (fault, edge) {
+                // The host goes down: its ranks first (killed on drop).
+                for (r, rank) in ranks.iter_mut().enumerate() {
+                    if node_of(r as u32) == node {
+                        rank.proc = None;
+                    }
+                }
+            }
+            apply(&mut cluster, &relay, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
+            if let (Fault::KillNode { node, .. }, Edge::End) = (fault, edge) {
+                for (r, rank) in ranks.iter_mut().enumerate() {
+                    if node_of(r as u32) == node && !rank.finished && !rank.lost {
+                        rank.proc = Some(spawn_rank(r as u32)?);
+                        rank.starting = true;
+                        rank_restarts += 1;
+                    }
+                }
+            }
+        }
+        for (r, rank) in ranks.iter_mut().enumerate() {
+            let r = r as u32;
+            let Some(p) = rank.proc.as_mut() else { continue };
+            loop {
+                let ev = match p.try_event() {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => break,
+                    Err(e) => TrainerEvent::Error { rank: r, message: format!("{e:#}") },
+                };
+                match ev {
+                    TrainerEvent::Ready { .. } if rank.starting => {
+                        rank.starting = false;
+                        p.start_epoch(rank.next_epoch)?;
+                    }
+                    TrainerEvent::Progress { .. } => {}
+                    TrainerEvent::Epoch { epoch, digest, .. } => {
+                        obs.digests.insert((r, epoch), digest);
+                        let e = epoch as usize;
+                        if epoch_ends.len() <= e {
+                            epoch_ends.resize(e + 1, 0.0);
+                        }
+                        epoch_ends[e] = f64::max(epoch_ends[e], t0.elapsed().as_secs_f64());
+                        rank.next_epoch = epoch + 1;
+                        if rank.next_epoch < cfg.epochs {
+                            p.start_epoch(rank.next_epoch)?;
+                        } else {
+                            rank.finished = true;
+                        }
+                    }
+                    TrainerEvent::Error { message, .. } => {
+                        obs.rank_errors.push((r, rank.next_epoch, message));
+                        rank.proc = None;
+                        rank.lost = true;
+                        break;
+                    }
+                    other => {
+                        obs.rank_errors.push((r, rank.next_epoch, format!("unexpected event {other:?}")));
+                        rank.proc = None;
+                        rank.lost = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if ranks.iter().all(|r| r.finished || r.lost) {
+            break;
+        }
+        if t0.elapsed() > cfg.seed_timeout {
+            timed_out = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Whatever is still scheduled ends now: nodes restarted, continued,
+    // links healed, voters back.
+    while let Some((_, i, edge)) = actions.pop_front() {
+        if let Edge::End = edge {
+            let fault = schedule.events[i].fault;
+            apply(&mut cluster, &relay, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
+        }
+    }
+    if timed_out {
+        let stuck: Vec<String> = ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.finished)
+            .map(|(i, r)| format!("rank {i} in epoch {}", r.next_epoch))
+            .collect();
+        obs.stuck = Some(format!("after {:?}: {}", cfg.seed_timeout, stuck.join(", ")));
+    }
+
+    // The end: ranks exit, counters are read, every process stops.
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        if let Some(p) = rank.proc.take()
+            && rank.finished
+            && let Err(e) = p.finish(Duration::from_secs(30))
+        {
+            obs.unclean.push(format!("rank {r}: {e:#}"));
+        }
+    }
+    let mut total = retired;
+    match cluster.total_stats() {
+        Ok(now) => add(&mut total, &now),
+        Err(e) => obs.unclean.push(format!("reading node counters: {e:#}")),
+    }
+    for id in ids.iter().copied() {
+        if let Err(e) = cluster.terminate(id) {
+            obs.unclean.push(format!("node {id}: {e:#}"));
+        }
+    }
+    for v in cluster.voter_ids() {
+        if cluster.voter_running(v)
+            && let Err(e) = cluster.terminate_voter(v)
+        {
+            obs.unclean.push(format!("voter {v}: {e:#}"));
+        }
+    }
+    let relay_stats = relay.stats();
+    rt.block_on(relay.shutdown());
+    let mut logs = cluster.logs();
+    logs.extend((0..world).map(|r| dir.join(format!("rank-{r}.log"))));
+    for log in &logs {
+        obs.scan_log(log);
+    }
+    obs.remote_bytes = total.remote_bytes;
+    let violations = verdict::judge(&obs, job, &schedule, cfg.nodes, cfg.epochs);
+    let links = relay_stats.links.values();
+    Ok(SeedReport {
+        seed,
+        remote_ratio: total.remote_bytes as f64 / job.source_bytes.max(1) as f64,
+        remote_bound: verdict::remote_bound(&schedule, cfg.nodes),
+        conversions: total.conversions,
+        rank_restarts,
+        relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),
+        relay_duplicated: links.map(|l| l.duplicated).sum(),
+        voters_hit: voters_hit.into_values().collect(),
+        schedule,
+        by_fault,
+        secs,
+        epoch_ends,
+        violations,
+        dir,
+    })
+}
+
+fn cluster_socket(dir: &Path, node: u64) -> PathBuf {
+    dir.join(format!("node-{node}")).join("node.sock")
+}
+
+/// The relay's process id of node `id`.
+fn pid(id: u64) -> ProcessId {
+    ProcessId((id - 1) as u32)
+}
+
+fn add(t: &mut ClusterCounters, s: &ClusterCounters) {
+    t.remote_bytes += s.remote_bytes;
+    t.conversions += s.conversions;
+    t.peer_fetched += s.peer_fetched;
+    t.peer_fetched_bytes += s.peer_fetched_bytes;
+    t.peer_failures += s.peer_failures;
+    t.local_hits += s.local_hits;
+    t.misses += s.misses;
+    t.joined += s.joined;
+}
+
+fn link_faults(s: &Schedule) -> LinkFaults {
+    let n = s.noise;
+    LinkFaults {
+        drop: n.drop,
+        duplicate: n.duplicate,
+        delay: crate::relay::DelayRange {
+            min: Duration::from_millis(n.delay_ms),
+            max: Duration::from_millis(n.delay_ms),
+        },
+        reorder: (n.reorder > 0.0).then_some(Reorder {
+            probability: n.reorder,
+            after_datagrams: 3,
+            timeout: Duration::from_millis(20),
+        }),
+        bandwidth: None,
+    }
+}
+
+fn signal(pid: u32, sig: i32) -> Result<()> {
+    // SAFETY: kill(2) on a child the cluster handle holds and has not
+    // reaped, so the pid is still that child's.
+    if unsafe { libc::kill(pid as i32, sig) } != 0 {
+        bail!("signal {sig} to {pid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Fires one edge of a fault.
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    cluster: &mut LocalCluster,
+    relay: &RelayHandle,
+    fault: Fault,
+    edge: Edge,
+    index: usize,
+    voters_hit: &mut BTreeMap<usize, u64>,
+    retired: &mut ClusterCounters,
+    obs: &mut Observed,
+) -> Result<()> {
+    match (fault, edge) {
+        (Fault::KillNode { node, .. }, Edge::Start) => {
+            // Its counters die with it: read them first.
+            match cluster.stats(node) {
+                Ok(s) => {
+                    retired.remote_bytes += s.remote_bytes;
+                    retired.conversions += s.conversions;
+                }
+                Err(e) => obs.unclean.push(format!("reading node {node}'s counters before the kill: {e:#}")),
+            }
+            cluster.kill(node);
+        }
+        (Fault::KillNode { node, .. }, Edge::End) => {
+            if !cluster.node_running(node) {
+                cluster.start_node(node)?;
+            }
+        }
+        (Fault::StopNode { node, .. }, edge) => {
+            if let Some(p) = cluster.node_pid(node) {
+                signal(p, if let Edge::Start = edge { libc::SIGSTOP } else { libc::SIGCONT })?;
+            }
+        }
+        (Fault::KillVoter { pick, .. }, Edge::Start) => {
+            let running: Vec<u64> = cluster.voter_ids().into_iter().filter(|&v| cluster.voter_running(v)).collect();
+            let leader = cluster.leader(Duration::from_secs(2))?;
+            let victim = match pick {
+                VoterPick::Leader => leader.filter(|l| running.contains(l)).or(running.first().copied()),
+                VoterPick::Follower => running.iter().copied().find(|&v| Some(v) != leader),
+            };
+            if let Some(v) = victim {
+                cluster.kill_voter(v);
+                voters_hit.insert(index, v);
+            }
+        }
+        (Fault::KillVoter { .. }, Edge::End) => {
+            if let Some(&v) = voters_hit.get(&index)
+                && !cluster.voter_running(v)
+            {
+                cluster.start_voter(v)?;
+            }
+        }
+        (Fault::CutPair { a, b, .. }, Edge::Start) => relay.partition(pid(a), pid(b), false)?,
+        (Fault::IsolateNode { node, .. }, Edge::Start) => {
+            for other in cluster.node_ids() {
+                if other != node {
+                    relay.partition(pid(node), pid(other), false)?;
+                }
+            }
+        }
+        (Fault::CutPair { .. } | Fault::IsolateNode { .. }, Edge::End) => relay.heal(),
+    }
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! A seed's fault schedule for `granary chaos run`: pure, so one seed always
+//! names the same faults at the same offsets (the processes' interleaving
+//! around them is the only thing a replay cannot repeat).
+//!
+//! Faults are drawn so that the cluster can always make progress once each
+//! one ends: at most `nodes - 1` nodes are down or stopped at once, at most
+//! one voter is down at a time (a majority of three stays up), and network
+//! faults do not overlap (the relay heals all partitions at once).
+
+use granary_proto::rng::{Rng, seed_of};
+use serde::Serialize;
+use std::fmt;
+use std::time::Duration;
+
+/// What a schedule may aim at.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// Node daemons, ids 1..=nodes.
+    pub nodes: u32,
+    /// Coordinator voters, ids 1..=voters.
+    pub voters: u32,
+    /// Faults start within this time of the first epoch's start.
+    pub horizon: Duration,
+    /// Fault events per seed at most (at least one).
+    pub max_faults: u32,
+}
+
+/// Which voter a voter fault hits, resolved when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VoterPick {
+    /// Whichever voter leads at that moment.
+    Leader,
+    /// A voter that does not lead at that moment (the lowest such id).
+    Follower,
+}
+
+/// One fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGKILL a node daemon and the trainer ranks on its host; restart
+    /// both after `down`; the ranks run their unfinished epochs again.
+    KillNode {
+        /// Node id.
+        node: u64,
+        /// Time until the restart.
+        #[serde(serialize_with = "millis")]
+        down: Duration,
+    },
+    /// SIGSTOP a node daemon (alive but silent), SIGCONT after `stopped`.
+    StopNode {
+        /// Node id.
+        node: u64,
+        /// Time stopped.
+        #[serde(serialize_with = "millis")]
+        stopped: Duration,
+    },
+    /// SIGKILL a coordinator voter, restart it after `down`.
+    KillVoter {
+        /// Which voter.
+        pick: VoterPick,
+        /// Time until the restart.
+        #[serde(serialize_with = "millis")]
+        down: Duration,
+    },
+    /// Cut the peer links between two nodes both ways for `cut`.
+    CutPair {
+        /// One node.
+        a: u64,
+        /// The other.
+        b: u64,
+        /// How long.
+        #[serde(serialize_with = "millis")]
+        cut: Duration,
+    },
+    /// Cut a node's peer links to every other node for `cut` (it still
+    /// reaches the coordinator: alive, but unreachable for its peers).
+    IsolateNode {
+        /// Node id.
+        node: u64,
+        /// How long.
+        #[serde(serialize_with = "millis")]
+        cut: Duration,
+    },
+}
+
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis() as u64)
+}
+
+impl Fault {
+    /// The fault's kind, as the summary counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillNode { .. } => "kill_node",
+            Fault::StopNode { .. } => "stop_node",
+            Fault::KillVoter { pick: VoterPick::Leader, .. } => "kill_leader",
+            Fault::KillVoter { pick: VoterPick::Follower, .. } => "kill_voter",
+            Fault::CutPair { .. } => "cut_pair",
+            Fault::IsolateNode { .. } => "isolate_node",
+        }
+    }
+
+    /// How long the fault lasts.
+    pub fn duration(&self) -> Duration {
+        match *self {
+            Fault::KillNode { down, .. } | Fault::KillVoter { down, .. } => down,
+            Fault::StopNode { stopped, .. } => stopped,
+            Fault::CutPair { cut, .. } | Fault::IsolateNode { cut, .. } => cut,
+        }
+    }
+
+    /// The node it takes down or stops, if any.
+    pub fn node_down(&self) -> Option<u64> {
+        match *self {
+            Fault::KillNode { node, .. } | Fault::StopNode { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// Whether it makes a live owner unreachable for (some of) its peers:
+    /// the cases where a shard may be read again by design.
+    pub fn hides_an_owner(&self) -> bool {
+        matches!(self, Fault::StopNode { .. } | Fault::CutPair { .. } | Fault::IsolateNode { .. })
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = |d: &Duration| format!("{:.1} s", d.as_secs_f64());
+        match self {
+            Fault::KillNode { node, down } => write!(f, "kill node {node} (and its ranks), restart after {}", s(down)),
+            Fault::StopNode { node, stopped } => write!(f, "stop node {node} for {}", s(stopped)),
+            Fault::KillVoter { pick: VoterPick::Leader, down } => {
+                write!(f, "kill the leading voter, restart after {}", s(down))
+            }
+            Fault::KillVoter { pick: VoterPick::Follower, down } => {
+                write!(f, "kill a following voter, restart after {}", s(down))
+            }
+            Fault::CutPair { a, b, cut } => write!(f, "cut nodes {a} and {b} apart for {}", s(cut)),
+            Fault::IsolateNode { node, cut } => write!(f, "cut node {node} off its peers for {}", s(cut)),
+        }
+    }
+}
+
+/// A fault and when it starts, from the first epoch's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Event {
+    /// Offset of the start.
+    #[serde(serialize_with = "millis", rename = "at_ms")]
+    pub at: Duration,
+    /// The fault.
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+impl Event {
+    fn end(&self) -> Duration {
+        self.at + self.fault.duration()
+    }
+
+    fn overlaps(&self, other: &Event) -> bool {
+        self.at < other.end() && other.at < self.end()
+    }
+}
+
+/// Datagram faults on every peer link for the whole run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Noise {
+    /// Chance a datagram is dropped.
+    pub drop: f64,
+    /// Chance a datagram is sent twice.
+    pub duplicate: f64,
+    /// Chance a datagram is held back behind later ones.
+    pub reorder: f64,
+    /// Extra one-way delay of every datagram, milliseconds (the same for
+    /// all: no jitter, reordering is [`Noise::reorder`]'s).
+    pub delay_ms: u64,
+}
+
+/// A seed's faults.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Schedule {
+    /// The seed.
+    pub seed: u64,
+    /// Fault events, by start.
+    pub events: Vec<Event>,
+    /// Datagram faults on the peer links.
+    pub noise: Noise,
+}
+
+/// Draws the schedule of `seed`.
+pub fn draw(seed: u64, t: Target) -> Schedule {
+    let mut r = Rng::new(seed_of(&[seed, 0x4348_414f_5352_554e]));
+    let horizon_ms = t.horizon.as_millis().max(1) as u64;
+    let ms = |r: &mut Rng, lo: u64, hi: u64| Duration::from_millis(lo + r.below(hi - lo + 1));
+    let wanted = 1 + r.below(u64::from(t.max_faults.max(1)));
+    let mut events: Vec<Event> = Vec::new();
+    // A bounded number of draws: a fault that cannot fit is dropped.
+    for _ in 0..wanted * 4 {
+        if events.len() as u64 == wanted {
+            break;
+        }
+        let at = ms(&mut r, 200, horizon_ms);
+        let node = 1 + r.below(u64::from(t.nodes.max(1)));
+        let other = 1 + (node + r.below(u64::from(t.nodes.max(2) - 1))) % u64::from(t.nodes.max(2));
+        let fault = match r.below(10) {
+            0..=1 => Fault::KillNode { node, down: ms(&mut r, 300, 2500) },
+            2..=3 => Fault::StopNode { node, stopped: ms(&mut r, 500, 4000) },
+            4 if t.voters >= 3 => Fault::KillVoter { pick: VoterPick::Leader, down: ms(&mut r, 300, 2500) },
+            5 if t.voters >= 3 => Fault::KillVoter { pick: VoterPick::Follower, down: ms(&mut r, 300, 2500) },
+            6..=7 if t.nodes >= 2 => {
+                Fault::CutPair { a: node.min(other), b: node.max(other), cut: ms(&mut r, 500, 4000) }
+            }
+            _ if t.nodes >= 2 => Fault::IsolateNode { node, cut: ms(&mut r, 500, 4000) },
+            _ => Fault::StopNode { node, stopped: ms(&mut r, 500, 4000) },
+        };
+        let e = Event { at, fault };
+        if fits(&events, &e, t) {
+            events.push(e);
+        }
+    }
+    events.sort_by_key(|e| e.at);
+    let noise = if r.below(2) == 0 {
+        Noise::default()
+    } else {
+        // Rates of a bad datacenter link, not of a broken one: at 2.7%
+        // loss with up to 4 ms of jitter per datagram (every datagram
+        // overtaking others), QUIC's congestion control made a 2 s job
+        // take 24 s on loopback.
+        Noise {
+            drop: r.below(11) as f64 / 1000.0,
+            duplicate: r.below(11) as f64 / 1000.0,
+            reorder: r.below(11) as f64 / 1000.0,
+            delay_ms: r.below(3),
+        }
+    };
+    Schedule { seed, events, noise }
+}
+
+/// Whether `e` can join `events` under the module's rules.
+fn fits(events: &[Event], e: &Event, t: Target) -> bool {
+    let during: Vec<&Event> = events.iter().filter(|o| o.overlaps(e)).collect();
+    match e.fault {
+        Fault::KillNode { node, .. } | Fault::StopNode { node, .. } => {
+            let down: Vec<u64> = during.iter().filter_map(|o| o.fault.node_down()).collect();
+            !down.contains(&node) && (down.len() as u32) < t.nodes.saturating_sub(1)
+        }
+        Fault::KillVoter { .. } => !during.iter().any(|o| matches!(o.fault, Fault::KillVoter { .. })),
+        Fault::CutPair { .. } | Fault::IsolateNode { .. } => {
+            !during.iter().any(|o| matches!(o.fault, Fault::CutPair { .. } | Fault::IsolateNode { .. }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Target = Target { nodes: 3, voters: 3, horizon: Duration::from_secs(4), max_faults: 3 };
+
+    #[test]
+    fn a_seed_draws_the_same_schedule_every_time_and_seeds_differ() {
+        assert_eq!(draw(7, T), draw(7, T));
+        let distinct: std::collections::BTreeSet<String> =
+            (0..50).map(|s| serde_json::to_string(&draw(s, T)).expect("json")).collect();
+        assert!(distinct.len() > 45, "{}", distinct.len());
+    }
+
+    #[test]
+    fn schedules_keep_a_node_up_a_voter_majority_and_one_network_fault_at_a_time() {
+        let mut kinds = std::collections::BTreeMap::new();
+        for seed in 0..2000 {
+            let s = draw(seed, T);
+            assert!(!s.events.is_empty() && s.events.len() <= 3, "seed {seed}");
+            assert!(s.events.windows(2).all(|w| w[0].at <= w[1].at), "seed {seed}: sorted");
+            for e in &s.events {
+                *kinds.entry(e.fault.kind()).or_insert(0) += 1;
+                assert!(e.at >= Duration::from_millis(200) && e.at <= T.horizon, "seed {seed}");
+                if let Fault::CutPair { a, b, .. } = e.fault {
+                    assert!(a < b && b <= 3, "seed {seed}: {a}-{b}");
+                }
+                // What is faulty at the instant `e` starts.
+                let active: Vec<&Event> = s.events.iter().filter(|o| o.at <= e.at && e.at < o.end()).collect();
+                let down: Vec<u64> = active.iter().filter_map(|o| o.fault.node_down()).collect();
+                let distinct: std::collections::BTreeSet<u64> = down.iter().copied().collect();
+                assert!(distinct.len() == down.len() && down.len() < 3, "seed {seed}: nodes down {down:?}");
+                let voters = active.iter().filter(|o| matches!(o.fault, Fault::KillVoter { .. })).count();
+                assert!(voters <= 1, "seed {seed}: {voters} voters down");
+                let cuts =
+                    active.iter().filter(|o| matches!(o.fault, Fault::CutPair { .. } | Fault::IsolateNode { .. }));
+                assert!(cuts.count() <= 1, "seed {seed}: overlapping cuts");
+            }
+        }
+        // Every kind is drawn, none rarely.
+        for k in ["kill_node", "stop_node", "kill_leader", "kill_voter", "cut_pair", "isolate_node"] {
+            assert!(kinds.get(k).copied().unwrap_or(0) > 200, "{k}: {kinds:?}");
+        }
+    }
+
+    #[test]
+    fn one_voter_draws_no_voter_faults_and_two_nodes_cut_only_each_other() {
+        let t = Target { nodes: 2, voters: 1, ..T };
+        let mut cuts = 0;
+        for seed in 0..500 {
+            for e in draw(seed, t).events {
+                assert!(!matches!(e.fault, Fault::KillVoter { .. }), "{e:?}");
+                if let Fault::CutPair { a, b, .. } = e.fault {
+                    assert_eq!((a, b), (1, 2));
+                    cuts += 1;
+                }
+            }
+        }
+        assert!(cuts > 50, "{cuts}");
+    }
+}

@@ -290,6 +290,7 @@ fn nodes_scenario(
         convert_threads: 2,
         throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
         lease_ms: 3000,
+        ..LocalClusterSpec::default()
     };
     let cluster = LocalCluster::start(exe, dir, data, spec)?;
     let world = nodes * ranks_per_node;

@@ -35,6 +35,10 @@ const MAX_REQUEST_LEN: usize = 64 << 10;
 /// runtime's workers that also keep the lease and serve peers.
 const CONCURRENT_FOLLOWS: usize = 2;
 
+/// How long a restarted cluster node keeps a trainer's describe waiting
+/// for the datasets of its first placement before it answers "unknown".
+const FIRST_PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Binds `path` (replacing a stale socket file) and serves until `shutdown`
 /// resolves. A failed accept is logged and retried, never fatal.
 pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
@@ -141,7 +145,7 @@ async fn connection(
         };
         match req {
             LocalRequest::Describe { dataset } => {
-                let reply = match node.describe(&dataset) {
+                let reply = match node.describe_when_known(&dataset, FIRST_PLACEMENT_WAIT).await {
                     Ok(info) => LocalResponse::Described(info),
                     Err(e) => failed(e.kind(), e.to_string()),
                 };

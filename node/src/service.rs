@@ -81,6 +81,9 @@ struct Inner {
     prefetch_bytes: u64,
     /// Set once the node joins a cluster: where non-owned shards come from.
     cluster: std::sync::OnceLock<Arc<Cluster>>,
+    /// True once a cluster node has opened every dataset of a placement
+    /// (a node without a cluster knows its datasets from the start).
+    datasets_known: tokio::sync::watch::Sender<bool>,
 }
 
 /// A running node (cheap to clone).
@@ -149,12 +152,33 @@ impl Node {
                 remote: remote_counters,
                 prefetch_bytes: cfg.prefetch_bytes,
                 cluster: std::sync::OnceLock::new(),
+                datasets_known: tokio::sync::watch::Sender::new(false),
             }),
         };
         for (name, ds) in opened {
             node.publish(name, ds);
         }
         Ok(node)
+    }
+
+    /// Describes dataset `name`; a cluster node that has not yet opened the
+    /// datasets of its first placement (it just started, and learns them
+    /// from the coordinator) first waits for that, up to `wait`, so that a
+    /// trainer connecting right after a restart is not told a registered
+    /// dataset is unknown.
+    pub async fn describe_when_known(&self, name: &str, wait: std::time::Duration) -> Result<DatasetInfo, FetchError> {
+        if self.inner.cluster.get().is_some() && self.describe(name).is_err() {
+            let mut known = self.inner.datasets_known.subscribe();
+            // Timing out is fine: the answer below says what is known.
+            let _ = tokio::time::timeout(wait, known.wait_for(|k| *k)).await;
+        }
+        self.describe(name)
+    }
+
+    /// Marks the datasets of a placement as opened (the cluster's follower
+    /// calls this).
+    pub(crate) fn datasets_opened(&self) {
+        self.inner.datasets_known.send_replace(true);
     }
 
     /// Describes dataset `name`.

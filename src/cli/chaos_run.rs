@@ -148,10 +148,19 @@ fn print_seed(r: &SeedReport) {
     } else {
         String::new()
     };
+    let st = r.store;
+    let store = if st.errors + st.slowed + st.shortened > 0 {
+        format!(
+            "; store: {} of {} GETs answered 503, {} held back {} ms, {} cut short",
+            st.errors, st.gets, st.slowed, r.schedule.store.slow_ms, st.shortened
+        )
+    } else {
+        String::new()
+    };
     let verdict = if r.violations.is_empty() { "ok".to_string() } else { "FAILED".to_string() };
     let ends: Vec<String> = r.epoch_ends.iter().map(|s| format!("{s:.1}")).collect();
     println!(
-        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts; {}{noise}",
+        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts; {}{noise}{store}",
         r.seed,
         r.secs,
         ends.join(", "),

@@ -3,8 +3,9 @@
 //! A job (a generated dataset, trainer ranks on every node, several epochs)
 //! first runs on one node alone, without faults: its batch digests are the
 //! reference. Then each seed starts a fresh cluster (3 coordinator voters,
-//! N node daemons, each with its own throttled link to the store, a
-//! [`RelayHandle`] between the nodes' peer endpoints), runs the same job,
+//! N node daemons, each with its own throttled link to a fault-injecting
+//! S3 store on loopback ([`store::FaultStore`]), a [`RelayHandle`] between
+//! the nodes' peer endpoints), runs the same job,
 //! fires the faults [`schedule::draw`] gives for the seed, and judges the run
 //! with [`verdict`]: every rank's digests equal the reference, remote reads
 //! stay within what the schedule allows, no process log shows a panic or an
@@ -16,9 +17,11 @@
 //!
 //! ## Files
 //! `schedule` (pure: seed to faults) and `verdict` (pure: what was seen to
-//! violations) stand alone; this file is the shell that runs processes.
+//! violations) stand alone; `store` is the S3 store and its fault layer;
+//! this file is the shell that runs processes.
 
 pub mod schedule;
+pub mod store;
 pub mod verdict;
 
 use crate::relay::{LinkFaults, ProcessId, RelayConfig, RelayHandle, Reorder};
@@ -32,6 +35,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use store::{FaultStore, StoreCounts};
 use verdict::{Observed, Violation};
 
 /// A chaos run's job and cluster.
@@ -107,8 +111,10 @@ impl RunConfig {
             .into()
     }
 
-    fn spec(&self, nodes: u32, voters: u32) -> LocalClusterSpec {
+    fn spec(&self, nodes: u32, voters: u32, store: &FaultStore) -> LocalClusterSpec {
         LocalClusterSpec {
+            source: Some(format!("s3://{BUCKET}/{PREFIX}/")),
+            remote: store.options(),
             voters,
             nodes,
             ram_bytes: 512 << 20,
@@ -123,9 +129,24 @@ impl RunConfig {
     }
 }
 
+/// The store's bucket (a folder under [`Job::store_root`]).
+const BUCKET: &str = "chaos";
+/// The dataset's prefix in it.
+const PREFIX: &str = "ads";
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the runtime of the relay and the store")
+}
+
 /// The job every seed runs, with its fault-free reference.
 #[derive(Clone, Debug)]
 pub struct Job {
+    /// The store's folder (buckets are its sub-folders).
+    pub store_root: PathBuf,
     /// The dataset's folder.
     pub data: PathBuf,
     /// Parquet bytes of the dataset.
@@ -140,13 +161,24 @@ pub struct Job {
 /// Generates the dataset and runs the reference: every rank of the job on
 /// one node, no faults. `say` hears what is going on.
 pub fn prepare(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Job> {
-    let data = cfg.work.join("data");
+    // A kept folder of an earlier run: start over (only the folders a run
+    // makes are removed).
+    for old in ["store", "reference"] {
+        let dir = cfg.work.join(old);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+    }
+    let store_root = cfg.work.join("store");
+    let data = store_root.join(BUCKET).join(PREFIX);
     say(&format!("generating {} rows ({} shards)", cfg.rows, cfg.rows.div_ceil(cfg.row_group_rows)));
     let spec = GenSpec { rows: cfg.rows, files: 4, row_group_rows: cfg.row_group_rows, ..GenSpec::default() };
     let report = datagen::generate(&data, &spec, |_| {}).context("generating the dataset")?;
     say("reference run: one node, every rank, no faults");
     let started = Instant::now();
-    let cluster = LocalCluster::start(&cfg.exe, &cfg.work.join("reference"), &data, cfg.spec(1, 1))?;
+    let rt = runtime()?;
+    let store = rt.block_on(FaultStore::start(&store_root, 0))?;
+    let cluster = LocalCluster::start(&cfg.exe, &cfg.work.join("reference"), &data, cfg.spec(1, 1, &store))?;
     let sockets: Vec<PathBuf> = (0..cfg.world()).map(|_| cluster.socket(1)).collect();
     let (mut ranks, _) = spawn_ranks(&cfg.exe, &sockets, &cfg.trainer_args())?;
     let mut reference = BTreeMap::new();
@@ -160,7 +192,9 @@ pub fn prepare(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Job> {
     for t in ranks {
         t.finish(Duration::from_secs(30))?;
     }
-    Ok(Job { data, source_bytes: report.bytes, reference, reference_secs: started.elapsed().as_secs_f64() })
+    drop(cluster);
+    drop(store);
+    Ok(Job { store_root, data, source_bytes: report.bytes, reference, reference_secs: started.elapsed().as_secs_f64() })
 }
 
 /// What one seed did and how it was judged.
@@ -184,6 +218,8 @@ pub struct SeedReport {
     pub conversions: u64,
     /// Trainer ranks started again after their node was killed.
     pub rank_restarts: u64,
+    /// What the object store injected.
+    pub store: StoreCounts,
     /// Datagrams the relay dropped (faults and partitions).
     pub relay_dropped: u64,
     /// Datagrams the relay sent twice.
@@ -225,13 +261,9 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     }
     std::fs::create_dir_all(&dir)?;
     let schedule = schedule::draw(seed, cfg.target());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("starting the relay's runtime")?;
-
-    let mut cluster = LocalCluster::prepare(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters))?;
+    let rt = runtime()?;
+    let store = rt.block_on(FaultStore::start(&job.store_root, seed))?;
+    let mut cluster = LocalCluster::prepare(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters, &store))?;
     let ids = cluster.node_ids();
     let mut relay_cfg = RelayConfig::new(seed, ids.iter().map(|&id| cluster.peer_listen(id)));
     relay_cfg.default_faults = link_faults(&schedule);
@@ -288,6 +320,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let mut by_fault: BTreeMap<String, u64> = BTreeMap::new();
     let mut rank_restarts = 0;
     let mut epoch_ends: Vec<f64> = Vec::new();
+    store.set_faults(schedule.store);
     let t0 = Instant::now();
     let mut timed_out = false;
 
@@ -417,6 +450,18 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     }
     let relay_stats = relay.stats();
     rt.block_on(relay.shutdown());
+    let store_counts = store.counts();
+    drop(store);
+    for (kind, n) in [
+        ("store_error", store_counts.errors),
+        ("store_slow", store_counts.slowed),
+        ("store_short", store_counts.shortened),
+    ] {
+        if n > 0 {
+            by_fault.insert(kind.to_string(), n);
+        }
+    }
+    obs.wasted_bytes = store_counts.wasted_bytes;
     let mut logs = cluster.logs();
     logs.extend((0..world).map(|r| dir.join(format!("rank-{r}.log"))));
     for log in &logs {
@@ -428,7 +473,9 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     Ok(SeedReport {
         seed,
         remote_ratio: total.remote_bytes as f64 / job.source_bytes.max(1) as f64,
-        remote_bound: verdict::remote_bound(&schedule, cfg.nodes),
+        remote_bound: verdict::remote_bound(&schedule, cfg.nodes)
+            + store_counts.wasted_bytes as f64 / job.source_bytes.max(1) as f64,
+        store: store_counts,
         conversions: total.conversions,
         rank_restarts,
         relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),

@@ -7,6 +7,7 @@
 //! one voter is down at a time (a majority of three stays up), and network
 //! faults do not overlap (the relay heals all partitions at once).
 
+use super::store::StoreFaults;
 use granary_proto::rng::{Rng, seed_of};
 use serde::Serialize;
 use std::fmt;
@@ -188,6 +189,8 @@ pub struct Schedule {
     pub events: Vec<Event>,
     /// Datagram faults on the peer links.
     pub noise: Noise,
+    /// Faults of the object store, for the whole run.
+    pub store: StoreFaults,
 }
 
 /// Draws the schedule of `seed`.
@@ -236,7 +239,19 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
             delay_ms: r.below(3),
         }
     };
-    Schedule { seed, events, noise }
+    let store = if r.below(2) == 0 {
+        StoreFaults::default()
+    } else {
+        // A run makes few GETs (one per shard, and footers): rates high
+        // enough that each kind fires a few times in a seed.
+        StoreFaults {
+            error: r.below(151) as f64 / 1000.0,
+            slow: r.below(151) as f64 / 1000.0,
+            slow_ms: 50 + r.below(351),
+            short: r.below(101) as f64 / 1000.0,
+        }
+    };
+    Schedule { seed, events, noise, store }
 }
 
 /// Whether `e` can join `events` under the module's rules.

@@ -9,7 +9,8 @@
 //!   once, plus what the schedule allows: a killed node's shards are read
 //!   by their next owner and again by the node when they move back, and
 //!   a live owner that its peers cannot reach (stopped, cut off) may cost
-//!   the same; a voter fault or datagram noise allows nothing.
+//!   the same; the bytes of answers the store cut short are read again; a
+//!   voter fault, datagram noise, a 503 or a slow answer allow nothing.
 //! - `log`: no process log holds a panic or an internal error.
 //! - `clean_stop`: every process stops cleanly at the end (ranks exit 0,
 //!   nodes and voters exit 0 after SIGTERM).
@@ -53,6 +54,8 @@ pub struct Observed {
     pub log_hits: Vec<String>,
     /// Remote bytes read by every node in every life.
     pub remote_bytes: u64,
+    /// Bytes the store sent in answers it cut short (read again after).
+    pub wasted_bytes: u64,
 }
 
 impl Observed {
@@ -113,7 +116,7 @@ pub fn judge(obs: &Observed, job: &Job, schedule: &Schedule, nodes: u32, epochs:
     push("rank_error", obs.rank_errors.iter().map(|(r, e, m)| format!("rank {r} failed in epoch {e}: {m}")).collect());
     push("progress", obs.stuck.iter().cloned().collect());
     let ratio = obs.remote_bytes as f64 / job.source_bytes.max(1) as f64;
-    let bound = remote_bound(schedule, nodes);
+    let bound = remote_bound(schedule, nodes) + obs.wasted_bytes as f64 / job.source_bytes.max(1) as f64;
     if ratio > bound + REMOTE_SLACK {
         push(
             "remote_reads",
@@ -133,12 +136,12 @@ mod tests {
 
     fn job() -> Job {
         let reference = (0..2u32).flat_map(|r| (0..2u64).map(move |e| ((r, e), format!("d{r}{e}")))).collect();
-        Job { data: "data".into(), source_bytes: 1000, reference, reference_secs: 1.0 }
+        Job { store_root: "store".into(), data: "data".into(), source_bytes: 1000, reference, reference_secs: 1.0 }
     }
 
     fn schedule(faults: &[Fault]) -> Schedule {
         let events = faults.iter().map(|&fault| Event { at: Duration::from_secs(1), fault }).collect();
-        Schedule { seed: 1, events, noise: Noise::default() }
+        Schedule { seed: 1, events, noise: Noise::default(), store: Default::default() }
     }
 
     fn clean() -> Observed {

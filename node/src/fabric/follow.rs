@@ -58,6 +58,9 @@ pub async fn follow_placement(
         let mut retry = false;
         if let Some(view) = view {
             retry = !open_listed_datasets(&node, &client, &view).await;
+            if !retry {
+                node.datasets_opened();
+            }
             let mut map = PlacementMap { epoch: view.placement_epoch, ..Default::default() };
             for n in view.nodes.iter().filter(|n| n.live) {
                 match n.addr.parse::<SocketAddr>() {

@@ -36,6 +36,11 @@ pub struct LocalClusterSpec {
     pub throttle: Option<(u64, u64)>,
     /// Node lease on the coordinator.
     pub lease_ms: u64,
+    /// The dataset's source URL; None: `file://DATA/`.
+    pub source: Option<String>,
+    /// object_store options for reading it (node `[remote]`, voter
+    /// `--remote-option`), e.g. an S3 endpoint and keys.
+    pub remote: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for LocalClusterSpec {
@@ -51,6 +56,8 @@ impl Default for LocalClusterSpec {
             convert_threads: 2,
             throttle: None,
             lease_ms: 1500,
+            source: None,
+            remote: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -148,10 +155,14 @@ impl LocalCluster {
     /// Starts (or restarts) voter `id` on its address and data folder.
     pub fn start_voter(&mut self, id: u64) -> Result<()> {
         let i = (id - 1) as usize;
-        let extra: Vec<String> = ["--lease-ms", &self.spec.lease_ms.to_string(), "--election-timeout-ms", "300"]
+        let mut extra: Vec<String> = ["--lease-ms", &self.spec.lease_ms.to_string(), "--election-timeout-ms", "300"]
             .iter()
             .map(|s| s.to_string())
             .collect();
+        for (k, v) in &self.spec.remote {
+            extra.push("--remote-option".into());
+            extra.push(format!("{k}={v}"));
+        }
         let p = CoordinatorProcess::spawn(
             &self.exe,
             &self.voter_specs[i],
@@ -207,7 +218,8 @@ impl LocalCluster {
     /// Registers the Parquet files in `data` as dataset `name` (the
     /// generator's view) on the coordinator.
     pub fn add_dataset(&self, name: &str, data: &Path) -> Result<()> {
-        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, data).map_err(|e| {
+        let source = self.spec.source.clone().unwrap_or_else(|| format!("file://{}/", data.display()));
+        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, &source).map_err(|e| {
             let tails: Vec<String> = self.voter_ids().iter().map(|&v| log_tail(&self.voter_log(v))).collect();
             anyhow!("{e:#}\n{}", tails.join("\n"))
         })
@@ -305,6 +317,12 @@ impl LocalCluster {
             // small test tiers stay small on disk, where it is reserved.
             let block = (ssd / 8 / 4096 * 4096).clamp(8192, 64 << 20);
             t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\nssd_block_bytes = {block}\n", dir.join("ssd"));
+        }
+        if !s.remote.is_empty() {
+            t += "\n[remote]\n";
+            for (k, v) in &s.remote {
+                t += &format!("{k} = {v:?}\n");
+            }
         }
         if let Some((latency_ms, bw)) = s.throttle {
             t += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
@@ -409,12 +427,12 @@ impl LocalCluster {
     }
 }
 
-/// `granary dataset add NAME --source file://DATA/` with the generator's view.
-fn add_dataset(exe: &Path, coordinators: &[String], certs: &Path, dir: &Path, name: &str, data: &Path) -> Result<()> {
+/// `granary dataset add NAME --source SOURCE` with the generator's view.
+fn add_dataset(exe: &Path, coordinators: &[String], certs: &Path, dir: &Path, name: &str, source: &str) -> Result<()> {
     let view = dir.join("view.toml");
     std::fs::write(&view, crate::datagen::VIEW_TOML)?;
     let out = Command::new(exe)
-        .args(["dataset", "add", name, "--source", &format!("file://{}/", data.display())])
+        .args(["dataset", "add", name, "--source", source])
         .arg("--view")
         .arg(&view)
         .args(["--coordinators", &coordinators.join(","), "--cert-name", "admin", "--timeout-ms", "30000"])

@@ -7,7 +7,8 @@
 //! on the peer links, 503s, slow answers and answers cut short from the
 //! store). Every invariant must hold: each rank's batches equal the
 //! fault-free single-node reference, remote reads stay within what the
-//! schedule allows, no log shows a panic or an internal error, every
+//! schedule allows, the coordinator client's registrations and listings
+//! are linearizable, no log shows a panic or an internal error, every
 //! process stops cleanly.
 //!
 //! Seed 8 is also a regression: its node kill restarted node 3 while the
@@ -44,6 +45,10 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
             r["by_fault"]
         );
         assert_eq!(r["violations"].as_array().map(Vec::len), Some(0), "{r}");
+        // The coordinator client wrote and read throughout, and its
+        // history was decided (not cut off by the checker's step bound).
+        assert_eq!(r["lin"]["verdict"], "linearizable", "{r}");
+        assert!(r["lin"]["acknowledged"].as_u64().unwrap_or(0) > 0, "{r}");
     }
     let summary = lines.last().expect("summary");
     assert_eq!(summary["scenario"], "summary");

@@ -157,10 +157,14 @@ fn print_seed(r: &SeedReport) {
     } else {
         String::new()
     };
+    let lin = format!(
+        "; coordinator client: {} ops, {} registrations acknowledged, {} failed, {}",
+        r.lin.ops, r.lin.acknowledged, r.lin.failed, r.lin.verdict
+    );
     let verdict = if r.violations.is_empty() { "ok".to_string() } else { "FAILED".to_string() };
     let ends: Vec<String> = r.epoch_ends.iter().map(|s| format!("{s:.1}")).collect();
     println!(
-        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts; {}{noise}{store}",
+        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts; {}{noise}{store}{lin}",
         r.seed,
         r.secs,
         ends.join(", "),

@@ -20,6 +20,7 @@
 //! violations) stand alone; `store` is the S3 store and its fault layer;
 //! this file is the shell that runs processes.
 
+pub mod lin;
 pub mod schedule;
 pub mod store;
 pub mod verdict;
@@ -133,6 +134,8 @@ impl RunConfig {
 const BUCKET: &str = "chaos";
 /// The dataset's prefix in it.
 const PREFIX: &str = "ads";
+/// The prefix of the small dataset the coordinator client registers.
+const LIN_PREFIX: &str = "lin";
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -174,6 +177,10 @@ pub fn prepare(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Job> {
     say(&format!("generating {} rows ({} shards)", cfg.rows, cfg.rows.div_ceil(cfg.row_group_rows)));
     let spec = GenSpec { rows: cfg.rows, files: 4, row_group_rows: cfg.row_group_rows, ..GenSpec::default() };
     let report = datagen::generate(&data, &spec, |_| {}).context("generating the dataset")?;
+    // The small dataset the coordinator client registers under new names.
+    let lin = GenSpec { rows: 1000, files: 1, row_group_rows: 1000, ..GenSpec::default() };
+    datagen::generate(&store_root.join(BUCKET).join(LIN_PREFIX), &lin, |_| {})
+        .context("generating the small dataset")?;
     say("reference run: one node, every rank, no faults");
     let started = Instant::now();
     let rt = runtime()?;
@@ -220,6 +227,8 @@ pub struct SeedReport {
     pub rank_restarts: u64,
     /// What the object store injected.
     pub store: StoreCounts,
+    /// The coordinator client's history and its verdict.
+    pub lin: lin::LinReport,
     /// Datagrams the relay dropped (faults and partitions).
     pub relay_dropped: u64,
     /// Datagrams the relay sent twice.
@@ -320,6 +329,18 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let mut by_fault: BTreeMap<String, u64> = BTreeMap::new();
     let mut rank_restarts = 0;
     let mut epoch_ends: Vec<f64> = Vec::new();
+    let lin = {
+        let _rt = rt.enter();
+        let voters = cluster.coordinators().iter().map(|a| a.parse()).collect::<Result<Vec<_>, _>>()?;
+        lin::LinClients::start(
+            cluster.certs(),
+            voters,
+            seed,
+            2,
+            format!("s3://{BUCKET}/{LIN_PREFIX}/"),
+            datagen::view(),
+        )?
+    };
     store.set_faults(schedule.store);
     let t0 = Instant::now();
     let mut timed_out = false;
@@ -412,6 +433,8 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
             apply(&mut cluster, &relay, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
         }
     }
+    let lin_report = rt.block_on(lin.finish());
+    obs.lin = Some(lin_report.clone());
     if timed_out {
         let stuck: Vec<String> = ranks
             .iter()
@@ -476,6 +499,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         remote_bound: verdict::remote_bound(&schedule, cfg.nodes)
             + store_counts.wasted_bytes as f64 / job.source_bytes.max(1) as f64,
         store: store_counts,
+        lin: lin_report,
         conversions: total.conversions,
         rank_restarts,
         relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),

@@ -11,6 +11,9 @@
 //!   a live owner that its peers cannot reach (stopped, cut off) may cost
 //!   the same; the bytes of answers the store cut short are read again; a
 //!   voter fault, datagram noise, a 503 or a slow answer allow nothing.
+//! - `linearizable`: the coordinator client's registrations and listings
+//!   fit a grow-only set in real-time order (no acknowledged write lost,
+//!   no read that goes back).
 //! - `log`: no process log holds a panic or an internal error.
 //! - `clean_stop`: every process stops cleanly at the end (ranks exit 0,
 //!   nodes and voters exit 0 after SIGTERM).
@@ -56,6 +59,8 @@ pub struct Observed {
     pub remote_bytes: u64,
     /// Bytes the store sent in answers it cut short (read again after).
     pub wasted_bytes: u64,
+    /// The coordinator client's history, judged.
+    pub lin: Option<super::lin::LinReport>,
 }
 
 impl Observed {
@@ -121,6 +126,17 @@ pub fn judge(obs: &Observed, job: &Job, schedule: &Schedule, nodes: u32, epochs:
         push(
             "remote_reads",
             vec![format!("read {ratio:.2}x the dataset from remote storage; this schedule allows {bound:.2}x")],
+        );
+    }
+    if let Some(l) = obs.lin.as_ref().filter(|l| l.verdict == "not linearizable") {
+        push(
+            "linearizable",
+            vec![format!(
+                "the coordinator's dataset registrations and listings ({} ops, {} acknowledged): {}",
+                l.ops,
+                l.acknowledged,
+                l.detail.as_deref().unwrap_or("no order fits")
+            )],
         );
     }
     push("log", obs.log_hits.clone());

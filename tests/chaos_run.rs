@@ -1,7 +1,8 @@
 //! `granary chaos run` on a fixed list of seeds: three voters, three node
 //! daemons behind the seeded relay, each reading a fault-injecting S3
-//! store, six trainer ranks, three epochs, and the faults of seeds 2-8 (a
-//! node killed with its ranks and restarted, a pair of nodes cut apart, a
+//! store, six trainer ranks, three epochs, and the faults of seeds 2-10 (a
+//! node killed with its ranks and restarted, one whose SSD chunks were
+//! damaged while it was down, a pair of nodes cut apart, a
 //! node cut off its peers, a node stopped, the leading and a following
 //! voter killed and restarted, datagram loss, duplication and reordering
 //! on the peer links, 503s, slow answers and answers cut short from the
@@ -11,10 +12,11 @@
 //! are linearizable, no log shows a panic or an internal error, every
 //! process stops cleanly.
 //!
-//! Seed 8 is also a regression: its node kill restarted node 3 while the
-//! store answered 503s, and its ranks, started again at once, were told
-//! "unknown dataset ads" before the node had opened the datasets of its
-//! first placement (a cluster node now makes a describe wait for that).
+//! Seeds 6 and 8 also guard a fix: a node killed and restarted while the
+//! store answers 503s. Before it, the node's ranks, started again at once,
+//! were told "unknown dataset ads" before the node had opened the datasets
+//! of its first placement (soak seeds 115 and 126; a cluster node now
+//! makes a describe wait for that).
 
 use serde_json::Value;
 use std::process::Command;
@@ -24,7 +26,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_granary");
 #[test]
 fn seeded_faults_on_real_processes_break_no_invariant() {
     let out = Command::new(BIN)
-        .args(["chaos", "run", "--from", "2", "--seeds", "7", "--json"])
+        .args(["chaos", "run", "--from", "2", "--seeds", "9", "--json"])
         .env("GRANARY_LOG", "info,openraft=warn")
         .output()
         .expect("run granary chaos run");
@@ -33,7 +35,7 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
     assert!(out.status.success(), "chaos run failed:\n{stdout}\n{stderr}");
     let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
     let seeds: Vec<&Value> = lines.iter().filter(|l| l["scenario"] == "seed").collect();
-    assert_eq!(seeds.len(), 7, "{stdout}");
+    assert_eq!(seeds.len(), 9, "{stdout}");
     for s in &seeds {
         let r = &s["report"];
         println!(
@@ -50,6 +52,10 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         assert_eq!(r["lin"]["verdict"], "linearizable", "{r}");
         assert!(r["lin"]["acknowledged"].as_u64().unwrap_or(0) > 0, "{r}");
     }
+    // A corrupt_ssd fault drawn before the node wrote a chunk to SSD
+    // damages nothing; seed 5's comes late enough to damage some.
+    let damaged: u64 = seeds.iter().map(|s| s["report"]["ssd_damaged"].as_u64().unwrap_or(0)).sum();
+    assert!(damaged >= 1, "no SSD chunk was damaged: {stdout}");
     let summary = lines.last().expect("summary");
     assert_eq!(summary["scenario"], "summary");
     assert_eq!(summary["violations"], 0);
@@ -64,6 +70,7 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         "store_error",
         "store_slow",
         "store_short",
+        "corrupt_ssd",
     ] {
         assert!(by[kind].as_u64().unwrap_or(0) >= 1, "no {kind} fired: {summary}");
     }

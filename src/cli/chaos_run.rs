@@ -164,7 +164,7 @@ fn print_seed(r: &SeedReport) {
     let verdict = if r.violations.is_empty() { "ok".to_string() } else { "FAILED".to_string() };
     let ends: Vec<String> = r.epoch_ends.iter().map(|s| format!("{s:.1}")).collect();
     println!(
-        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts; {}{noise}{store}{lin}",
+        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts, {} SSD chunks damaged; {}{noise}{store}{lin}",
         r.seed,
         r.secs,
         ends.join(", "),
@@ -172,6 +172,7 @@ fn print_seed(r: &SeedReport) {
         r.remote_bound,
         r.conversions,
         r.rank_restarts,
+        r.ssd_damaged,
         faults.join("; "),
     );
     for v in &r.violations {

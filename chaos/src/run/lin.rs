@@ -17,7 +17,7 @@ use anyhow::{Context, Result, anyhow};
 use granary_net::api::{ApiRequest, ApiResponse};
 use granary_net::client::{ClientOptions, CoordinatorClient};
 use granary_net::tls::Identity;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +33,9 @@ type Op = Operation<SetInput<String>, SetOutput<String>>;
 pub struct LinClients {
     client: CoordinatorClient,
     ops: Arc<Mutex<Vec<Op>>>,
+    /// Each client's add in flight, as the crashed op it becomes if the
+    /// client is stopped before the answer.
+    in_flight: Arc<Mutex<BTreeMap<u64, Op>>>,
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     t0: Instant,
@@ -74,20 +77,21 @@ impl LinClients {
         let connect = || CoordinatorClient::new(&identity, voters.clone(), options).context("coordinator client");
         let client = connect()?;
         let ops = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(Mutex::new(BTreeMap::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let t0 = Instant::now();
         let tasks = (0..clients)
             .map(|id| {
                 // A connection of its own per client.
                 let client = connect()?;
-                let (ops, stop) = (ops.clone(), stop.clone());
+                let (ops, in_flight, stop) = (ops.clone(), in_flight.clone(), stop.clone());
                 let (source, view) = (source.clone(), view.clone());
                 Ok(tokio::spawn(async move {
                     let mut k = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let op = if k.is_multiple_of(2) {
                             let name = format!("{PREFIX}{seed}-{id}-{k}");
-                            add(&client, id, &name, &source, &view, t0).await
+                            add(&client, id, &name, &source, &view, t0, &in_flight).await
                         } else {
                             read(&client, id, t0).await
                         };
@@ -100,7 +104,7 @@ impl LinClients {
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { client, ops, stop, tasks, t0 })
+        Ok(Self { client, ops, in_flight, stop, tasks, t0 })
     }
 
     /// Stops the clients (an op in flight is abandoned: a crashed op), makes
@@ -124,6 +128,9 @@ impl LinClients {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let mut ops = std::mem::take(&mut *self.ops.lock().unwrap_or_else(PoisonError::into_inner));
+        // An add abandoned in flight may have been applied (seeds 6 and 7
+        // once saw the last read hold a name no recorded op had added).
+        ops.extend(std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(PoisonError::into_inner)).into_values());
         let failed_before = ops.iter().filter(|o| matches!(o.outcome, lincheck::Outcome::Crashed)).count();
         let last_missing = last.is_none();
         ops.extend(last);
@@ -154,11 +161,18 @@ async fn add(
     source: &str,
     view: &granary_proto::View,
     t0: Instant,
+    in_flight: &Mutex<BTreeMap<u64, Op>>,
 ) -> Option<Op> {
     let input = SetInput::Add(name.to_string());
     let call = micros(t0);
+    let pending = |m: &Mutex<BTreeMap<u64, Op>>| m.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+    in_flight.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Operation::crashed(id, input.clone(), call));
     let req = ApiRequest::AddDataset { name: name.to_string(), source: source.to_string(), view: view.clone() };
-    Some(match client.call(&req).await {
+    let answer = client.call(&req).await;
+    // Answered: no longer in flight (the caller records the op at once;
+    // `finish` aborts a client only at an await, never between the two).
+    pending(in_flight);
+    Some(match answer {
         Ok((_, ApiResponse::DatasetAdded { .. })) => Operation::returned(id, input, call, micros(t0), SetOutput::Added),
         // Refused or failed: it may still have been applied.
         _ => Operation::crashed(id, input, call),

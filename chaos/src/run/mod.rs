@@ -27,6 +27,7 @@ pub mod verdict;
 
 use crate::relay::{LinkFaults, ProcessId, RelayConfig, RelayHandle, Reorder};
 use anyhow::{Context, Result, anyhow, bail};
+use granary_proto::rng::{Rng, seed_of};
 use granary_testkit::datagen::{self, GenSpec};
 use granary_testkit::harness::{
     ClusterCounters, LocalCluster, LocalClusterSpec, TrainerEvent, TrainerProcess, run_epoch, spawn_ranks,
@@ -120,7 +121,9 @@ impl RunConfig {
             nodes,
             ram_bytes: 512 << 20,
             guest_bytes: 512 << 20,
-            ssd_bytes: None,
+            // An SSD tier: a killed node recovers from it, and it can be
+            // damaged.
+            ssd_bytes: Some(96 << 20),
             prefetch_bytes: 64 << 20,
             loads: 2,
             convert_threads: 1,
@@ -225,6 +228,11 @@ pub struct SeedReport {
     pub conversions: u64,
     /// Trainer ranks started again after their node was killed.
     pub rank_restarts: u64,
+    /// Chunk entries damaged on SSD. foyer's entry checksum turns a
+    /// damaged entry into a miss (the node reads the shard again); the
+    /// streams matching the reference show none was served.
+    pub ssd_damaged: u64,
+
     /// What the object store injected.
     pub store: StoreCounts,
     /// The coordinator client's history and its verdict.
@@ -352,7 +360,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
             if let Edge::Start = edge {
                 *by_fault.entry(fault.kind().to_string()).or_insert(0) += 1;
             }
-            if let (Fault::KillNode { node, .. }, Edge::Start) = (fault, edge) {
+            if let (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::Start) = (fault, edge) {
                 // The host goes down: its ranks first (killed on drop).
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node {
@@ -360,8 +368,8 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                     }
                 }
             }
-            apply(&mut cluster, &relay, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
-            if let (Fault::KillNode { node, .. }, Edge::End) = (fault, edge) {
+            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
+            if let (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::End) = (fault, edge) {
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node && !rank.finished && !rank.lost {
                         rank.proc = Some(spawn_rank(r as u32)?);
@@ -430,7 +438,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     while let Some((_, i, edge)) = actions.pop_front() {
         if let Edge::End = edge {
             let fault = schedule.events[i].fault;
-            apply(&mut cluster, &relay, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
+            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
         }
     }
     let lin_report = rt.block_on(lin.finish());
@@ -502,6 +510,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         lin: lin_report,
         conversions: total.conversions,
         rank_restarts,
+        ssd_damaged: obs.ssd_damaged,
         relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),
         relay_duplicated: links.map(|l| l.duplicated).sum(),
         voters_hit: voters_hit.into_values().collect(),
@@ -552,6 +561,53 @@ fn link_faults(s: &Schedule) -> LinkFaults {
     }
 }
 
+/// Flips one byte in each of up to `flips` chunk entries found in the SSD
+/// folder `dir` (entries are found by the chunk magic; which entries and
+/// which byte come from `seed`). Returns how many were damaged.
+fn damage_ssd(dir: &Path, seed: u64, flips: u32) -> Result<u64> {
+    let mut r = Rng::new(seed);
+    let mut entries: Vec<(PathBuf, usize, usize)> = Vec::new();
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(d) => d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect(),
+        Err(_) => return Ok(0), // nothing written yet
+    };
+    files.sort();
+    let magic = granary_proto::chunk::MAGIC;
+    for f in files {
+        let bytes = std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?;
+        let mut at = 0;
+        while let Some(i) = bytes[at..].windows(magic.len()).position(|w| w == magic) {
+            let start = at + i;
+            let len = bytes
+                .get(start + 24..start + 32)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, |b: [u8; 8]| u64::from_le_bytes(b) as usize);
+            if len > 0 && start + len <= bytes.len() {
+                entries.push((f.clone(), start, len));
+            }
+            at = start + magic.len();
+        }
+    }
+    let mut damaged = 0;
+    for _ in 0..flips {
+        if entries.is_empty() {
+            break;
+        }
+        let (file, start, len) = entries.swap_remove(r.below(entries.len() as u64) as usize);
+        let at = (start + r.below(len as u64) as usize) as u64;
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let mut h = std::fs::OpenOptions::new().read(true).write(true).open(&file)?;
+        let mut b = [0u8; 1];
+        h.seek(SeekFrom::Start(at))?;
+        h.read_exact(&mut b)?;
+        b[0] ^= 1 << r.below(8);
+        h.seek(SeekFrom::Start(at))?;
+        h.write_all(&b)?;
+        damaged += 1;
+    }
+    Ok(damaged)
+}
+
 fn signal(pid: u32, sig: i32) -> Result<()> {
     // SAFETY: kill(2) on a child the cluster handle holds and has not
     // reaped, so the pid is still that child's.
@@ -566,6 +622,7 @@ fn signal(pid: u32, sig: i32) -> Result<()> {
 fn apply(
     cluster: &mut LocalCluster,
     relay: &RelayHandle,
+    seed: u64,
     fault: Fault,
     edge: Edge,
     index: usize,
@@ -574,7 +631,7 @@ fn apply(
     obs: &mut Observed,
 ) -> Result<()> {
     match (fault, edge) {
-        (Fault::KillNode { node, .. }, Edge::Start) => {
+        (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::Start) => {
             // Its counters die with it: read them first.
             match cluster.stats(node) {
                 Ok(s) => {
@@ -584,8 +641,12 @@ fn apply(
                 Err(e) => obs.unclean.push(format!("reading node {node}'s counters before the kill: {e:#}")),
             }
             cluster.kill(node);
+            if let Fault::CorruptSsd { flips, .. } = fault {
+                let damaged = damage_ssd(&cluster.node_ssd(node), seed_of(&[seed, index as u64]), flips)?;
+                obs.ssd_damaged += damaged;
+            }
         }
-        (Fault::KillNode { node, .. }, Edge::End) => {
+        (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::End) => {
             if !cluster.node_running(node) {
                 cluster.start_node(node)?;
             }

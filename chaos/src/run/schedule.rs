@@ -49,6 +49,19 @@ pub enum Fault {
         #[serde(serialize_with = "millis")]
         down: Duration,
     },
+    /// SIGKILL a node daemon and its ranks, flip one byte in each of up to
+    /// `flips` chunk entries of its SSD tier, restart both after `down`:
+    /// the node must recover the intact chunks and read the damaged ones
+    /// again, never serve them.
+    CorruptSsd {
+        /// Node id.
+        node: u64,
+        /// Time until the restart.
+        #[serde(serialize_with = "millis")]
+        down: Duration,
+        /// Chunk entries damaged at most.
+        flips: u32,
+    },
     /// SIGSTOP a node daemon (alive but silent), SIGCONT after `stopped`.
     StopNode {
         /// Node id.
@@ -95,6 +108,7 @@ impl Fault {
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::KillNode { .. } => "kill_node",
+            Fault::CorruptSsd { .. } => "corrupt_ssd",
             Fault::StopNode { .. } => "stop_node",
             Fault::KillVoter { pick: VoterPick::Leader, .. } => "kill_leader",
             Fault::KillVoter { pick: VoterPick::Follower, .. } => "kill_voter",
@@ -106,7 +120,7 @@ impl Fault {
     /// How long the fault lasts.
     pub fn duration(&self) -> Duration {
         match *self {
-            Fault::KillNode { down, .. } | Fault::KillVoter { down, .. } => down,
+            Fault::KillNode { down, .. } | Fault::KillVoter { down, .. } | Fault::CorruptSsd { down, .. } => down,
             Fault::StopNode { stopped, .. } => stopped,
             Fault::CutPair { cut, .. } | Fault::IsolateNode { cut, .. } => cut,
         }
@@ -115,7 +129,7 @@ impl Fault {
     /// The node it takes down or stops, if any.
     pub fn node_down(&self) -> Option<u64> {
         match *self {
-            Fault::KillNode { node, .. } | Fault::StopNode { node, .. } => Some(node),
+            Fault::KillNode { node, .. } | Fault::StopNode { node, .. } | Fault::CorruptSsd { node, .. } => Some(node),
             _ => None,
         }
     }
@@ -133,6 +147,11 @@ impl fmt::Display for Fault {
         match self {
             Fault::KillNode { node, down } => write!(f, "kill node {node} (and its ranks), restart after {}", s(down)),
             Fault::StopNode { node, stopped } => write!(f, "stop node {node} for {}", s(stopped)),
+            Fault::CorruptSsd { node, down, flips } => write!(
+                f,
+                "kill node {node} (and its ranks), damage up to {flips} chunks on its SSD, restart after {}",
+                s(down)
+            ),
             Fault::KillVoter { pick: VoterPick::Leader, down } => {
                 write!(f, "kill the leading voter, restart after {}", s(down))
             }
@@ -208,7 +227,8 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
         let at = ms(&mut r, 200, horizon_ms);
         let node = 1 + r.below(u64::from(t.nodes.max(1)));
         let other = 1 + (node + r.below(u64::from(t.nodes.max(2) - 1))) % u64::from(t.nodes.max(2));
-        let fault = match r.below(10) {
+        let fault = match r.below(11) {
+            10 => Fault::CorruptSsd { node, down: ms(&mut r, 300, 2500), flips: 1 + r.below(3) as u32 },
             0..=1 => Fault::KillNode { node, down: ms(&mut r, 300, 2500) },
             2..=3 => Fault::StopNode { node, stopped: ms(&mut r, 500, 4000) },
             4 if t.voters >= 3 => Fault::KillVoter { pick: VoterPick::Leader, down: ms(&mut r, 300, 2500) },
@@ -258,7 +278,7 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
 fn fits(events: &[Event], e: &Event, t: Target) -> bool {
     let during: Vec<&Event> = events.iter().filter(|o| o.overlaps(e)).collect();
     match e.fault {
-        Fault::KillNode { node, .. } | Fault::StopNode { node, .. } => {
+        Fault::KillNode { node, .. } | Fault::StopNode { node, .. } | Fault::CorruptSsd { node, .. } => {
             let down: Vec<u64> = during.iter().filter_map(|o| o.fault.node_down()).collect();
             !down.contains(&node) && (down.len() as u32) < t.nodes.saturating_sub(1)
         }
@@ -309,7 +329,7 @@ mod tests {
             }
         }
         // Every kind is drawn, none rarely.
-        for k in ["kill_node", "stop_node", "kill_leader", "kill_voter", "cut_pair", "isolate_node"] {
+        for k in ["kill_node", "stop_node", "kill_leader", "kill_voter", "cut_pair", "isolate_node", "corrupt_ssd"] {
             assert!(kinds.get(k).copied().unwrap_or(0) > 200, "{k}: {kinds:?}");
         }
     }

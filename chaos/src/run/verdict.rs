@@ -61,6 +61,8 @@ pub struct Observed {
     pub wasted_bytes: u64,
     /// The coordinator client's history, judged.
     pub lin: Option<super::lin::LinReport>,
+    /// Chunk entries damaged on SSD by the schedule.
+    pub ssd_damaged: u64,
 }
 
 impl Observed {
@@ -88,7 +90,7 @@ pub fn remote_bound(schedule: &Schedule, nodes: u32) -> f64 {
         .events
         .iter()
         .map(|e| match e.fault {
-            Fault::KillNode { .. } => 2.0 * share,
+            Fault::KillNode { .. } | Fault::CorruptSsd { .. } => 2.0 * share,
             f if f.hides_an_owner() => 2.0 * share,
             _ => 0.0,
         })

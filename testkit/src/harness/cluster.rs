@@ -234,6 +234,11 @@ impl LocalCluster {
         self.dir.join(format!("node-{id}"))
     }
 
+    /// Node `id`'s SSD folder (used when the spec gives it an SSD tier).
+    pub fn node_ssd(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join("ssd")
+    }
+
     /// Node `id`'s Unix socket.
     pub fn socket(&self, id: u64) -> PathBuf {
         self.node_dir(id).join("node.sock")
@@ -302,7 +307,6 @@ impl LocalCluster {
     /// The node.toml of node `id`.
     fn node_toml(&self, id: u64) -> String {
         let s = &self.spec;
-        let dir = self.node_dir(id);
         let mut t = format!(
             "socket = {:?}\nram_bytes = {}\nguest_bytes = {}\nprefetch_bytes = {}\nmax_concurrent_loads = {}\nconvert_threads = {}\n",
             self.socket(id),
@@ -316,7 +320,7 @@ impl LocalCluster {
             // Blocks of an eighth of the tier (at most the default 64 MiB):
             // small test tiers stay small on disk, where it is reserved.
             let block = (ssd / 8 / 4096 * 4096).clamp(8192, 64 << 20);
-            t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\nssd_block_bytes = {block}\n", dir.join("ssd"));
+            t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\nssd_block_bytes = {block}\n", self.node_ssd(id));
         }
         if !s.remote.is_empty() {
             t += "\n[remote]\n";

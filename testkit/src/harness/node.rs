@@ -19,7 +19,12 @@ impl NodeProcess {
     /// socket accepts connections.
     pub fn spawn(exe: &Path, config: &Path, socket: &Path, log: &Path, timeout: Duration) -> Result<Self> {
         let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        // The harness waits on the node's "placement known" line
+        // (`LocalCluster::wait_placement`): keep it whatever level the
+        // caller's GRANARY_LOG asks for.
+        let filter = std::env::var("GRANARY_LOG").unwrap_or_else(|_| "info".into());
         let child = quiet_errors(&mut Command::new(exe))
+            .env("GRANARY_LOG", format!("{filter},granary_node::fabric::follow=info"))
             .arg("node")
             .arg("--config")
             .arg(config)

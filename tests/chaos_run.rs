@@ -9,7 +9,9 @@
 //! store). Every invariant must hold: each rank's batches equal the
 //! fault-free single-node reference, remote reads stay within what the
 //! schedule allows, the coordinator client's registrations and listings
-//! are linearizable, no log shows a panic or an internal error, every
+//! are linearizable, no node's memory goes over its budget (RAM tier and
+//! guest area smaller than a node's share, so chunks are evicted), no log
+//! shows a panic or an internal error, every
 //! process stops cleanly.
 //!
 //! Seeds 6 and 8 also guard a fix: a node killed and restarted while the
@@ -51,6 +53,11 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         // history was decided (not cut off by the checker's step bound).
         assert_eq!(r["lin"]["verdict"], "linearizable", "{r}");
         assert!(r["lin"]["acknowledged"].as_u64().unwrap_or(0) > 0, "{r}");
+        // Every node's memory was sampled and judged.
+        assert!(r["memory_budget"].as_u64().unwrap_or(0) > 0, "{r}");
+        for node in ["1", "2", "3"] {
+            assert!(r["memory"][node]["samples"].as_u64().unwrap_or(0) > 0, "{r}");
+        }
     }
     // A corrupt_ssd fault drawn before the node wrote a chunk to SSD
     // damages nothing; seed 5's comes late enough to damage some.

@@ -79,13 +79,19 @@ pub(crate) fn run(a: &RunArgs) -> Result<()> {
         }
     };
     let job = run::prepare(&cfg, &mut say)?;
+    let tiers = run::Tiers::for_job(&job);
     say(&format!(
-        "reference: {} ranks x {} epochs in {:.1} s; now {count} seed(s) on {} voters and {} nodes",
+        "reference: {} ranks x {} epochs in {:.1} s ({} MiB converted); now {count} seed(s) on {} voters and {} nodes \
+         (RAM tier {} MiB, guest area {} MiB, memory budget {} MiB each)",
         cfg.nodes * cfg.ranks_per_node,
         cfg.epochs,
         job.reference_secs,
+        job.converted_bytes >> 20,
         cfg.voters,
-        cfg.nodes
+        cfg.nodes,
+        tiers.ram_bytes >> 20,
+        tiers.guest_bytes >> 20,
+        tiers.memory_budget(&job) >> 20,
     ));
     let mut by_fault: BTreeMap<String, u64> = BTreeMap::new();
     let (mut violations, mut failed) = (0usize, 0u64);
@@ -164,7 +170,7 @@ fn print_seed(r: &SeedReport) {
     let verdict = if r.violations.is_empty() { "ok".to_string() } else { "FAILED".to_string() };
     let ends: Vec<String> = r.epoch_ends.iter().map(|s| format!("{s:.1}")).collect();
     println!(
-        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts, {} SSD chunks damaged; {}{noise}{store}{lin}",
+        "seed {}: {verdict} in {:.1} s (epochs end at {} s); remote reads {:.2}x the dataset (allowed {:.2}x), {} conversions, {} rank restarts, {} SSD chunks damaged, node memory at most {} of {} MiB; {}{noise}{store}{lin}",
         r.seed,
         r.secs,
         ends.join(", "),
@@ -173,6 +179,8 @@ fn print_seed(r: &SeedReport) {
         r.conversions,
         r.rank_restarts,
         r.ssd_damaged,
+        r.memory.values().map(|m| m.peak_footprint).max().unwrap_or(0) >> 20,
+        r.memory_budget >> 20,
         faults.join("; "),
     );
     for v in &r.violations {

@@ -30,11 +30,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use granary_proto::rng::{Rng, seed_of};
 use granary_testkit::datagen::{self, GenSpec};
 use granary_testkit::harness::{
-    ClusterCounters, LocalCluster, LocalClusterSpec, TrainerEvent, TrainerProcess, run_epoch, spawn_ranks,
+    ClusterCounters, LocalCluster, LocalClusterSpec, TrainerEvent, TrainerProcess, proc_memory, run_epoch, spawn_ranks,
 };
 use schedule::{Fault, Schedule, Target, VoterPick};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use store::{FaultStore, StoreCounts};
@@ -113,23 +113,57 @@ impl RunConfig {
             .into()
     }
 
-    fn spec(&self, nodes: u32, voters: u32, store: &FaultStore) -> LocalClusterSpec {
+    /// The cluster of the reference (`tiers` None: tiers that hold
+    /// everything) or of a seed (`tiers`: its RAM tier and guest area).
+    fn spec(&self, nodes: u32, voters: u32, store: &FaultStore, tiers: Option<Tiers>) -> LocalClusterSpec {
+        let tiers = tiers.unwrap_or(Tiers { ram_bytes: 512 << 20, guest_bytes: 512 << 20 });
         LocalClusterSpec {
             source: Some(format!("s3://{BUCKET}/{PREFIX}/")),
             remote: store.options(),
             voters,
             nodes,
-            ram_bytes: 512 << 20,
-            guest_bytes: 512 << 20,
+            ram_bytes: tiers.ram_bytes,
+            guest_bytes: tiers.guest_bytes,
             // An SSD tier: a killed node recovers from it, and it can be
             // damaged.
             ssd_bytes: Some(96 << 20),
             prefetch_bytes: 64 << 20,
-            loads: 2,
+            loads: LOADS,
             convert_threads: 1,
             throttle: Some((self.latency_ms, self.bandwidth)),
             lease_ms: self.lease_ms,
         }
+    }
+}
+
+/// Loads a node runs at once (`max_concurrent_loads`).
+const LOADS: usize = 2;
+
+/// A node's RAM tier and guest area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Tiers {
+    /// `ram_bytes`.
+    pub ram_bytes: u64,
+    /// `guest_bytes`.
+    pub guest_bytes: u64,
+}
+
+impl Tiers {
+    /// Tiers smaller than what a node sees of the job, so chunks are
+    /// evicted and the memory budget is tested near its edge: the RAM
+    /// tier holds half of the converted dataset (a node owns a third of
+    /// it), the guest area a quarter (a node reads two thirds from peers).
+    pub fn for_job(job: &Job) -> Self {
+        let floor = 8 << 20;
+        Tiers { ram_bytes: (job.converted_bytes / 2).max(floor), guest_bytes: (job.converted_bytes / 4).max(floor) }
+    }
+
+    /// A node's memory budget with these tiers (see
+    /// [`verdict::memory_budget`]): the node's loads in flight, chunks of
+    /// at most twice the average, and 96 MiB for the process.
+    pub fn memory_budget(&self, job: &Job) -> u64 {
+        let largest = 2 * job.converted_bytes.div_ceil(job.shards.max(1));
+        verdict::memory_budget(self.ram_bytes, self.guest_bytes, LOADS as u64, largest, 96 << 20)
     }
 }
 
@@ -162,6 +196,11 @@ pub struct Job {
     pub reference: BTreeMap<(u32, u64), String>,
     /// Seconds the reference took for all epochs.
     pub reference_secs: f64,
+    /// Bytes of the converted dataset (the reference node's chunk memory
+    /// at the end, every chunk in RAM).
+    pub converted_bytes: u64,
+    /// Shards (row groups) of the dataset.
+    pub shards: u64,
 }
 
 /// Generates the dataset and runs the reference: every rank of the job on
@@ -188,7 +227,7 @@ pub fn prepare(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Job> {
     let started = Instant::now();
     let rt = runtime()?;
     let store = rt.block_on(FaultStore::start(&store_root, 0))?;
-    let cluster = LocalCluster::start(&cfg.exe, &cfg.work.join("reference"), &data, cfg.spec(1, 1, &store))?;
+    let cluster = LocalCluster::start(&cfg.exe, &cfg.work.join("reference"), &data, cfg.spec(1, 1, &store, None))?;
     let sockets: Vec<PathBuf> = (0..cfg.world()).map(|_| cluster.socket(1)).collect();
     let (mut ranks, _) = spawn_ranks(&cfg.exe, &sockets, &cfg.trainer_args())?;
     let mut reference = BTreeMap::new();
@@ -199,12 +238,21 @@ pub fn prepare(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Job> {
             reference.insert((rank, epoch), d);
         }
     }
+    let converted_bytes = cluster.stats(1).context("reading the reference node's counters")?.chunk_memory_bytes;
     for t in ranks {
         t.finish(Duration::from_secs(30))?;
     }
     drop(cluster);
     drop(store);
-    Ok(Job { store_root, data, source_bytes: report.bytes, reference, reference_secs: started.elapsed().as_secs_f64() })
+    Ok(Job {
+        store_root,
+        data,
+        source_bytes: report.bytes,
+        reference,
+        reference_secs: started.elapsed().as_secs_f64(),
+        converted_bytes,
+        shards: cfg.rows.div_ceil(cfg.row_group_rows),
+    })
 }
 
 /// What one seed did and how it was judged.
@@ -243,6 +291,12 @@ pub struct SeedReport {
     pub relay_duplicated: u64,
     /// Voters a voter fault hit, in order ("leader" picks resolved).
     pub voters_hit: Vec<u64>,
+    /// Each node's RAM tier and guest area.
+    pub tiers: Tiers,
+    /// A node's memory budget.
+    pub memory_budget: u64,
+    /// Each node's largest sampled footprint.
+    pub memory: BTreeMap<u64, verdict::NodeMemory>,
     /// What broke an invariant; empty when the seed passed.
     pub violations: Vec<Violation>,
     /// Where its processes' logs are.
@@ -280,7 +334,9 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let schedule = schedule::draw(seed, cfg.target());
     let rt = runtime()?;
     let store = rt.block_on(FaultStore::start(&job.store_root, seed))?;
-    let mut cluster = LocalCluster::prepare(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters, &store))?;
+    let tiers = Tiers::for_job(job);
+    let mut cluster =
+        LocalCluster::prepare(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters, &store, Some(tiers)))?;
     let ids = cluster.node_ids();
     let mut relay_cfg = RelayConfig::new(seed, ids.iter().map(|&id| cluster.peer_listen(id)));
     relay_cfg.default_faults = link_faults(&schedule);
@@ -331,7 +387,9 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     actions.sort_by_key(|a| a.0);
     let mut actions = std::collections::VecDeque::from(actions);
 
-    let mut obs = Observed::default();
+    let mut obs = Observed { memory_budget: tiers.memory_budget(job), ..Observed::default() };
+    let mut stopped: BTreeSet<u64> = BTreeSet::new();
+    let mut sampled = Instant::now();
     let mut retired = ClusterCounters::default();
     let mut voters_hit: BTreeMap<usize, u64> = BTreeMap::new();
     let mut by_fault: BTreeMap<String, u64> = BTreeMap::new();
@@ -359,6 +417,12 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
             let fault = schedule.events[i].fault;
             if let Edge::Start = edge {
                 *by_fault.entry(fault.kind().to_string()).or_insert(0) += 1;
+            }
+            if let Fault::StopNode { node, .. } = fault {
+                match edge {
+                    Edge::Start => stopped.insert(node),
+                    Edge::End => stopped.remove(&node),
+                };
             }
             if let (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::Start) = (fault, edge) {
                 // The host goes down: its ranks first (killed on drop).
@@ -421,6 +485,12 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                         break;
                     }
                 }
+            }
+        }
+        if sampled.elapsed() >= MEMORY_SAMPLE_EVERY {
+            sampled = Instant::now();
+            for &id in ids.iter().filter(|id| !stopped.contains(id)) {
+                sample_memory(&cluster, id, &mut obs);
             }
         }
         if ranks.iter().all(|r| r.finished || r.lost) {
@@ -511,6 +581,9 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         conversions: total.conversions,
         rank_restarts,
         ssd_damaged: obs.ssd_damaged,
+        tiers,
+        memory_budget: obs.memory_budget,
+        memory: obs.memory.clone(),
         relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),
         relay_duplicated: links.map(|l| l.duplicated).sum(),
         voters_hit: voters_hit.into_values().collect(),
@@ -521,6 +594,17 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         violations,
         dir,
     })
+}
+
+/// How often the nodes' memory is sampled.
+const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(200);
+
+/// One memory sample of node `id` if it runs (a sample it cannot answer,
+/// as while it starts, is skipped).
+fn sample_memory(cluster: &LocalCluster, id: u64, obs: &mut Observed) {
+    let Some(pid) = cluster.node_pid(id) else { return };
+    let (Ok(mem), Ok(stats)) = (proc_memory(pid), cluster.stats(id)) else { return };
+    obs.memory.entry(id).or_default().sample(mem.rss_anon, mem.rss_file, stats.chunk_memory_bytes);
 }
 
 fn cluster_socket(dir: &Path, node: u64) -> PathBuf {

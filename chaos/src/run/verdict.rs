@@ -14,6 +14,10 @@
 //! - `linearizable`: the coordinator client's registrations and listings
 //!   fit a grow-only set in real-time order (no acknowledged write lost,
 //!   no read that goes back).
+//! - `memory`: no node's footprint (resident anonymous and file memory,
+//!   plus the chunk memory files it holds) ever sampled above its budget
+//!   (RAM tier and guest area plus a tenth, its loads in flight, and a
+//!   process allowance).
 //! - `log`: no process log holds a panic or an internal error.
 //! - `clean_stop`: every process stops cleanly at the end (ranks exit 0,
 //!   nodes and voters exit 0 after SIGTERM).
@@ -63,6 +67,45 @@ pub struct Observed {
     pub lin: Option<super::lin::LinReport>,
     /// Chunk entries damaged on SSD by the schedule.
     pub ssd_damaged: u64,
+    /// Each node's largest sampled footprint, over all its lives.
+    pub memory: BTreeMap<u64, NodeMemory>,
+    /// A node's memory budget in bytes (0: not judged).
+    pub memory_budget: u64,
+}
+
+/// A node's memory at its largest sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NodeMemory {
+    /// Resident anonymous + file memory + chunk memory files held.
+    pub peak_footprint: u64,
+    /// Resident anonymous memory at that sample.
+    pub rss_anon: u64,
+    /// Resident file-backed memory at that sample.
+    pub rss_file: u64,
+    /// Chunk memory files held at that sample (`NodeStats::chunk_memory_bytes`).
+    pub chunk_memory: u64,
+    /// Samples taken.
+    pub samples: u64,
+}
+
+impl NodeMemory {
+    /// Takes one sample into account.
+    pub fn sample(&mut self, rss_anon: u64, rss_file: u64, chunk_memory: u64) {
+        self.samples += 1;
+        let footprint = rss_anon + rss_file + chunk_memory;
+        if footprint > self.peak_footprint {
+            *self = NodeMemory { peak_footprint: footprint, rss_anon, rss_file, chunk_memory, samples: self.samples };
+        }
+    }
+}
+
+/// A node's memory budget: its RAM tier and guest area plus a tenth (the
+/// tiers' accounting is by chunk bytes, memory files round up to pages),
+/// `loads` chunks of at most `largest_chunk` bytes in flight, each up to
+/// three times its size while it is decoded, and `process` bytes for the
+/// process itself (code, runtime, QUIC, buffers).
+pub fn memory_budget(ram_bytes: u64, guest_bytes: u64, loads: u64, largest_chunk: u64, process: u64) -> u64 {
+    (ram_bytes + guest_bytes) / 10 * 11 + loads * 3 * largest_chunk + process
 }
 
 impl Observed {
@@ -141,6 +184,25 @@ pub fn judge(obs: &Observed, job: &Job, schedule: &Schedule, nodes: u32, epochs:
             )],
         );
     }
+    if obs.memory_budget > 0 {
+        let mut memory = Vec::new();
+        for node in 1..=u64::from(nodes) {
+            match obs.memory.get(&node) {
+                None => memory.push(format!("node {node}: never sampled")),
+                Some(m) if m.peak_footprint > obs.memory_budget => memory.push(format!(
+                    "node {node} held {} MiB (resident {} MiB anonymous + {} MiB file, {} MiB of chunk memory files) \
+                     over its budget of {} MiB",
+                    m.peak_footprint >> 20,
+                    m.rss_anon >> 20,
+                    m.rss_file >> 20,
+                    m.chunk_memory >> 20,
+                    obs.memory_budget >> 20
+                )),
+                Some(_) => {}
+            }
+        }
+        push("memory", memory);
+    }
     push("log", obs.log_hits.clone());
     push("clean_stop", obs.unclean.clone());
     out
@@ -154,7 +216,15 @@ mod tests {
 
     fn job() -> Job {
         let reference = (0..2u32).flat_map(|r| (0..2u64).map(move |e| ((r, e), format!("d{r}{e}")))).collect();
-        Job { store_root: "store".into(), data: "data".into(), source_bytes: 1000, reference, reference_secs: 1.0 }
+        Job {
+            store_root: "store".into(),
+            data: "data".into(),
+            source_bytes: 1000,
+            reference,
+            reference_secs: 1.0,
+            converted_bytes: 2000,
+            shards: 4,
+        }
     }
 
     fn schedule(faults: &[Fault]) -> Schedule {
@@ -194,6 +264,31 @@ mod tests {
         o.remote_bytes = 1000 + 667 + 60;
         assert_eq!(judge(&o, &job(), &schedule(&[kill]), 3, 2).len(), 1);
         assert!((remote_bound(&schedule(&[kill, voter]), 4) - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_node_over_its_memory_budget_is_named_and_an_unsampled_one_too() {
+        let mut o = clean();
+        o.memory_budget = 100 << 20;
+        let mut m = NodeMemory::default();
+        m.sample(30 << 20, 10 << 20, 50 << 20);
+        m.sample(20 << 20, 10 << 20, 10 << 20);
+        assert_eq!((m.peak_footprint, m.chunk_memory, m.samples), (90 << 20, 50 << 20, 2));
+        o.memory.insert(1, m);
+        o.memory.insert(2, m);
+        let v = judge(&o, &job(), &schedule(&[]), 2, 2);
+        assert_eq!(v, vec![]);
+        m.sample(40 << 20, 10 << 20, 60 << 20);
+        o.memory.insert(2, m);
+        let v = judge(&o, &job(), &schedule(&[]), 3, 2);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!(v[0].invariant, "memory");
+        assert_eq!(
+            v[0].detail,
+            "node 2 held 110 MiB (resident 40 MiB anonymous + 10 MiB file, 60 MiB of chunk memory files) over its budget of 100 MiB"
+        );
+        assert_eq!(v[1].detail, "node 3: never sampled");
+        assert_eq!(memory_budget(100, 0, 2, 10, 5), 110 + 60 + 5);
     }
 
     #[test]

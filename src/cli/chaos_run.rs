@@ -36,8 +36,9 @@ pub(crate) struct RunArgs {
     /// Fault events per seed at most.
     #[arg(long, default_value_t = 3)]
     max_faults: u32,
-    /// Keep every seed's folder (logs, configs) here instead of a
-    /// temporary folder that is removed at the end.
+    /// Keep every seed's folder (logs, configs; a passing seed's SSD files
+    /// are removed) here instead of a temporary folder that is removed at
+    /// the end.
     #[arg(long)]
     keep: Option<PathBuf>,
     /// One JSON line per seed, then a summary line.
@@ -107,10 +108,16 @@ pub(crate) fn run(a: &RunArgs) -> Result<()> {
         } else {
             print_seed(&r);
         }
-        if a.keep.is_none() && r.violations.is_empty() {
-            // Passing seeds leave nothing behind; failing ones keep their
-            // logs until the temporary folder goes.
-            let _ = std::fs::remove_dir_all(&r.dir);
+        if r.violations.is_empty() {
+            if a.keep.is_none() {
+                // Passing seeds leave nothing behind; failing ones keep
+                // their logs until the temporary folder goes.
+                let _ = std::fs::remove_dir_all(&r.dir);
+            } else {
+                // Kept, but without the nodes' SSD files (a soak of
+                // hundreds of seeds would fill the disk).
+                run::remove_ssd_files(&r.dir);
+            }
         }
     }
     let faults: u64 = by_fault.values().sum();

@@ -596,6 +596,17 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     })
 }
 
+/// Removes the SSD folders of a seed's nodes (`dir/node-*/ssd`), which
+/// hold most of its bytes; its logs stay.
+pub fn remove_ssd_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with("node-") {
+            let _ = std::fs::remove_dir_all(e.path().join("ssd"));
+        }
+    }
+}
+
 /// How often the nodes' memory is sampled.
 const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(200);
 

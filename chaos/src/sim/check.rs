@@ -14,9 +14,9 @@
 //!   the placement gives to another node which holds it, when the reader's
 //!   route met no failure: the fabric's whole point, one read per cluster;
 //! - `pair-reads`: two nodes that refused each other a shard (their
-//!   placements disagree) do not both read it from remote storage within
-//!   a fetch deadline: the refused one waits for the placement and takes
-//!   the chunk from the other;
+//!   placements disagree) do not both read it from remote storage after
+//!   the refusal, within a fetch deadline: the refused one waits for the
+//!   placement and takes the chunk from the other;
 //! - `calm-latency`: a request issued and answered away from every fault
 //!   takes at most two remote reads (at their slowest) and two seconds: no
 //!   load waits on a cycle of nodes or on a deadline when nothing failed;
@@ -191,7 +191,11 @@ impl Record {
         let recent = |t: Option<&Micros>| t.is_some_and(|&t| now.saturating_sub(t) <= window);
         for other in 0..self.nodes {
             let refused = |a: usize, b: usize| self.refused_at.get(&(a.min(b), a.max(b), shard));
-            if other != node && recent(refused(node, other)) && recent(self.read_at.get(&(other, shard))) {
+            // The other's read counts only if it came after the refusal: a
+            // read before it (seed 74680: in the other's former life,
+            // before a crash) is not one the refusal caused.
+            let read_after = |r: &Micros| self.read_at.get(&(other, shard)).is_some_and(|t| t >= r);
+            if other != node && recent(refused(node, other)) && refused(node, other).is_some_and(read_after) {
                 self.violate(
                     "pair-reads",
                     now,

@@ -177,10 +177,18 @@ pub fn run_watched(
             }
         }
         for (node, peer, shard) in std::mem::take(&mut rec.joins) {
-            // `peer` waits on `node`; follow whom each load asks.
+            // `peer` waits on `node`; follow whom each load waits on: the
+            // peer it asks, if that peer's load holds the request. A stream
+            // to a peer's former life (it restarted), or one not delivered
+            // yet, is no wait on a load (seed 2088 took a stopped node's
+            // stream to a restarted one for a cycle edge; its wait ends
+            // with the connection's idle timeout, and the join that
+            // delivers a stream is checked when it happens).
             let mut chain = vec![peer, node];
             let mut cur = node;
-            while let Some(next) = nodes[cur].asking_for(shard) {
+            while let Some(next) =
+                nodes[cur].asking_for(shard).filter(|&(p, stream)| nodes[p].serves(shard, cur, stream)).map(|(p, _)| p)
+            {
                 if next == peer {
                     rec.wait_cycle(w.now, shard, &chain);
                     break;

@@ -708,9 +708,15 @@ impl Node {
         self.held.keys().chain(self.loads.keys()).copied()
     }
 
-    /// The peer this node's load of `shard` asks now, if any.
-    pub fn asking_for(&self, shard: u32) -> Option<usize> {
-        self.loads.get(&shard).and_then(|l| l.asking.map(|(p, _)| p))
+    /// The peer this node's load of `shard` asks now, and on which stream.
+    pub fn asking_for(&self, shard: u32) -> Option<(usize, u64)> {
+        self.loads.get(&shard).and_then(|l| l.asking)
+    }
+
+    /// Whether this node's load of `shard` holds `peer`'s request on
+    /// `stream` (it joined it, so `peer` waits on this load).
+    pub fn serves(&self, shard: u32, peer: usize, stream: u64) -> bool {
+        self.loads.get(&shard).is_some_and(|l| l.waiters.contains(&Waiter::Peer(peer, stream)))
     }
 
     /// Whether an event for this node should wait (stopped), be dropped

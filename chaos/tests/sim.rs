@@ -95,3 +95,18 @@ fn seed_2088_a_stream_to_a_restarted_node_is_no_wait_cycle() {
     let o = sim::run(2088, false);
     assert!(o.violations.is_empty(), "{:?}", o.violations);
 }
+
+/// Found by the simulation: three nodes' loads of one shard waited on each
+/// other until the fetch deadline. One of them asked a former owner on a
+/// placement it knew was outdated (the newer one names it the owner). Such
+/// a load now stops asking and reads the shard here when a peer asking on
+/// the newer placement joins it, or when the newer placement arrives while
+/// a peer waits on it (`granary_node`'s single flight). Seed 184709 is the
+/// same race with two nodes (both read the shard).
+#[test]
+fn seeds_136349_and_184709_a_load_on_an_outdated_placement_is_no_link_in_a_wait_cycle() {
+    for seed in [136349, 184709] {
+        let o = sim::run(seed, false);
+        assert!(o.violations.is_empty(), "seed {seed}: {:?}", o.violations);
+    }
+}

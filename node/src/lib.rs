@@ -59,7 +59,7 @@ use granary_source::{dataset, remote};
 pub mod decide {
     pub use crate::fabric::route::{AskFailure, FooterAnswer, MAX_OWNERS_ASKED, Owner, Route, Step, answer_footer};
     pub use crate::fabric::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
-    pub use crate::flight::{Admission, Asker, InFlight, admit};
+    pub use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement};
 }
 
 pub use config::NodeConfig;

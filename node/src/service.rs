@@ -175,6 +175,23 @@ impl Node {
         self.describe(name)
     }
 
+    /// After a placement update: a load that a peer waits on, and that asks
+    /// a former owner of a shard the placement now gives this node, stops
+    /// asking and reads the shard here (`crate::flight`; the cluster's
+    /// follower calls this).
+    pub(crate) fn placement_changed(&self) {
+        let Some(c) = self.inner.cluster.get() else { return };
+        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, p) in inflight.iter() {
+            let owned_at = (c.placed_owner(key.version, key.shard) == Some(c.me())).then(|| c.owner_epoch(key.version));
+            let asking = *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner());
+            if crate::flight::reads_here_after_placement(asking, owned_at, p.asking.peer_waits.load(Ordering::Relaxed))
+            {
+                p.asking.read_here.notify_one();
+            }
+        }
+    }
+
     /// Marks the datasets of a placement as opened (the cluster's follower
     /// calls this).
     pub(crate) fn datasets_opened(&self) {
@@ -255,18 +272,21 @@ impl Node {
         self.inner.cluster.set(cluster).is_ok()
     }
 
-    /// A chunk for another node (at `requester`): like [`Node::chunk`], but
-    /// never forwarded to a third node (this node reads the shard itself if
-    /// it must), and refused at once while this node's own load of it is
-    /// asking `requester` (the two disagree about the owner).
+    /// A chunk for another node (at `requester`, which placement epoch
+    /// `epoch` told this node owns it): like [`Node::chunk`], but never
+    /// forwarded to a third node (this node reads the shard itself if it
+    /// must), and refused at once while this node's own load of it is
+    /// asking `requester` (the two disagree about the owner) or asking a
+    /// node an older placement named (see `crate::flight`).
     pub async fn chunk_for_peer(
         &self,
         version: DatasetVersion,
         shard: ShardId,
         requester: std::net::SocketAddr,
+        epoch: u64,
     ) -> Shared {
         self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        self.chunk_from(version, shard, Asker::Peer(requester)).await
+        self.chunk_from(version, shard, Asker::Peer { addr: requester, epoch }).await
     }
 
     /// A file's footer for another node: from memory, or read from remote
@@ -380,12 +400,20 @@ impl Node {
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 let pending = inflight.get(&key);
-                let seen = pending.map(|p| InFlight { asking: *p.asking.lock().unwrap_or_else(|p| p.into_inner()) });
+                let owned_here =
+                    self.inner.cluster.get().is_some_and(|c| c.placed_owner(key.version, key.shard) == Some(c.me()));
+                let seen = pending.map(|p| InFlight {
+                    asking: *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner()),
+                    owned_here,
+                });
                 let finished = || self.inner.tier.contains(key) || self.inner.guests.contains(key);
                 match (admit(seen, asker, finished, attempt < 2), pending) {
                     (Admission::Refuse, _) => return Err(Arc::new(FetchError::Forwarding { shard })),
                     (Admission::Join { promote }, Some(pending)) => {
                         self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
+                        if !asker.forwards() {
+                            pending.asking.peer_waits.store(true, Ordering::Relaxed);
+                        }
                         if promote {
                             // A load started for a later epoch is needed
                             // now: its guest copy becomes a regular one.
@@ -393,8 +421,15 @@ impl Node {
                         }
                         pending.rx.clone()
                     }
+                    (Admission::JoinAndConvert, Some(pending)) => {
+                        self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
+                        pending.wanted_now.store(true, Ordering::Relaxed);
+                        pending.asking.peer_waits.store(true, Ordering::Relaxed);
+                        pending.asking.read_here.notify_one();
+                        pending.rx.clone()
+                    }
                     (Admission::LookAgain, _) => continue,
-                    (Admission::Start | Admission::Join { .. }, _) => {
+                    (Admission::Start | Admission::Join { .. } | Admission::JoinAndConvert, _) => {
                         self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                         let (tx, rx) = watch::channel(None);
                         let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
@@ -493,10 +528,22 @@ impl Node {
                 Step::ReadRemote => break,
                 Step::Ask { owner, within } => {
                     let c = &self.inner.counters;
-                    *asking.lock().unwrap_or_else(|p| p.into_inner()) = Some(owner.addr);
-                    let fetched =
-                        cluster.link().fetch(owner.addr, key.version, key.shard, expected_len as u64, within).await;
-                    *asking.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(crate::flight::Asked { addr: owner.addr, epoch: owner.epoch });
+                    let fetched = tokio::select! {
+                        fetched = cluster
+                            .link()
+                            .fetch(owner.addr, owner.epoch, key.version, key.shard, expected_len as u64, within) =>
+                            Some(fetched),
+                        () = asking.read_here.notified() => None,
+                    };
+                    *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    let Some(fetched) = fetched else {
+                        tracing::info!(shard = %key.shard, owner = %owner.node,
+                            "the placement moved the shard here while asking its former owner; reading it here");
+                        route.handle_owned_here();
+                        continue;
+                    };
                     match fetched {
                         Ok(chunk) => {
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
@@ -609,8 +656,20 @@ struct Pending {
     asking: Asking,
 }
 
-/// The peer address a load is fetching from at the moment.
-type Asking = Arc<std::sync::Mutex<Option<std::net::SocketAddr>>>;
+/// What a load is asking right now, shared with the admission.
+type Asking = Arc<AskingState>;
+
+#[derive(Default)]
+struct AskingState {
+    /// The peer the load is fetching from at the moment, and the placement
+    /// epoch that named it.
+    asked: std::sync::Mutex<Option<crate::flight::Asked>>,
+    /// Whether a peer's request waits on the load.
+    peer_waits: std::sync::atomic::AtomicBool,
+    /// Told when a newer asker joined and this node owns the shard now
+    /// ([`Admission::JoinAndConvert`]): stop asking, read it here.
+    read_here: tokio::sync::Notify,
+}
 
 /// Removes a shard from the in-flight map when dropped.
 struct InflightGuard<'a> {

@@ -87,7 +87,8 @@ fn link(f: &Fixture, name: &str) -> PeerLink {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
     let f = start().await;
-    let buf = link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    let buf =
+        link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
     let view = ChunkView::parse(buf.bytes(), granary_proto::chunk::Verify::Full).expect("valid");
     assert_eq!(view.header().shard, f.shard);
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
@@ -96,14 +97,14 @@ async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
 
     // A trainer's certificate is refused; the error names the peer.
     let err = link(&f, "trainer")
-        .fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10))
+        .fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10))
         .await
         .expect_err("refused");
     assert!(err.to_string().contains(&f.addr.to_string()), "{err}");
 
     // An unknown shard is a clear refusal, not a hang.
     let bad = ShardId { file: 9, row_group: 9 };
-    match link(&f, "node").fetch(f.addr, f.version, bad, f.len, Duration::from_secs(10)).await {
+    match link(&f, "node").fetch(f.addr, 0, f.version, bad, f.len, Duration::from_secs(10)).await {
         Err(PeerError::Refused { kind: ErrorKind::BadRequest, .. }) => {}
         other => panic!("unknown shard: {other:?}"),
     }
@@ -131,7 +132,7 @@ async fn a_malformed_request_is_answered_with_bad_request() {
         assert!(matches!(resp, PeerResponse::Failed { kind: ErrorKind::BadRequest, .. }), "{resp:?}");
     }
     // Still serving.
-    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A peer with a node certificate that reads each request and answers it
@@ -182,7 +183,7 @@ async fn a_corrupt_chunk_from_a_peer_is_rejected() {
             let _ = send.finish();
         }
     });
-    match link(&f, "node").fetch(evil_addr, f.version, f.shard, f.len, Duration::from_secs(10)).await {
+    match link(&f, "node").fetch(evil_addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await {
         Err(PeerError::Corrupt { addr, shard, .. }) => {
             assert_eq!((addr, shard), (evil_addr, f.shard));
         }
@@ -202,7 +203,7 @@ async fn a_peer_announcing_another_chunk_length_is_refused_before_memory_is_comm
     });
     let before = granary_node::live_chunk_bytes();
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(liar, f.version, f.shard, f.len, Duration::from_secs(20)).await {
+    match link(&f, "node").fetch(liar, 0, f.version, f.shard, f.len, Duration::from_secs(20)).await {
         Err(PeerError::Corrupt { addr, shard, corruption: Corruption::Length { announced, expected } }) => {
             assert_eq!((addr, shard), (liar, f.shard));
             assert_eq!((announced, expected), (3u64 << 30, f.len));
@@ -225,13 +226,13 @@ async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     });
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(stall_addr, f.version, f.shard, f.len, Duration::from_millis(500)).await {
+    match link(&f, "node").fetch(stall_addr, 0, f.version, f.shard, f.len, Duration::from_millis(500)).await {
         Err(PeerError::Timeout { addr, shard, .. }) => assert_eq!((addr, shard), (stall_addr, f.shard)),
         other => panic!("a stalled transfer returned {:?}", other.map(|b| b.len())),
     }
     assert!(started.elapsed() < Duration::from_secs(5), "the deadline bounds the fetch");
     // The honest peer still serves through the same link.
-    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A peer that dies mid-transfer (its connection closes after part of a
@@ -259,7 +260,7 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
             }
         });
         let started = std::time::Instant::now();
-        match link(&f, "node").fetch(bad_addr, f.version, f.shard, f.len, Duration::from_secs(20)).await {
+        match link(&f, "node").fetch(bad_addr, 0, f.version, f.shard, f.len, Duration::from_secs(20)).await {
             Err(PeerError::Transfer { addr, shard, fault }) => {
                 assert_eq!((addr, shard), (bad_addr, f.shard), "{fault}");
                 // The header cut short ends the stream; the dead process
@@ -277,7 +278,7 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
         }
         assert!(started.elapsed() < Duration::from_secs(5), "failed at once, not at the deadline");
     }
-    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// The owner cannot be reached, the placement does not move the shard, and
@@ -469,7 +470,7 @@ async fn a_stream_that_never_sends_its_request_is_ended_by_the_server() {
     assert!(ended.is_ok(), "the server still holds the stream after 30 s");
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(9) && waited < Duration::from_secs(20), "ended after {waited:?}");
-    link(&f, "node").fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// Two nodes whose placements disagree (each believes the other owns a
@@ -544,8 +545,8 @@ async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
     let l = link(&f, "node");
     let deadline = Duration::from_secs(60);
     let (a, b) = tokio::join!(
-        l.fetch(silent, f.version, f.shard, f.len, deadline),
-        l.fetch(mid_chunk, f.version, f.shard, f.len, deadline)
+        l.fetch(silent, 0, f.version, f.shard, f.len, deadline),
+        l.fetch(mid_chunk, 0, f.version, f.shard, f.len, deadline)
     );
     let mid = format!("chunk bytes: nothing came after 512 of {len} bytes");
     for (result, addr, during) in
@@ -563,7 +564,7 @@ async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
     let took = started.elapsed();
     assert!(took >= PEER_STALL_TIMEOUT && took < PEER_STALL_TIMEOUT + Duration::from_secs(3), "{took:?}");
     // The link still fetches from the honest owner.
-    l.fetch(f.addr, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    l.fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A UDP relay on loopback in front of `to` that forwards datagrams both
@@ -631,7 +632,7 @@ async fn an_owner_whose_host_vanishes_mid_chunk_is_taken_for_gone_not_stalled() 
         cut.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(relay.addr, f.version, f.shard, f.len, Duration::from_secs(60)).await {
+    match link(&f, "node").fetch(relay.addr, 0, f.version, f.shard, f.len, Duration::from_secs(60)).await {
         Err(PeerError::Transfer { addr, shard, fault }) => {
             assert_eq!((addr, shard), (relay.addr, f.shard), "{fault}");
             assert!(matches!(fault, LinkFault::Gone(_)), "a cut-off owner is gone, not stalled: {fault}");
@@ -663,8 +664,10 @@ async fn an_owner_sending_slowly_but_steadily_is_not_taken_for_stalled() {
         }
     });
     let started = std::time::Instant::now();
-    let chunk =
-        link(&f, "node").fetch(slow, f.version, f.shard, f.len, Duration::from_secs(60)).await.expect("the slow chunk");
+    let chunk = link(&f, "node")
+        .fetch(slow, 0, f.version, f.shard, f.len, Duration::from_secs(60))
+        .await
+        .expect("the slow chunk");
     assert!(started.elapsed() > PEER_STALL_TIMEOUT, "the transfer took longer than the stall timeout");
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
     assert_eq!(chunk.bytes(), local.bytes());
@@ -686,7 +689,7 @@ async fn bytes_past_the_announced_chunk_are_not_taken() {
         }
     });
     let chunk =
-        link(&f, "node").fetch(chatty, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("the chunk");
+        link(&f, "node").fetch(chatty, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("the chunk");
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
     assert_eq!(chunk.bytes(), local.bytes());
 }
@@ -729,8 +732,8 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     let started = std::time::Instant::now();
     let deadline = Duration::from_secs(60);
     let (a, b) = tokio::join!(
-        l.fetch(slow, f.version, f.shard, f.len, deadline),
-        l.fetch(owner_addr, f.version, f.shard, f.len, deadline)
+        l.fetch(slow, 0, f.version, f.shard, f.len, deadline),
+        l.fetch(owner_addr, 0, f.version, f.shard, f.len, deadline)
     );
     let (a, b) = (a.expect("the scripted slow owner's chunk"), b.expect("the slow node's chunk"));
     assert_eq!(a.bytes(), b.bytes());
@@ -769,6 +772,54 @@ async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_plac
     assert!(took < PEER_STALL_TIMEOUT + Duration::from_secs(3), "no wait for placement: {took:?}");
     let s = node2.stats();
     assert_eq!((s.peer_failures, s.conversions), (1, 1), "{s:?}");
+}
+
+/// A load asking a former owner on an old placement, when a peer asks for
+/// the shard on a newer placement that names this node the owner, stops
+/// asking and reads the shard here, and the peer gets it at once (found by
+/// `granary chaos sim`, seed 136349: such loads closed a wait cycle of
+/// three nodes). The former owner here is alive and slow: it says
+/// "working" every second and never answers, so without the rule the load
+/// and the peer would wait for the fetch deadline (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_on_an_outdated_placement_reads_the_shard_here_for_a_peer_on_the_newer_one() {
+    let f = start().await;
+    let slow = fake_peer(&f, |_, mut send| async move {
+        loop {
+            if send.write_all(&working_frame()).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
+    let node2 = Node::start(&cfg).await.expect("node 2");
+    let fabric = FabricConfig {
+        fetch_deadline: Duration::from_secs(60),
+        reroute_wait: Duration::from_secs(60),
+        ..FabricConfig::default()
+    };
+    let cluster = std::sync::Arc::new(Cluster::new(NodeId(2), link(&f, "node"), fabric));
+    let owned_by = |n: u64| std::iter::once((f.version, std::iter::once((f.shard, NodeId(n))).collect())).collect();
+    let addrs: std::collections::HashMap<_, _> = [(NodeId(9), slow), (NodeId(2), local())].into_iter().collect();
+    cluster.apply_placement(1, addrs.clone(), owned_by(9));
+    assert!(node2.join_cluster(cluster.clone()));
+    let started = std::time::Instant::now();
+    let trainer = {
+        let node2 = node2.clone();
+        let (v, s) = (f.version, f.shard);
+        tokio::spawn(async move { node2.chunk(v, s).await })
+    };
+    // The load asks node 9; then placement 2 gives the shard to node 2.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.apply_placement(2, addrs, owned_by(2));
+    let peer = node2.chunk_for_peer(f.version, f.shard, local(), 2).await.expect("the peer's copy");
+    let mine = trainer.await.expect("task").expect("the trainer's copy");
+    let took = started.elapsed();
+    assert_eq!(peer.bytes(), mine.bytes());
+    assert!(took < Duration::from_secs(10), "no wait for the deadline: {took:?}");
+    let s = node2.stats();
+    assert_eq!(s.conversions, 1, "{s:?}");
 }
 
 /// A footer fetch never waits behind chunk fetches to the same peer: with
@@ -818,7 +869,7 @@ async fn a_footer_fetch_does_not_wait_behind_chunk_fetches_to_the_same_peer() {
     let mut chunks = Vec::new();
     for _ in 0..FabricConfig::default().max_fetches_per_peer {
         let (l, v, s, n) = (l.clone(), f.version, f.shard, f.len);
-        chunks.push(tokio::spawn(async move { l.fetch(owner, v, s, n, Duration::from_secs(60)).await }));
+        chunks.push(tokio::spawn(async move { l.fetch(owner, 0, v, s, n, Duration::from_secs(60)).await }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = std::time::Instant::now();

@@ -56,6 +56,12 @@ mod defs {
             version: DatasetVersion,
             /// Shard.
             shard: ShardId,
+            /// The placement epoch that named the asked node the owner. The
+            /// owner joins the request to a load of its own that is asking
+            /// another node only if that load's owner came from an epoch at
+            /// least as new, so no cycle of waiting loads can form (see
+            /// `granary_node`'s single flight).
+            placement_epoch: u64,
         },
         /// Send the Parquet footer of file `file` (its index in the
         /// manifest) of `version`: asked of the owner of the file's first
@@ -103,7 +109,11 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        let r = PeerRequest::FetchChunk { version: DatasetVersion([3; 16]), shard: ShardId { file: 1, row_group: 2 } };
+        let r = PeerRequest::FetchChunk {
+            version: DatasetVersion([3; 16]),
+            shard: ShardId { file: 1, row_group: 2 },
+            placement_epoch: u64::MAX,
+        };
         assert_eq!(decode::<PeerRequest>(&encode(&r)).expect("decode"), r);
         let f = PeerRequest::FetchFooter { version: DatasetVersion([4; 16]), file: 7 };
         assert_eq!(decode::<PeerRequest>(&encode(&f)).expect("decode"), f);

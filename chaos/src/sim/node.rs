@@ -13,7 +13,8 @@
 use super::check::Record;
 use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
 use granary_node::decide::{
-    Admission, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
+    Admission, Asked, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
+    reads_here_after_placement,
 };
 use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
 use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
@@ -88,8 +89,9 @@ struct Load {
     shard: u32,
     route: Route,
     started: Micros,
-    /// The stream asking an owner now.
-    asking: Option<(usize, u64)>,
+    /// The owner asked now: (peer, stream, the placement epoch that named
+    /// it).
+    asking: Option<(usize, u64, u64)>,
     /// Owners asked.
     asks: usize,
     waiters: Vec<Waiter>,
@@ -280,9 +282,9 @@ impl Node {
                     self.drive(w, rec, shard);
                 }
             }
-            Msg::Ask { stream, shard } => {
+            Msg::Ask { stream, shard, epoch } => {
                 if let Addr::Node(p) = from {
-                    self.asked(w, rec, p, stream, shard);
+                    self.asked(w, rec, p, stream, shard, epoch);
                 }
             }
             Msg::Working { stream } => {
@@ -319,6 +321,22 @@ impl Node {
                 self.drive(w, rec, shard);
             }
         }
+        // Loads a peer waits on that ask a former owner of a shard this
+        // node owns now: they read it here (see `granary_node`'s single
+        // flight).
+        let loads: Vec<u32> = self.loads.keys().copied().collect();
+        for shard in loads {
+            let owned_at = (self.owners.get(shard as usize).copied().flatten() == Some(self.idx)).then_some(epoch);
+            let Some(load) = self.loads.get_mut(&shard) else { continue };
+            let asking = load.asking.map(|(p, _, e)| Asked { addr: addr_of(p), epoch: e });
+            let peer_waits = load.waiters.iter().any(|w| matches!(w, Waiter::Peer(..)));
+            if reads_here_after_placement(asking, owned_at, peer_waits) {
+                w.log(format_args!("n{} leaves its ask for s{shard}: it owns it at epoch {epoch}", self.idx));
+                load.asking = None;
+                load.route.handle_owned_here();
+                self.drive(w, rec, shard);
+            }
+        }
         // The trainer starts once the placement covers every node (as a
         // deployment waits for the cluster to form), or after 5 s.
         let owners: BTreeSet<usize> = self.owners.iter().flatten().copied().collect();
@@ -339,7 +357,9 @@ impl Node {
 
     fn owner_of(&self, shard: u32) -> Option<Owner> {
         match self.owners.get(shard as usize).copied().flatten() {
-            Some(o) if o != self.idx => Some(Owner { node: NodeId(o as u64 + 1), addr: addr_of(o) }),
+            Some(o) if o != self.idx => {
+                Some(Owner { node: NodeId(o as u64 + 1), addr: addr_of(o), epoch: self.placement_epoch })
+            }
             _ => None,
         }
     }
@@ -456,23 +476,28 @@ impl Node {
             }
             self.in_flight.insert(req, shard);
             rec.issued_for(self.idx, shard, req, w.now);
-            self.request(w, rec, shard, Waiter::Trainer(req));
+            self.request(w, rec, shard, Waiter::Trainer(req), 0);
         }
     }
 
-    /// A request for `shard` from the trainer or a peer.
-    fn request(&mut self, w: &mut World, rec: &mut Record, shard: u32, waiter: Waiter) {
+    /// A request for `shard` from the trainer or a peer (which placement
+    /// epoch `epoch` told this node owns it).
+    fn request(&mut self, w: &mut World, rec: &mut Record, shard: u32, waiter: Waiter, epoch: u64) {
         if self.held.contains_key(&shard) {
             self.hand(w, rec, shard, waiter, checksum(shard));
             return;
         }
         let asker = match waiter {
             Waiter::Trainer(_) => Asker::Trainer,
-            Waiter::Peer(p, _) => Asker::Peer(addr_of(p)),
+            Waiter::Peer(p, _) => Asker::Peer { addr: addr_of(p), epoch },
         };
-        let pending = self.loads.get(&shard).map(|l| InFlight { asking: l.asking.map(|(p, _)| addr_of(p)) });
+        let owned_here = self.owners.get(shard as usize).copied().flatten() == Some(self.idx);
+        let pending = self
+            .loads
+            .get(&shard)
+            .map(|l| InFlight { asking: l.asking.map(|(p, _, epoch)| Asked { addr: addr_of(p), epoch }), owned_here });
         match admit(pending, asker, || false, true) {
-            Admission::Join { .. } => {
+            admission @ (Admission::Join { .. } | Admission::JoinAndConvert) => {
                 if let Some(l) = self.loads.get_mut(&shard) {
                     l.waiters.push(waiter);
                 }
@@ -480,11 +505,29 @@ impl Node {
                     rec.joined(self.idx, p, shard);
                 }
                 self.serve_progress(w, waiter);
+                if admission == Admission::JoinAndConvert
+                    && let Some(l) = self.loads.get_mut(&shard)
+                {
+                    w.log(format_args!(
+                        "n{} leaves its ask for s{shard} (epoch {}): it owns it at epoch {}, asked on epoch {epoch}",
+                        self.idx,
+                        l.asking.map_or(0, |a| a.2),
+                        self.placement_epoch
+                    ));
+                    l.asking = None;
+                    l.route.handle_owned_here();
+                    self.drive(w, rec, shard);
+                }
             }
             Admission::Refuse => {
                 if let Waiter::Peer(p, stream) = waiter {
                     rec.refused(self.idx, p, shard, w.now);
-                    w.log(format_args!("n{} refuses s{shard} to n{p}: its load asks n{p}", self.idx));
+                    let (q, e) =
+                        pending.and_then(|l| l.asking).map_or((usize::MAX, 0), |a| (index_of(a.addr), a.epoch));
+                    w.log(format_args!(
+                        "n{} refuses s{shard} to n{p} (epoch {epoch}): its load asks n{q} (epoch {e})",
+                        self.idx
+                    ));
                     self.send(w, Addr::Node(p), Msg::Refused { stream });
                 }
             }
@@ -533,12 +576,12 @@ impl Node {
                 load.asks += 1;
                 rec.asked(self.idx, shard, load.asks, w.now, load.started);
                 let stream = rec.new_stream();
-                load.asking = Some((peer, stream));
+                load.asking = Some((peer, stream, owner.epoch));
                 let clock = StallClock::new(now, PEER_STALL_TIMEOUT);
                 let stall_at = w.micros(clock.deadline()) - w.now;
                 self.asks.insert(stream, Ask { load: load.id, peer, clock, probe: None });
                 w.log(format_args!("n{} asks n{peer} for s{shard} (stream {stream})", self.idx));
-                self.send(w, Addr::Node(peer), Msg::Ask { stream, shard });
+                self.send(w, Addr::Node(peer), Msg::Ask { stream, shard, epoch: owner.epoch });
                 w.timer(self.idx, self.life, stall_at, Timer::Stall(stream));
                 // The connection closes once it has heard nothing for the
                 // idle timeout, and the stream with it.
@@ -580,8 +623,8 @@ impl Node {
     }
 
     /// A peer asks for `shard` on `stream`.
-    fn asked(&mut self, w: &mut World, rec: &mut Record, peer: usize, stream: u64, shard: u32) {
-        self.request(w, rec, shard, Waiter::Peer(peer, stream));
+    fn asked(&mut self, w: &mut World, rec: &mut Record, peer: usize, stream: u64, shard: u32, epoch: u64) {
+        self.request(w, rec, shard, Waiter::Peer(peer, stream), epoch);
     }
 
     /// An owner answered `stream`: a chunk with checksum `sum`, or a
@@ -626,7 +669,7 @@ impl Node {
         let Some(shard) = self.load_by_id(ask.load) else { return };
         let failure = error(shard_id(shard)).as_ask_failure();
         let Some(load) = self.loads.get_mut(&shard) else { return };
-        if load.asking.map(|(_, s)| s) != Some(stream) {
+        if load.asking.map(|(_, s, _)| s) != Some(stream) {
             return;
         }
         w.log(format_args!("n{} ask of n{} for s{shard} failed: {failure:?}", self.idx, ask.peer));
@@ -710,7 +753,7 @@ impl Node {
 
     /// The peer this node's load of `shard` asks now, and on which stream.
     pub fn asking_for(&self, shard: u32) -> Option<(usize, u64)> {
-        self.loads.get(&shard).and_then(|l| l.asking)
+        self.loads.get(&shard).and_then(|l| l.asking).map(|(p, stream, _)| (p, stream))
     }
 
     /// Whether this node's load of `shard` holds `peer`'s request on

@@ -77,6 +77,8 @@ pub enum Msg {
         stream: u64,
         /// The shard.
         shard: u32,
+        /// The placement epoch that named the asked node the owner.
+        epoch: u64,
     },
     /// Owner to asker: still working on the stream's chunk.
     Working {

@@ -7,7 +7,7 @@ use super::owners::{Cluster, PlacementMap};
 use crate::service::Node;
 use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
-use granary_proto::ShardId;
+use granary_proto::{DatasetVersion, ShardId};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -42,6 +42,14 @@ async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &Pl
         }
     }
     all
+}
+
+/// Keeps the owners last known for `version` (and their epoch) in `map`.
+fn keep_owners(map: &mut PlacementMap, cluster: &Cluster, version: DatasetVersion) {
+    if let Some((epoch, owners)) = cluster.owners_of(version) {
+        map.owners.insert(version, owners);
+        map.owner_epochs.insert(version, epoch);
+    }
 }
 
 /// Keeps `cluster` current: on every view from the placement watch, opens
@@ -82,18 +90,19 @@ pub async fn follow_placement(
                             .map(|&(file, row_group, owner)| (ShardId { file, row_group }, owner))
                             .collect();
                         map.owners.insert(*version, owners);
+                        map.owner_epochs.insert(*version, report.placement_epoch);
                     }
                     // Keep what was known for this version (a slightly old
                     // owner still serves; no owner at all would make this
                     // node read every shard itself) and ask again soon.
                     Ok((_, other)) => {
                         tracing::debug!(dataset = %name, "placement not current yet: {other:?}");
-                        map.owners.extend(cluster.owners_of(*version).map(|o| (*version, o)));
+                        keep_owners(&mut map, &cluster, *version);
                         retry = true;
                     }
                     Err(e) => {
                         tracing::warn!(dataset = %name, "cannot read placement; keeping the last known owners: {e}");
-                        map.owners.extend(cluster.owners_of(*version).map(|o| (*version, o)));
+                        keep_owners(&mut map, &cluster, *version);
                         retry = true;
                     }
                 }
@@ -105,6 +114,7 @@ pub async fn follow_placement(
                 "placement known"
             );
             cluster.replace(map);
+            node.placement_changed();
         }
         if retry {
             tokio::select! {

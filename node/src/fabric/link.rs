@@ -107,6 +107,7 @@ impl PeerLink {
     pub async fn fetch(
         &self,
         addr: SocketAddr,
+        placement_epoch: u64,
         version: DatasetVersion,
         shard: ShardId,
         expected_len: u64,
@@ -116,7 +117,7 @@ impl PeerLink {
             let slot = self.slot(addr);
             let _permit = slot.acquire().await.map_err(|_| PeerError::Connect { addr, fault: LinkFault::Closed })?;
             let conn = self.connection(addr).await?;
-            let result = self.exchange(&conn, addr, version, shard, expected_len).await;
+            let result = self.exchange(&conn, addr, placement_epoch, version, shard, expected_len).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
                 self.conns.forget(addr);
             }
@@ -179,6 +180,7 @@ impl PeerLink {
         &self,
         conn: &quinn::Connection,
         addr: SocketAddr,
+        placement_epoch: u64,
         version: DatasetVersion,
         shard: ShardId,
         expected_len: u64,
@@ -195,7 +197,9 @@ impl PeerLink {
             StreamError::Failed(fault) => transfer(fault),
         };
         let (response, mut recv) =
-            match ask(conn, &PeerRequest::FetchChunk { version, shard }, self.config.stall_timeout).await {
+            match ask(conn, &PeerRequest::FetchChunk { version, shard, placement_epoch }, self.config.stall_timeout)
+                .await
+            {
                 Ok(answer) => answer,
                 Err(e) => return Err(failed(e).await),
             };

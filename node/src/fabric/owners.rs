@@ -29,6 +29,10 @@ pub(crate) struct PlacementMap {
     pub(crate) epoch: u64,
     pub(crate) addrs: HashMap<NodeId, SocketAddr>,
     pub(crate) owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+    /// The placement epoch each version's owners were read at (the
+    /// coordinator's answer can be newer than the watch's view, or older
+    /// when the last known owners were kept).
+    pub(crate) owner_epochs: HashMap<DatasetVersion, u64>,
 }
 
 impl Cluster {
@@ -48,14 +52,16 @@ impl Cluster {
         &self.config
     }
 
-    /// The live owner of `shard`, when it is another node.
+    /// The live owner of `shard`, when it is another node, with the
+    /// placement epoch that named it.
     pub fn owner(&self, version: DatasetVersion, shard: ShardId) -> Option<Owner> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         let owner = *map.owners.get(&version)?.get(&shard)?;
         if owner == self.me {
             return None;
         }
-        map.addrs.get(&owner).map(|a| Owner { node: owner, addr: *a })
+        let epoch = map.owner_epochs.get(&version).copied().unwrap_or(map.epoch);
+        map.addrs.get(&owner).map(|a| Owner { node: owner, addr: *a, epoch })
     }
 
     /// The owner the placement gives `shard`, whichever node it is (this
@@ -74,9 +80,18 @@ impl Cluster {
         self.map.read().unwrap_or_else(|p| p.into_inner()).epoch
     }
 
-    /// The owners last known for `version`.
-    pub(crate) fn owners_of(&self, version: DatasetVersion) -> Option<HashMap<ShardId, NodeId>> {
-        self.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version).cloned()
+    /// The placement epoch the owners of `version` were read at.
+    pub(crate) fn owner_epoch(&self, version: DatasetVersion) -> u64 {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.owner_epochs.get(&version).copied().unwrap_or(map.epoch)
+    }
+
+    /// The owners last known for `version`, and the epoch they were read
+    /// at.
+    pub(crate) fn owners_of(&self, version: DatasetVersion) -> Option<(u64, HashMap<ShardId, NodeId>)> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let owners = map.owners.get(&version)?.clone();
+        Some((map.owner_epochs.get(&version).copied().unwrap_or(map.epoch), owners))
     }
 
     pub(crate) fn replace(&self, map: PlacementMap) {
@@ -94,7 +109,8 @@ impl Cluster {
         addrs: HashMap<NodeId, SocketAddr>,
         owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
     ) {
-        self.replace(PlacementMap { epoch, addrs, owners });
+        let owner_epochs = owners.keys().map(|&v| (v, epoch)).collect();
+        self.replace(PlacementMap { epoch, addrs, owners, owner_epochs });
     }
 
     /// Waits until the owner of `shard` is no longer `failed` (a newer

@@ -47,6 +47,9 @@ pub struct Owner {
     pub node: NodeId,
     /// Where it serves peers.
     pub addr: SocketAddr,
+    /// The placement epoch that named it (a peer's request carries it; see
+    /// `crate::flight`).
+    pub epoch: u64,
 }
 
 /// What the shell does next for a load.
@@ -204,6 +207,18 @@ impl Route {
         }
     }
 
+    /// While an owner was being asked, this node learned a placement that
+    /// names this node the owner, and a peer that asked for the shard on
+    /// that newer placement joined the load (single flight's
+    /// [`crate::flight::Admission::JoinAndConvert`]): stop asking and read
+    /// it here. Only while asking; out of turn it changes nothing.
+    pub fn handle_owned_here(&mut self) {
+        if let State::Asking(owner) = self.state {
+            self.tried.push(format!("{}: left, the placement moved the shard to this node", owner.node));
+            self.state = State::Remote;
+        }
+    }
+
     /// The placement did not move the shard within the wait.
     pub fn handle_not_moved(&mut self) {
         if let State::Awaiting(_) = self.state {
@@ -269,8 +284,20 @@ mod tests {
     const DEADLINE: Duration = Duration::from_secs(30);
     const REROUTE: Duration = Duration::from_secs(10);
 
+    #[test]
+    fn a_load_told_the_shard_is_its_own_now_stops_asking_and_reads_it_here() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, Some(owner(2)), DEADLINE, REROUTE);
+        // Out of turn (not asking yet): nothing changes.
+        r.handle_owned_here();
+        assert!(matches!(r.poll(t0), Step::Ask { .. }));
+        r.handle_owned_here();
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        assert_eq!(r.tried().len(), 1, "{:?}", r.tried());
+    }
+
     fn owner(n: u64) -> Owner {
-        Owner { node: NodeId(n), addr: SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16)) }
+        Owner { node: NodeId(n), addr: SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16)), epoch: 1 }
     }
 
     fn ask(o: Owner, within: Duration) -> Step {

@@ -2,7 +2,8 @@
 //! [`PeerRequest`] per stream, and sends the chunk bytes as stored, from
 //! the tier or from one load (single flight with local requests). A peer's
 //! request is never forwarded, and is answered at once when it meets a load
-//! of this node that is asking that peer, so two nodes that disagree about
+//! of this node that is asking that peer, or asking a node an older
+//! placement named (`crate::flight`), so nodes that disagree about
 //! placement cannot chase or wait on each other. While the answer is
 //! produced, a progress frame goes out every progress interval, so the
 //! requester can tell a slow owner from a stalled one.
@@ -148,8 +149,8 @@ async fn serve_stream(
         .await
         .map_err(|_| format!("no complete request within {request_timeout:?}"))?
         .map_err(|e| format!("request body: {e}"))?;
-    let (version, shard) = match decode::<PeerRequest>(&body) {
-        Ok(PeerRequest::FetchChunk { version, shard }) => (version, shard),
+    let (version, shard, epoch) = match decode::<PeerRequest>(&body) {
+        Ok(PeerRequest::FetchChunk { version, shard, placement_epoch }) => (version, shard, placement_epoch),
         Ok(PeerRequest::FetchFooter { version, file }) => {
             match with_progress(config, &mut send, node.footer_for_peer(version, file)).await? {
                 Ok(raw) => {
@@ -173,7 +174,7 @@ async fn serve_stream(
             return Err(msg);
         }
     };
-    match with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer)).await? {
+    match with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer, epoch)).await? {
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 })?;
             let what = format!("the {} bytes of {shard}", chunk.len());

@@ -400,11 +400,16 @@ impl Node {
                 // holds a consistent map.
                 let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
                 let pending = inflight.get(&key);
-                let owned_here =
-                    self.inner.cluster.get().is_some_and(|c| c.placed_owner(key.version, key.shard) == Some(c.me()));
-                let seen = pending.map(|p| InFlight {
-                    asking: *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner()),
-                    owned_here,
+                let seen = pending.map(|p| {
+                    let asking = *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner());
+                    // Read only when it matters: a load asking a peer.
+                    let owned_here = asking.is_some()
+                        && self
+                            .inner
+                            .cluster
+                            .get()
+                            .is_some_and(|c| c.placed_owner(key.version, key.shard) == Some(c.me()));
+                    InFlight { asking, owned_here }
                 });
                 let finished = || self.inner.tier.contains(key) || self.inner.guests.contains(key);
                 match (admit(seen, asker, finished, attempt < 2), pending) {

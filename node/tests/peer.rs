@@ -741,6 +741,20 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     assert_eq!(owner.stats().conversions, 1);
 }
 
+/// A second node (id 2, no prefetch) and its cluster view, whose fetch
+/// deadline and reroute wait (60 s) outlast any test: a test that finishes
+/// sooner shows a decision, not a timeout.
+async fn patient_node2(f: &Fixture) -> (Node, Cluster) {
+    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
+    let node2 = Node::start(&cfg).await.expect("node 2");
+    let fabric = FabricConfig {
+        fetch_deadline: Duration::from_secs(60),
+        reroute_wait: Duration::from_secs(60),
+        ..FabricConfig::default()
+    };
+    (node2, Cluster::new(NodeId(2), link(f, "node"), fabric))
+}
+
 /// A node whose owner stalls reads the shard from remote storage itself at
 /// once: it does not wait for the placement to move the shard (the owner
 /// is alive and keeps its lease, so it never would).
@@ -753,14 +767,7 @@ async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_plac
         let _open = send;
         tokio::time::sleep(Duration::from_secs(3600)).await;
     });
-    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
-    let node2 = Node::start(&cfg).await.expect("node 2");
-    let fabric = FabricConfig {
-        fetch_deadline: Duration::from_secs(60),
-        reroute_wait: Duration::from_secs(60),
-        ..FabricConfig::default()
-    };
-    let cluster = Cluster::new(NodeId(2), link(&f, "node"), fabric);
+    let (node2, cluster) = patient_node2(&f).await;
     let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(9))).collect())).collect();
     cluster.apply_placement(1, std::iter::once((NodeId(9), quiet)).collect(), owners);
     assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
@@ -792,14 +799,8 @@ async fn a_load_on_an_outdated_placement_reads_the_shard_here_for_a_peer_on_the_
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
-    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
-    let node2 = Node::start(&cfg).await.expect("node 2");
-    let fabric = FabricConfig {
-        fetch_deadline: Duration::from_secs(60),
-        reroute_wait: Duration::from_secs(60),
-        ..FabricConfig::default()
-    };
-    let cluster = std::sync::Arc::new(Cluster::new(NodeId(2), link(&f, "node"), fabric));
+    let (node2, cluster) = patient_node2(&f).await;
+    let cluster = std::sync::Arc::new(cluster);
     let owned_by = |n: u64| std::iter::once((f.version, std::iter::once((f.shard, NodeId(n))).collect())).collect();
     let addrs: std::collections::HashMap<_, _> = [(NodeId(9), slow), (NodeId(2), local())].into_iter().collect();
     cluster.apply_placement(1, addrs.clone(), owned_by(9));

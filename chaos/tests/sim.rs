@@ -49,22 +49,30 @@ fn seed_11438_a_live_owner_that_sent_a_corrupt_chunk_is_not_waited_on() {
     assert!(o.corrupt_caught > 0, "the seed still sends a corrupt chunk");
 }
 
-/// Issue 14's time target, on the simulated cluster: a node stopped or cut
+/// Issue 14's targets, on the simulated cluster: a node stopped or cut
 /// off for 6 s in the cold epoch costs at most 6 s and one lease of
 /// cold-epoch time (before the redial of an awaited owner, the partition
 /// cost 15 s: every shard the cut node had asked for waited the whole
-/// reroute wait). The read targets (second reads only of what the fault
-/// exposed, none in warm epochs) are not met yet: `granary chaos sim
-/// --scenario` prints them, and docs/TESTING.md records them.
+/// reroute wait); only shards the node held or was loading when the fault
+/// began are read a second time, and warm epochs read nothing remote
+/// (before the handoff, a node back from a stop read again, in warm epochs,
+/// the shards the others had read while it was away: 273 of 300 stop
+/// seeds). A crash loses the node's memory: its shards may be read again,
+/// once, but no others.
 #[test]
-fn a_stop_or_a_partition_costs_at_most_its_length_and_a_lease() {
+fn a_stop_or_a_partition_costs_at_most_its_length_and_a_lease_and_reads_only_what_it_exposed() {
     use granary_chaos::sim::scenario::{self, Kind};
-    for kind in [Kind::Stop, Kind::Partition] {
+    for kind in [Kind::Stop, Kind::Partition, Kind::Crash] {
         for seed in 0..20 {
-            let c = scenario::run(kind, 6, 1_500, seed);
-            let what = format!("{kind:?} seed {seed}: granary chaos sim --scenario {kind:?} --from {seed} --seeds 1");
+            let c = scenario::run(kind, 6, 1_500, seed, false);
+            let name = format!("{kind:?}").to_lowercase();
+            let what = format!("{name} seed {seed}: granary chaos sim --scenario {name} --seed {seed} --trace");
             assert!(c.faulted.violations.is_empty(), "{what}: {:?}", c.faulted.violations);
-            assert!(c.extra_cold_ms() <= c.allowed_ms(), "{what}: +{} ms", c.extra_cold_ms());
+            assert!(c.unexposed_rereads().is_empty(), "{what}: {:?}", c.unexposed_rereads());
+            assert_eq!(c.forbidden_warm_reads(), 0, "{what}");
+            if kind != Kind::Crash {
+                assert!(c.extra_cold_ms() <= c.allowed_ms(), "{what}: +{} ms", c.extra_cold_ms());
+            }
             assert!(c.extra_cold_ms() > 0, "{what}: the fault cost nothing, so it did not happen");
         }
     }

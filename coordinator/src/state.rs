@@ -92,6 +92,13 @@ pub struct ClusterState {
     /// Owner of every shard of each dataset's current version, in manifest
     /// order; empty while no node is live.
     pub owners: BTreeMap<String, Vec<NodeId>>,
+    /// Per shard of each dataset's current version: the node that owned it
+    /// before a placement moved it to its owner, kept until it moves again
+    /// (also while that node is not live: it may come back holding what it
+    /// held). While that node is live, the owner asks it for a copy it
+    /// holds before reading remote storage (a handoff).
+    #[serde(default)]
+    pub handed_from: BTreeMap<String, Vec<Option<NodeId>>>,
 }
 
 impl ClusterState {
@@ -112,6 +119,7 @@ impl ClusterState {
                 let owners = place(&v.shard_keys(), None, &live);
                 record.versions.push(v);
                 self.owners.insert(name.clone(), owners);
+                self.handed_from.remove(name);
                 CommandResult::DatasetAdded { version, new: true }
             }
             Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
@@ -166,6 +174,15 @@ impl ClusterState {
         self.owners.get(dataset).map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// Per shard of a dataset's current version, the node it was handed
+    /// over from when that node is live now (see
+    /// [`ClusterState::handed_from`]), in manifest order (empty when none).
+    pub fn handed_from(&self, dataset: &str) -> Vec<Option<NodeId>> {
+        let is_live = |n: NodeId| self.nodes.get(&n).is_some_and(|r| r.live);
+        let Some(from) = self.handed_from.get(dataset) else { return Vec::new() };
+        from.iter().map(|f| f.filter(|&f| is_live(f))).collect()
+    }
+
     /// Shards owned per live node, summed over every dataset's current
     /// version.
     pub fn shards_per_node(&self) -> BTreeMap<NodeId, u64> {
@@ -183,6 +200,27 @@ impl ClusterState {
             let Some(v) = record.current() else { continue };
             let previous = self.owners.get(name).map(Vec::as_slice);
             let owners = place(&v.shard_keys(), previous, &live);
+            let before = self.handed_from.get(name).map(Vec::as_slice).unwrap_or(&[]);
+            // Kept while the node is not live too: a node that comes back
+            // (it was stopped or cut off) still holds what it held, and
+            // the shards moved away from it may never have been read.
+            let handed: Vec<Option<NodeId>> = owners
+                .iter()
+                .enumerate()
+                .map(|(i, &owner)| {
+                    let prev = previous.and_then(|p| p.get(i)).copied();
+                    let from = match prev {
+                        Some(p) if p != owner => Some(p),
+                        _ => before.get(i).copied().flatten(),
+                    };
+                    from.filter(|&f| f != owner)
+                })
+                .collect();
+            if handed.iter().any(Option::is_some) {
+                self.handed_from.insert(name.clone(), handed);
+            } else {
+                self.handed_from.remove(name);
+            }
             self.owners.insert(name.clone(), owners);
         }
     }
@@ -241,6 +279,45 @@ mod tests {
             CommandResult::NodeRegistered { incarnation, .. } => incarnation,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_shard_moved_from_a_node_remembers_it_until_it_moves_again_and_names_it_while_live() {
+        let mut s = ClusterState::default();
+        let inc: Vec<u64> = (1..=3).map(|n| register(&mut s, n)).collect();
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(40) });
+        assert!(s.handed_from("d").is_empty(), "a fresh placement hands nothing");
+        let before = s.owners("d").to_vec();
+        // Node 3 expires: its shards go to live nodes; node 3 is not live,
+        // so nothing is named as handed over from it.
+        s.apply(&Command::ExpireNode { node: NodeId(3), incarnation: inc[2] });
+        assert!(s.handed_from("d").iter().all(Option::is_none));
+        // Node 3 comes back: shards it takes were handed over from their
+        // owners of the moment; those that stay where they went while it
+        // was away were handed over from node 3 (it may still hold them).
+        let during = s.owners("d").to_vec();
+        register(&mut s, 3);
+        let after = s.owners("d").to_vec();
+        let handed = s.handed_from("d").to_vec();
+        assert_eq!(handed.len(), after.len());
+        let mut stayed_away = 0;
+        for i in 0..after.len() {
+            if after[i] != during[i] {
+                assert_eq!(handed[i], Some(during[i]), "shard {i}");
+            } else if before[i] == NodeId(3) {
+                assert_eq!(handed[i], Some(NodeId(3)), "shard {i} moved away from node 3 and stayed");
+                stayed_away += 1;
+            } else {
+                assert_eq!(handed[i], None, "shard {i} never moved");
+            }
+        }
+        // Placement is a pure function of its inputs: with these forty
+        // shards some of node 3's stay away when it comes back.
+        assert!(stayed_away > 0, "the case above was not exercised");
+        assert!(after.iter().zip(&before).any(|(a, b)| a == b), "some shards went back");
+        // Replicas agree: the field survives the snapshot encoding.
+        let again: ClusterState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(again, s);
     }
 
     #[test]

@@ -204,6 +204,11 @@ pub struct PlacementReport {
     pub placement_epoch: u64,
     /// `(file, row_group, owner)` per shard; empty when no node is live.
     pub owners: Vec<(u32, u32, NodeId)>,
+    /// `(file, row_group, node)` for shards a placement moved to their
+    /// owner from a node that is still live: the owner asks that node
+    /// before reading remote storage. Absent from older coordinators.
+    #[serde(default)]
+    pub handed_from: Vec<(u32, u32, NodeId)>,
 }
 
 /// Why a request failed.

@@ -15,7 +15,7 @@ pub const ALPN_API: &[u8] = b"granary-api/1";
 /// ALPN protocol of Raft traffic between coordinators.
 pub const ALPN_RAFT: &[u8] = b"granary-raft/1";
 /// ALPN protocol of the peer fabric: node-to-node chunk and footer traffic (trainers reach their node over its Unix socket, never over QUIC).
-pub const ALPN_PEER: &[u8] = b"granary-peer/3";
+pub const ALPN_PEER: &[u8] = b"granary-peer/4";
 
 /// How often an idle connection sends a keep-alive, so that the peer's idle timer never fires on a live link.
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);

@@ -289,6 +289,38 @@ impl Node {
         self.chunk_from(version, shard, Asker::Peer { addr: requester, epoch }).await
     }
 
+    /// A handoff ([`granary_proto::peer::PeerRequest::HandOver`]): the
+    /// chunk of `shard` if this node holds it (RAM, SSD, guest area) or a
+    /// load of its own is reading it from remote storage; `None` (not held)
+    /// otherwise, at once. Never starts a load, and never waits on a load
+    /// that asks a peer, so a handoff cannot close a wait cycle.
+    pub async fn held_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Option<Shared> {
+        let key = ChunkKey { version, shard };
+        if let Some(chunk) = self.inner.guests.get(key, false) {
+            return Some(Ok(chunk));
+        }
+        match self.inner.tier.get(key).await {
+            Ok(Some((chunk, _))) => return Some(Ok(chunk)),
+            Ok(None) => {}
+            Err(e) => {
+                self.inner.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(shard = %shard, error = %e, "corrupt SSD entry removed; not handing it over");
+            }
+        }
+        let mut rx = {
+            let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            let pending = inflight.get(&key)?;
+            if !pending.asking.reading.load(Ordering::Relaxed) {
+                return None;
+            }
+            pending.rx.clone()
+        };
+        match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone(),
+            Err(_) => None,
+        }
+    }
+
     /// A file's footer for another node: from memory, or read from remote
     /// storage by this node, never asked of a third node. A node that
     /// believes another node reads that footer (their placements disagree
@@ -514,23 +546,48 @@ impl Node {
     /// what to do when the owner fails. The flag is true for a chunk
     /// fetched from another node.
     async fn load(&self, key: ChunkKey, forward: bool, asking: &Asking) -> Result<(SealedChunk, bool), FetchError> {
-        let Some(cluster) = self.inner.cluster.get().filter(|_| forward) else {
-            return self.convert_here(key).await.map(|c| (c, false));
+        let here = || {
+            asking.reading.store(true, Ordering::Relaxed);
+            self.convert_here(key)
+        };
+        let Some(cluster) = self.inner.cluster.get() else {
+            return here().await.map(|c| (c, false));
         };
         // A peer's chunk must have the length the manifest's layout gives.
         let Some(expected_len) = self.dataset(key.version).ok().and_then(|d| d.chunk_len(key.shard)) else {
-            return self.convert_here(key).await.map(|c| (c, false));
+            return here().await.map(|c| (c, false));
         };
         let config = cluster.config();
-        let mut route = Route::new(
-            tokio::time::Instant::now().into_std(),
-            cluster.owner(key.version, key.shard),
-            config.fetch_deadline,
-            config.reroute_wait,
-        );
+        // A peer's request is never forwarded to the owner; but a handoff
+        // is asked for whoever waits (its answer never waits on a load that
+        // asks a peer, so no cycle can form through it).
+        let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
+        let mut route =
+            Route::new(tokio::time::Instant::now().into_std(), owner, config.fetch_deadline, config.reroute_wait)
+                .with_handoff(cluster.handed_from(key.version, key.shard));
         loop {
             match route.poll(tokio::time::Instant::now().into_std()) {
                 Step::ReadRemote => break,
+                Step::AskHeld { former, within } => {
+                    match cluster
+                        .link()
+                        .fetch_held(former.addr, key.version, key.shard, expected_len as u64, within)
+                        .await
+                    {
+                        Ok(chunk) => {
+                            let c = &self.inner.counters;
+                            c.peer_fetched.fetch_add(1, Ordering::Relaxed);
+                            c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            tracing::debug!(shard = %key.shard, from = %former.node, "handed over by the node that owned it before");
+                            let guest = cluster.placed_owner(key.version, key.shard) != Some(cluster.me());
+                            return Ok((chunk, guest));
+                        }
+                        Err(e) => {
+                            tracing::debug!(shard = %key.shard, from = %former.node, "no copy handed over: {e}");
+                            route.handle_held(&e.to_string());
+                        }
+                    }
+                }
                 Step::Ask { owner, within } => {
                     let c = &self.inner.counters;
                     *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -605,7 +662,7 @@ impl Node {
             }
         }
         let tried = route.into_tried();
-        match self.convert_here(key).await {
+        match here().await {
             Ok(c) => Ok((c, false)),
             Err(e) if !tried.is_empty() => Err(FetchError::NoSource { shard: key.shard, tried, source: Box::new(e) }),
             Err(e) => Err(e),
@@ -674,6 +731,9 @@ struct AskingState {
     /// Told when a newer asker joined and this node owns the shard now
     /// ([`Admission::JoinAndConvert`]): stop asking, read it here.
     read_here: tokio::sync::Notify,
+    /// Set once the load reads remote storage (it asks nobody any more):
+    /// a handoff may wait on it ([`Node::held_for_peer`]).
+    reading: std::sync::atomic::AtomicBool,
 }
 
 /// Removes a shard from the in-flight map when dropped.

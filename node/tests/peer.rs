@@ -848,7 +848,7 @@ async fn a_footer_fetch_does_not_wait_behind_chunk_fetches_to_the_same_peer() {
                     tokio::spawn(async move {
                         let request = recv.read_to_end(1 << 16).await.expect("request");
                         match decode::<PeerRequest>(&request[4..]).expect("decode") {
-                            PeerRequest::FetchChunk { .. } => {
+                            PeerRequest::FetchChunk { .. } | PeerRequest::HandOver { .. } => {
                                 while send.write_all(&working_frame()).await.is_ok() {
                                     tokio::time::sleep(Duration::from_millis(500)).await;
                                 }
@@ -912,4 +912,90 @@ async fn a_node_asked_for_a_footer_another_node_reads_says_so_at_once() {
     node.dataset(version).expect("dataset").footer(0).await.expect("footer read here");
     let held = node.footer_for_peer(version, 0).await.expect("held footer");
     assert_eq!(held, f.node.footer_for_peer(version, 0).await.expect("owner's footer"));
+}
+
+/// Node 2 owns the fixture's shard, handed over from node 1 (the fixture's
+/// node, serving peers) by the placement.
+fn handed_over_to_node2(f: &Fixture, cluster: &Cluster) {
+    let one = |n: u64| std::iter::once((f.version, std::iter::once((f.shard, NodeId(n))).collect())).collect();
+    let addrs = [(NodeId(1), f.addr), (NodeId(2), local())].into_iter().collect();
+    cluster.apply_placement_with_handoffs(1, addrs, one(2), one(1));
+}
+
+/// A handoff: a node that a placement made the owner of a shard another
+/// live node held takes that node's copy instead of reading remote storage
+/// (`granary chaos sim --scenario stop` measured the cost without it: a
+/// node back from a stop read again, in warm epochs, shards the others
+/// read while it was away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_takes_the_copy_held_by_the_node_the_shard_was_handed_over_from() {
+    let f = start().await;
+    let held = f.node.chunk(f.version, f.shard).await.expect("node 1 holds the chunk");
+    let (node2, cluster) = patient_node2(&f).await;
+    handed_over_to_node2(&f, &cluster);
+    assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
+    let chunk = node2.chunk(f.version, f.shard).await.expect("handed over");
+    assert_eq!(chunk.bytes(), held.bytes());
+    let (s1, s2) = (f.node.stats(), node2.stats());
+    assert_eq!((s2.conversions, s2.peer_fetched, s2.peer_failures), (0, 1, 0), "{s2:?}");
+    assert_eq!(s1.conversions, 1, "node 1 converted only its own load: {s1:?}");
+    // Node 2's copy is its own (it owns the shard): asked again, a hit.
+    node2.chunk(f.version, f.shard).await.expect("again");
+    assert_eq!(node2.stats().peer_fetched, 1);
+}
+
+/// The node asked for a copy it does not hold says so at once and loads
+/// nothing for the asker (a handoff that made the former owner convert was
+/// the first try at this, taken back in 48a233e); the new owner reads the
+/// shard itself, and no peer failure is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_asked_for_a_copy_it_does_not_hold_says_so_at_once_and_loads_nothing() {
+    let f = start().await;
+    let l = link(&f, "node");
+    let started = std::time::Instant::now();
+    match l.fetch_held(f.addr, f.version, f.shard, f.len, Duration::from_secs(60)).await {
+        Err(PeerError::NotHeld { shard, .. }) => assert_eq!(shard, f.shard),
+        other => panic!("expected NotHeld, got {:?}", other.map(|c| c.len())),
+    }
+    assert!(started.elapsed() < Duration::from_secs(1), "at once: {:?}", started.elapsed());
+    let (node2, cluster) = patient_node2(&f).await;
+    handed_over_to_node2(&f, &cluster);
+    assert!(node2.join_cluster(std::sync::Arc::new(cluster)));
+    node2.chunk(f.version, f.shard).await.expect("read here");
+    let (s1, s2) = (f.node.stats(), node2.stats());
+    assert_eq!(s1.conversions, 0, "node 1 loaded nothing: {s1:?}");
+    assert_eq!((s2.conversions, s2.peer_fetched, s2.peer_failures), (1, 0, 0), "{s2:?}");
+}
+
+/// A node asked for a copy it is reading from remote storage right now
+/// hands it over when read, keeping the ask alive with progress frames,
+/// instead of saying it holds none (`granary chaos sim --scenario stop`,
+/// seed 133: the survivor was reading the shard when the node back from
+/// its stop asked, and both read it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reading_the_shard_hands_it_over_when_read() {
+    let f = start().await;
+    // Node 1 here: a real node with a slow remote store (3 s a request),
+    // serving peers.
+    let cfg = NodeConfig {
+        prefetch_bytes: 0,
+        throttle: Some(granary_node::config::ThrottleConfig { latency_ms: 3_000, bandwidth_bytes_per_s: 1 << 30 }),
+        ..f.node_config()
+    };
+    let slow = Node::start(&cfg).await.expect("slow node");
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let slow_addr = ep.local_addr().expect("addr");
+    tokio::spawn(serve(slow.clone(), ep, FabricConfig::default()));
+    let reading = {
+        let slow = slow.clone();
+        let (v, s) = (f.version, f.shard);
+        tokio::spawn(async move { slow.chunk(v, s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let l = link(&f, "node");
+    let chunk = l.fetch_held(slow_addr, f.version, f.shard, f.len, Duration::from_secs(60)).await.expect("handed over");
+    let own = reading.await.expect("task").expect("node 1's read");
+    assert_eq!(chunk.bytes(), own.bytes());
+    assert_eq!(slow.stats().conversions, 1, "one read for both");
 }

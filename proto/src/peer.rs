@@ -10,6 +10,12 @@
 //! using it, and a footer by decoding it and checking it against the
 //! manifest.
 //!
+//! A node that a placement made the owner of a shard another live node
+//! owned before asks that node first with [`PeerRequest::HandOver`] (a
+//! handoff): it answers with the chunk it holds, or with the chunk of a
+//! load of its own that is already reading remote storage, or at once with
+//! [`PeerResponse::NotHeld`]; it never starts a load for it.
+//!
 //! While the owner is still producing the answer (reading remote storage,
 //! converting) it sends a [`PeerResponse::Working`] frame at least every
 //! [`PEER_PROGRESS_INTERVAL`] before the answer's frame, so the asking node
@@ -63,6 +69,17 @@ mod defs {
             /// `granary_node`'s single flight).
             placement_epoch: u64,
         },
+        /// Send the chunk of `shard` in `version` if this node holds it or
+        /// is already reading it from remote storage; else answer
+        /// [`PeerResponse::NotHeld`] at once. Asked of the node a placement
+        /// handed the shard over from (a handoff), never forwarded, never a
+        /// new load.
+        HandOver {
+            /// Dataset version.
+            version: DatasetVersion,
+            /// Shard.
+            shard: ShardId,
+        },
         /// Send the Parquet footer of file `file` (its index in the
         /// manifest) of `version`: asked of the owner of the file's first
         /// row group, so each footer is read from remote storage once per
@@ -91,6 +108,9 @@ mod defs {
         },
         /// The owner is still producing the answer; another frame follows.
         Working,
+        /// The answer to [`PeerRequest::HandOver`] when the node holds no
+        /// copy of the shard and is not reading it.
+        NotHeld,
         /// The owner could not produce the chunk or footer.
         Failed {
             /// Category.
@@ -117,10 +137,13 @@ mod tests {
         assert_eq!(decode::<PeerRequest>(&encode(&r)).expect("decode"), r);
         let f = PeerRequest::FetchFooter { version: DatasetVersion([4; 16]), file: 7 };
         assert_eq!(decode::<PeerRequest>(&encode(&f)).expect("decode"), f);
+        let h = PeerRequest::HandOver { version: DatasetVersion([5; 16]), shard: ShardId { file: 3, row_group: 0 } };
+        assert_eq!(decode::<PeerRequest>(&encode(&h)).expect("decode"), h);
         for resp in [
             PeerResponse::Chunk { len: 12345 },
             PeerResponse::Footer { len: 73284 },
             PeerResponse::Working,
+            PeerResponse::NotHeld,
             PeerResponse::Failed { kind: ErrorKind::BadRequest, message: "no such version".into() },
         ] {
             assert_eq!(decode::<PeerResponse>(&encode(&resp)).expect("decode"), resp);

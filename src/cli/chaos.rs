@@ -43,8 +43,8 @@ pub(crate) struct SimArgs {
     /// Instead of swarm seeds: one named fault on a fixed 3-node,
     /// 40-shard cluster (node 2 stopped, or cut off from everyone, in the
     /// cold epoch, or killed and restarted), measured against the same run
-    /// without it.
-    #[arg(long, value_enum, conflicts_with_all = ["seed", "trace"])]
+    /// without it. With `--seed S --trace`: that run's trace.
+    #[arg(long, value_enum)]
     scenario: Option<ScenarioKind>,
     /// With `--scenario`: how long the fault lasts, in seconds.
     #[arg(long, default_value_t = 6, requires = "scenario")]
@@ -177,13 +177,19 @@ fn scenario_run(a: &SimArgs, kind: ScenarioKind) -> Result<()> {
         ScenarioKind::Crash => Kind::Crash,
     };
     let name = format!("{kind:?}").to_lowercase();
-    let seeds = a.seeds.min(10_000);
+    let (from, seeds) = match a.seed {
+        Some(seed) => (seed, 1),
+        None => (a.from, a.seeds.min(10_000)),
+    };
     let mut missed = 0;
-    for seed in a.from..a.from.saturating_add(seeds) {
-        let c = scenario::run(kind, a.fault_secs, 1_500, seed);
+    for seed in from..from.saturating_add(seeds) {
+        let c = scenario::run(kind, a.fault_secs, 1_500, seed, a.trace && a.seed.is_some());
+        for line in c.faulted.trace.iter().flatten() {
+            println!("{line}");
+        }
         let time_ok = c.extra_cold_ms() <= c.allowed_ms();
         let reads_ok = c.unexposed_rereads().is_empty();
-        let warm_ok = c.warm_reads() == 0;
+        let warm_ok = c.forbidden_warm_reads() == 0;
         let ok = time_ok && reads_ok && warm_ok && c.faulted.violations.is_empty() && c.calm.violations.is_empty();
         missed += u64::from(!ok);
         if a.json {

@@ -87,6 +87,9 @@ pub struct Record {
     pub joins: Vec<(usize, usize, u32)>,
     /// Remote reads by the epoch of the slowest trainer when they began.
     pub reads_by_epoch: Vec<u64>,
+    /// Shards read from remote storage once every node was past the cold
+    /// epoch, in the order read.
+    pub warm_reads: Vec<u32>,
     /// Nodes.
     pub nodes: usize,
     /// A scenario's watched node and fault window (start, end): the shards
@@ -209,6 +212,9 @@ impl Record {
             self.reads_by_epoch.resize(epoch + 1, 0);
         }
         self.reads_by_epoch[epoch] += 1;
+        if epoch > 0 {
+            self.warm_reads.push(shard);
+        }
         let n = self.reads.entry(shard).or_default();
         *n += 1;
         if *n == 1 {

@@ -59,6 +59,10 @@ impl Coord {
         self.state.owners(DATASET).iter().map(|n| Some(n.0 as usize - 1)).collect()
     }
 
+    fn handed_from(&self) -> Vec<Option<usize>> {
+        self.state.handed_from(DATASET).iter().map(|n| n.map(|n| n.0 as usize - 1)).collect()
+    }
+
     fn broadcast(&self, w: &mut World, rec: &mut Record) {
         let epoch = self.state.placement_epoch;
         let owners = self.owners();
@@ -71,7 +75,7 @@ impl Coord {
                     0,
                     Addr::Node(node.0 as usize - 1),
                     0,
-                    Msg::Placement { epoch, owners: owners.clone() },
+                    Msg::Placement { epoch, owners: owners.clone(), handed_from: self.handed_from() },
                 );
             }
         }
@@ -134,7 +138,11 @@ impl Coord {
                             0,
                             Addr::Node(from),
                             0,
-                            Msg::Placement { epoch: self.state.placement_epoch, owners: self.owners() },
+                            Msg::Placement {
+                                epoch: self.state.placement_epoch,
+                                owners: self.owners(),
+                                handed_from: self.handed_from(),
+                            },
                         );
                     }
                 } else {

@@ -81,6 +81,12 @@ pub struct Outcome {
     /// Remote reads per epoch (by the epoch the cluster's slowest trainer
     /// was in when the read began).
     pub reads_by_epoch: Vec<u64>,
+    /// Shards read from remote storage once every node was past the cold
+    /// epoch.
+    pub warm_reads: Vec<u32>,
+    /// With a watched node: the shards its fault exposed (held or loading
+    /// there when the fault began).
+    pub exposed: std::collections::BTreeSet<u32>,
     /// The trace's lines, when asked for.
     pub trace: Option<Vec<String>>,
 }
@@ -230,6 +236,8 @@ pub fn run_watched(
             .collect(),
         epoch_end_ms: rec.epoch_ends(swarm.epochs as usize),
         reads_by_epoch: rec.reads_by_epoch.clone(),
+        warm_reads: std::mem::take(&mut rec.warm_reads),
+        exposed: std::mem::take(&mut rec.exposed),
         violations: std::mem::take(&mut rec.violations),
         violation_counts: std::mem::take(&mut rec.violation_counts),
         trace: w.take_trace(),
@@ -246,8 +254,9 @@ fn apply_fault(
     f: Fault,
 ) {
     w.log(format_args!("fault: {f:?}"));
-    // A watched node's copies and loads become unreachable to the others.
-    if let Fault::Stop(i) | Fault::Cut { from: Addr::Node(i), first: true, .. } = f
+    // A watched node's copies and loads become unreachable to the others
+    // (and a crash loses them: the simulated node keeps chunks in memory).
+    if let Fault::Stop(i) | Fault::Crash(i) | Fault::Cut { from: Addr::Node(i), first: true, .. } = f
         && rec.watch.is_some_and(|(n, ..)| n == i)
     {
         let here: Vec<u32> = nodes[i].shards_here().collect();
@@ -258,14 +267,17 @@ fn apply_fault(
             w.set_cut(from, to, true);
         }
         Fault::Heal { from, to } => {
-            if !w.set_cut(from, to, false) {
-                return;
-            }
+            let Some(began) = w.set_cut(from, to, false) else { return };
             let now = w.now;
-            for (sent, from_life, to_life, msg) in w.take_parked(from, to) {
-                // A connection silent past its idle timeout closed; what
-                // it held is lost.
-                if now - sent < IDLE_TIMEOUT {
+            for (_, from_life, to_life, msg) in w.take_parked(from, to) {
+                // The receiver heard nothing from the sender since the cut
+                // began: its end of the connection closed at the idle
+                // timeout, and what the sender kept retransmitting is
+                // answered with a reset, not delivered. (Seed 8 of the
+                // partition scenario: a request sent late in a 6 s cut
+                // arrived after the heal, although the asker had given up
+                // on it, and the cut-off node read the shard for nobody.)
+                if now - began < IDLE_TIMEOUT {
                     w.send(from, from_life, to, to_life, msg);
                 }
             }

@@ -34,6 +34,9 @@ pub const DOWN_FOR: Micros = ms(2_000);
 pub const CONNECT_TIMEOUT: Micros = ms(3_000);
 /// The coordinator's lease (its default).
 pub const LEASE: Micros = ms(3_000);
+/// How long a node asked for a held copy may take to answer
+/// (`FabricConfig::handoff_wait`).
+pub const HANDOFF_WAIT: Micros = ms(1_000);
 
 /// A shard's true checksum.
 pub fn checksum(shard: u32) -> u64 {
@@ -123,6 +126,12 @@ pub struct Node {
     token: u64,
     placement_epoch: u64,
     owners: Vec<Option<usize>>,
+    /// Per shard this node owns: the live node it was handed over from
+    /// (the placement's `handed_from`).
+    former: Vec<Option<usize>>,
+    /// Asks for a held copy: stream -> (load id, when the node asked last
+    /// said it is still working on it).
+    held_asks: BTreeMap<u64, (u64, Option<Micros>)>,
     /// Chunks held: shard -> guest (not owned when fetched).
     held: BTreeMap<u32, bool>,
     loads: BTreeMap<u32, Load>,
@@ -156,6 +165,8 @@ impl Node {
             token: 0,
             placement_epoch: 0,
             owners: Vec::new(),
+            former: Vec::new(),
+            held_asks: BTreeMap::new(),
             held: BTreeMap::new(),
             loads: BTreeMap::new(),
             asks: BTreeMap::new(),
@@ -245,11 +256,13 @@ impl Node {
             Msg::Registered { .. } => {}
             Msg::Expired => {
                 if self.incarnation.take().is_some() {
+                    // At once, as `membership.rs`'s lease loop does.
                     w.log(format_args!("n{} lost its lease; registers again", self.idx));
                     self.token += 1;
+                    self.send(w, Addr::Coord, Msg::Register { token: self.token });
                 }
             }
-            Msg::Placement { epoch, owners } => self.placement(w, rec, epoch, owners),
+            Msg::Placement { epoch, owners, handed_from } => self.placement(w, rec, epoch, owners, handed_from),
             Msg::Ping => {}
             Msg::Dial { id } => self.send(w, from, Msg::DialOk { id }),
             Msg::DialOk { id } => {
@@ -287,7 +300,25 @@ impl Node {
                     self.asked(w, rec, p, stream, shard, epoch);
                 }
             }
+            Msg::AskHeld { stream, shard } => {
+                // From what is held, or a load already reading remote
+                // storage (it waits on nothing else); never a new load, and
+                // never a load that asks a peer, so no wait cycle forms.
+                let Addr::Node(p) = from else { return };
+                if self.held.contains_key(&shard) {
+                    self.hand(w, rec, shard, Waiter::Peer(p, stream), checksum(shard));
+                } else if let Some(load) = self.loads.get_mut(&shard).filter(|l| l.remote) {
+                    load.waiters.push(Waiter::Peer(p, stream));
+                    self.serve_progress(w, Waiter::Peer(p, stream));
+                } else {
+                    self.send(w, from, Msg::NotHeld { stream });
+                }
+            }
+            Msg::NotHeld { stream } => self.held_missing(w, rec, stream, "it does not hold it"),
             Msg::Working { stream } => {
+                if let Some(ask) = self.held_asks.get_mut(&stream) {
+                    ask.1 = Some(w.now);
+                }
                 let now = w.instant_now();
                 if let Some(a) = self.asks.get_mut(&stream) {
                     a.clock.handle_progress(now);
@@ -300,7 +331,14 @@ impl Node {
         }
     }
 
-    fn placement(&mut self, w: &mut World, rec: &mut Record, epoch: u64, owners: Vec<Option<usize>>) {
+    fn placement(
+        &mut self,
+        w: &mut World,
+        rec: &mut Record,
+        epoch: u64,
+        owners: Vec<Option<usize>>,
+        handed_from: Vec<Option<usize>>,
+    ) {
         if epoch < self.placement_epoch {
             return;
         }
@@ -308,6 +346,13 @@ impl Node {
             w.log(format_args!("n{} placement epoch {epoch}: {owners:?}", self.idx));
         }
         self.placement_epoch = epoch;
+        // As `Cluster::handed_from` keeps them: shards this node owns,
+        // handed over from another node.
+        self.former = handed_from
+            .iter()
+            .zip(&owners)
+            .map(|(from, owner)| from.filter(|&f| *owner == Some(self.idx) && f != self.idx))
+            .collect();
         self.owners = owners;
         // Loads waiting for a failed owner's shard to move.
         let waiting: Vec<u32> = self.loads.keys().copied().collect();
@@ -355,6 +400,12 @@ impl Node {
         self.owners.get(shard as usize).copied().flatten().is_some_and(|o| node_of(o) != failed)
     }
 
+    /// The node this node's shard was handed over from (`Cluster::handed_from`).
+    fn former_of(&self, shard: u32) -> Option<Owner> {
+        let f = self.former.get(shard as usize).copied().flatten()?;
+        Some(Owner { node: node_of(f), addr: addr_of(f), epoch: self.placement_epoch })
+    }
+
     fn owner_of(&self, shard: u32) -> Option<Owner> {
         match self.owners.get(shard as usize).copied().flatten() {
             Some(o) if o != self.idx => {
@@ -396,6 +447,16 @@ impl Node {
                     self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault });
                 } else {
                     w.timer(self.idx, self.life, deadline - w.now, timer);
+                }
+            }
+            Timer::HeldDeadline(stream) => {
+                // Once the node asked says it is reading the shard, its
+                // progress frames keep the ask alive (the stall clock).
+                let stall = PEER_STALL_TIMEOUT.as_micros() as Micros;
+                match self.held_asks.get(&stream).and_then(|a| a.1) {
+                    Some(at) if w.now < at + stall => w.timer(self.idx, self.life, at + stall - w.now, timer),
+                    Some(_) => self.held_missing(w, rec, stream, "it stalled"),
+                    None => self.held_missing(w, rec, stream, "no answer within the handoff wait"),
                 }
             }
             Timer::AskDeadline(stream) => {
@@ -533,13 +594,17 @@ impl Node {
             }
             Admission::LookAgain | Admission::Start => {
                 let owner = if asker.forwards() { self.owner_of(shard) } else { None };
+                // A held copy is asked for whoever waits: the answer never
+                // waits on anything, so no cycle can form through it.
+                let former = if owner.is_none() { self.former_of(shard) } else { None };
                 w.log(format_args!(
-                    "n{} loads s{shard} for {waiter:?}, first from {:?}",
+                    "n{} loads s{shard} for {waiter:?}, first from {:?}{}",
                     self.idx,
-                    owner.map(|o| index_of(o.addr))
+                    owner.map(|o| index_of(o.addr)),
+                    former.map(|f| format!(", handed over from n{}", index_of(f.addr))).unwrap_or_default()
                 ));
                 self.next_load += 1;
-                let route = Route::new(w.instant_now(), owner, FETCH_DEADLINE, REROUTE_WAIT);
+                let route = Route::new(w.instant_now(), owner, FETCH_DEADLINE, REROUTE_WAIT).with_handoff(former);
                 let load = Load {
                     id: self.next_load,
                     shard,
@@ -589,6 +654,15 @@ impl Node {
                 w.timer(self.idx, self.life, idle_at, Timer::Idle(stream));
                 w.timer(self.idx, self.life, within.as_micros() as Micros, Timer::AskDeadline(stream));
             }
+            Step::AskHeld { former, within } => {
+                let peer = index_of(former.addr);
+                let stream = rec.new_stream();
+                self.held_asks.insert(stream, (load.id, None));
+                w.log(format_args!("n{} asks n{peer} for a held copy of s{shard} (stream {stream})", self.idx));
+                self.send(w, Addr::Node(peer), Msg::AskHeld { stream, shard });
+                let wait = HANDOFF_WAIT.min(within.as_micros() as Micros);
+                w.timer(self.idx, self.life, wait, Timer::HeldDeadline(stream));
+            }
             Step::AwaitPlacement { failed, within, .. } => {
                 w.log(format_args!("n{} waits up to {within:?} for s{shard} to move from {failed}", self.idx));
                 let (id, asks) = (load.id, load.asks);
@@ -630,6 +704,25 @@ impl Node {
     /// An owner answered `stream`: a chunk with checksum `sum`, or a
     /// refusal (`refused`) or reset (`None`).
     fn answered(&mut self, w: &mut World, rec: &mut Record, stream: u64, sum: Option<u64>, refused: bool) {
+        if let Some(&(load, _)) = self.held_asks.get(&stream) {
+            let Some(shard) = self.load_by_id(load) else {
+                self.held_asks.remove(&stream);
+                return;
+            };
+            match sum {
+                Some(sum) if sum == checksum(shard) => {
+                    self.held_asks.remove(&stream);
+                    w.log(format_args!("n{} got its s{shard} from the node it was handed over from", self.idx));
+                    self.finish(w, rec, shard, sum);
+                }
+                Some(_) => {
+                    rec.corrupt_caught();
+                    self.held_missing(w, rec, stream, "its copy failed validation");
+                }
+                None => self.held_missing(w, rec, stream, "the stream was reset"),
+            }
+            return;
+        }
         let Some((load, peer)) = self.asks.get(&stream).map(|a| (a.load, a.peer)) else { return };
         let Some(shard) = self.load_by_id(load) else {
             self.asks.remove(&stream);
@@ -659,6 +752,18 @@ impl Node {
                 self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault });
             }
         }
+    }
+
+    /// The ask for a held copy on `stream` gave none (`reason`): the load
+    /// reads remote storage.
+    fn held_missing(&mut self, w: &mut World, rec: &mut Record, stream: u64, reason: &str) {
+        let Some((load, _)) = self.held_asks.remove(&stream) else { return };
+        let Some(shard) = self.load_by_id(load) else { return };
+        w.log(format_args!("n{} gets no held copy of s{shard}: {reason}", self.idx));
+        if let Some(l) = self.loads.get_mut(&shard) {
+            l.route.handle_held(reason);
+        }
+        self.drive(w, rec, shard);
     }
 
     /// The ask on `stream` failed with the peer error `error` makes for its

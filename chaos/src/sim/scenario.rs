@@ -27,6 +27,8 @@ pub enum Kind {
 /// A scenario's result.
 #[derive(Debug, Clone)]
 pub struct Cost {
+    /// The fault.
+    pub kind: Kind,
     /// The run without the fault.
     pub calm: Outcome,
     /// The run with it.
@@ -64,6 +66,18 @@ impl Cost {
     pub fn warm_reads(&self) -> u64 {
         self.faulted.reads_by_epoch.iter().skip(1).sum()
     }
+
+    /// Remote reads in warm epochs that the target forbids: every one after
+    /// a stop or a partition; after a crash, those of shards the node did
+    /// not hold or load when it was killed (it lost what it held: the
+    /// simulated node keeps chunks in memory only, and reads them again
+    /// once, in whichever epoch it next needs them).
+    pub fn forbidden_warm_reads(&self) -> u64 {
+        match self.kind {
+            Kind::Crash => self.faulted.warm_reads.iter().filter(|s| !self.faulted.exposed.contains(s)).count() as u64,
+            Kind::Stop | Kind::Partition => self.warm_reads(),
+        }
+    }
 }
 
 /// The scenario's cluster.
@@ -92,8 +106,9 @@ pub fn swarm() -> Swarm {
 }
 
 /// Runs `kind` for `secs` seconds on node 2, starting `start_ms` into the
-/// run (the cold epoch), and the same run without it.
-pub fn run(kind: Kind, secs: u64, start_ms: u64, seed: u64) -> Cost {
+/// run (the cold epoch), and the same run without it; `keep_trace` keeps
+/// the faulted run's trace.
+pub fn run(kind: Kind, secs: u64, start_ms: u64, seed: u64, keep_trace: bool) -> Cost {
     let (at, until): (Micros, Micros) = (ms(start_ms), ms(start_ms + secs * 1000));
     let node = Addr::Node(2);
     let faults = match kind {
@@ -113,8 +128,9 @@ pub fn run(kind: Kind, secs: u64, start_ms: u64, seed: u64) -> Cost {
         }
     };
     Cost {
+        kind,
         calm: run_schedule(seed, swarm(), Vec::new(), false),
-        faulted: run_watched(seed, swarm(), faults, Some((2, at, until)), false),
+        faulted: run_watched(seed, swarm(), faults, Some((2, at, until)), keep_trace),
         fault_ms: secs * 1000,
     }
 }

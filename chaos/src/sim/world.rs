@@ -68,6 +68,9 @@ pub enum Msg {
         epoch: u64,
         /// Owner node index per shard (None: no live node).
         owners: Vec<Option<usize>>,
+        /// Per shard, the live node it was handed over from
+        /// (`ClusterState::handed_from`), if any.
+        handed_from: Vec<Option<usize>>,
     },
     /// Node to node: a keep-alive datagram.
     Ping,
@@ -79,6 +82,19 @@ pub enum Msg {
         shard: u32,
         /// The placement epoch that named the asked node the owner.
         epoch: u64,
+    },
+    /// Node to node: send the chunk of `shard` on stream `stream` if you
+    /// hold it (a handoff; never a load).
+    AskHeld {
+        /// The stream.
+        stream: u64,
+        /// The shard.
+        shard: u32,
+    },
+    /// Answer to [`Msg::AskHeld`]: not held.
+    NotHeld {
+        /// The stream.
+        stream: u64,
     },
     /// Owner to asker: still working on the stream's chunk.
     Working {
@@ -163,6 +179,8 @@ pub enum Timer {
     Idle(u64),
     /// The deadline of an ask.
     AskDeadline(u64),
+    /// The handoff wait of an ask for a held copy (by stream).
+    HeldDeadline(u64),
     /// The wait for the placement of a load (by load id, and owners asked
     /// when the wait began) ran out.
     Await(u64, usize),
@@ -334,21 +352,16 @@ impl World {
     /// Cuts or heals a link; a message already on its way when a cut
     /// began still arrives (it left before). Cuts of one link nest: it
     /// heals when every partition that cut it has healed. Returns whether
-    /// the link is whole again.
-    pub fn set_cut(&mut self, from: Addr, to: Addr, cut: bool) -> bool {
+    /// the link is whole again, and since when it was cut.
+    pub fn set_cut(&mut self, from: Addr, to: Addr, cut: bool) -> Option<Micros> {
         let now = self.now;
         let entry = self.cut.entry((from, to)).or_insert((now, 0));
         if cut {
             entry.1 += 1;
-            false
+            None
         } else {
             entry.1 = entry.1.saturating_sub(1);
-            if entry.1 == 0 {
-                self.cut.remove(&(from, to));
-                true
-            } else {
-                false
-            }
+            if entry.1 == 0 { self.cut.remove(&(from, to)).map(|(began, _)| began) } else { None }
         }
     }
 

@@ -225,11 +225,19 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                     .zip(a.cluster.owners(&name))
                     .map(|(s, &o)| (s.shard.file, s.shard.row_group, o))
                     .collect();
+                let handed_from = v
+                    .manifest
+                    .shards()
+                    .iter()
+                    .zip(a.cluster.handed_from(&name))
+                    .filter_map(|(s, from)| Some((s.shard.file, s.shard.row_group, from?)))
+                    .collect();
                 Ok(ApiResponse::Placement(PlacementReport {
                     name: name.clone(),
                     version: v.version,
                     placement_epoch: a.cluster.placement_epoch,
                     owners,
+                    handed_from,
                 }))
             })
         }

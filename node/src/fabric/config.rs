@@ -23,6 +23,13 @@ pub struct FabricConfig {
     /// Default: 10 s.
     #[serde(rename = "reroute_wait_ms", with = "millis")]
     pub reroute_wait: Duration,
+    /// How long a node that owns a shard waits for the first answer of the
+    /// node the placement handed it over from (does it hold a copy?)
+    /// before reading remote storage. Once that node says it is reading the
+    /// shard, its progress frames keep the ask alive as for any fetch.
+    /// Default: 1 s.
+    #[serde(rename = "handoff_wait_ms", with = "millis")]
+    pub handoff_wait: Duration,
     /// Bound on asking a peer for a footer before reading it from remote
     /// storage; the fetch deadline when that is shorter. Default: 10 s.
     #[serde(rename = "footer_deadline_ms", with = "millis")]
@@ -86,6 +93,7 @@ impl Default for FabricConfig {
         Self {
             fetch_deadline: Duration::from_secs(30),
             reroute_wait: Duration::from_secs(10),
+            handoff_wait: Duration::from_secs(1),
             footer_deadline: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             down_for: Duration::from_secs(2),
@@ -124,9 +132,10 @@ pub(crate) const BYTE_PERMIT: u64 = 64 << 10;
 impl FabricConfig {
     /// Checks every value and the relations between them.
     pub fn validate(&self) -> Result<(), FabricConfigError> {
-        let positive: [(&'static str, bool); 9] = [
+        let positive: [(&'static str, bool); 10] = [
             ("fetch_deadline_ms", self.fetch_deadline.is_zero()),
             ("footer_deadline_ms", self.footer_deadline.is_zero()),
+            ("handoff_wait_ms", self.handoff_wait.is_zero()),
             ("connect_timeout_ms", self.connect_timeout.is_zero()),
             ("max_fetches_per_peer", self.max_fetches_per_peer == 0),
             ("stall_timeout_ms", self.stall_timeout.is_zero()),

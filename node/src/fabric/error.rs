@@ -57,6 +57,14 @@ pub enum PeerError {
         /// Why.
         fault: LinkFault,
     },
+    /// Asked for a copy it holds (a handoff), the peer holds none.
+    #[error("peer {addr} holds no copy of {shard}")]
+    NotHeld {
+        /// The peer.
+        addr: SocketAddr,
+        /// The shard.
+        shard: ShardId,
+    },
     /// The chunk failed validation.
     #[error("peer {addr} sent a corrupt chunk for {shard}: {corruption}")]
     Corrupt {
@@ -110,6 +118,7 @@ impl PeerError {
             PeerError::Connect { .. }
             | PeerError::Transfer { .. }
             | PeerError::Refused { .. }
+            | PeerError::NotHeld { .. }
             | PeerError::Footer { .. }
             | PeerError::Timeout { .. } => AskFailure::Unavailable(self.to_string()),
         }

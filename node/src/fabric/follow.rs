@@ -44,11 +44,13 @@ async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &Pl
     all
 }
 
-/// Keeps the owners last known for `version` (and their epoch) in `map`.
+/// Keeps the owners last known for `version` (and their epoch, and what
+/// was handed over) in `map`.
 fn keep_owners(map: &mut PlacementMap, cluster: &Cluster, version: DatasetVersion) {
-    if let Some((epoch, owners)) = cluster.owners_of(version) {
+    if let Some((epoch, owners, former)) = cluster.owners_of(version) {
         map.owners.insert(version, owners);
         map.owner_epochs.insert(version, epoch);
+        map.former.insert(version, former);
     }
 }
 
@@ -91,6 +93,12 @@ pub async fn follow_placement(
                             .collect();
                         map.owners.insert(*version, owners);
                         map.owner_epochs.insert(*version, report.placement_epoch);
+                        let handed = report
+                            .handed_from
+                            .iter()
+                            .map(|&(file, row_group, from)| (ShardId { file, row_group }, from))
+                            .collect();
+                        map.former.insert(*version, handed);
                     }
                     // Keep what was known for this version (a slightly old
                     // owner still serves; no owner at all would make this

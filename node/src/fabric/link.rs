@@ -117,7 +117,44 @@ impl PeerLink {
             let slot = self.slot(addr);
             let _permit = slot.acquire().await.map_err(|_| PeerError::Connect { addr, fault: LinkFault::Closed })?;
             let conn = self.connection(addr).await?;
-            let result = self.exchange(&conn, addr, placement_epoch, version, shard, expected_len).await;
+            let request = PeerRequest::FetchChunk { version, shard, placement_epoch };
+            let stall = self.config.stall_timeout;
+            let result = self.exchange(&conn, addr, &request, version, shard, expected_len, stall).await;
+            if matches!(result, Err(PeerError::Transfer { .. })) {
+                self.conns.forget(addr);
+            }
+            result
+        };
+        tokio::time::timeout(deadline, work).await.map_err(|_| PeerError::Timeout { addr, shard, deadline })?
+    }
+
+    /// Asks the node at `addr` for a copy of `shard` it holds (a handoff:
+    /// the placement handed this node's shard over from it), validated as
+    /// [`PeerLink::fetch`] validates a chunk. It answers at once
+    /// ([`PeerError::NotHeld`] when it holds none), or says it is reading
+    /// the shard and sends it when read; no first answer within
+    /// [`FabricConfig::handoff_wait`] is a [`PeerError::Timeout`], as is
+    /// the whole fetch past `deadline`. A peer already known to be down is
+    /// not dialed.
+    pub async fn fetch_held(
+        &self,
+        addr: SocketAddr,
+        version: DatasetVersion,
+        shard: ShardId,
+        expected_len: u64,
+        deadline: Duration,
+    ) -> Result<SealedChunk, PeerError> {
+        let wait = self.config.handoff_wait.min(deadline);
+        let work = async {
+            let slot = self.slot(addr);
+            let _permit = slot.acquire().await.map_err(|_| PeerError::Connect { addr, fault: LinkFault::Closed })?;
+            let conn = tokio::time::timeout(wait, self.connection(addr)).await.map_err(|_| PeerError::Timeout {
+                addr,
+                shard,
+                deadline: wait,
+            })??;
+            let request = PeerRequest::HandOver { version, shard };
+            let result = self.exchange(&conn, addr, &request, version, shard, expected_len, wait).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
                 self.conns.forget(addr);
             }
@@ -148,10 +185,14 @@ impl PeerLink {
         let fail = |fault: LinkFault| PeerError::Footer { addr, file, fault };
         let work = async {
             let conn = self.connection(addr).await?;
-            let (response, mut recv) =
-                ask(&conn, &PeerRequest::FetchFooter { version, file }, self.config.stall_timeout)
-                    .await
-                    .map_err(|e| fail(e.into_fault()))?;
+            let (response, mut recv) = ask(
+                &conn,
+                &PeerRequest::FetchFooter { version, file },
+                self.config.stall_timeout,
+                self.config.stall_timeout,
+            )
+            .await
+            .map_err(|e| fail(e.into_fault()))?;
             match response {
                 PeerResponse::Footer { len } if len <= MAX_PEER_FOOTER_LEN.min(file_size) => {
                     let mut buf = vec![0u8; len as usize];
@@ -170,40 +211,49 @@ impl PeerLink {
                 }
                 PeerResponse::Failed { kind, message } => Err(fail(LinkFault::Refused { kind, message })),
                 PeerResponse::Chunk { .. } => Err(fail(LinkFault::Unexpected("a chunk"))),
+                PeerResponse::NotHeld => Err(fail(LinkFault::Unexpected("an answer to a handoff"))),
                 PeerResponse::Working => Err(fail(LinkFault::Unexpected("a progress frame taken for an answer"))),
             }
         };
         tokio::time::timeout(deadline, work).await.map_err(|_| fail(LinkFault::Timeout(deadline)))?
     }
 
+    /// Sends `request` for the chunk of `shard` and reads the answer (its
+    /// first frame within `first`).
+    #[allow(clippy::too_many_arguments)]
     async fn exchange(
         &self,
         conn: &quinn::Connection,
         addr: SocketAddr,
-        placement_epoch: u64,
+        request: &PeerRequest,
         version: DatasetVersion,
         shard: ShardId,
         expected_len: u64,
+        first: Duration,
     ) -> Result<SealedChunk, PeerError> {
         let transfer = |fault: LinkFault| PeerError::Transfer { addr, shard, fault };
         let corrupt = |corruption: Corruption| PeerError::Corrupt { addr, shard, corruption };
         // A stall on a connection that hears nothing at all is a dead
         // peer: a transfer failure, which waits for the placement.
+        // A handoff's miss is read around at once whatever it was: no probe.
+        let held = matches!(request, PeerRequest::HandOver { .. });
         let failed = async |e: StreamError| match e {
+            StreamError::Stalled(stall) if held => PeerError::Stalled { addr, shard, stall },
             StreamError::Stalled(stall) if peer_answers(conn, tls::KEEP_ALIVE_INTERVAL).await => {
                 PeerError::Stalled { addr, shard, stall }
             }
             StreamError::Stalled(stall) => transfer(LinkFault::Gone(stall)),
             StreamError::Failed(fault) => transfer(fault),
         };
-        let (response, mut recv) =
-            match ask(conn, &PeerRequest::FetchChunk { version, shard, placement_epoch }, self.config.stall_timeout)
-                .await
-            {
-                Ok(answer) => answer,
-                Err(e) => return Err(failed(e).await),
-            };
+        let (response, mut recv) = match ask(conn, request, first, self.config.stall_timeout).await {
+            Ok(answer) => answer,
+            Err(e) => return Err(failed(e).await),
+        };
         match response {
+            PeerResponse::NotHeld if matches!(request, PeerRequest::HandOver { .. }) => {
+                Err(PeerError::NotHeld { addr, shard })
+            }
+            PeerResponse::NotHeld => Err(transfer(LinkFault::Unexpected("an answer to a handoff"))),
             PeerResponse::Failed { kind, message } => Err(PeerError::Refused { addr, shard, kind, message }),
             PeerResponse::Footer { .. } => Err(transfer(LinkFault::Unexpected("a footer"))),
             PeerResponse::Working => Err(transfer(LinkFault::Unexpected("a progress frame taken for an answer"))),

@@ -33,6 +33,9 @@ pub(crate) struct PlacementMap {
     /// coordinator's answer can be newer than the watch's view, or older
     /// when the last known owners were kept).
     pub(crate) owner_epochs: HashMap<DatasetVersion, u64>,
+    /// Per version, for shards a placement handed over from another live
+    /// node: that node (the coordinator's `handed_from`).
+    pub(crate) former: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
 }
 
 impl Cluster {
@@ -64,6 +67,22 @@ impl Cluster {
         map.addrs.get(&owner).map(|a| Owner { node: owner, addr: *a, epoch })
     }
 
+    /// For a shard this node owns that a placement handed over from
+    /// another live node: that node, asked for a copy it holds before this
+    /// node reads remote storage ([`super::route::Step::AskHeld`]).
+    pub fn handed_from(&self, version: DatasetVersion, shard: ShardId) -> Option<Owner> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        if *map.owners.get(&version)?.get(&shard)? != self.me {
+            return None;
+        }
+        let from = *map.former.get(&version)?.get(&shard)?;
+        if from == self.me {
+            return None;
+        }
+        let epoch = map.owner_epochs.get(&version).copied().unwrap_or(map.epoch);
+        map.addrs.get(&from).map(|a| Owner { node: from, addr: *a, epoch })
+    }
+
     /// The owner the placement gives `shard`, whichever node it is (this
     /// one included); `None` when the version or shard is not placed.
     pub fn placed_owner(&self, version: DatasetVersion, shard: ShardId) -> Option<NodeId> {
@@ -86,12 +105,17 @@ impl Cluster {
         map.owner_epochs.get(&version).copied().unwrap_or(map.epoch)
     }
 
-    /// The owners last known for `version`, and the epoch they were read
-    /// at.
-    pub(crate) fn owners_of(&self, version: DatasetVersion) -> Option<(u64, HashMap<ShardId, NodeId>)> {
+    /// The owners last known for `version`, the epoch they were read at,
+    /// and the nodes shards were handed over from.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn owners_of(
+        &self,
+        version: DatasetVersion,
+    ) -> Option<(u64, HashMap<ShardId, NodeId>, HashMap<ShardId, NodeId>)> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         let owners = map.owners.get(&version)?.clone();
-        Some((map.owner_epochs.get(&version).copied().unwrap_or(map.epoch), owners))
+        let former = map.former.get(&version).cloned().unwrap_or_default();
+        Some((map.owner_epochs.get(&version).copied().unwrap_or(map.epoch), owners, former))
     }
 
     pub(crate) fn replace(&self, map: PlacementMap) {
@@ -109,8 +133,20 @@ impl Cluster {
         addrs: HashMap<NodeId, SocketAddr>,
         owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
     ) {
+        self.apply_placement_with_handoffs(epoch, addrs, owners, HashMap::new());
+    }
+
+    /// [`Cluster::apply_placement`], with the node each shard was handed
+    /// over from (see [`Cluster::handed_from`]).
+    pub fn apply_placement_with_handoffs(
+        &self,
+        epoch: u64,
+        addrs: HashMap<NodeId, SocketAddr>,
+        owners: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+        former: HashMap<DatasetVersion, HashMap<ShardId, NodeId>>,
+    ) {
         let owner_epochs = owners.keys().map(|&v| (v, epoch)).collect();
-        self.replace(PlacementMap { epoch, addrs, owners, owner_epochs });
+        self.replace(PlacementMap { epoch, addrs, owners, owner_epochs, former });
     }
 
     /// Waits until the owner of `shard` is no longer `failed` (a newer

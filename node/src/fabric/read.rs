@@ -178,20 +178,24 @@ pub(crate) async fn peer_answers(conn: &quinn::Connection, keep_alive: Duration)
 /// Opens a stream on `conn`, sends `request` as one frame, finishes the
 /// sending side and reads the response frame, skipping the owner's
 /// [`PeerResponse::Working`] frames; bytes that follow the answer (a chunk,
-/// a footer) are left on the returned stream. An owner that sends nothing
-/// for `stall` has stalled.
+/// a footer) are left on the returned stream. An owner that sends no
+/// first frame within `first` (its first answer or progress frame), or
+/// nothing for `stall` after it, has stalled.
 pub(crate) async fn ask(
     conn: &quinn::Connection,
     request: &PeerRequest,
+    first: Duration,
     stall: Duration,
 ) -> Result<(PeerResponse, quinn::RecvStream), StreamError> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(LinkFault::Open)?;
     let request = peer_frame(&encode(request)).map_err(|error| LinkFault::Frame { what: "request", error })?;
     send.write_all(&request).await.map_err(LinkFault::Send)?;
     let _ = send.finish();
+    let mut wait = first;
     loop {
         let mut prefix = [0u8; HEADER_LEN];
-        read_live(&mut recv, &mut Buffer { buf: &mut prefix, pos: 0 }, "response header", stall).await?;
+        read_live(&mut recv, &mut Buffer { buf: &mut prefix, pos: 0 }, "response header", wait).await?;
+        wait = stall;
         let len = frame::decode_len(prefix, MAX_PEER_FRAME_LEN)
             .map_err(|error| LinkFault::Frame { what: "response header", error })?;
         let mut head = vec![0u8; len];

@@ -26,6 +26,16 @@
 //!   partition` measured the cost without it: a node cut off for 6 s spent
 //!   the whole reroute wait on every shard it had asked for, then read them
 //!   all itself.)
+//! - **This node owns the shard but a placement handed it over from a
+//!   live node** (the coordinator records the node a shard was moved from,
+//!   `ClusterState::handed_from`): before reading remote storage, ask that
+//!   node whether it holds the chunk ([`Step::AskHeld`]). It answers from
+//!   what it holds, at once, never by loading, so the ask cannot wait on
+//!   anything and joins no wait cycle; a miss, a failure or no answer
+//!   within the handoff wait means reading remote storage. (`granary chaos
+//!   sim --scenario stop` measured the cost without it: a node back from a
+//!   stop was given shards the survivors had read while it was away, and
+//!   read them again in the warm epochs.)
 //! - Bounds: at most [`MAX_OWNERS_ASKED`] owners, all within one fetch
 //!   deadline; when the placement does not move the shard in time, when it
 //!   moves it to this node, or when the deadline has passed, read remote
@@ -75,6 +85,16 @@ pub enum Step {
         /// How long to wait at most.
         within: Duration,
     },
+    /// Ask `former`, the live node the placement handed this node's shard
+    /// over from, for a copy it holds (never a load), giving up after
+    /// `within`; then report [`Route::handle_held`] on a miss (a chunk ends
+    /// the route).
+    AskHeld {
+        /// The node the shard was handed over from.
+        former: Owner,
+        /// What is left of the fetch deadline.
+        within: Duration,
+    },
     /// Read the shard from remote storage and convert it here.
     ReadRemote,
 }
@@ -101,6 +121,8 @@ enum State {
     Next,
     /// Asked this owner; waiting for the answer.
     Asking(Owner),
+    /// Asked the node the shard was handed over from for a held copy.
+    AskingHeld(Owner),
     /// Waiting for the placement to move the shard from this owner, and
     /// redialing it.
     Awaiting(Owner),
@@ -112,6 +134,9 @@ enum State {
 #[derive(Debug)]
 pub struct Route {
     target: Option<Owner>,
+    /// The node to ask for a held copy before reading remote storage, while
+    /// not asked yet.
+    handoff: Option<Owner>,
     deadline: Instant,
     reroute_wait: Duration,
     asked: usize,
@@ -126,12 +151,23 @@ impl Route {
     pub fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
         Self {
             target: owner,
+            handoff: None,
             deadline: now + fetch_deadline,
             reroute_wait,
             asked: 0,
             tried: Vec::new(),
             state: State::Next,
         }
+    }
+
+    /// Before reading remote storage, ask `former` for a copy it holds:
+    /// the live node a placement moved this node's shard from. Only for a
+    /// route with no other owner to ask (this node owns the shard).
+    pub fn with_handoff(mut self, former: Option<Owner>) -> Self {
+        if self.target.is_none() {
+            self.handoff = former;
+        }
+        self
     }
 
     /// The next step. Call again after reporting the outcome of an
@@ -150,6 +186,8 @@ impl Route {
                 self.asked += 1;
                 Step::Ask { owner, within: left }
             }
+            // Not reported: taken as a miss.
+            State::AskingHeld(_) => self.remote(),
             State::Awaiting(failed) => Step::AwaitPlacement {
                 failed: failed.node,
                 addr: failed.addr,
@@ -157,6 +195,11 @@ impl Route {
             },
             State::Next => {
                 let Some(owner) = self.target.filter(|_| self.asked < MAX_OWNERS_ASKED) else {
+                    let left = self.deadline.saturating_duration_since(now);
+                    if let Some(former) = self.handoff.take().filter(|_| self.target.is_none() && !left.is_zero()) {
+                        self.state = State::AskingHeld(former);
+                        return Step::AskHeld { former, within: left };
+                    }
                     return self.remote();
                 };
                 let left = self.deadline.saturating_duration_since(now);
@@ -215,6 +258,16 @@ impl Route {
     pub fn handle_owned_here(&mut self) {
         if let State::Asking(owner) = self.state {
             self.tried.push(format!("{}: left, the placement moved the shard to this node", owner.node));
+            self.state = State::Remote;
+        }
+    }
+
+    /// The node asked for a held copy ([`Step::AskHeld`]) gave none:
+    /// `reason` says why (it does not hold it, it failed, no answer in
+    /// time). Read remote storage.
+    pub fn handle_held(&mut self, reason: &str) {
+        if let State::AskingHeld(former) = self.state {
+            self.tried.push(format!("{} (handed the shard over): {reason}", former.node));
             self.state = State::Remote;
         }
     }
@@ -302,6 +355,33 @@ mod tests {
 
     fn ask(o: Owner, within: Duration) -> Step {
         Step::Ask { owner: o, within }
+    }
+
+    #[test]
+    fn a_shard_handed_over_is_asked_of_its_former_node_once_before_reading_remote() {
+        let t0 = Instant::now();
+        let mut r = Route::new(t0, None, DEADLINE, REROUTE).with_handoff(Some(owner(2)));
+        assert_eq!(r.poll(t0), Step::AskHeld { former: owner(2), within: DEADLINE });
+        // Reported out of turn, the other outcomes change nothing.
+        r.handle_failed(AskFailure::Unavailable("reset".into()));
+        r.handle_owned_here();
+        r.handle_held("it does not hold it");
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        assert_eq!(r.into_tried(), vec!["node-2 (handed the shard over): it does not hold it".to_string()]);
+        // Never unreported twice: a shell that does not report reads.
+        let mut r = Route::new(t0, None, DEADLINE, REROUTE).with_handoff(Some(owner(2)));
+        assert!(matches!(r.poll(t0), Step::AskHeld { .. }));
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        // A shard another node owns asks that owner, never a former node.
+        let mut r = Route::new(t0, Some(owner(3)), DEADLINE, REROUTE).with_handoff(Some(owner(2)));
+        assert_eq!(r.poll(t0), ask(owner(3), DEADLINE));
+        r.handle_failed(AskFailure::Unavailable("gone".into()));
+        r.poll(t0);
+        r.handle_moved(None);
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        // Past the deadline, nobody is asked.
+        let mut r = Route::new(t0, None, DEADLINE, REROUTE).with_handoff(Some(owner(2)));
+        assert_eq!(r.poll(t0 + DEADLINE), Step::ReadRemote);
     }
 
     #[test]

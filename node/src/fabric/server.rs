@@ -4,7 +4,10 @@
 //! request is never forwarded, and is answered at once when it meets a load
 //! of this node that is asking that peer, or asking a node an older
 //! placement named (`crate::flight`), so nodes that disagree about
-//! placement cannot chase or wait on each other. While the answer is
+//! placement cannot chase or wait on each other. A handoff
+//! ([`PeerRequest::HandOver`]) is answered from what this node holds, or
+//! from a load of its own already reading remote storage, else at once with
+//! "not held": it never starts a load. While the answer is
 //! produced, a progress frame goes out every progress interval, so the
 //! requester can tell a slow owner from a stalled one.
 
@@ -151,6 +154,14 @@ async fn serve_stream(
         .map_err(|e| format!("request body: {e}"))?;
     let (version, shard, epoch) = match decode::<PeerRequest>(&body) {
         Ok(PeerRequest::FetchChunk { version, shard, placement_epoch }) => (version, shard, placement_epoch),
+        Ok(PeerRequest::HandOver { version, shard }) => {
+            match with_progress(config, &mut send, node.held_for_peer(version, shard)).await? {
+                Some(answer) => send_chunk(config, &mut send, shard, answer).await?,
+                None => send.write_all(&respond(&PeerResponse::NotHeld)?).await.map_err(|e| e.to_string())?,
+            }
+            let _ = send.finish();
+            return Ok(());
+        }
         Ok(PeerRequest::FetchFooter { version, file }) => {
             match with_progress(config, &mut send, node.footer_for_peer(version, file)).await? {
                 Ok(raw) => {
@@ -174,17 +185,30 @@ async fn serve_stream(
             return Err(msg);
         }
     };
-    match with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer, epoch)).await? {
+    let answer = with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer, epoch)).await?;
+    send_chunk(config, &mut send, shard, answer).await?;
+    let _ = send.finish();
+    Ok(())
+}
+
+/// Sends a chunk (its response frame and bytes), or the error that
+/// stood in its way.
+async fn send_chunk(
+    config: &FabricConfig,
+    send: &mut quinn::SendStream,
+    shard: granary_proto::ShardId,
+    answer: crate::service::Shared,
+) -> Result<(), String> {
+    let respond = |resp: &PeerResponse| peer_frame(&encode(resp)).map_err(|e| e.to_string());
+    match answer {
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 })?;
             let what = format!("the {} bytes of {shard}", chunk.len());
-            send_response(config, &mut send, &head, chunk.shared_bytes(), &what).await?;
+            send_response(config, send, &head, chunk.shared_bytes(), &what).await
         }
         Err(e) => {
             let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };
-            send.write_all(&respond(&resp)?).await.map_err(|e| e.to_string())?;
+            send.write_all(&respond(&resp)?).await.map_err(|e| e.to_string())
         }
     }
-    let _ = send.finish();
-    Ok(())
 }

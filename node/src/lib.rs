@@ -57,7 +57,9 @@ use granary_source::{dataset, remote};
 /// the liveness probe. The node's async shells execute what they decide;
 /// `granary-chaos` drives the same code on a simulated clock and network.
 pub mod decide {
-    pub use crate::fabric::route::{AskFailure, FooterAnswer, MAX_OWNERS_ASKED, Owner, Route, Step, answer_footer};
+    pub use crate::fabric::route::{
+        AskFailure, FooterAnswer, LeaseView, MAX_OWNERS_ASKED, Owner, Route, Step, answer_footer, may_read_as_owner,
+    };
     pub use crate::fabric::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
     pub use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement};
 }

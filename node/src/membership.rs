@@ -40,11 +40,25 @@ pub(crate) struct Standing {
     pub incarnation: Option<u64>,
     /// The latest placement epoch heard of.
     pub placement_epoch: u64,
+    /// When the last heartbeat or registration the coordinator accepted
+    /// was sent (the lease runs from no earlier); None while not
+    /// registered or once the lease is known to be lost.
+    pub renewed_at: Option<std::time::Instant>,
+    /// The coordinator's lease.
+    pub lease: Duration,
+}
+
+impl Standing {
+    /// What the fetch route needs of it ([`crate::fabric::route::may_read_as_owner`]).
+    pub(crate) fn lease_view(&self) -> crate::fabric::route::LeaseView {
+        crate::fabric::route::LeaseView { renewed_at: self.renewed_at, lease: self.lease, epoch: self.placement_epoch }
+    }
 }
 
 /// A running membership: registration, heartbeats and the placement watch.
 pub(crate) struct Membership {
     view: watch::Receiver<Option<PlacementView>>,
+    standing: watch::Receiver<Standing>,
     tasks: JoinSet<()>,
 }
 
@@ -75,7 +89,7 @@ impl Membership {
         // The watch has its own client, so that its long-lived stream and its
         // retries never disturb the heartbeats' leader hint.
         let watch_client = Arc::new(CoordinatorClient::new(&identity, addrs, ClientOptions::default())?);
-        let (standing_tx, _) = watch::channel(Standing::default());
+        let (standing_tx, standing) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();
         let node = NodeId(cfg.node_id);
@@ -83,7 +97,12 @@ impl Membership {
             ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes, registration: 0 };
         tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
         tasks.spawn(watch_loop(watch_client, view_tx));
-        Ok(Self { view, tasks })
+        Ok(Self { view, standing, tasks })
+    }
+
+    /// This node's standing, as the lease loop keeps it.
+    pub(crate) fn standing(&self) -> watch::Receiver<Standing> {
+        self.standing.clone()
     }
 
     /// The latest cluster view from the placement watch.
@@ -122,12 +141,19 @@ async fn lease_loop(
         if let ApiRequest::RegisterNode { registration, .. } = &mut register {
             *registration = t;
         }
+        let sent = tokio::time::Instant::now().into_std();
         let (incarnation, lease) = match client.call(&register).await {
             Ok((_, ApiResponse::Registered { incarnation, placement_epoch, lease_ms })) => {
                 tracing::info!(%node, incarnation, placement_epoch, "joined the cluster");
                 token = None;
-                standing.send_replace(Standing { incarnation: Some(incarnation), placement_epoch });
-                (incarnation, Duration::from_millis(lease_ms.max(30)))
+                let lease = Duration::from_millis(lease_ms.max(30));
+                standing.send_replace(Standing {
+                    incarnation: Some(incarnation),
+                    placement_epoch,
+                    renewed_at: Some(sent),
+                    lease,
+                });
+                (incarnation, lease)
             }
             Ok((addr, other)) => {
                 tracing::warn!(%node, %addr, "unexpected answer to register: {other:?}");
@@ -147,17 +173,20 @@ async fn lease_loop(
         beat.tick().await;
         loop {
             beat.tick().await;
+            let sent = tokio::time::Instant::now().into_std();
             match client.call(&ApiRequest::Heartbeat { node, incarnation }).await {
                 Ok((_, ApiResponse::HeartbeatAccepted { placement_epoch })) => {
-                    standing.send_if_modified(|s| {
-                        let changed = s.placement_epoch != placement_epoch;
-                        s.placement_epoch = placement_epoch;
-                        changed
+                    standing.send_modify(|s| {
+                        s.placement_epoch = s.placement_epoch.max(placement_epoch);
+                        s.renewed_at = s.renewed_at.max(Some(sent));
                     });
                 }
                 Ok((_, ApiResponse::LeaseLost { .. })) => {
                     tracing::warn!(%node, incarnation, "lease lost; registering again");
-                    standing.send_modify(|s| s.incarnation = None);
+                    standing.send_modify(|s| {
+                        s.incarnation = None;
+                        s.renewed_at = None;
+                    });
                     break;
                 }
                 Ok((addr, other)) => tracing::warn!(%node, %addr, "unexpected answer to heartbeat: {other:?}"),

@@ -567,7 +567,24 @@ impl Node {
                 .with_handoff(cluster.handed_from(key.version, key.shard));
         loop {
             match route.poll(tokio::time::Instant::now().into_std()) {
-                Step::ReadRemote => break,
+                Step::ReadRemote => {
+                    // Reading as the owner on a placement that may be stale
+                    // (this node's lease is in doubt): wait for the lease
+                    // and the placement that comes with it, then route
+                    // again, once.
+                    if route.may_recheck()
+                        && cluster.placed_owner(key.version, key.shard) == Some(cluster.me())
+                        && !cluster.may_read_as_owner()
+                    {
+                        tracing::info!(shard = %key.shard,
+                            "this node's lease is in doubt; waiting for it before reading the shard as its owner");
+                        cluster.lease_settled(config.reroute_wait).await;
+                        let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
+                        route.recheck_as_owner(owner, cluster.handed_from(key.version, key.shard));
+                        continue;
+                    }
+                    break;
+                }
                 Step::AskHeld { former, within } => {
                     match cluster
                         .link()

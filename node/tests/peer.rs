@@ -999,3 +999,42 @@ async fn a_node_reading_the_shard_hands_it_over_when_read() {
     assert_eq!(chunk.bytes(), own.bytes());
     assert_eq!(slow.stats().conversions, 1, "one read for both");
 }
+
+/// A node whose lease is in doubt (here: known lost) does not read a shard
+/// its placement gives it as the owner: the placement may be stale, the
+/// coordinator may have moved the shard to a node that read it meanwhile
+/// (`granary chaos sim` seed 39650). It waits for its lease and the
+/// placement that comes with it, then asks the owner that placement names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_lease_is_in_doubt_waits_for_it_before_reading_as_owner() {
+    use granary_node::decide::LeaseView;
+    let f = start().await;
+    let held = f.node.chunk(f.version, f.shard).await.expect("node 1 holds the chunk");
+    let (node2, cluster) = patient_node2(&f).await;
+    let cluster = std::sync::Arc::new(cluster);
+    let owned_by = |n: u64| std::iter::once((f.version, std::iter::once((f.shard, NodeId(n))).collect())).collect();
+    let addrs: std::collections::HashMap<_, _> = [(NodeId(1), f.addr), (NodeId(2), local())].into_iter().collect();
+    let lease = Duration::from_secs(3);
+    // Placement 1 names node 2 the owner, but node 2 lost its lease.
+    cluster.apply_placement(1, addrs.clone(), owned_by(2));
+    cluster.set_lease(Some(LeaseView { renewed_at: None, lease, epoch: 1 }));
+    assert!(node2.join_cluster(cluster.clone()));
+    let trainer = {
+        let node2 = node2.clone();
+        let (v, s) = (f.version, f.shard);
+        tokio::spawn(async move { node2.chunk(v, s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!trainer.is_finished(), "it waits for the lease");
+    assert_eq!(node2.stats().conversions, 0);
+    // Registered again: placement 2, which gives the shard to node 1.
+    cluster.set_lease(Some(LeaseView { renewed_at: Some(std::time::Instant::now()), lease, epoch: 2 }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!trainer.is_finished(), "the placement reported with the lease is not known yet");
+    cluster.apply_placement(2, addrs, owned_by(1));
+    let chunk =
+        tokio::time::timeout(Duration::from_secs(10), trainer).await.expect("in time").expect("task").expect("chunk");
+    assert_eq!(chunk.bytes(), held.bytes());
+    let s = node2.stats();
+    assert_eq!((s.conversions, s.peer_fetched), (0, 1), "{s:?}");
+}

@@ -111,7 +111,7 @@ impl Coord {
         let node = NodeId(from as u64 + 1);
         let now = w.instant_now();
         match msg {
-            Msg::Register { token } => {
+            Msg::Register { token, sent } => {
                 let cmd = Command::RegisterNode {
                     node,
                     addr: super::node::addr_of(from).to_string(),
@@ -123,15 +123,18 @@ impl Coord {
                     self.leases.handle_renewed(node, incarnation, now);
                     rec.renewed(from, w.now);
                     w.log(format_args!("coordinator registers n{from} as {incarnation}: epoch {placement_epoch}"));
-                    w.send(Addr::Coord, 0, Addr::Node(from), 0, Msg::Registered { token, incarnation });
+                    let reply = Msg::Registered { token, incarnation, epoch: placement_epoch, sent };
+                    w.send(Addr::Coord, 0, Addr::Node(from), 0, reply);
                     self.broadcast(w, rec);
                 }
             }
-            Msg::Heartbeat { incarnation, epoch } => {
+            Msg::Heartbeat { incarnation, epoch, sent } => {
                 let live = self.state.nodes.get(&node).is_some_and(|r| r.live && r.incarnation == incarnation);
                 if live {
                     self.leases.handle_renewed(node, incarnation, now);
                     rec.renewed(from, w.now);
+                    let renewed = Msg::Renewed { incarnation, epoch: self.state.placement_epoch, sent };
+                    w.send(Addr::Coord, 0, Addr::Node(from), 0, renewed);
                     if epoch != self.state.placement_epoch {
                         w.send(
                             Addr::Coord,

@@ -13,8 +13,8 @@
 use super::check::Record;
 use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
 use granary_node::decide::{
-    Admission, Asked, Asker, InFlight, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
-    reads_here_after_placement,
+    Admission, Asked, Asker, InFlight, LeaseView, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
+    may_read_as_owner, reads_here_after_placement,
 };
 use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
 use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
@@ -99,6 +99,12 @@ struct Load {
     asks: usize,
     waiters: Vec<Waiter>,
     remote: bool,
+    /// Whether it may ask the owner (a trainer's load; a peer's is never
+    /// forwarded).
+    forwards: bool,
+    /// Whether it waits for its node's lease in doubt before reading as
+    /// the shard's owner.
+    doubting: bool,
     /// Whether a failure of the route came with a fault the run knows of.
     failures: Vec<String>,
 }
@@ -123,6 +129,11 @@ pub struct Node {
     /// When the process was last stopped.
     pub stopped_at: Micros,
     incarnation: Option<u64>,
+    /// When the last accepted heartbeat or registration was sent (None:
+    /// not registered, or the lease was lost), and the placement epoch the
+    /// coordinator reported with it.
+    renewed_at: Option<Micros>,
+    coord_epoch: u64,
     token: u64,
     placement_epoch: u64,
     owners: Vec<Option<usize>>,
@@ -162,6 +173,8 @@ impl Node {
             life: 1,
             stopped_at: 0,
             incarnation: None,
+            renewed_at: None,
+            coord_epoch: 0,
             token: 0,
             placement_epoch: 0,
             owners: Vec::new(),
@@ -249,17 +262,26 @@ impl Node {
             }
         }
         match msg {
-            Msg::Registered { token, incarnation } if token == self.token => {
+            Msg::Registered { token, incarnation, epoch, sent } if token == self.token => {
                 w.log(format_args!("n{} registered as incarnation {incarnation}", self.idx));
                 self.incarnation = Some(incarnation);
+                self.renewed(epoch, sent);
+                self.settle_doubts(w, rec);
+            }
+            Msg::Renewed { incarnation, epoch, sent } => {
+                if self.incarnation == Some(incarnation) {
+                    self.renewed(epoch, sent);
+                    self.settle_doubts(w, rec);
+                }
             }
             Msg::Registered { .. } => {}
             Msg::Expired => {
                 if self.incarnation.take().is_some() {
                     // At once, as `membership.rs`'s lease loop does.
                     w.log(format_args!("n{} lost its lease; registers again", self.idx));
+                    self.renewed_at = None;
                     self.token += 1;
-                    self.send(w, Addr::Coord, Msg::Register { token: self.token });
+                    self.send(w, Addr::Coord, Msg::Register { token: self.token, sent: w.now });
                 }
             }
             Msg::Placement { epoch, owners, handed_from } => self.placement(w, rec, epoch, owners, handed_from),
@@ -382,6 +404,7 @@ impl Node {
                 self.drive(w, rec, shard);
             }
         }
+        self.settle_doubts(w, rec);
         // The trainer starts once the placement covers every node (as a
         // deployment waits for the cluster to form), or after 5 s.
         let owners: BTreeSet<usize> = self.owners.iter().flatten().copied().collect();
@@ -428,8 +451,8 @@ impl Node {
             }
             Timer::Heartbeat => {
                 let msg = match self.incarnation {
-                    Some(incarnation) => Msg::Heartbeat { incarnation, epoch: self.placement_epoch },
-                    None => Msg::Register { token: self.token },
+                    Some(incarnation) => Msg::Heartbeat { incarnation, epoch: self.placement_epoch, sent: w.now },
+                    None => Msg::Register { token: self.token, sent: w.now },
                 };
                 self.send(w, Addr::Coord, msg);
                 w.timer(self.idx, self.life, LEASE / 3, Timer::Heartbeat);
@@ -447,6 +470,14 @@ impl Node {
                     self.fail_ask(w, rec, stream, |shard| PeerError::Transfer { addr, shard, fault });
                 } else {
                     w.timer(self.idx, self.life, deadline - w.now, timer);
+                }
+            }
+            Timer::LeaseWait(id) => {
+                if let Some(shard) = self.load_by_id(id)
+                    && self.loads.get(&shard).is_some_and(|l| l.doubting)
+                {
+                    w.log(format_args!("n{} routes s{shard} again: its lease wait ran out", self.idx));
+                    self.recheck(w, rec, shard);
                 }
             }
             Timer::HeldDeadline(stream) => {
@@ -614,6 +645,8 @@ impl Node {
                     asks: 0,
                     waiters: vec![waiter],
                     remote: false,
+                    forwards: asker.forwards(),
+                    doubting: false,
                     failures: Vec::new(),
                 };
                 self.loads.insert(shard, load);
@@ -678,7 +711,22 @@ impl Node {
                 w.timer(self.idx, self.life, DOWN_FOR, Timer::Redial(id, asks));
             }
             Step::ReadRemote => {
-                if load.remote {
+                if load.remote || load.doubting {
+                    return;
+                }
+                let mine = self.owners.get(shard as usize).copied().flatten() == Some(self.idx);
+                let lease = Some(LeaseView {
+                    renewed_at: self.renewed_at.map(|t| w.instant(t)),
+                    lease: Duration::from_micros(LEASE),
+                    epoch: self.coord_epoch,
+                });
+                if mine && load.route.may_recheck() && !may_read_as_owner(now, lease, self.placement_epoch) {
+                    // As the node's shell: a read as owner waits for a
+                    // lease in doubt, then routes again once.
+                    load.doubting = true;
+                    let id = load.id;
+                    w.log(format_args!("n{} holds its read of s{shard} as owner: its lease is in doubt", self.idx));
+                    w.timer(self.idx, self.life, REROUTE_WAIT.as_micros() as Micros, Timer::LeaseWait(id));
                     return;
                 }
                 load.remote = true;
@@ -694,6 +742,41 @@ impl Node {
                 w.timer(self.idx, self.life, took, Timer::RemoteDone(id));
             }
         }
+    }
+
+    fn renewed(&mut self, epoch: u64, sent: Micros) {
+        self.renewed_at = self.renewed_at.max(Some(sent));
+        self.coord_epoch = self.coord_epoch.max(epoch);
+    }
+
+    /// Loads holding a read as owner for a lease in doubt route again once
+    /// the lease is renewed and the placement that came with it is known.
+    fn settle_doubts(&mut self, w: &mut World, rec: &mut Record) {
+        let lease = Some(LeaseView {
+            renewed_at: self.renewed_at.map(|t| w.instant(t)),
+            lease: Duration::from_micros(LEASE),
+            epoch: self.coord_epoch,
+        });
+        if !may_read_as_owner(w.instant_now(), lease, self.placement_epoch) {
+            return;
+        }
+        let doubting: Vec<u32> = self.loads.values().filter(|l| l.doubting).map(|l| l.shard).collect();
+        for shard in doubting {
+            w.log(format_args!("n{} routes s{shard} again: its lease is renewed", self.idx));
+            self.recheck(w, rec, shard);
+        }
+    }
+
+    /// Routes a load that held its read as owner again, from the placement
+    /// known now.
+    fn recheck(&mut self, w: &mut World, rec: &mut Record, shard: u32) {
+        let owner = self.owner_of(shard);
+        let former = self.former_of(shard);
+        let Some(load) = self.loads.get_mut(&shard) else { return };
+        load.doubting = false;
+        let owner = if load.forwards { owner } else { None };
+        load.route.recheck_as_owner(owner, former);
+        self.drive(w, rec, shard);
     }
 
     /// A peer asks for `shard` on `stream`.

@@ -43,6 +43,8 @@ pub enum Msg {
     Register {
         /// The registration token (one per process life).
         token: u64,
+        /// When the node sent it (its lease runs from no earlier).
+        sent: Micros,
     },
     /// Node to coordinator: renew the lease of `incarnation`; `epoch` is
     /// the placement epoch the node has.
@@ -51,6 +53,8 @@ pub enum Msg {
         incarnation: u64,
         /// The node's placement epoch.
         epoch: u64,
+        /// When the node sent it.
+        sent: Micros,
     },
     /// Coordinator to node: registered as `incarnation`.
     Registered {
@@ -58,6 +62,20 @@ pub enum Msg {
         token: u64,
         /// The new incarnation.
         incarnation: u64,
+        /// The placement epoch after the registration.
+        epoch: u64,
+        /// When the node sent the registration.
+        sent: Micros,
+    },
+    /// Coordinator to node: the heartbeat sent at `sent` renewed the lease
+    /// of `incarnation`; the placement epoch is `epoch`.
+    Renewed {
+        /// The incarnation renewed.
+        incarnation: u64,
+        /// The coordinator's placement epoch.
+        epoch: u64,
+        /// When the node sent the heartbeat.
+        sent: Micros,
     },
     /// Coordinator to node: the heartbeat was refused (the incarnation
     /// expired): register again.
@@ -181,6 +199,8 @@ pub enum Timer {
     AskDeadline(u64),
     /// The handoff wait of an ask for a held copy (by stream).
     HeldDeadline(u64),
+    /// The wait of a load (by load id) for its node's lease in doubt.
+    LeaseWait(u64),
     /// The wait for the placement of a load (by load id, and owners asked
     /// when the wait began) ran out.
     Await(u64, usize),

@@ -83,9 +83,20 @@ impl ClusterHandle {
         let link = PeerLink::new(endpoint.clone(), &identity, &cfg.fabric).map_err(id_err)?;
         let cluster = Arc::new(Cluster::new(NodeId(cfg.node_id), link, cfg.fabric.clone()));
         node.join_cluster(cluster.clone());
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut standing = membership.standing();
+        let lease_cluster = cluster.clone();
+        tasks.spawn(async move {
+            loop {
+                let view = standing.borrow_and_update().lease_view();
+                lease_cluster.set_lease(Some(view));
+                if standing.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
         let addrs = granary_net::client::parse_addrs(&cfg.coordinators)?;
         let client = CoordinatorClient::new(&identity, addrs, granary_net::client::ClientOptions::default())?;
-        let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(serve(node.clone(), endpoint.clone(), cfg.fabric.clone()));
         tasks.spawn(follow_placement(cluster, node.clone(), client, membership.view()));
         tracing::info!(%listen, "serving chunks to peers");

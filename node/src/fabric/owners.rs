@@ -6,7 +6,7 @@
 
 use super::config::FabricConfig;
 use super::link::PeerLink;
-use super::route::Owner;
+use super::route::{LeaseView, Owner, may_read_as_owner};
 use granary_proto::{DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,6 +22,9 @@ pub struct Cluster {
     map: RwLock<PlacementMap>,
     /// Bumped on every placement update, so fetches can wait for one.
     updates: watch::Sender<u64>,
+    /// This node's lease as membership keeps it (None: no lease is
+    /// followed, as in tests that set placements by hand).
+    lease: watch::Sender<Option<LeaseView>>,
 }
 
 #[derive(Default)]
@@ -42,7 +45,50 @@ impl Cluster {
     /// This node is `me`; peers are reached through `link`, within the
     /// bounds of `config`.
     pub fn new(me: NodeId, link: PeerLink, config: FabricConfig) -> Self {
-        Self { me, link, config, map: RwLock::new(PlacementMap::default()), updates: watch::channel(0).0 }
+        Self {
+            me,
+            link,
+            config,
+            map: RwLock::new(PlacementMap::default()),
+            updates: watch::channel(0).0,
+            lease: watch::channel(None).0,
+        }
+    }
+
+    /// What this node knows of its lease now (membership forwards every
+    /// change; tests may set it).
+    pub fn set_lease(&self, view: Option<LeaseView>) {
+        self.lease.send_replace(view);
+    }
+
+    /// Whether this node may read a shard its placement gives it as the
+    /// owner now: its lease is not in doubt and its placement is at least
+    /// as new as the one the coordinator last reported
+    /// ([`may_read_as_owner`]).
+    pub fn may_read_as_owner(&self) -> bool {
+        may_read_as_owner(tokio::time::Instant::now().into_std(), *self.lease.borrow(), self.epoch())
+    }
+
+    /// Waits until this node may read as an owner again
+    /// ([`Cluster::may_read_as_owner`]: a heartbeat or registration
+    /// accepted, and the placement that came with it known), or `wait`
+    /// passes. Returns whether it may.
+    pub async fn lease_settled(&self, wait: Duration) -> bool {
+        let mut lease = self.lease.subscribe();
+        let mut updates = self.updates.subscribe();
+        let settled = tokio::time::timeout(wait, async {
+            while !self.may_read_as_owner() {
+                // A lease a lease old only changes when membership renews
+                // it; a check every 100 ms is a backstop.
+                tokio::select! {
+                    _ = lease.changed() => {}
+                    _ = updates.changed() => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        })
+        .await;
+        settled.is_ok()
     }
 
     /// This node's id.

@@ -36,6 +36,18 @@
 //!   sim --scenario stop` measured the cost without it: a node back from a
 //!   stop was given shards the survivors had read while it was away, and
 //!   read them again in the warm epochs.)
+//! - **This node would read as the shard's owner while its lease is in
+//!   doubt**: its last accepted heartbeat is a lease old or older (it was
+//!   stopped, or cut off from the coordinators), or it knows its lease was
+//!   lost, or the coordinator reported a newer placement than it knows. The
+//!   placement it acts on may be stale: the coordinator may have moved its
+//!   shards to nodes that read them meanwhile. It waits (up to the reroute
+//!   wait) until a heartbeat or a new registration is accepted and the
+//!   placement that came with it is known, then routes again once
+//!   ([`Route::recheck_as_owner`], [`may_read_as_owner`]). (`granary chaos
+//!   sim` seed 39650: a node cut off past its lease learned, after the
+//!   heal, an old placement naming it the owner and read a shard the other
+//!   node had read.)
 //! - Bounds: at most [`MAX_OWNERS_ASKED`] owners, all within one fetch
 //!   deadline; when the placement does not move the shard in time, when it
 //!   moves it to this node, or when the deadline has passed, read remote
@@ -134,6 +146,8 @@ enum State {
 #[derive(Debug)]
 pub struct Route {
     target: Option<Owner>,
+    /// Whether the route was routed again after a lease in doubt.
+    rechecked: bool,
     /// The node to ask for a held copy before reading remote storage, while
     /// not asked yet.
     handoff: Option<Owner>,
@@ -151,6 +165,7 @@ impl Route {
     pub fn new(now: Instant, owner: Option<Owner>, fetch_deadline: Duration, reroute_wait: Duration) -> Self {
         Self {
             target: owner,
+            rechecked: false,
             handoff: None,
             deadline: now + fetch_deadline,
             reroute_wait,
@@ -272,6 +287,29 @@ impl Route {
         }
     }
 
+    /// Whether the shell may wait for a lease in doubt and route again
+    /// ([`Route::recheck_as_owner`]): once per route, after it said
+    /// [`Step::ReadRemote`].
+    pub fn may_recheck(&self) -> bool {
+        self.state == State::Remote && !self.rechecked
+    }
+
+    /// The route said [`Step::ReadRemote`] for a shard this node owns
+    /// while its lease was in doubt; the shell waited for the lease and the
+    /// placement that came with it: route again from the owner it gives
+    /// now (`owner`: another node, or None for this one) and the node the
+    /// shard was handed over from (`former`). Once per route; the deadline
+    /// and the owners asked so far still bound it.
+    pub fn recheck_as_owner(&mut self, owner: Option<Owner>, former: Option<Owner>) {
+        if !self.may_recheck() {
+            return;
+        }
+        self.rechecked = true;
+        self.target = owner;
+        self.handoff = if owner.is_none() { former } else { None };
+        self.state = State::Next;
+    }
+
     /// The placement did not move the shard within the wait.
     pub fn handle_not_moved(&mut self) {
         if let State::Awaiting(_) = self.state {
@@ -303,6 +341,28 @@ impl Route {
         self.state = State::Remote;
         Step::ReadRemote
     }
+}
+
+/// What a node knows of its own lease, for [`may_read_as_owner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseView {
+    /// When the last heartbeat or registration the coordinator accepted was
+    /// sent (its lease runs from no earlier than that); None while not
+    /// registered, or once the lease is known to be lost.
+    pub renewed_at: Option<Instant>,
+    /// The coordinator's lease.
+    pub lease: Duration,
+    /// The placement epoch the coordinator reported with it.
+    pub epoch: u64,
+}
+
+/// Whether a node may read a shard its placement (of `known_epoch`) gives
+/// it, as its owner: its lease is not in doubt (`lease`: None when the
+/// node follows no lease, as in tests) and that placement is at least as
+/// new as the one the coordinator last reported.
+pub fn may_read_as_owner(now: Instant, lease: Option<LeaseView>, known_epoch: u64) -> bool {
+    let Some(l) = lease else { return true };
+    l.renewed_at.is_some_and(|t| now.saturating_duration_since(t) < l.lease) && known_epoch >= l.epoch
 }
 
 /// What a node answers a peer that asks for a file's footer.
@@ -382,6 +442,36 @@ mod tests {
         // Past the deadline, nobody is asked.
         let mut r = Route::new(t0, None, DEADLINE, REROUTE).with_handoff(Some(owner(2)));
         assert_eq!(r.poll(t0 + DEADLINE), Step::ReadRemote);
+    }
+
+    #[test]
+    fn a_lease_in_doubt_holds_a_read_as_owner_and_routes_again_once() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(3);
+        let view = |renewed: Option<Instant>, epoch| Some(LeaseView { renewed_at: renewed, lease, epoch });
+        assert!(may_read_as_owner(t0, None, 0), "no lease followed");
+        assert!(may_read_as_owner(t0 + Duration::from_secs(2), view(Some(t0), 4), 4));
+        assert!(!may_read_as_owner(t0 + lease, view(Some(t0), 4), 4), "a lease old");
+        assert!(!may_read_as_owner(t0, view(None, 4), 4), "lost or not registered");
+        assert!(!may_read_as_owner(t0, view(Some(t0), 5), 4), "the coordinator reported a newer placement");
+        // The route: read as owner, held; routed again to the owner the
+        // placement gives now, once.
+        let mut r = Route::new(t0, None, DEADLINE, REROUTE);
+        assert!(!r.may_recheck(), "only once it says ReadRemote");
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        assert!(r.may_recheck());
+        r.recheck_as_owner(Some(owner(3)), Some(owner(2)));
+        assert_eq!(r.poll(t0), ask(owner(3), DEADLINE), "another node owns it now; no handoff then");
+        r.handle_failed(AskFailure::Alive("stalled".into()));
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        assert!(!r.may_recheck(), "once per route");
+        r.recheck_as_owner(None, None);
+        assert_eq!(r.poll(t0), Step::ReadRemote);
+        // Still this node's, handed over from node 2: asked for its copy.
+        let mut r = Route::new(t0, None, DEADLINE, REROUTE);
+        r.poll(t0);
+        r.recheck_as_owner(None, Some(owner(2)));
+        assert_eq!(r.poll(t0), Step::AskHeld { former: owner(2), within: DEADLINE });
     }
 
     #[test]

@@ -40,7 +40,9 @@
 //! The fault-injecting store and the coordinator's linearizability client
 //! will be added here as they are built.
 
+pub mod hosts;
 pub mod lincheck;
+pub mod netns;
 pub mod relay;
 pub mod run;
 pub mod sim;

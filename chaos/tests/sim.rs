@@ -118,3 +118,17 @@ fn seeds_136349_and_184709_a_load_on_an_outdated_placement_is_no_link_in_a_wait_
         assert!(o.violations.is_empty(), "seed {seed}: {:?}", o.violations);
     }
 }
+
+/// Found by the simulation after the handoff: a node cut off from everyone
+/// past its lease learned, after the heal and a watch lag, an old placement
+/// naming it the owner of every shard, and read one the other node had
+/// read meanwhile (the pair had refused each other). A node whose lease is
+/// in doubt now waits for it, and the placement that comes with it,
+/// before reading as an owner.
+#[test]
+fn seed_39650_a_node_whose_lease_lapsed_does_not_read_as_owner() {
+    let o = sim::run(39650, true);
+    assert!(o.violations.is_empty(), "{:?}", o.violations);
+    let trace = o.trace.expect("trace");
+    assert!(trace.iter().any(|l| l.contains("its lease is in doubt")), "the rule was exercised");
+}

@@ -27,10 +27,9 @@ pub(crate) async fn read_and_convert(
     ds: &Dataset,
     key: ChunkKey,
     footer_from_peer: Option<BoxFuture<'static, Result<bytes::Bytes, String>>>,
-    loads: &Semaphore,
+    _load_permit: tokio::sync::SemaphorePermit<'_>,
     converts: &Arc<Semaphore>,
 ) -> Result<SealedChunk, FetchError> {
-    let _permit = loads.acquire().await.map_err(FetchError::ShuttingDown)?;
     let (file, rg) = ds.locate(key.shard)?;
     let footer = ds.footer_via(key.shard.file as usize, footer_from_peer).await?;
     let path = file.path.to_string();

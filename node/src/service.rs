@@ -310,9 +310,13 @@ impl Node {
         let mut rx = {
             let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
             let pending = inflight.get(&key)?;
-            if !pending.asking.reading.load(Ordering::Relaxed) {
+            let mut reading = pending.asking.reading.lock().unwrap_or_else(|p| p.into_inner());
+            if !reading.reading {
                 return None;
             }
+            // The load will read now, whatever its node learns of its
+            // lease meanwhile (see `load`): it never asks a peer after this.
+            reading.handed = true;
             pending.rx.clone()
         };
         match rx.wait_for(Option::is_some).await {
@@ -546,36 +550,56 @@ impl Node {
     /// what to do when the owner fails. The flag is true for a chunk
     /// fetched from another node.
     async fn load(&self, key: ChunkKey, forward: bool, asking: &Asking) -> Result<(SealedChunk, bool), FetchError> {
-        let here = || {
-            asking.reading.store(true, Ordering::Relaxed);
-            self.convert_here(key)
+        let permit = || async { self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown) };
+        let here = |permit| {
+            asking.reading.lock().unwrap_or_else(|p| p.into_inner()).reading = true;
+            self.convert_here(key, permit)
         };
         let Some(cluster) = self.inner.cluster.get() else {
-            return here().await.map(|c| (c, false));
+            return here(permit().await?).await.map(|c| (c, false));
         };
         // A peer's chunk must have the length the manifest's layout gives.
         let Some(expected_len) = self.dataset(key.version).ok().and_then(|d| d.chunk_len(key.shard)) else {
-            return here().await.map(|c| (c, false));
+            return here(permit().await?).await.map(|c| (c, false));
         };
         let config = cluster.config();
         // A peer's request is never forwarded to the owner; but a handoff
         // is asked for whoever waits (its answer never waits on a load that
         // asks a peer, so no cycle can form through it).
         let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
+        // The load permit the route's final step took.
+        let reading;
         let mut route =
             Route::new(tokio::time::Instant::now().into_std(), owner, config.fetch_deadline, config.reroute_wait)
                 .with_handoff(cluster.handed_from(key.version, key.shard));
         loop {
             match route.poll(tokio::time::Instant::now().into_std()) {
                 Step::ReadRemote => {
+                    // From here the load asks nobody (a handoff may join it)
+                    // unless it routes again below.
+                    asking.reading.lock().unwrap_or_else(|p| p.into_inner()).reading = true;
+                    // A load permit first: a load queued behind others, or
+                    // across a stop, checks its standing when it may read.
+                    let p = permit().await?;
                     // Reading as the owner on a placement that may be stale
                     // (this node's lease is in doubt): wait for the lease
                     // and the placement that comes with it, then route
-                    // again, once.
+                    // again, once; not if a handoff joined it (it must not
+                    // ask a peer then: a handoff never waits on one).
+                    let recheck = || {
+                        let mut r = asking.reading.lock().unwrap_or_else(|p| p.into_inner());
+                        if r.handed {
+                            return false;
+                        }
+                        r.reading = false;
+                        true
+                    };
                     if route.may_recheck()
                         && cluster.placed_owner(key.version, key.shard) == Some(cluster.me())
                         && !cluster.may_read_as_owner()
+                        && recheck()
                     {
+                        drop(p);
                         tracing::info!(shard = %key.shard,
                             "this node's lease is in doubt; waiting for it before reading the shard as its owner");
                         cluster.lease_settled(config.reroute_wait).await;
@@ -583,6 +607,7 @@ impl Node {
                         route.recheck_as_owner(owner, cluster.handed_from(key.version, key.shard));
                         continue;
                     }
+                    reading = p;
                     break;
                 }
                 Step::AskHeld { former, within } => {
@@ -679,7 +704,7 @@ impl Node {
             }
         }
         let tried = route.into_tried();
-        match here().await {
+        match here(reading).await {
             Ok(c) => Ok((c, false)),
             Err(e) if !tried.is_empty() => Err(FetchError::NoSource { shard: key.shard, tried, source: Box::new(e) }),
             Err(e) => Err(e),
@@ -688,10 +713,14 @@ impl Node {
 
     /// Reads one row group and converts it into a sealed chunk
     /// ([`crate::load`]), counting the conversion.
-    async fn convert_here(&self, key: ChunkKey) -> Result<SealedChunk, FetchError> {
+    async fn convert_here(
+        &self,
+        key: ChunkKey,
+        permit: tokio::sync::SemaphorePermit<'_>,
+    ) -> Result<SealedChunk, FetchError> {
         let ds = self.dataset(key.version)?;
         let peer = self.footer_from_peer(key.version, key.shard.file);
-        let chunk = load::read_and_convert(&ds, key, peer, &self.inner.loads, &self.inner.converts).await?;
+        let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts).await?;
         let c = &self.inner.counters;
         c.conversions.fetch_add(1, Ordering::Relaxed);
         c.converted_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -748,9 +777,19 @@ struct AskingState {
     /// Told when a newer asker joined and this node owns the shard now
     /// ([`Admission::JoinAndConvert`]): stop asking, read it here.
     read_here: tokio::sync::Notify,
-    /// Set once the load reads remote storage (it asks nobody any more):
-    /// a handoff may wait on it ([`Node::held_for_peer`]).
-    reading: std::sync::atomic::AtomicBool,
+    /// Whether the load reads remote storage (asks nobody: a handoff may
+    /// wait on it, [`Node::held_for_peer`]), and whether one does.
+    reading: std::sync::Mutex<Reading>,
+}
+
+/// Whether a load reads remote storage (asks nobody), and whether a
+/// handoff joined it, decided together under one lock.
+#[derive(Default)]
+struct Reading {
+    /// The load reads remote storage, or waits for a load permit to.
+    reading: bool,
+    /// A handoff joined it: it reads, whatever its node's lease says.
+    handed: bool,
 }
 
 /// Removes a shard from the in-flight map when dropped.

@@ -20,6 +20,10 @@ pub(crate) enum ChaosCommand {
     /// The real processes (voters, nodes, trainer ranks) under a seeded
     /// schedule of faults, checked against a fault-free reference.
     Run(super::chaos_run::RunArgs),
+    /// A node stopped, or its host cut off, in the cold epoch, on hosts
+    /// made of network namespaces, against the same job without the fault
+    /// (needs root).
+    Hosts(super::chaos_hosts::HostsArgs),
 }
 
 /// `granary chaos sim`.
@@ -67,6 +71,7 @@ pub(crate) fn run(c: ChaosCommand) -> Result<()> {
     match c {
         ChaosCommand::Sim(a) => sim_run(&a),
         ChaosCommand::Run(a) => super::chaos_run::run(&a),
+        ChaosCommand::Hosts(a) => super::chaos_hosts::run(&a),
     }
 }
 

@@ -13,7 +13,9 @@
 //! - [`stats`]: `granary stats`, one node's counters.
 //! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
 //! - [`chaos`]: `granary chaos sim`, the deterministic simulation, and
-//!   [`chaos_run`]: `granary chaos run`, real processes under seeded faults.
+//!   [`chaos_run`]: `granary chaos run`, real processes under seeded faults;
+//!   [`chaos_hosts`]: `granary chaos hosts`, one fault on hosts made of
+//!   network namespaces.
 //! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
 //!   and the benchmarks.
 //!
@@ -24,6 +26,7 @@
 pub(crate) mod bench;
 pub(crate) mod certs;
 pub(crate) mod chaos;
+pub(crate) mod chaos_hosts;
 pub(crate) mod chaos_run;
 pub(crate) mod connect;
 pub(crate) mod coordinator;

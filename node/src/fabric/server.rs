@@ -98,9 +98,20 @@ async fn with_progress<T>(
     send: &mut quinn::SendStream,
     work: impl std::future::Future<Output = T>,
 ) -> Result<T, String> {
+    with_progress_from(config, send, config.progress_interval, work).await
+}
+
+/// [`with_progress`], the first progress frame after `first` (a handoff's
+/// asker waits only the handoff wait for a first frame).
+async fn with_progress_from<T>(
+    config: &FabricConfig,
+    send: &mut quinn::SendStream,
+    first: std::time::Duration,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
     tokio::pin!(work);
     let working = peer_frame(&encode(&PeerResponse::Working)).map_err(|e| e.to_string())?;
-    let start = tokio::time::Instant::now() + config.progress_interval;
+    let start = tokio::time::Instant::now() + first;
     let mut tick = tokio::time::interval_at(start, config.progress_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -155,7 +166,10 @@ async fn serve_stream(
     let (version, shard, epoch) = match decode::<PeerRequest>(&body) {
         Ok(PeerRequest::FetchChunk { version, shard, placement_epoch }) => (version, shard, placement_epoch),
         Ok(PeerRequest::HandOver { version, shard }) => {
-            match with_progress(config, &mut send, node.held_for_peer(version, shard)).await? {
+            // Whatever is not ready at once (an SSD read, a load being
+            // read) is announced at once.
+            let first = std::time::Duration::ZERO;
+            match with_progress_from(config, &mut send, first, node.held_for_peer(version, shard)).await? {
                 Some(answer) => send_chunk(config, &mut send, shard, answer).await?,
                 None => send.write_all(&respond(&PeerResponse::NotHeld)?).await.map_err(|e| e.to_string())?,
             }

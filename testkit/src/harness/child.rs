@@ -28,6 +28,19 @@ fn tail_of(text: &str) -> String {
     lines[start..].join("\n")
 }
 
+/// A command running `exe`, inside network namespace `netns` when given
+/// (`ip netns exec NS EXE`, which execs it).
+pub(super) fn command_in(netns: Option<&str>, exe: &Path) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    }
+}
+
 /// A child's environment: errors a child returns from `main` print without
 /// a backtrace even where `RUST_BACKTRACE` is set (panics keep theirs).
 pub(super) fn quiet_errors(cmd: &mut Command) -> &mut Command {

@@ -41,7 +41,25 @@ pub struct LocalClusterSpec {
     /// object_store options for reading it (node `[remote]`, voter
     /// `--remote-option`), e.g. an S3 endpoint and keys.
     pub remote: std::collections::BTreeMap<String, String>,
+    /// Hosts made of network namespaces (empty: every process on
+    /// loopback): voter i and node i run in host i's namespace, on its
+    /// address, at fixed ports ([`VOTER_PORT`], [`PEER_PORT`]).
+    pub hosts: Vec<NetHost>,
 }
+
+/// A host made of a network namespace (see `granary_chaos::netns`).
+#[derive(Clone, Debug)]
+pub struct NetHost {
+    /// The namespace's name.
+    pub netns: String,
+    /// Its address.
+    pub ip: std::net::Ipv4Addr,
+}
+
+/// A voter's port on a [`NetHost`].
+pub const VOTER_PORT: u16 = 7100;
+/// A node's peer port on a [`NetHost`].
+pub const PEER_PORT: u16 = 7101;
 
 impl Default for LocalClusterSpec {
     fn default() -> Self {
@@ -58,6 +76,7 @@ impl Default for LocalClusterSpec {
             lease_ms: 1500,
             source: None,
             remote: std::collections::BTreeMap::new(),
+            hosts: Vec::new(),
         }
     }
 }
@@ -103,10 +122,23 @@ impl LocalCluster {
         }
         let certs = dir.join("certs");
         granary_net::tls::init_cluster(&certs).context("creating cluster certificates")?;
+        if !spec.hosts.is_empty() && (spec.voters as usize > spec.hosts.len() || spec.nodes as usize > spec.hosts.len())
+        {
+            bail!("{} hosts cannot hold {} voters and {} nodes", spec.hosts.len(), spec.voters, spec.nodes);
+        }
+        let on_host = |i: usize, port: u16| -> Result<std::net::SocketAddr> {
+            match spec.hosts.get(i) {
+                Some(h) => Ok(std::net::SocketAddr::from((h.ip, port))),
+                None => reserve_udp_port(),
+            }
+        };
         let voter_specs = (1..=spec.voters as u64)
-            .map(|id| Ok(VoterSpec { id, addr: reserve_udp_port()?, data_dir: dir.join(format!("voter-{id}")) }))
+            .map(|id| {
+                let addr = on_host((id - 1) as usize, VOTER_PORT)?;
+                Ok(VoterSpec { id, addr, data_dir: dir.join(format!("voter-{id}")) })
+            })
             .collect::<Result<Vec<_>>>()?;
-        let listen = (0..spec.nodes).map(|_| reserve_udp_port()).collect::<Result<Vec<_>>>()?;
+        let listen = (0..spec.nodes as usize).map(|i| on_host(i, PEER_PORT)).collect::<Result<Vec<_>>>()?;
         let mut c = Self {
             exe: exe.to_path_buf(),
             dir: dir.to_path_buf(),
@@ -163,7 +195,9 @@ impl LocalCluster {
             extra.push("--remote-option".into());
             extra.push(format!("{k}={v}"));
         }
-        let p = CoordinatorProcess::spawn(
+        let netns = self.spec.hosts.get(i).map(|h| h.netns.clone());
+        let p = CoordinatorProcess::spawn_in(
+            netns.as_deref(),
             &self.exe,
             &self.voter_specs[i],
             &self.voter_specs,
@@ -356,7 +390,15 @@ impl LocalCluster {
             std::fs::rename(&log, self.dir.join(format!("node-{id}.{n}.log")))
                 .with_context(|| format!("keeping {}", log.display()))?;
         }
-        let p = NodeProcess::spawn(&self.exe, &config, &self.socket(id), &self.log(id), Duration::from_secs(60))?;
+        let netns = self.spec.hosts.get((id - 1) as usize).map(|h| h.netns.clone());
+        let p = NodeProcess::spawn_in(
+            netns.as_deref(),
+            &self.exe,
+            &config,
+            &self.socket(id),
+            &self.log(id),
+            Duration::from_secs(60),
+        )?;
         self.nodes[(id - 1) as usize] = Some(p);
         Ok(())
     }

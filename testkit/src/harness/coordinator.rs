@@ -6,7 +6,7 @@ use super::child::{log_tail, quiet_errors};
 use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
@@ -49,6 +49,22 @@ impl CoordinatorProcess {
         log: &Path,
         timeout: Duration,
     ) -> Result<Self> {
+        Self::spawn_in(None, exe, me, voters, certs, extra, log, timeout)
+    }
+
+    /// [`CoordinatorProcess::spawn`] inside network namespace `netns`
+    /// (`ip netns exec`, which execs the voter: the child is the voter).
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_in(
+        netns: Option<&str>,
+        exe: &Path,
+        me: &VoterSpec,
+        voters: &[VoterSpec],
+        certs: &Path,
+        extra: &[String],
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<Self> {
         let peers = voters.iter().map(|v| format!("{}={}", v.id, v.addr)).collect::<Vec<_>>().join(",");
         // Appended, so a restarted voter's log follows its previous life's.
         let out = std::fs::OpenOptions::new()
@@ -56,7 +72,7 @@ impl CoordinatorProcess {
             .append(true)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
-        let mut child = quiet_errors(&mut Command::new(exe))
+        let mut child = quiet_errors(&mut super::child::command_in(netns, exe))
             .args(["coordinator", "--json", "--id", &me.id.to_string(), "--listen", &me.addr.to_string()])
             .args(["--peers", &peers])
             .arg("--data-dir")

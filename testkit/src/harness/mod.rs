@@ -14,7 +14,7 @@ mod memory;
 mod node;
 mod trainer;
 
-pub use cluster::{ClusterCounters, LocalCluster, LocalClusterSpec};
+pub use cluster::{ClusterCounters, LocalCluster, LocalClusterSpec, NetHost, PEER_PORT, VOTER_PORT};
 pub use coordinator::{CoordinatorProcess, VoterSpec, reserve_udp_port};
 pub use memory::{ProcMemory, proc_memory};
 pub use node::NodeProcess;

@@ -4,7 +4,7 @@
 use super::child::{log_tail, quiet_errors};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A node daemon child process.
@@ -18,12 +18,26 @@ impl NodeProcess {
     /// Starts `exe node --config config` and waits (up to `timeout`) until its
     /// socket accepts connections.
     pub fn spawn(exe: &Path, config: &Path, socket: &Path, log: &Path, timeout: Duration) -> Result<Self> {
+        Self::spawn_in(None, exe, config, socket, log, timeout)
+    }
+
+    /// [`NodeProcess::spawn`] inside network namespace `netns` (`ip netns
+    /// exec`, which execs the node: the child is the daemon). Its socket is
+    /// a file, reachable from every namespace.
+    pub fn spawn_in(
+        netns: Option<&str>,
+        exe: &Path,
+        config: &Path,
+        socket: &Path,
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<Self> {
         let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         // The harness waits on the node's "placement known" line
         // (`LocalCluster::wait_placement`): keep it whatever level the
         // caller's GRANARY_LOG asks for.
         let filter = std::env::var("GRANARY_LOG").unwrap_or_else(|_| "info".into());
-        let child = quiet_errors(&mut Command::new(exe))
+        let child = quiet_errors(&mut super::child::command_in(netns, exe))
             .env("GRANARY_LOG", format!("{filter},granary_node::fabric::follow=info"))
             .arg("node")
             .arg("--config")

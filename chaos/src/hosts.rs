@@ -279,7 +279,9 @@ fn run_job(cfg: &HostsConfig, hosts: &Hosts, data: &std::path::Path, fault: Opti
         if exposed.is_some() {
             out.exposed = exposed;
         }
-        let now = cluster.total_stats()?;
+        // Loads of the epoch that outlast its last rank (prefetch, a peer's
+        // request) finish before it is counted: they belong to it.
+        let now = settled_stats(&cluster)?;
         let (c, b) = diff(&now, &before);
         before = now;
         out.epoch_secs.push(o.secs);
@@ -293,6 +295,21 @@ fn run_job(cfg: &HostsConfig, hosts: &Hosts, data: &std::path::Path, fault: Opti
         t.finish(Duration::from_secs(30))?;
     }
     Ok(out)
+}
+
+/// The cluster's counters once no conversion has finished for half a
+/// second (at most 10 s).
+fn settled_stats(cluster: &LocalCluster) -> Result<ClusterCounters> {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut last = cluster.total_stats()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = cluster.total_stats()?;
+        if now.conversions == last.conversions && now.remote_bytes == last.remote_bytes || Instant::now() > until {
+            return Ok(now);
+        }
+        last = now;
+    }
 }
 
 /// Starts the fault's thread: at `fault_at` it reads the node's counters

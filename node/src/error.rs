@@ -85,6 +85,16 @@ pub enum FetchError {
         /// The shard.
         shard: ShardId,
     },
+    /// A peer asked this node, as the shard's owner, for a shard that the
+    /// placement gave to another node while the load waited to read it:
+    /// the peer asks that node (reading it here would read it twice).
+    #[error("{shard} is no longer this node's: {owner} owns it now; ask it")]
+    NotOwner {
+        /// The shard.
+        shard: ShardId,
+        /// Its owner now.
+        owner: granary_proto::NodeId,
+    },
     /// A peer asked for the footer of a file whose first row group this
     /// node believes another node owns: its placement disagrees with the
     /// asker's for now, and answering would mean asking a third node (or

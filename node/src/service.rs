@@ -310,13 +310,12 @@ impl Node {
         let mut rx = {
             let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
             let pending = inflight.get(&key)?;
-            let mut reading = pending.asking.reading.lock().unwrap_or_else(|p| p.into_inner());
-            if !reading.reading {
+            // Only a load that holds its load permit and reads: one queued
+            // for a permit may route again when it gets one (`load`), and
+            // a long queue is no cheaper than the asker's own read.
+            if !pending.asking.reading.load(Ordering::Relaxed) {
                 return None;
             }
-            // The load will read now, whatever its node learns of its
-            // lease meanwhile (see `load`): it never asks a peer after this.
-            reading.handed = true;
             pending.rx.clone()
         };
         match rx.wait_for(Option::is_some).await {
@@ -452,7 +451,9 @@ impl Node {
                     (Admission::Refuse, _) => return Err(Arc::new(FetchError::Forwarding { shard })),
                     (Admission::Join { promote }, Some(pending)) => {
                         self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
-                        if !asker.forwards() {
+                        if asker.forwards() {
+                            pending.asking.local_waits.store(true, Ordering::Relaxed);
+                        } else {
                             pending.asking.peer_waits.store(true, Ordering::Relaxed);
                         }
                         if promote {
@@ -518,8 +519,12 @@ impl Node {
             Ok((chunk, guest)) => (Ok(Arc::new(chunk)), guest),
             Err(e) => (Err(Arc::new(e)), false),
         };
-        if let Err(e) = &result {
-            tracing::warn!(shard = %key.shard, error = %e, "loading shard failed");
+        match &result {
+            Err(e) if matches!(**e, FetchError::NotOwner { .. }) => {
+                tracing::info!(shard = %key.shard, "a peer asked for a shard that moved on; it asks the new owner: {e}")
+            }
+            Err(e) => tracing::warn!(shard = %key.shard, error = %e, "loading shard failed"),
+            Ok(_) => {}
         }
         let _ = tx.send(Some(result.clone()));
         if let Ok(chunk) = result {
@@ -552,7 +557,7 @@ impl Node {
     async fn load(&self, key: ChunkKey, forward: bool, asking: &Asking) -> Result<(SealedChunk, bool), FetchError> {
         let permit = || async { self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown) };
         let here = |permit| {
-            asking.reading.lock().unwrap_or_else(|p| p.into_inner()).reading = true;
+            asking.reading.store(true, Ordering::Relaxed);
             self.convert_here(key, permit)
         };
         let Some(cluster) = self.inner.cluster.get() else {
@@ -575,39 +580,65 @@ impl Node {
         loop {
             match route.poll(tokio::time::Instant::now().into_std()) {
                 Step::ReadRemote => {
-                    // From here the load asks nobody (a handoff may join it)
-                    // unless it routes again below.
-                    asking.reading.lock().unwrap_or_else(|p| p.into_inner()).reading = true;
                     // A load permit first: a load queued behind others, or
-                    // across a stop, checks its standing when it may read.
-                    let p = permit().await?;
-                    // Reading as the owner on a placement that may be stale
-                    // (this node's lease is in doubt): wait for the lease
-                    // and the placement that comes with it, then route
-                    // again, once; not if a handoff joined it (it must not
-                    // ask a peer then: a handoff never waits on one).
-                    let recheck = || {
-                        let mut r = asking.reading.lock().unwrap_or_else(|p| p.into_inner());
-                        if r.handed {
-                            return false;
+                    // across a stop, checks what it knows when it may read.
+                    // A load that reads as the shard's owner (and may ask
+                    // others) stops waiting if the placement gives the
+                    // shard to another node meanwhile.
+                    let me = cluster.me();
+                    let as_owner = cluster.placed_owner(key.version, key.shard) == Some(me);
+                    let p = if forward && as_owner && route.may_recheck() {
+                        tokio::select! {
+                            biased;
+                            p = permit() => Some(p?),
+                            moved = cluster.reroute(key.version, key.shard, me, config.fetch_deadline) => match moved {
+                                Ok(_) => None,
+                                Err(()) => Some(permit().await?),
+                            },
                         }
-                        r.reading = false;
-                        true
+                    } else {
+                        Some(permit().await?)
                     };
-                    if route.may_recheck()
-                        && cluster.placed_owner(key.version, key.shard) == Some(cluster.me())
-                        && !cluster.may_read_as_owner()
-                        && recheck()
+                    // Once per route: the shard moved to another node while
+                    // the load waited; or it reads as the owner on a
+                    // placement that may be stale (this node's lease is in
+                    // doubt): wait for the lease and the placement that
+                    // comes with it. Then route again.
+                    let placed = cluster.placed_owner(key.version, key.shard);
+                    // A peer's load (never forwarded) whose shard went to
+                    // another node meanwhile, with none of this node's own
+                    // requests on it: the peer asks that node.
+                    if let Some(owner) = placed.filter(|&o| !forward && as_owner && o != me)
+                        && !asking.local_waits.load(Ordering::Relaxed)
                     {
-                        drop(p);
-                        tracing::info!(shard = %key.shard,
-                            "this node's lease is in doubt; waiting for it before reading the shard as its owner");
-                        cluster.lease_settled(config.reroute_wait).await;
+                        return Err(FetchError::NotOwner { shard: key.shard, owner });
+                    }
+                    let moved = forward && as_owner && placed.is_some_and(|o| o != me);
+                    let doubt = placed == Some(me) && !cluster.may_read_as_owner();
+                    let p = match p {
+                        Some(p) if route.may_recheck() && (moved || doubt) => {
+                            drop(p);
+                            None
+                        }
+                        p => p,
+                    };
+                    if let (None, true) = (&p, route.may_recheck()) {
+                        if doubt && !moved {
+                            tracing::info!(shard = %key.shard,
+                                "this node's lease is in doubt; waiting for it before reading the shard as its owner");
+                            cluster.lease_settled(config.reroute_wait).await;
+                        } else {
+                            tracing::info!(shard = %key.shard,
+                                "the placement gave the shard to another node while the load waited to read it; asking it");
+                        }
                         let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
                         route.recheck_as_owner(owner, cluster.handed_from(key.version, key.shard));
                         continue;
                     }
-                    reading = p;
+                    reading = match p {
+                        Some(p) => p,
+                        None => permit().await?,
+                    };
                     break;
                 }
                 Step::AskHeld { former, within } => {
@@ -774,22 +805,16 @@ struct AskingState {
     asked: std::sync::Mutex<Option<crate::flight::Asked>>,
     /// Whether a peer's request waits on the load.
     peer_waits: std::sync::atomic::AtomicBool,
+    /// Whether a request of this node's own (a trainer's, prefetch) joined
+    /// the load.
+    local_waits: std::sync::atomic::AtomicBool,
     /// Told when a newer asker joined and this node owns the shard now
     /// ([`Admission::JoinAndConvert`]): stop asking, read it here.
     read_here: tokio::sync::Notify,
-    /// Whether the load reads remote storage (asks nobody: a handoff may
-    /// wait on it, [`Node::held_for_peer`]), and whether one does.
-    reading: std::sync::Mutex<Reading>,
-}
-
-/// Whether a load reads remote storage (asks nobody), and whether a
-/// handoff joined it, decided together under one lock.
-#[derive(Default)]
-struct Reading {
-    /// The load reads remote storage, or waits for a load permit to.
-    reading: bool,
-    /// A handoff joined it: it reads, whatever its node's lease says.
-    handed: bool,
+    /// Set once the load holds its load permit and reads remote storage
+    /// (it asks nobody any more): a handoff may wait on it
+    /// ([`Node::held_for_peer`]).
+    reading: std::sync::atomic::AtomicBool,
 }
 
 /// Removes a shard from the in-flight map when dropped.

@@ -1038,3 +1038,51 @@ async fn a_node_whose_lease_is_in_doubt_waits_for_it_before_reading_as_owner() {
     let s = node2.stats();
     assert_eq!((s.conversions, s.peer_fetched), (0, 1), "{s:?}");
 }
+
+/// A peer's request that waited for a load permit while the placement gave
+/// its shard to another node is answered "not the owner" instead of read
+/// here: the peer asks the new owner, and the shard is not read twice
+/// (`granary chaos hosts --fault stop`: a survivor read, for a peer, a
+/// shard the node back from its stop had been given again, while that node
+/// read it too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_request_queued_while_its_shard_moved_away_is_sent_to_the_new_owner() {
+    use granary_node::error::FetchError;
+    let f = start().await;
+    let info = f.node.describe("ads").expect("describe");
+    let (first, second) = (info.shards[0].shard, f.shard);
+    // One load at a time, each remote read taking a second.
+    let cfg = NodeConfig {
+        prefetch_bytes: 0,
+        max_concurrent_loads: 1,
+        throttle: Some(granary_node::config::ThrottleConfig { latency_ms: 1_000, bandwidth_bytes_per_s: 1 << 30 }),
+        ..f.node_config()
+    };
+    let node2 = Node::start(&cfg).await.expect("node 2");
+    let cluster = std::sync::Arc::new(Cluster::new(NodeId(2), link(&f, "node"), FabricConfig::default()));
+    let owned_by = |n: u64| {
+        std::iter::once((f.version, [(first, NodeId(n)), (second, NodeId(n))].into_iter().collect())).collect()
+    };
+    let addrs: std::collections::HashMap<_, _> = [(NodeId(1), f.addr), (NodeId(2), local())].into_iter().collect();
+    cluster.apply_placement(1, addrs.clone(), owned_by(2));
+    assert!(node2.join_cluster(cluster.clone()));
+    // The first shard's load holds the only permit; the peer's request
+    // for the second waits for it.
+    let busy = {
+        let n = node2.clone();
+        tokio::spawn(async move { n.chunk_for_peer(f.version, first, local(), 1).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued = {
+        let n = node2.clone();
+        tokio::spawn(async move { n.chunk_for_peer(f.version, second, local(), 1).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.apply_placement(2, addrs, owned_by(1));
+    busy.await.expect("task").expect("the first shard");
+    match queued.await.expect("task") {
+        Err(e) => assert!(matches!(*e, FetchError::NotOwner { owner: NodeId(1), .. }), "{e}"),
+        Ok(_) => panic!("read here though node 1 owns it now"),
+    }
+    assert_eq!(node2.stats().conversions, 1, "only the first shard was read");
+}

@@ -53,17 +53,7 @@ pub(crate) fn run(a: &HostsArgs) -> Result<()> {
     granary_chaos::netns::Hosts::available()
         .map_err(|e| anyhow::anyhow!("granary chaos hosts makes network namespaces: {e}"))?;
     let exe = std::env::current_exe()?;
-    let tmp;
-    let work = match &a.keep {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            dir.clone()
-        }
-        None => {
-            tmp = tempfile::tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (work, _tmp) = super::work_dir(a.keep.as_deref(), "granary-hosts-")?;
     let fault = match a.fault {
         FaultArg::Stop => HostFault::Stop,
         FaultArg::Partition => HostFault::Partition,

@@ -52,17 +52,7 @@ pub(crate) fn run(a: &RunArgs) -> Result<()> {
         bail!("--nodes must be at least 2, --ranks-per-node and --epochs at least 1");
     }
     let exe = std::env::current_exe()?;
-    let tmp;
-    let work = match &a.keep {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            dir.clone()
-        }
-        None => {
-            tmp = tempfile::Builder::new().prefix("granary-chaos-").tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (work, _tmp) = super::work_dir(a.keep.as_deref(), "granary-chaos-")?;
     let mut cfg = RunConfig::new(exe, work.clone());
     cfg.nodes = a.nodes;
     cfg.ranks_per_node = a.ranks_per_node;

@@ -27,6 +27,24 @@ pub(crate) mod bench;
 pub(crate) mod certs;
 pub(crate) mod chaos;
 pub(crate) mod chaos_hosts;
+
+/// The folder a chaos command works in: `keep` (made if missing), or a
+/// temporary folder named with `prefix`, removed when the guard drops.
+pub(crate) fn work_dir(
+    keep: Option<&std::path::Path>,
+    prefix: &str,
+) -> anyhow::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
+    match keep {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            Ok((dir.to_path_buf(), None))
+        }
+        None => {
+            let tmp = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            Ok((tmp.path().to_path_buf(), Some(tmp)))
+        }
+    }
+}
 pub(crate) mod chaos_run;
 pub(crate) mod connect;
 pub(crate) mod coordinator;

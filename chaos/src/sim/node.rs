@@ -667,6 +667,7 @@ impl Node {
     /// Executes the route's next step for the load of `shard`.
     fn drive(&mut self, w: &mut World, rec: &mut Record, shard: u32) {
         let now = w.instant_now();
+        let lease = self.lease_view(w);
         let Some(load) = self.loads.get_mut(&shard) else { return };
         match load.route.poll(now) {
             Step::Ask { owner, within } => {
@@ -715,11 +716,6 @@ impl Node {
                     return;
                 }
                 let mine = self.owners.get(shard as usize).copied().flatten() == Some(self.idx);
-                let lease = Some(LeaseView {
-                    renewed_at: self.renewed_at.map(|t| w.instant(t)),
-                    lease: Duration::from_micros(LEASE),
-                    epoch: self.coord_epoch,
-                });
                 if mine && load.route.may_recheck() && !may_read_as_owner(now, lease, self.placement_epoch) {
                     // As the node's shell: a read as owner waits for a
                     // lease in doubt, then routes again once.
@@ -744,6 +740,15 @@ impl Node {
         }
     }
 
+    /// What this node knows of its lease, as membership keeps it.
+    fn lease_view(&self, w: &World) -> Option<LeaseView> {
+        Some(LeaseView {
+            renewed_at: self.renewed_at.map(|t| w.instant(t)),
+            lease: Duration::from_micros(LEASE),
+            epoch: self.coord_epoch,
+        })
+    }
+
     fn renewed(&mut self, epoch: u64, sent: Micros) {
         self.renewed_at = self.renewed_at.max(Some(sent));
         self.coord_epoch = self.coord_epoch.max(epoch);
@@ -752,12 +757,7 @@ impl Node {
     /// Loads holding a read as owner for a lease in doubt route again once
     /// the lease is renewed and the placement that came with it is known.
     fn settle_doubts(&mut self, w: &mut World, rec: &mut Record) {
-        let lease = Some(LeaseView {
-            renewed_at: self.renewed_at.map(|t| w.instant(t)),
-            lease: Duration::from_micros(LEASE),
-            epoch: self.coord_epoch,
-        });
-        if !may_read_as_owner(w.instant_now(), lease, self.placement_epoch) {
+        if !may_read_as_owner(w.instant_now(), self.lease_view(w), self.placement_epoch) {
             return;
         }
         let doubting: Vec<u32> = self.loads.values().filter(|l| l.doubting).map(|l| l.shard).collect();

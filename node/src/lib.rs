@@ -58,7 +58,8 @@ use granary_source::{dataset, remote};
 /// `granary-chaos` drives the same code on a simulated clock and network.
 pub mod decide {
     pub use crate::fabric::route::{
-        AskFailure, FooterAnswer, LeaseView, MAX_OWNERS_ASKED, Owner, Route, Step, answer_footer, may_read_as_owner,
+        AfterPermit, AskFailure, FooterAnswer, LeaseView, MAX_OWNERS_ASKED, Owner, Route, Step, after_permit,
+        answer_footer, may_read_as_owner,
     };
     pub use crate::fabric::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
     pub use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement};

@@ -23,7 +23,7 @@ use crate::config::NodeConfig;
 use crate::dataset::{Dataset, OpenError};
 use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
-use crate::fabric::route::{FooterAnswer, Route, Step, answer_footer};
+use crate::fabric::route::{AfterPermit, FooterAnswer, Route, Step, after_permit, answer_footer};
 use crate::flight::{Admission, Asker, InFlight, admit};
 use crate::load;
 use crate::prefetch::{PrefetchWindow, plan_order};
@@ -599,47 +599,52 @@ impl Node {
                     } else {
                         Some(permit().await?)
                     };
-                    // Once per route: the shard moved to another node while
-                    // the load waited; or it reads as the owner on a
-                    // placement that may be stale (this node's lease is in
-                    // doubt): wait for the lease and the placement that
-                    // comes with it. Then route again.
-                    let placed = cluster.placed_owner(key.version, key.shard);
-                    // A peer's load (never forwarded) whose shard went to
-                    // another node meanwhile, with none of this node's own
-                    // requests on it: the peer asks that node.
-                    if let Some(owner) = placed.filter(|&o| !forward && as_owner && o != me)
-                        && !asking.local_waits.load(Ordering::Relaxed)
-                    {
-                        return Err(FetchError::NotOwner { shard: key.shard, owner });
-                    }
-                    let moved = forward && as_owner && placed.is_some_and(|o| o != me);
-                    let doubt = placed == Some(me) && !cluster.may_read_as_owner();
-                    let p = match p {
-                        Some(p) if route.may_recheck() && (moved || doubt) => {
+                    // Then, once per route (`after_permit`): the shard moved
+                    // to another node while the load waited (a peer's load
+                    // refuses, a forwarding one asks it); or it reads as the
+                    // owner on a placement that may be stale (its lease is
+                    // in doubt): wait for the lease and the placement that
+                    // comes with it, and route again.
+                    let after = match p {
+                        // The wait ended because the shard moved.
+                        None => AfterPermit::RouteAgain { wait_for_lease: false },
+                        Some(_) => after_permit(
+                            me,
+                            forward,
+                            as_owner,
+                            cluster.placed_owner(key.version, key.shard),
+                            cluster.may_read_as_owner(),
+                            route.may_recheck(),
+                            asking.local_waits.load(Ordering::Relaxed),
+                        ),
+                    };
+                    match (after, p) {
+                        (AfterPermit::Read, Some(p)) => {
+                            reading = p;
+                            break;
+                        }
+                        (AfterPermit::Read, None) => {
+                            reading = permit().await?;
+                            break;
+                        }
+                        (AfterPermit::NotOwner(owner), _) => {
+                            return Err(FetchError::NotOwner { shard: key.shard, owner });
+                        }
+                        (AfterPermit::RouteAgain { wait_for_lease }, p) => {
                             drop(p);
-                            None
+                            if wait_for_lease {
+                                tracing::info!(shard = %key.shard,
+                                    "this node's lease is in doubt; waiting for it before reading the shard as its owner");
+                                cluster.lease_settled(config.reroute_wait).await;
+                            } else {
+                                tracing::info!(shard = %key.shard,
+                                    "the placement gave the shard to another node while the load waited to read it; asking it");
+                            }
+                            let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
+                            route.recheck_as_owner(owner, cluster.handed_from(key.version, key.shard));
+                            continue;
                         }
-                        p => p,
-                    };
-                    if let (None, true) = (&p, route.may_recheck()) {
-                        if doubt && !moved {
-                            tracing::info!(shard = %key.shard,
-                                "this node's lease is in doubt; waiting for it before reading the shard as its owner");
-                            cluster.lease_settled(config.reroute_wait).await;
-                        } else {
-                            tracing::info!(shard = %key.shard,
-                                "the placement gave the shard to another node while the load waited to read it; asking it");
-                        }
-                        let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
-                        route.recheck_as_owner(owner, cluster.handed_from(key.version, key.shard));
-                        continue;
                     }
-                    reading = match p {
-                        Some(p) => p,
-                        None => permit().await?,
-                    };
-                    break;
                 }
                 Step::AskHeld { former, within } => {
                     match cluster

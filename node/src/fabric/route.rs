@@ -365,6 +365,55 @@ pub fn may_read_as_owner(now: Instant, lease: Option<LeaseView>, known_epoch: u6
     l.renewed_at.is_some_and(|t| now.saturating_duration_since(t) < l.lease) && known_epoch >= l.epoch
 }
 
+/// What a load that was routed to read remote storage does once it holds
+/// its load permit (the queue can outlast a placement; see
+/// [`after_permit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPermit {
+    /// Read.
+    Read,
+    /// Give the permit back and route again ([`Route::recheck_as_owner`]),
+    /// after waiting for the lease and the placement that comes with it
+    /// when `wait_for_lease`.
+    RouteAgain {
+        /// Wait for a renewal first.
+        wait_for_lease: bool,
+    },
+    /// A peer's request whose shard the placement gave to `owner` while
+    /// the load waited: answer that the peer should ask it.
+    NotOwner(NodeId),
+}
+
+/// The decision of [`AfterPermit`] for a load that holds its permit.
+/// `forward`: the load may ask other nodes (a trainer's or prefetch's, not
+/// a peer's); `routed_as_owner`: the placement named this node (`me`) the
+/// owner when the load was routed to read; `placed_now`: the owner it
+/// names now; `lease_ok`: [`may_read_as_owner`]; `may_recheck`:
+/// [`Route::may_recheck`]; `local_waits`: a request of this node's own
+/// joined the load.
+#[allow(clippy::too_many_arguments)]
+pub fn after_permit(
+    me: NodeId,
+    forward: bool,
+    routed_as_owner: bool,
+    placed_now: Option<NodeId>,
+    lease_ok: bool,
+    may_recheck: bool,
+    local_waits: bool,
+) -> AfterPermit {
+    let moved = routed_as_owner && placed_now.is_some_and(|o| o != me);
+    match placed_now {
+        // A peer's load whose shard moved on, with none of this node's own
+        // requests on it (they would get the refusal too): the peer asks
+        // the new owner rather than this node read it a second time.
+        Some(owner) if moved && !forward && !local_waits => AfterPermit::NotOwner(owner),
+        _ if !may_recheck => AfterPermit::Read,
+        _ if moved && forward => AfterPermit::RouteAgain { wait_for_lease: false },
+        Some(owner) if owner == me && !lease_ok => AfterPermit::RouteAgain { wait_for_lease: true },
+        _ => AfterPermit::Read,
+    }
+}
+
 /// What a node answers a peer that asks for a file's footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FooterAnswer {
@@ -472,6 +521,31 @@ mod tests {
         r.poll(t0);
         r.recheck_as_owner(None, Some(owner(2)));
         assert_eq!(r.poll(t0), Step::AskHeld { former: owner(2), within: DEADLINE });
+    }
+
+    #[test]
+    fn a_load_that_got_its_permit_reads_unless_its_shard_moved_or_its_lease_is_in_doubt() {
+        let (me, other) = (NodeId(1), NodeId(2));
+        let d = |forward, routed, placed, lease_ok, recheck, local| {
+            after_permit(me, forward, routed, placed, lease_ok, recheck, local)
+        };
+        // Nothing changed: read.
+        assert_eq!(d(true, true, Some(me), true, true, false), AfterPermit::Read);
+        // The shard moved while queued: a forwarding load asks the owner;
+        // a peer's load refuses, unless this node's own request joined it.
+        assert_eq!(d(true, true, Some(other), true, true, false), AfterPermit::RouteAgain { wait_for_lease: false });
+        assert_eq!(d(false, true, Some(other), true, true, false), AfterPermit::NotOwner(other));
+        assert_eq!(d(false, true, Some(other), true, true, true), AfterPermit::Read);
+        // Routed after an owner failed (not as the owner): read as decided.
+        assert_eq!(d(true, false, Some(other), true, true, false), AfterPermit::Read);
+        // Still this node's but the lease is in doubt: wait, then route.
+        assert_eq!(d(true, true, Some(me), false, true, false), AfterPermit::RouteAgain { wait_for_lease: true });
+        assert_eq!(d(false, true, Some(me), false, true, false), AfterPermit::RouteAgain { wait_for_lease: true });
+        // Once per route: read the second time.
+        assert_eq!(d(true, true, Some(me), false, false, false), AfterPermit::Read);
+        assert_eq!(d(true, true, Some(other), true, false, false), AfterPermit::Read);
+        // No placement known: read.
+        assert_eq!(d(true, true, None, false, true, false), AfterPermit::Read);
     }
 
     #[test]

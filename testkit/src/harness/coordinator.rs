@@ -13,7 +13,26 @@ use std::time::Duration;
 /// Reserves a loopback UDP port by binding and releasing it. Coordinators
 /// need fixed ports (a voter's address is part of the replicated
 /// membership, so a restarted voter must return to it).
+///
+/// Ports come from below the kernel's ephemeral range (32768-60999 by
+/// default), so that a socket bound to port 0 never takes one while the
+/// process that owns it is down: a soak's restarted node found its peer
+/// port taken ("Address already in use"). Each process walks the range
+/// from its own offset, so parallel test processes rarely meet.
 pub fn reserve_udp_port() -> Result<std::net::SocketAddr> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (offset + n.wrapping_mul(7_919)) % SPAN) as u16;
+        if let Ok(s) = std::net::UdpSocket::bind(("127.0.0.1", port)) {
+            return Ok(s.local_addr()?);
+        }
+    }
+    // Every port of the range is taken: fall back to the kernel's choice.
     let s = std::net::UdpSocket::bind("127.0.0.1:0").context("binding a UDP port")?;
     Ok(s.local_addr()?)
 }

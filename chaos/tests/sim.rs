@@ -132,3 +132,18 @@ fn seed_39650_a_node_whose_lease_lapsed_does_not_read_as_owner() {
     let trace = o.trace.expect("trace");
     assert!(trace.iter().any(|l| l.contains("its lease is in doubt")), "the rule was exercised");
 }
+
+/// Found by the 200,000-seed soak: the owner of a shard crashed; two nodes
+/// whose placements disagreed (one had learned the newer placement naming
+/// the other, the other had not) asked each other for it and refused each
+/// other, then asked the owner again, which had crashed again, and both
+/// read the shard. A load asking a peer on an older placement than the one
+/// that peer asks it on now stops asking and reads the shard here, and the
+/// peer waits on it (`granary_node`'s single flight).
+#[test]
+fn seed_187788_a_pair_asking_each_other_on_different_placements_reads_the_shard_once() {
+    let o = sim::run(187788, true);
+    assert!(o.violations.is_empty(), "{:?}", o.violations);
+    let trace = o.trace.expect("trace");
+    assert!(trace.iter().any(|l| l.contains("leaves its ask for s18")), "the rule was exercised");
+}

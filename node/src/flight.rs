@@ -12,10 +12,16 @@
 //! peer's request that meets a load of this node asking a peer is
 //! - joined, and the load told to stop asking and read the shard here,
 //!   when the asker's placement is newer than the one that named the peer
-//!   the load asks, and this node's own placement names this node the
-//!   owner (its load asks on a placement it knows is outdated);
-//! - refused at once when the load asks that very peer (A waits on B,
-//!   which waits on A: the two disagree about the owner);
+//!   the load asks, and either this node's own placement names this node
+//!   the owner (its load asks on a placement it knows is outdated) or the
+//!   asker is that very peer (A asks B on a placement that names B; B's
+//!   load asks A on an older one: A's newer placement names B the owner,
+//!   and B, which may not have learned it yet, is the one to read).
+//!   `granary chaos sim --seed 187788`: refusing there made both read the
+//!   shard once the owner they had both asked before crashed again;
+//! - refused at once when the load asks that very peer on the same or a
+//!   newer placement (A waits on B, which waits on A: the two disagree
+//!   about the owner, and the asker's placement is the older one);
 //! - otherwise joined.
 //!
 //! A cycle of longer loads cannot last: around it, the newest placement
@@ -115,7 +121,9 @@ pub fn admit(
 ) -> Admission {
     match pending {
         Some(load) => match (asker, load.asking) {
-            (Asker::Peer { epoch, .. }, Some(asked)) if asked.epoch < epoch && load.owned_here => {
+            (Asker::Peer { epoch, addr }, Some(asked))
+                if asked.epoch < epoch && (load.owned_here || asked.addr == addr) =>
+            {
                 Admission::JoinAndConvert
             }
             (Asker::Peer { addr, .. }, Some(asked)) if asked.addr == addr => Admission::Refuse,
@@ -204,6 +212,19 @@ mod tests {
         // An asker on the same or an older placement is not a reason.
         assert_eq!(admit(Some(stale), peer(3, 6), || false, true), Admission::Join { promote: true });
         assert_eq!(admit(Some(stale), peer(2, 6), || false, true), Admission::Refuse);
+    }
+
+    #[test]
+    fn a_peer_asking_on_a_newer_placement_than_the_load_that_asks_it_is_joined_and_the_load_reads_here() {
+        // Seed 187788: B's load asks A on epoch 4 (B has not learned epoch
+        // 6 yet); A asks B on epoch 6, which names B. Refusing made both
+        // read the shard; B reads it and A waits on B.
+        let behind = asking(2, 4);
+        assert_eq!(admit(Some(behind), peer(2, 6), || false, true), Admission::JoinAndConvert);
+        // A's side of the same cycle: B asks on the older placement: refused.
+        assert_eq!(admit(Some(asking(2, 6)), peer(2, 4), || false, true), Admission::Refuse);
+        // Same epoch: they disagree about nothing newer; refused.
+        assert_eq!(admit(Some(asking(2, 5)), peer(2, 5), || false, true), Admission::Refuse);
     }
 
     #[test]

@@ -680,7 +680,7 @@ impl Node {
                     *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     let Some(fetched) = fetched else {
                         tracing::info!(shard = %key.shard, owner = %owner.node,
-                            "the placement moved the shard here while asking its former owner; reading it here");
+                            "a newer placement names this node the owner (its own, or a peer's that asks it) while asking the owner an older one named; reading it here");
                         route.handle_owned_here();
                         continue;
                     };

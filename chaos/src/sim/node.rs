@@ -601,9 +601,13 @@ impl Node {
                     && let Some(l) = self.loads.get_mut(&shard)
                 {
                     w.log(format_args!(
-                        "n{} leaves its ask for s{shard} (epoch {}): it owns it at epoch {}, asked on epoch {epoch}",
+                        "n{} leaves its ask for s{shard} (epoch {}): n{} asks it on epoch {epoch} (this node knows epoch {})",
                         self.idx,
                         l.asking.map_or(0, |a| a.2),
+                        match waiter {
+                            Waiter::Peer(p, _) => p,
+                            Waiter::Trainer(_) => self.idx,
+                        },
                         self.placement_epoch
                     ));
                     l.asking = None;

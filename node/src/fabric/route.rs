@@ -272,7 +272,7 @@ impl Route {
     /// it here. Only while asking; out of turn it changes nothing.
     pub fn handle_owned_here(&mut self) {
         if let State::Asking(owner) = self.state {
-            self.tried.push(format!("{}: left, the placement moved the shard to this node", owner.node));
+            self.tried.push(format!("{}: left, a newer placement names this node the owner", owner.node));
             self.state = State::Remote;
         }
     }

@@ -171,9 +171,13 @@ impl ChunkTier {
                 }
                 std::fs::create_dir_all(&s.dir).map_err(|e| err(e.to_string()))?;
                 // Probe writability with a real file: foyer's errors for an
-                // unwritable folder are less specific.
+                // unwritable folder are less specific. An empty one: a
+                // restarted node whose filesystem filled up meanwhile holds
+                // its space already (its files are reserved), and a byte
+                // written here would fail it for nothing (`granary chaos
+                // run`'s fill_ssd fault).
                 let probe = s.dir.join(".granary-write-probe");
-                std::fs::write(&probe, b"ok").map_err(|e| err(format!("not writable: {e}")))?;
+                std::fs::File::create(&probe).map_err(|e| err(format!("not writable: {e}")))?;
                 let _ = std::fs::remove_file(&probe);
                 check_free_space(&s.dir, s.capacity_bytes).map_err(err)?;
                 // Direct I/O: chunks are written once and read rarely, so

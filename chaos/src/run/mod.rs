@@ -22,6 +22,7 @@
 
 pub mod lin;
 pub mod schedule;
+pub mod ssdfs;
 pub mod store;
 pub mod verdict;
 
@@ -126,7 +127,7 @@ impl RunConfig {
             guest_bytes: tiers.guest_bytes,
             // An SSD tier: a killed node recovers from it, and it can be
             // damaged.
-            ssd_bytes: Some(96 << 20),
+            ssd_bytes: Some(SSD_BYTES),
             prefetch_bytes: 64 << 20,
             loads: LOADS,
             convert_threads: 1,
@@ -136,6 +137,13 @@ impl RunConfig {
         }
     }
 }
+
+/// Each node's SSD tier.
+const SSD_BYTES: u64 = 96 << 20;
+
+/// How long a node armed to die at a write into its SSD tier may go
+/// without one before it is killed plainly.
+const SSD_WRITE_WAIT: Duration = Duration::from_secs(2);
 
 /// Loads a node runs at once (`max_concurrent_loads`).
 const LOADS: usize = 2;
@@ -281,6 +289,16 @@ pub struct SeedReport {
     /// damaged entry into a miss (the node reads the shard again); the
     /// streams matching the reference show none was served.
     pub ssd_damaged: u64,
+    /// Where the nodes' SSD tiers lived: `tmpfs` (a filesystem of their
+    /// own, which the fill fault fills), or why not.
+    pub ssd_fs: String,
+    /// Bytes the fill faults took of the nodes' SSD filesystems.
+    pub ssd_filled: u64,
+    /// Nodes killed at a write into their SSD tier.
+    pub ssd_write_kills: u64,
+    /// Faults that could not be injected as drawn and what was done
+    /// instead (a plain kill and restart), with why.
+    pub not_injected: Vec<String>,
 
     /// What the object store injected.
     pub store: StoreCounts,
@@ -346,6 +364,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         let front = relay.front(pid(id)).ok_or_else(|| anyhow!("relay has no front for node {id}"))?;
         cluster.set_advertise(id, front);
     }
+    let ssd_mounts = match ssdfs::tmpfs_available(&dir) {
+        Ok(()) => Ok(ssdfs::SsdMounts::mount(&dir, &ids, SSD_BYTES)?),
+        Err(why) => Err(why),
+    };
     cluster.start_nodes()?;
 
     let world = cfg.world();
@@ -389,6 +411,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let mut actions = std::collections::VecDeque::from(actions);
 
     let mut obs = Observed { memory_budget: tiers.memory_budget(job), ..Observed::default() };
+    let mut ssd = SsdFaults { mounts: ssd_mounts.as_ref().ok(), fs: "tmpfs".into(), ..SsdFaults::default() };
+    if let Err(why) = &ssd_mounts {
+        ssd.fs = format!("the work folder's filesystem (no tmpfs: {why})");
+    }
     let mut stopped: BTreeSet<u64> = BTreeSet::new();
     let mut sampled = Instant::now();
     let mut retired = ClusterCounters::default();
@@ -425,7 +451,14 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                     Edge::End => stopped.remove(&node),
                 };
             }
-            if let (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::Start) = (fault, edge) {
+            if let (
+                Fault::KillNode { node, .. }
+                | Fault::CorruptSsd { node, .. }
+                | Fault::FillSsd { node, .. }
+                | Fault::KillInSsdWrite { node, .. },
+                Edge::Start,
+            ) = (fault, edge)
+            {
                 // The host goes down: its ranks first (killed on drop).
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node {
@@ -433,8 +466,15 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                     }
                 }
             }
-            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
-            if let (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::End) = (fault, edge) {
+            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
+            if let (
+                Fault::KillNode { node, .. }
+                | Fault::CorruptSsd { node, .. }
+                | Fault::FillSsd { node, .. }
+                | Fault::KillInSsdWrite { node, .. },
+                Edge::End,
+            ) = (fault, edge)
+            {
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node && !rank.finished && !rank.lost {
                         rank.proc = Some(spawn_rank(r as u32)?);
@@ -444,6 +484,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                 }
             }
         }
+        ssd.poll_armed(&mut cluster, &mut retired, &mut obs, false);
         for (r, rank) in ranks.iter_mut().enumerate() {
             let r = r as u32;
             let Some(p) = rank.proc.as_mut() else { continue };
@@ -509,7 +550,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     while let Some((_, i, edge)) = actions.pop_front() {
         if let Edge::End = edge {
             let fault = schedule.events[i].fault;
-            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs)?;
+            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
         }
     }
     let lin_report = rt.block_on(lin.finish());
@@ -582,6 +623,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         conversions: total.conversions,
         rank_restarts,
         ssd_damaged: obs.ssd_damaged,
+        ssd_fs: ssd.fs.clone(),
+        ssd_filled: ssd.filled,
+        ssd_write_kills: ssd.write_kills,
+        not_injected: ssd.not_injected.clone(),
         tiers,
         memory_budget: obs.memory_budget,
         memory: obs.memory.clone(),
@@ -704,6 +749,77 @@ fn damage_ssd(dir: &Path, seed: u64, flips: u32) -> Result<u64> {
     Ok(damaged)
 }
 
+/// SIGKILLs node `node`, its counters read first (they die with it).
+fn kill_node(cluster: &mut LocalCluster, node: u64, retired: &mut ClusterCounters, obs: &mut Observed) {
+    match cluster.stats(node) {
+        Ok(s) => {
+            retired.remote_bytes += s.remote_bytes;
+            retired.conversions += s.conversions;
+        }
+        Err(e) => obs.unclean.push(format!("reading node {node}'s counters before the kill: {e:#}")),
+    }
+    cluster.kill(node);
+}
+
+/// A node armed to die at a write into its SSD tier, with its counters as
+/// last read (they die with it).
+struct Arming {
+    kill: ssdfs::ArmedKill,
+    last: (u64, u64),
+    read_at: Instant,
+}
+
+/// The state of a seed's SSD faults.
+#[derive(Default)]
+struct SsdFaults<'a> {
+    /// The nodes' filesystems, if they could be mounted.
+    mounts: Option<&'a ssdfs::SsdMounts>,
+    /// What [`SeedReport::ssd_fs`] says.
+    fs: String,
+    filled: u64,
+    write_kills: u64,
+    not_injected: Vec<String>,
+    armed: Vec<Arming>,
+}
+
+impl SsdFaults<'_> {
+    /// Resolves the armed kills that are done: killed at the write, or
+    /// (after [`SSD_WRITE_WAIT`], or at once with `now`) killed plainly.
+    fn poll_armed(&mut self, cluster: &mut LocalCluster, retired: &mut ClusterCounters, obs: &mut Observed, now: bool) {
+        let mut i = 0;
+        while i < self.armed.len() {
+            let a = &mut self.armed[i];
+            let node = a.kill.node;
+            let state = a.kill.poll(if now { Duration::ZERO } else { SSD_WRITE_WAIT });
+            match state {
+                ssdfs::Armed::Waiting => {
+                    if a.read_at.elapsed() >= Duration::from_millis(50) {
+                        a.read_at = Instant::now();
+                        if let Ok(s) = cluster.stats(node) {
+                            a.last = (s.remote_bytes, s.conversions);
+                        }
+                    }
+                    i += 1;
+                }
+                ssdfs::Armed::Killed => {
+                    let a = self.armed.swap_remove(i);
+                    retired.remote_bytes += a.last.0;
+                    retired.conversions += a.last.1;
+                    self.write_kills += 1;
+                    drop(a);
+                    // Reaps it.
+                    cluster.kill(node);
+                }
+                ssdfs::Armed::Missed(why) => {
+                    drop(self.armed.swap_remove(i));
+                    self.not_injected.push(format!("kill_in_ssd_write on node {node}: killed plainly: {why}"));
+                    kill_node(cluster, node, retired, obs);
+                }
+            }
+        }
+    }
+}
+
 fn signal(pid: u32, sig: i32) -> Result<()> {
     // SAFETY: kill(2) on a child the cluster handle holds and has not
     // reaped, so the pid is still that child's.
@@ -725,24 +841,52 @@ fn apply(
     voters_hit: &mut BTreeMap<usize, u64>,
     retired: &mut ClusterCounters,
     obs: &mut Observed,
+    ssd: &mut SsdFaults,
 ) -> Result<()> {
     match (fault, edge) {
-        (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::Start) => {
-            // Its counters die with it: read them first.
-            match cluster.stats(node) {
-                Ok(s) => {
-                    retired.remote_bytes += s.remote_bytes;
-                    retired.conversions += s.conversions;
-                }
-                Err(e) => obs.unclean.push(format!("reading node {node}'s counters before the kill: {e:#}")),
-            }
-            cluster.kill(node);
+        (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. } | Fault::FillSsd { node, .. }, Edge::Start) => {
+            kill_node(cluster, node, retired, obs);
             if let Fault::CorruptSsd { flips, .. } = fault {
                 let damaged = damage_ssd(&cluster.node_ssd(node), seed_of(&[seed, index as u64]), flips)?;
                 obs.ssd_damaged += damaged;
             }
+            if let Fault::FillSsd { .. } = fault {
+                match ssd.mounts.and_then(|m| m.node(node)) {
+                    Some(fs) => ssd.filled += fs.fill()?,
+                    None => ssd
+                        .not_injected
+                        .push(format!("fill_ssd on node {node}: killed and restarted without filling: {}", ssd.fs)),
+                }
+            }
         }
-        (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. }, Edge::End) => {
+        (Fault::KillInSsdWrite { node, nth, .. }, Edge::Start) => {
+            let armed = match cluster.node_pid(node) {
+                Some(pid) => ssdfs::ArmedKill::arm(node, pid, &cluster.node_ssd(node), nth),
+                None => Err("the node was not running".to_string()),
+            };
+            match armed {
+                Ok(kill) => {
+                    let last = cluster.stats(node).map(|s| (s.remote_bytes, s.conversions)).unwrap_or_default();
+                    ssd.armed.push(Arming { kill, last, read_at: Instant::now() });
+                }
+                Err(why) => {
+                    ssd.not_injected.push(format!("kill_in_ssd_write on node {node}: killed plainly: {why}"));
+                    kill_node(cluster, node, retired, obs);
+                }
+            }
+        }
+        (
+            Fault::KillNode { node, .. }
+            | Fault::CorruptSsd { node, .. }
+            | Fault::FillSsd { node, .. }
+            | Fault::KillInSsdWrite { node, .. },
+            Edge::End,
+        ) => {
+            if ssd.armed.iter().any(|a| a.kill.node == node) {
+                // Not resolved yet: now it is (killed at the write, or
+                // plainly).
+                ssd.poll_armed(cluster, retired, obs, true);
+            }
             if !cluster.node_running(node) {
                 cluster.start_node(node)?;
             }

@@ -62,6 +62,32 @@ pub enum Fault {
         /// Chunk entries damaged at most.
         flips: u32,
     },
+    /// SIGKILL a node daemon and its ranks, fill the rest of the
+    /// filesystem its SSD tier lives on (a tmpfs of the tier's size and a
+    /// little more), restart both after `down` on the full filesystem,
+    /// which stays full until the seed ends: the node must start on the
+    /// space its tier already holds and keep storing chunks.
+    FillSsd {
+        /// Node id.
+        node: u64,
+        /// Time until the restart.
+        #[serde(serialize_with = "millis")]
+        down: Duration,
+    },
+    /// SIGKILL a node daemon at the `nth` write into its SSD tier's files
+    /// after the fault starts (at the write's entry, by strace's syscall
+    /// fault injection; the host's ranks go down first), restart both
+    /// after `down`: the node must recover what was written whole and
+    /// read the rest again.
+    KillInSsdWrite {
+        /// Node id.
+        node: u64,
+        /// Time from the fault's start until the restart.
+        #[serde(serialize_with = "millis")]
+        down: Duration,
+        /// Which write (1: the first).
+        nth: u32,
+    },
     /// SIGSTOP a node daemon (alive but silent), SIGCONT after `stopped`.
     StopNode {
         /// Node id.
@@ -109,6 +135,8 @@ impl Fault {
         match self {
             Fault::KillNode { .. } => "kill_node",
             Fault::CorruptSsd { .. } => "corrupt_ssd",
+            Fault::FillSsd { .. } => "fill_ssd",
+            Fault::KillInSsdWrite { .. } => "kill_in_ssd_write",
             Fault::StopNode { .. } => "stop_node",
             Fault::KillVoter { pick: VoterPick::Leader, .. } => "kill_leader",
             Fault::KillVoter { pick: VoterPick::Follower, .. } => "kill_voter",
@@ -120,7 +148,11 @@ impl Fault {
     /// How long the fault lasts.
     pub fn duration(&self) -> Duration {
         match *self {
-            Fault::KillNode { down, .. } | Fault::KillVoter { down, .. } | Fault::CorruptSsd { down, .. } => down,
+            Fault::KillNode { down, .. }
+            | Fault::KillVoter { down, .. }
+            | Fault::CorruptSsd { down, .. }
+            | Fault::FillSsd { down, .. }
+            | Fault::KillInSsdWrite { down, .. } => down,
             Fault::StopNode { stopped, .. } => stopped,
             Fault::CutPair { cut, .. } | Fault::IsolateNode { cut, .. } => cut,
         }
@@ -129,7 +161,11 @@ impl Fault {
     /// The node it takes down or stops, if any.
     pub fn node_down(&self) -> Option<u64> {
         match *self {
-            Fault::KillNode { node, .. } | Fault::StopNode { node, .. } | Fault::CorruptSsd { node, .. } => Some(node),
+            Fault::KillNode { node, .. }
+            | Fault::StopNode { node, .. }
+            | Fault::CorruptSsd { node, .. }
+            | Fault::FillSsd { node, .. }
+            | Fault::KillInSsdWrite { node, .. } => Some(node),
             _ => None,
         }
     }
@@ -150,6 +186,16 @@ impl fmt::Display for Fault {
             Fault::CorruptSsd { node, down, flips } => write!(
                 f,
                 "kill node {node} (and its ranks), damage up to {flips} chunks on its SSD, restart after {}",
+                s(down)
+            ),
+            Fault::FillSsd { node, down } => write!(
+                f,
+                "kill node {node} (and its ranks), fill its SSD filesystem, restart after {} on the full filesystem",
+                s(down)
+            ),
+            Fault::KillInSsdWrite { node, down, nth } => write!(
+                f,
+                "kill node {node} (and its ranks) at write {nth} into its SSD tier, restart {} after the fault began",
                 s(down)
             ),
             Fault::KillVoter { pick: VoterPick::Leader, down } => {
@@ -244,6 +290,25 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
             events.push(e);
         }
     }
+    // SSD faults of the filesystem and of a write in progress, from a
+    // stream of their own (the schedules drawn before they existed stay
+    // as they were): in about one seed of four, when one fits.
+    let mut d = Rng::new(seed_of(&[seed, 0x5353_445f_4641_554c]));
+    if d.below(4) == 0 {
+        let at = ms(&mut d, 200, horizon_ms);
+        let node = 1 + d.below(u64::from(t.nodes.max(1)));
+        let fault = if d.below(2) == 0 {
+            Fault::FillSsd { node, down: ms(&mut d, 300, 2500) }
+        } else {
+            // Long enough for the write to come (most often within a
+            // second in the cold epoch), then a restart.
+            Fault::KillInSsdWrite { node, down: ms(&mut d, 1500, 3500), nth: 1 + d.below(3) as u32 }
+        };
+        let e = Event { at, fault };
+        if fits(&events, &e, t) {
+            events.push(e);
+        }
+    }
     events.sort_by_key(|e| e.at);
     let noise = if r.below(2) == 0 {
         Noise::default()
@@ -278,7 +343,11 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
 fn fits(events: &[Event], e: &Event, t: Target) -> bool {
     let during: Vec<&Event> = events.iter().filter(|o| o.overlaps(e)).collect();
     match e.fault {
-        Fault::KillNode { node, .. } | Fault::StopNode { node, .. } | Fault::CorruptSsd { node, .. } => {
+        Fault::KillNode { node, .. }
+        | Fault::StopNode { node, .. }
+        | Fault::CorruptSsd { node, .. }
+        | Fault::FillSsd { node, .. }
+        | Fault::KillInSsdWrite { node, .. } => {
             let down: Vec<u64> = during.iter().filter_map(|o| o.fault.node_down()).collect();
             !down.contains(&node) && (down.len() as u32) < t.nodes.saturating_sub(1)
         }
@@ -331,6 +400,11 @@ mod tests {
         // Every kind is drawn, none rarely.
         for k in ["kill_node", "stop_node", "kill_leader", "kill_voter", "cut_pair", "isolate_node", "corrupt_ssd"] {
             assert!(kinds.get(k).copied().unwrap_or(0) > 200, "{k}: {kinds:?}");
+        }
+        // The SSD faults of their own stream: about one seed in eight each,
+        // less those that do not fit.
+        for k in ["fill_ssd", "kill_in_ssd_write"] {
+            assert!(kinds.get(k).copied().unwrap_or(0) > 100, "{k}: {kinds:?}");
         }
     }
 

@@ -133,7 +133,10 @@ pub fn remote_bound(schedule: &Schedule, nodes: u32) -> f64 {
         .events
         .iter()
         .map(|e| match e.fault {
-            Fault::KillNode { .. } | Fault::CorruptSsd { .. } => 2.0 * share,
+            Fault::KillNode { .. }
+            | Fault::CorruptSsd { .. }
+            | Fault::FillSsd { .. }
+            | Fault::KillInSsdWrite { .. } => 2.0 * share,
             f if f.hides_an_owner() => 2.0 * share,
             _ => 0.0,
         })

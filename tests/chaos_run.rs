@@ -73,7 +73,7 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
     let damaged: u64 = seeds.iter().map(|s| s["report"]["ssd_damaged"].as_u64().unwrap_or(0)).sum();
     assert!(damaged >= 1, "no SSD chunk was damaged: {stdout}");
     // The SSD faults that need a filesystem of their own and strace.
-    let report = |k: &str| seeds.iter().map(move |s| &s["report"][k]);
+    let report = |k: &'static str| seeds.iter().map(move |s| &s["report"][k]);
     let filled: u64 = report("ssd_filled").map(|v| v.as_u64().unwrap_or(0)).sum();
     let write_kills: u64 = report("ssd_write_kills").map(|v| v.as_u64().unwrap_or(0)).sum();
     let not_injected: Vec<String> =

@@ -33,7 +33,8 @@ pub(crate) struct RunArgs {
     /// Epochs of the job.
     #[arg(long, default_value_t = 3)]
     epochs: u64,
-    /// Fault events per seed at most.
+    /// Process and network fault events per seed at most (one SSD fault of
+    /// the filesystem or of a write may come on top).
     #[arg(long, default_value_t = 3)]
     max_faults: u32,
     /// Keep every seed's folder (logs, configs; a passing seed's SSD files

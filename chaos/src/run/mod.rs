@@ -68,7 +68,8 @@ pub struct RunConfig {
     pub latency_ms: u64,
     /// Faults start within this time of the first epoch's start.
     pub horizon: Duration,
-    /// Fault events per seed at most.
+    /// Process and network fault events per seed at most (an SSD fault of
+    /// the filesystem or of a write may come on top).
     pub max_faults: u32,
     /// A seed that has not finished its epochs after this long fails.
     pub seed_timeout: Duration,
@@ -887,8 +888,13 @@ fn apply(
                 // plainly).
                 ssd.poll_armed(cluster, retired, obs, true);
             }
-            if !cluster.node_running(node) {
-                cluster.start_node(node)?;
+            // A node that does not start again is the system's failure,
+            // not the harness's: judged (its ranks fail too), and the
+            // soak goes on.
+            if !cluster.node_running(node)
+                && let Err(e) = cluster.start_node(node)
+            {
+                obs.unclean.push(format!("node {node} did not start again after {}: {e:#}", fault.kind()));
             }
         }
         (Fault::StopNode { node, .. }, edge) => {

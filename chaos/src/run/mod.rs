@@ -143,8 +143,9 @@ impl RunConfig {
 const SSD_BYTES: u64 = 96 << 20;
 
 /// How long a node armed to die at a write into its SSD tier may go
-/// without one before it is killed plainly.
-const SSD_WRITE_WAIT: Duration = Duration::from_secs(2);
+/// without one before it is killed plainly (its restart waits for the
+/// kill; a debug build under strace writes its first chunks slowly).
+const SSD_WRITE_WAIT: Duration = Duration::from_secs(6);
 
 /// Loads a node runs at once (`max_concurrent_loads`).
 const LOADS: usize = 2;
@@ -445,6 +446,16 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
             let fault = schedule.events[i].fault;
             if let Edge::Start = edge {
                 *by_fault.entry(fault.kind().to_string()).or_insert(0) += 1;
+            }
+            if let (Fault::KillInSsdWrite { node, .. }, Edge::End) = (fault, edge)
+                && ssd.armed.iter().any(|a| a.kill.node == node)
+            {
+                // The restart comes after the kill (the write may come
+                // late in a slow build): look again shortly.
+                let at = t0.elapsed() + Duration::from_millis(20);
+                let pos = actions.iter().position(|a| a.0 > at).unwrap_or(actions.len());
+                actions.insert(pos, (at, i, edge));
+                continue;
             }
             if let Fault::StopNode { node, .. } = fault {
                 match edge {

@@ -83,7 +83,8 @@ pub enum Fault {
     KillInSsdWrite {
         /// Node id.
         node: u64,
-        /// Time from the fault's start until the restart.
+        /// Time from the fault's start until the restart (or the kill, if
+        /// the write comes later: the restart follows it at once).
         #[serde(serialize_with = "millis")]
         down: Duration,
         /// Which write (1: the first).

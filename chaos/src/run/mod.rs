@@ -348,6 +348,9 @@ enum Edge {
 /// did wrong is in [`SeedReport::violations`].
 pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let dir = cfg.work.join(format!("seed-{seed}"));
+    // An earlier run stopped by a signal leaves its SSD filesystems
+    // mounted: detach them before the folder goes.
+    ssdfs::detach_stale(&dir);
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -463,14 +466,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                     Edge::End => stopped.remove(&node),
                 };
             }
-            if let (
-                Fault::KillNode { node, .. }
-                | Fault::CorruptSsd { node, .. }
-                | Fault::FillSsd { node, .. }
-                | Fault::KillInSsdWrite { node, .. },
-                Edge::Start,
-            ) = (fault, edge)
-            {
+            if let (Some(node), Edge::Start) = (fault.host_killed(), edge) {
                 // The host goes down: its ranks first (killed on drop).
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node {
@@ -479,14 +475,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                 }
             }
             apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
-            if let (
-                Fault::KillNode { node, .. }
-                | Fault::CorruptSsd { node, .. }
-                | Fault::FillSsd { node, .. }
-                | Fault::KillInSsdWrite { node, .. },
-                Edge::End,
-            ) = (fault, edge)
-            {
+            if let (Some(node), Edge::End) = (fault.host_killed(), edge) {
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node && !rank.finished && !rank.lost {
                         rank.proc = Some(spawn_rank(r as u32)?);

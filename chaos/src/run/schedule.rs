@@ -172,6 +172,17 @@ impl Fault {
         }
     }
 
+    /// The node it kills with its host's ranks (and restarts), if any.
+    pub fn host_killed(&self) -> Option<u64> {
+        match *self {
+            Fault::KillNode { node, .. }
+            | Fault::CorruptSsd { node, .. }
+            | Fault::FillSsd { node, .. }
+            | Fault::KillInSsdWrite { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
     /// Whether it makes a live owner unreachable for (some of) its peers:
     /// the cases where a shard may be read again by design.
     pub fn hides_an_owner(&self) -> bool {

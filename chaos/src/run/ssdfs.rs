@@ -119,6 +119,22 @@ fn mount_tmpfs(at: &Path, bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// Detaches the SSD filesystems a run stopped by a signal left mounted
+/// under a seed's folder `dir` (`node-*/ssdfs`).
+pub fn detach_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("node-") {
+            continue;
+        }
+        if let Ok(c) = CString::new(e.path().join("ssdfs").as_os_str().as_bytes()) {
+            // SAFETY: a NUL-terminated path; failing (nothing mounted
+            // there) is fine.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
 /// Whether this process can mount a tmpfs (root, or what stops it).
 pub fn tmpfs_available(scratch: &Path) -> Result<(), String> {
     let probe = scratch.join(".tmpfs-probe");

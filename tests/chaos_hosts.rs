@@ -4,7 +4,7 @@
 //! stopped for 6 s, and host 3's link down for 6 s, from 1.5 s into the
 //! cold epoch, each against the same job without the fault. Checked:
 //! every rank's batch stream is unchanged, the warm epochs read nothing
-//! remote (and convert at most one cold-epoch straggler), conversions beyond the fault-free run's stay
+//! remote and convert nothing, conversions beyond the fault-free run's stay
 //! within what the node held or was loading, and the cold epoch's extra
 //! time stays near the fault and a lease (the command's own check is
 //! exact; this debug build on a shared 2-core machine gets 3 s of slack,
@@ -41,12 +41,10 @@ fn check(fault: &str) {
     let Some(r) = run(fault) else { return };
     assert_eq!(r["same_streams"], true, "{r}");
     let warm = |k: &str| r["faulted"][k].as_array().unwrap().iter().skip(1).map(|v| v.as_u64().unwrap()).sum::<u64>();
-    // Nothing is read remote in warm epochs. A conversion of bytes read in
-    // the cold epoch that finishes in the first warm one happens in about
-    // one run of ten (the command reports it as missed; open in issue 14):
-    // at most one, and never with a remote read.
+    // An epoch's counters are read once no node has a load in flight, so
+    // a cold-epoch load that outlasts the epoch's last rank counts in it.
     assert_eq!(warm("remote_bytes"), 0, "warm epochs read nothing remote: {r}");
-    assert!(warm("conversions") <= 1, "warm epochs convert at most a straggler of the cold one: {r}");
+    assert_eq!(warm("conversions"), 0, "warm epochs convert nothing: {r}");
     let extra = r["extra_conversions"].as_i64().unwrap();
     let exposed = r["faulted"]["exposed"].as_i64().unwrap();
     assert!(extra <= exposed, "{extra} extra conversions, {exposed} exposed: {r}");

@@ -52,7 +52,7 @@ fn a_dataset_added_to_the_coordinator_is_served_by_every_node() {
         .iter()
         .map(|&id| {
             let src = LocalSource::connect(c.socket(id)).expect("connect");
-            let info = src.describe("clicks").expect("the coordinator's dataset is served");
+            let info = src.describe("clicks", None).expect("the coordinator's dataset is served");
             assert_eq!(info.shards.len(), 6);
             info.shards.iter().map(|s| src.fetch(info.version, s.shard).expect("fetch").bytes().to_vec()).collect()
         })
@@ -92,7 +92,7 @@ fn a_restarted_node_serves_the_coordinators_dataset_from_its_ssd_tier() {
     let mut c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
     let fetch_all = |c: &LocalCluster| -> Vec<Vec<u8>> {
         let src = LocalSource::connect(c.socket(1)).expect("connect");
-        let info = src.describe("ads").expect("describe");
+        let info = src.describe("ads", None).expect("describe");
         info.shards.iter().map(|s| src.fetch(info.version, s.shard).expect("fetch").bytes().to_vec()).collect()
     };
     let before = fetch_all(&c);
@@ -224,4 +224,63 @@ fn a_node_killed_during_an_epoch_leaves_the_other_ranks_byte_identical() {
         "the survivors converted {} times, the dataset has {shards} shards: some shard was read by both\n{s1:?}\n{s3:?}",
         s1.conversions + s3.conversions
     );
+}
+
+/// Issue 15: a job pins its dataset version. Rank 0 starts before a new
+/// version of "ads" is registered (and reads after it); rank 1 starts
+/// after it, given the job's version: both read the version their job
+/// pinned, so between them they cover its rows exactly once, while a
+/// loader that names no version reads the new one. Before pinning, rank 1
+/// planned the new version's shards: rows lost and others read twice.
+#[test]
+fn ranks_started_before_and_after_a_new_version_read_the_version_their_job_pinned() {
+    use granary_client::{ChunkSource, Loader, LoaderConfig, LocalSource};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = dataset(tmp.path());
+    let spec = LocalClusterSpec { nodes: 1, prefetch_bytes: 0, ..LocalClusterSpec::default() };
+    let c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let user_ids = |loader: &Loader| -> Vec<i64> {
+        let mut out = Vec::new();
+        for b in loader.epoch(0).expect("epoch") {
+            let b = b.expect("batch");
+            out.extend(b.tensor::<i64>("ids").expect("ids").data().iter().step_by(2));
+        }
+        out
+    };
+    let cfg = |rank, world| LoaderConfig { seed: 3, rank, world_size: world, ..LoaderConfig::new("ads", 500) };
+    let mut whole = user_ids(&Loader::connect(c.socket(1), cfg(0, 1)).expect("loader"));
+    whole.sort_unstable();
+    assert_eq!(whole.len(), 24_000);
+    let rank0 = Loader::connect(c.socket(1), cfg(0, 2)).expect("rank 0");
+    let pinned = rank0.version();
+
+    let more = tmp.path().join("more");
+    let spec2 = GenSpec { seed: 8, rows: 3_000, files: 2, row_group_rows: 500, ..GenSpec::default() };
+    datagen::generate(&more, &spec2, |_| {}).expect("generate");
+    c.add_dataset("ads", &more).expect("register a new version of ads");
+    let src = LocalSource::connect(c.socket(1)).expect("connect");
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let current = loop {
+        let v = src.describe("ads", None).expect("describe").version;
+        if v != pinned {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "the node never served the new version");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let rank1 = Loader::connect(c.socket(1), LoaderConfig { version: Some(pinned), ..cfg(1, 2) }).expect("rank 1");
+    assert_eq!(rank1.version(), pinned);
+    let mut both = user_ids(&rank0);
+    both.extend(user_ids(&rank1));
+    both.sort_unstable();
+    assert_eq!(both, whole, "the two ranks cover the pinned version's rows exactly once");
+    let fresh = Loader::connect(c.socket(1), cfg(0, 1)).expect("a loader naming no version");
+    assert_eq!((fresh.version(), user_ids(&fresh).len()), (current, 3_000), "it reads the current version");
+    // Resuming rank 1's state in a loader of another world size is refused.
+    let state = rank1.state_at(granary_client::Position { epoch: 0, batch: 1 });
+    let other =
+        Loader::connect(c.socket(1), LoaderConfig { world_size: 4, ..LoaderConfig::resuming(&state) }).expect("loader");
+    let e = other.resume_from(&state).err().expect("a changed world size is refused");
+    assert!(e.to_string().contains("world_size 2, this loader 4"), "{e}");
 }

@@ -481,7 +481,7 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
             .map(|sock| {
                 s.spawn(move || {
                     let src = LocalSource::connect(sock).expect("connect");
-                    let info = src.describe("ads").expect("describe");
+                    let info = src.describe("ads", None).expect("describe");
                     info.shards
                         .iter()
                         .map(|r| src.fetch(info.version, r.shard).expect("fetch").bytes().to_vec())
@@ -512,7 +512,7 @@ fn a_shard_requested_on_every_node_is_converted_once_by_its_owner() {
         assert_eq!(stats.peer_fetched, 8 - owned, "node {id} fetched the others' shards from their owners");
         assert_eq!(stats.peer_failures, 0);
         // A second pass is served from the guest copies: no new fetch.
-        let info = src.describe("ads").expect("describe");
+        let info = src.describe("ads", None).expect("describe");
         for r in &info.shards {
             src.fetch(info.version, r.shard).expect("fetch");
         }
@@ -537,7 +537,7 @@ fn a_dead_owner_costs_latency_not_errors() {
     n2.wait().expect("reap");
     let fetch_all = |id: u64| -> Vec<Vec<u8>> {
         let src = LocalSource::connect(c.tmp.path().join(format!("node-{id}/node.sock"))).expect("connect");
-        let info = src.describe("ads").expect("describe");
+        let info = src.describe("ads", None).expect("describe");
         info.shards.iter().map(|r| src.fetch(info.version, r.shard).expect("no error").bytes().to_vec()).collect()
     };
     let (a, b) = std::thread::scope(|s| {
@@ -572,7 +572,7 @@ fn a_restarted_node_serves_its_ssd_tier_without_converting_again() {
     let socket = c.tmp.path().join("node-1/node.sock");
     let fetch = |shards: &[(u64, u64)]| {
         let src = LocalSource::connect(&socket).expect("connect");
-        let info = src.describe("ads").expect("describe");
+        let info = src.describe("ads", None).expect("describe");
         for &(file, row_group) in shards {
             let shard = granary_proto::ShardId { file: file as u32, row_group: row_group as u32 };
             src.fetch(info.version, shard).expect("fetch");

@@ -136,7 +136,7 @@ fn the_ssd_tier_reserves_its_space_and_serves_correct_chunks_when_the_filesystem
             ..NodeConfig::default()
         };
         let node = Node::start(&cfg).await.expect("reference node");
-        let info = node.describe("ads").expect("describe");
+        let info = node.describe("ads", None).expect("describe");
         let mut chunks = Vec::new();
         for s in &info.shards {
             chunks.push(node.chunk(info.version, s.shard).await.expect("chunk").bytes().to_vec());
@@ -151,7 +151,7 @@ fn the_ssd_tier_reserves_its_space_and_serves_correct_chunks_when_the_filesystem
     std::thread::spawn(move || {
         // No client-side mapping cache: every fetch asks the daemon.
         let src = LocalSource::connect(&socket_for_passes).expect("connect").mapping_cache(0);
-        let info = src.describe("ads").expect("describe");
+        let info = src.describe("ads", None).expect("describe");
         // The second pass walks backwards, so that it meets the chunks the
         // first one left in RAM and on SSD before it evicts them.
         let mut passes = Vec::new();

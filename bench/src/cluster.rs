@@ -346,7 +346,7 @@ fn nodes_scenario(
 /// Fetches every chunk node 1 serves, `rounds` times, four ways.
 fn transfer_scenario(exe: &Path, cluster: &LocalCluster, rounds: u32) -> Result<TransferScenario> {
     let src = LocalSource::connect(cluster.socket(1))?;
-    let info = src.describe("ads")?;
+    let info = src.describe("ads", None)?;
     let version = info.version;
     // Each shard with its chunk's length from the layout, which a fetch
     // checks the owner's announcement against.

@@ -358,7 +358,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     // ceiling: convert everything once, hold it in this process.
     say("ceiling: converting the whole dataset into memory");
     let embedded = EmbeddedNode::start(&embedded_config(&data, 8 << 30, 0)?, 2)?;
-    let info = embedded.describe("ads")?;
+    let info = embedded.describe("ads", None)?;
     let mut chunks = Vec::new();
     for s in &info.shards {
         let c = embedded.fetch(info.version, s.shard)?;

@@ -297,18 +297,18 @@ fn run_job(cfg: &HostsConfig, hosts: &Hosts, data: &std::path::Path, fault: Opti
     Ok(out)
 }
 
-/// The cluster's counters once no conversion has finished for half a
-/// second (at most 10 s).
+/// The cluster's counters once no node has a load in flight (at most
+/// 30 s). A load's remote bytes are counted when they arrive and its
+/// conversion when it ends, seconds later on a throttled link: a quiet
+/// spell in the counters is not the end of the loads.
 fn settled_stats(cluster: &LocalCluster) -> Result<ClusterCounters> {
-    let until = Instant::now() + Duration::from_secs(10);
-    let mut last = cluster.total_stats()?;
+    let until = Instant::now() + Duration::from_secs(30);
     loop {
-        std::thread::sleep(Duration::from_millis(500));
         let now = cluster.total_stats()?;
-        if now.conversions == last.conversions && now.remote_bytes == last.remote_bytes || Instant::now() > until {
+        if now.loads_in_flight == 0 || Instant::now() > until {
             return Ok(now);
         }
-        last = now;
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

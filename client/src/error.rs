@@ -1,7 +1,7 @@
 //! Errors a trainer sees.
 
 use granary_proto::wire::ErrorKind;
-use granary_proto::{ChunkError, PlanError, ShardId};
+use granary_proto::{ChunkError, DatasetVersion, PlanError, ShardId};
 use std::path::PathBuf;
 use thiserror::Error;
 
@@ -47,8 +47,37 @@ pub enum ClientError {
     #[error("invalid plan: {0}")]
     Plan(#[from] PlanError),
     /// The dataset is unknown to the source.
-    #[error("dataset {0:?} is not served here")]
-    UnknownDataset(String),
+    #[error("dataset {dataset:?} is not served here (served: {})", if served.is_empty() { "none".to_string() } else { served.join(", ") })]
+    UnknownDataset {
+        /// The name asked for.
+        dataset: String,
+        /// The datasets the source serves.
+        served: Vec<String>,
+    },
+    /// The dataset is served, but not the version asked for (a job pinned
+    /// a version that was replaced, and the source no longer has it).
+    #[error("dataset {dataset:?} version {} is not served here (current: {})", version.to_hex(), current.map_or("none".to_string(), |c| c.to_hex()))]
+    VersionGone {
+        /// The dataset.
+        dataset: String,
+        /// The version asked for.
+        version: DatasetVersion,
+        /// The version the source serves under that name now.
+        current: Option<DatasetVersion>,
+    },
+    /// A saved resume state that this loader would read differently.
+    #[error(transparent)]
+    ResumeMismatch(#[from] crate::resume::ResumeMismatch),
+    /// A position after the end of its epoch.
+    #[error("cannot resume at batch {batch} of epoch {epoch}: the epoch has {batches} batches")]
+    PositionPastEnd {
+        /// Epoch.
+        epoch: u64,
+        /// Batch asked for.
+        batch: u64,
+        /// Batches in the epoch.
+        batches: u64,
+    },
     /// The caller asked a batch for a tensor it does not have, or as the
     /// wrong type: a usage error, never a delivery failure.
     #[error(transparent)]
@@ -103,6 +132,16 @@ pub enum ProtocolError {
         asked: String,
         /// The name described.
         described: String,
+    },
+    /// The node described another version than the one asked for.
+    #[error("asked to describe version {} of dataset {dataset:?}, the node described {}", asked.to_hex(), described.to_hex())]
+    WrongVersion {
+        /// The dataset.
+        dataset: String,
+        /// The version asked for.
+        asked: DatasetVersion,
+        /// The version described.
+        described: DatasetVersion,
     },
     /// A chunk reply came without its memory file.
     #[error("chunk reply for {shard} carried no descriptor")]
@@ -272,7 +311,10 @@ impl ClientError {
             ClientError::Chunk { .. }
             | ClientError::Protocol(_)
             | ClientError::Plan(_)
-            | ClientError::UnknownDataset(_)
+            | ClientError::UnknownDataset { .. }
+            | ClientError::VersionGone { .. }
+            | ClientError::ResumeMismatch(_)
+            | ClientError::PositionPastEnd { .. }
             | ClientError::Tensor(_)
             | ClientError::Producer(_)
             | ClientError::Gpu(_) => false,

@@ -14,8 +14,10 @@
 //! - [`local`] — [`LocalSource`], the node on this host over a Unix socket;
 //!   chunks arrive as sealed memory files and are mapped, not copied.
 //! - [`loader`] — [`Loader`] and [`EpochStream`]: plan, fetch, assemble,
-//!   resume from a [`Position`].
-//! - [`position`] — [`Position`], a rank's resume state.
+//!   resume from a [`ResumeState`].
+//! - [`position`] — [`Position`], a place in a rank's plan.
+//! - [`resume`] — [`ResumeState`], a rank's whole resume state: the
+//!   pinned dataset version, the plan parameters and the position.
 //! - [`hostbuf`] — the memory batches are assembled into (heap, or
 //!   page-locked with `cuda`), how tensors are packed in it, and the pool
 //!   that keeps buffers across epochs.
@@ -39,6 +41,7 @@ pub mod hostbuf;
 pub mod loader;
 pub mod local;
 pub mod position;
+pub mod resume;
 pub mod source;
 
 pub use batch::{Batch, Element, TensorView};
@@ -48,4 +51,5 @@ pub use hostbuf::HostMemory;
 pub use loader::{EpochStream, Loader, LoaderConfig, default_assembly_threads, default_assembly_threads_for};
 pub use local::LocalSource;
 pub use position::Position;
+pub use resume::{ResumeMismatch, ResumeState};
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

@@ -23,8 +23,12 @@
 //! produced: a batch's bytes are a pure function of the plan, whatever the
 //! thread count (tested over 1, 2, 4 and 8 threads).
 //!
-//! Resume state is a [`Position`]: [`Loader::resume`] continues at exactly
-//! that batch.
+//! A loader reads one dataset version: the one its configuration names, or
+//! the node's current one when it names none, pinned when the loader is
+//! made. Its resume state ([`ResumeState`], from [`EpochStream::state`] or
+//! [`Loader::state_at`]) carries that version, every plan parameter and the
+//! position; [`Loader::resume_from`] continues at exactly that batch, and
+//! refuses a state the loader would read differently.
 
 use crate::assemble::{Runs, assemble};
 use crate::batch::{Batch, Storage};
@@ -32,9 +36,10 @@ use crate::error::{ClientError, ProducerError, ProtocolError};
 use crate::hostbuf::{BufferPool, HostBuf, HostMemory, pack};
 use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
 pub use crate::position::Position;
+use crate::resume::ResumeState;
 use crate::source::{Chunk, ChunkSource};
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
+use granary_proto::{DatasetVersion, PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -46,6 +51,11 @@ use std::thread::JoinHandle;
 pub struct LoaderConfig {
     /// Dataset name.
     pub dataset: String,
+    /// The dataset version to read; `None`: the node's current version
+    /// when the loader is made (then pinned: [`Loader::version`]). A
+    /// version the node no longer serves is
+    /// [`ClientError::VersionGone`]. Default: `None`.
+    pub version: Option<DatasetVersion>,
     /// The job's seed.
     pub seed: u64,
     /// This rank.
@@ -101,6 +111,7 @@ impl LoaderConfig {
     pub fn new(dataset: impl Into<String>, batch_size: u32) -> Self {
         Self {
             dataset: dataset.into(),
+            version: None,
             seed: 0,
             rank: 0,
             world_size: 1,
@@ -111,6 +122,21 @@ impl LoaderConfig {
             assembly_threads: 0,
             mapping_cache_bytes: DEFAULT_MAPPING_CACHE_BYTES,
             host_memory: HostMemory::Heap,
+        }
+    }
+
+    /// The configuration that reads what `state` was saved from: its
+    /// dataset, version and plan parameters, with the other settings at
+    /// their defaults (set them after).
+    pub fn resuming(state: &ResumeState) -> Self {
+        Self {
+            version: Some(state.version),
+            seed: state.seed,
+            rank: state.rank,
+            world_size: state.world_size,
+            shuffle: state.shuffle,
+            drop_last: state.drop_last,
+            ..Self::new(state.dataset.clone(), state.batch_size)
         }
     }
 
@@ -155,7 +181,7 @@ impl Loader {
 
     /// A loader reading from any source.
     pub fn new(source: Arc<dyn ChunkSource>, cfg: LoaderConfig) -> Result<Self, ClientError> {
-        let info = source.describe(&cfg.dataset)?;
+        let info = source.describe(&cfg.dataset, cfg.version)?;
         // Validate the parameters once, up front (a cursor holds no rows).
         PlanCursor::new(info.version, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
@@ -175,6 +201,38 @@ impl Loader {
         &self.cfg
     }
 
+    /// The dataset version this loader reads (pinned when it was made).
+    pub fn version(&self) -> DatasetVersion {
+        self.info.version
+    }
+
+    /// The resume state at `pos`: what a checkpoint taken there saves.
+    pub fn state_at(&self, pos: Position) -> ResumeState {
+        let c = &self.cfg;
+        ResumeState {
+            dataset: c.dataset.clone(),
+            version: self.info.version,
+            seed: c.seed,
+            rank: c.rank,
+            world_size: c.world_size,
+            batch_size: c.batch_size,
+            shuffle: c.shuffle,
+            drop_last: c.drop_last,
+            epoch: pos.epoch,
+            batch: pos.batch,
+        }
+    }
+
+    /// Continues where `state` was saved: an error naming the first field
+    /// (version, seed, world size, rank, batch size, shuffle, drop_last)
+    /// in which this loader differs, since it would read other batches.
+    pub fn resume_from(&self, state: &ResumeState) -> Result<EpochStream, ClientError> {
+        if let Some(m) = state.mismatch(&self.state_at(state.position())) {
+            return Err(m.into());
+        }
+        self.resume(state.position())
+    }
+
     /// This rank's plan for `epoch`, whole (every row of the epoch: for
     /// inspection and tests; the loader itself walks a [`PlanCursor`]).
     pub fn plan(&self, epoch: u64) -> Result<RankPlan, ClientError> {
@@ -191,13 +249,18 @@ impl Loader {
         self.resume(Position { epoch, batch: 0 })
     }
 
-    /// The batches of `pos.epoch` from batch `pos.batch` on.
+    /// The batches of `pos.epoch` from batch `pos.batch` on (none when it
+    /// is the epoch's batch count; past that, an error). The position
+    /// alone: [`Loader::resume_from`] also checks that the saved state
+    /// was this loader's.
     pub fn resume(&self, pos: Position) -> Result<EpochStream, ClientError> {
         let params = self.cfg.params(pos.epoch);
-        let start = usize::try_from(pos.batch).unwrap_or(usize::MAX);
-        let cursor = PlanCursor::new(self.info.version, &self.info.shards, &params, start)?;
-        let total = cursor.num_batches() as u64;
-        let start = pos.batch.min(total);
+        let total = self.num_batches(pos.epoch)? as u64;
+        if pos.batch > total {
+            return Err(ClientError::PositionPastEnd { epoch: pos.epoch, batch: pos.batch, batches: total });
+        }
+        let start = pos.batch;
+        let cursor = PlanCursor::new(self.info.version, &self.info.shards, &params, start as usize)?;
         let ahead = self.cfg.prefetch_batches.max(1);
         let threads = self.cfg.threads();
         // Room for `ahead` finished batches while every thread works on one
@@ -219,6 +282,7 @@ impl Loader {
             .map_err(ClientError::Io)?;
         Ok(EpochStream {
             rx: Some(rx),
+            resume: self.state_at(pos),
             next: Position { epoch: pos.epoch, batch: start },
             total,
             stop,
@@ -230,6 +294,8 @@ impl Loader {
 /// The batches of one epoch, in plan order.
 pub struct EpochStream {
     rx: Option<Receiver<Slot>>,
+    /// The loader's resume state, at the position the stream began.
+    resume: ResumeState,
     next: Position,
     total: u64,
     stop: Arc<AtomicBool>,
@@ -237,9 +303,15 @@ pub struct EpochStream {
 }
 
 impl EpochStream {
-    /// The position of the next batch this stream yields: save it to resume.
-    pub fn state(&self) -> Position {
+    /// The position of the next batch this stream yields.
+    pub fn position(&self) -> Position {
         self.next
+    }
+
+    /// The resume state at the next batch this stream yields: save it in a
+    /// checkpoint, and resume with [`Loader::resume_from`].
+    pub fn state(&self) -> ResumeState {
+        ResumeState { epoch: self.next.epoch, batch: self.next.batch, ..self.resume.clone() }
     }
 
     /// Batches in the epoch.

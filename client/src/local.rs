@@ -213,6 +213,7 @@ fn unexpected(asked: &'static str, resp: &LocalResponse) -> ClientError {
         LocalResponse::Chunk { .. } => "Chunk",
         LocalResponse::Stats(_) => "Stats",
         LocalResponse::Touched => "Touched",
+        LocalResponse::NotServed { .. } => "NotServed",
         LocalResponse::Failed { .. } => "Failed",
     };
     ProtocolError::Unexpected { asked, replied }.into()
@@ -327,12 +328,23 @@ impl Drop for MappedChunk {
 }
 
 impl ChunkSource for LocalSource {
-    fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError> {
-        match self.call(&LocalRequest::Describe { dataset: dataset.to_string() })?.0 {
+    fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {
+        match self.call(&LocalRequest::Describe { dataset: dataset.to_string(), version })?.0 {
             LocalResponse::Described(info) if info.name != dataset => {
                 Err(ProtocolError::WrongDataset { asked: dataset.to_string(), described: info.name }.into())
             }
+            LocalResponse::NotServed { dataset, version: Some(version), current: Some(current), .. } => {
+                Err(ClientError::VersionGone { dataset, version, current: Some(current) })
+            }
+            LocalResponse::NotServed { dataset, served, .. } => Err(ClientError::UnknownDataset { dataset, served }),
             LocalResponse::Described(info) => {
+                if let Some(asked) = version
+                    && asked != info.version
+                {
+                    return Err(
+                        ProtocolError::WrongVersion { dataset: info.name, asked, described: info.version }.into()
+                    );
+                }
                 // A layout that cannot be computed leaves those shards
                 // bounded by MAX_UNDESCRIBED_CHUNK_LEN only.
                 let lens = info

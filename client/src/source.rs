@@ -87,8 +87,10 @@ impl Chunk {
 
 /// Where a loader gets dataset descriptions and chunks.
 pub trait ChunkSource: Send + Sync {
-    /// Describes the current version of `dataset`.
-    fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError>;
+    /// Describes `version` of `dataset`, or its current version when
+    /// `version` is `None`; [`ClientError::UnknownDataset`] or
+    /// [`ClientError::VersionGone`] when not served.
+    fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError>;
 
     /// Announces the plan a rank is about to walk, so the source can
     /// prefetch along it. Sources without prefetch ignore it.
@@ -117,6 +119,10 @@ impl MemorySource {
         Ok(Self { info, chunks: map })
     }
 
+    fn gone(&self, version: DatasetVersion) -> ClientError {
+        ClientError::VersionGone { dataset: self.info.name.clone(), version, current: Some(self.info.version) }
+    }
+
     /// Total chunk bytes held.
     pub fn bytes_held(&self) -> usize {
         self.chunks.values().map(|c| c.bytes().len()).sum()
@@ -124,17 +130,22 @@ impl MemorySource {
 }
 
 impl ChunkSource for MemorySource {
-    fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError> {
-        if dataset == self.info.name {
-            Ok(self.info.clone())
-        } else {
-            Err(ClientError::UnknownDataset(dataset.to_string()))
+    fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {
+        if dataset != self.info.name {
+            return Err(ClientError::UnknownDataset {
+                dataset: dataset.to_string(),
+                served: vec![self.info.name.clone()],
+            });
+        }
+        match version {
+            Some(v) if v != self.info.version => Err(self.gone(v)),
+            _ => Ok(self.info.clone()),
         }
     }
 
     fn fetch(&self, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError> {
         if version != self.info.version {
-            return Err(ClientError::UnknownDataset(format!("version {version}")));
+            return Err(self.gone(version));
         }
         self.chunks.get(&shard).cloned().ok_or_else(|| ClientError::Node {
             kind: granary_proto::wire::ErrorKind::BadRequest,

@@ -1,7 +1,9 @@
 //! Loader behaviour over an in-memory source: resume, equivalence across
 //! lookahead settings, bounded shutdown, and typed views.
 
-use granary_client::{ChunkSource, ClientError, Loader, LoaderConfig, MemorySource, Position, TensorError};
+use granary_client::{
+    ChunkSource, ClientError, Loader, LoaderConfig, MemorySource, Position, ResumeState, TensorError,
+};
 use granary_proto::wire::DatasetInfo;
 use granary_proto::{AlignedBuf, ChunkLayout, DType, DatasetVersion, ShardId, ShardRows, Shuffle, TensorLayout};
 use std::sync::Arc;
@@ -51,7 +53,7 @@ fn ids(loader: &Loader, pos: Position) -> Vec<Vec<i64>> {
 fn resume_continues_at_exactly_the_next_batch() {
     let src = source(&[37, 50, 12, 41, 5]);
     let cfg = LoaderConfig { seed: 9, world_size: 2, rank: 1, ..LoaderConfig::new("t", 8) };
-    let loader = Loader::new(src, cfg).unwrap();
+    let loader = Loader::new(src.clone(), cfg).unwrap();
     let full = ids(&loader, Position { epoch: 2, batch: 0 });
     let mut stream = loader.epoch(2).unwrap();
     let mut head = Vec::new();
@@ -59,11 +61,70 @@ fn resume_continues_at_exactly_the_next_batch() {
         head.push(stream.next().unwrap().unwrap().tensor::<i64>("id").unwrap().data().to_vec());
     }
     let saved = stream.state();
-    assert_eq!(saved, Position { epoch: 2, batch: 3 });
+    assert_eq!(saved.position(), Position { epoch: 2, batch: 3 });
+    assert_eq!((saved.version, saved.seed, saved.world_size, saved.rank), (V, 9, 2, 1));
     drop(stream);
-    let tail = ids(&loader, saved);
+    // Through a checkpoint (JSON) into a loader made from the state alone.
+    let saved: ResumeState = serde_json::from_str(&serde_json::to_string(&saved).unwrap()).unwrap();
+    let resumed = Loader::new(src, LoaderConfig::resuming(&saved)).unwrap();
+    let tail: Vec<Vec<i64>> =
+        resumed.resume_from(&saved).unwrap().map(|b| b.unwrap().tensor::<i64>("id").unwrap().data().to_vec()).collect();
     head.extend(tail);
     assert_eq!(head, full);
+}
+
+#[test]
+fn a_state_saved_under_other_parameters_is_refused_naming_the_difference() {
+    let src = source(&[37, 50, 12, 41, 5]);
+    let cfg = LoaderConfig { seed: 9, world_size: 2, rank: 1, ..LoaderConfig::new("t", 8) };
+    let saved = Loader::new(src.clone(), cfg.clone()).unwrap().state_at(Position { epoch: 1, batch: 2 });
+    for (now, field) in [
+        (LoaderConfig { world_size: 4, ..cfg.clone() }, "world_size"),
+        (LoaderConfig { seed: 10, ..cfg.clone() }, "seed"),
+        (LoaderConfig { rank: 0, ..cfg.clone() }, "rank"),
+        (LoaderConfig { batch_size: 16, ..cfg.clone() }, "batch_size"),
+        (LoaderConfig { shuffle: Shuffle::Off, ..cfg.clone() }, "shuffle"),
+        (LoaderConfig { drop_last: true, ..cfg.clone() }, "drop_last"),
+    ] {
+        let loader = Loader::new(src.clone(), now).unwrap();
+        match loader.resume_from(&saved) {
+            Err(ClientError::ResumeMismatch(m)) => assert_eq!(m.field, field, "{m}"),
+            Err(e) => panic!("{field}: expected a mismatch, got {e}"),
+            Ok(_) => panic!("{field}: a changed {field} was resumed"),
+        }
+    }
+    // Another version: the state names the one its job read.
+    let other = ResumeState { version: DatasetVersion([4; 16]), ..saved.clone() };
+    let loader = Loader::new(src.clone(), cfg).unwrap();
+    let e = loader.resume_from(&other).err().expect("another version is refused");
+    assert!(e.to_string().contains("version"), "{e}");
+    assert!(loader.resume_from(&saved).is_ok());
+}
+
+#[test]
+fn a_position_past_the_end_of_its_epoch_is_an_error_and_the_end_itself_is_empty() {
+    let loader = Loader::new(source(&[10, 10]), LoaderConfig::new("t", 4)).unwrap();
+    let n = loader.num_batches(0).unwrap() as u64;
+    assert_eq!(loader.resume(Position { epoch: 0, batch: n }).unwrap().count(), 0);
+    match loader.resume(Position { epoch: 0, batch: n + 1 }) {
+        Err(ClientError::PositionPastEnd { batch, batches, .. }) => assert_eq!((batch, batches), (n + 1, n)),
+        Err(e) => panic!("expected PositionPastEnd, got {e}"),
+        Ok(_) => panic!("a position past the end was clamped"),
+    }
+}
+
+#[test]
+fn a_loader_pinned_to_a_version_the_source_does_not_serve_fails_naming_both() {
+    let cfg = LoaderConfig { version: Some(DatasetVersion([4; 16])), ..LoaderConfig::new("t", 4) };
+    match Loader::new(source(&[10]), cfg) {
+        Err(ClientError::VersionGone { dataset, version, current }) => {
+            assert_eq!((dataset.as_str(), version, current), ("t", DatasetVersion([4; 16]), Some(V)))
+        }
+        Err(e) => panic!("expected VersionGone, got {e}"),
+        Ok(_) => panic!("a loader read another version than its job pinned"),
+    }
+    let pinned = LoaderConfig { version: Some(V), ..LoaderConfig::new("t", 4) };
+    assert_eq!(Loader::new(source(&[10]), pinned).unwrap().version(), V);
 }
 
 #[test]
@@ -176,8 +237,8 @@ fn dropping_a_stream_midway_stops_its_thread() {
 struct Failing(Arc<MemorySource>);
 
 impl ChunkSource for Failing {
-    fn describe(&self, d: &str) -> Result<DatasetInfo, ClientError> {
-        self.0.describe(d)
+    fn describe(&self, d: &str, v: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {
+        self.0.describe(d, v)
     }
     fn fetch(&self, _: DatasetVersion, shard: ShardId) -> Result<granary_client::Chunk, ClientError> {
         Err(ClientError::Node {

@@ -79,7 +79,7 @@ fn a_description_of_another_dataset_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = scripted_node(dir.path(), Box::new(|_| (frame(&LocalResponse::Described(info("other"))), None)));
     let src = LocalSource::connect(&path).expect("connect");
-    let e = src.describe("ads").expect_err("wrong dataset").to_string();
+    let e = src.describe("ads", None).expect_err("wrong dataset").to_string();
     assert!(e.contains("\"ads\"") && e.contains("\"other\""), "{e}");
 }
 
@@ -100,7 +100,7 @@ fn a_chunk_of_another_length_than_the_layout_gives_is_refused_before_mapping() {
         }),
     );
     let src = LocalSource::connect(&path).expect("connect");
-    let info = src.describe("ads").expect("describe");
+    let info = src.describe("ads", None).expect("describe");
     let e = src.fetch(info.version, info.shards[0].shard).expect_err("wrong length").to_string();
     assert!(e.contains(&(1u64 << 40).to_string()) && e.contains("layout"), "{e}");
 }
@@ -112,8 +112,8 @@ fn after_an_oversized_reply_the_connection_is_not_used_again() {
     let path =
         scripted_node(dir.path(), Box::new(|_| ([u32::MAX.to_le_bytes().to_vec(), vec![0u8; 64]].concat(), None)));
     let src = LocalSource::connect(&path).expect("connect");
-    let first = src.describe("ads").expect_err("oversized");
+    let first = src.describe("ads", None).expect_err("oversized");
     assert!(matches!(first, ClientError::Protocol(_)), "{first}");
-    let second = src.describe("ads").expect_err("out of step").to_string();
+    let second = src.describe("ads", None).expect_err("out of step").to_string();
     assert!(second.contains("out of step"), "{second}");
 }

@@ -9,6 +9,7 @@
 //! accept (say, out of descriptors under a flood of connections) is retried
 //! rather than ending the listener.
 
+use crate::error::FetchError;
 use crate::service::Node;
 use crate::session::Session;
 use granary_proto::frame;
@@ -144,9 +145,12 @@ async fn connection(
             }
         };
         match req {
-            LocalRequest::Describe { dataset } => {
-                let reply = match node.describe_when_known(&dataset, FIRST_PLACEMENT_WAIT).await {
+            LocalRequest::Describe { dataset, version } => {
+                let reply = match node.describe_when_known(&dataset, version, FIRST_PLACEMENT_WAIT).await {
                     Ok(info) => LocalResponse::Described(info),
+                    Err(FetchError::NotServed { dataset, version, current, served }) => {
+                        LocalResponse::NotServed { dataset, version, current, served }
+                    }
                     Err(e) => failed(e.kind(), e.to_string()),
                 };
                 send(&stream, &reply, None).await?;
@@ -160,9 +164,9 @@ async fn connection(
                             node.follow(version, &params)
                         })
                         .await
-                        .unwrap_or_else(|source| Err(crate::error::FetchError::Task { what: "planning", source }))
+                        .unwrap_or_else(|source| Err(FetchError::Task { what: "planning", source }))
                     }
-                    Err(e) => Err(crate::error::FetchError::ShuttingDown(e)),
+                    Err(e) => Err(FetchError::ShuttingDown(e)),
                 };
                 let reply = match planned {
                     Ok(f) => {

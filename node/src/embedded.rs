@@ -6,6 +6,7 @@
 //! minus the socket.
 
 use crate::config::NodeConfig;
+use crate::error::FetchError;
 use crate::service::{Node, StartError};
 use crate::session::Session;
 use crate::shm::SealedChunk;
@@ -59,8 +60,14 @@ impl EmbeddedNode {
 }
 
 impl ChunkSource for EmbeddedNode {
-    fn describe(&self, dataset: &str) -> Result<DatasetInfo, ClientError> {
-        self.node.describe(dataset).map_err(|e| node_err(&e, e.kind()))
+    fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {
+        self.node.describe(dataset, version).map_err(|e| match e {
+            FetchError::NotServed { dataset, version: Some(version), current: Some(current), .. } => {
+                ClientError::VersionGone { dataset, version, current: Some(current) }
+            }
+            FetchError::NotServed { dataset, served, .. } => ClientError::UnknownDataset { dataset, served },
+            e => node_err(&e, e.kind()),
+        })
     }
 
     fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {

@@ -1,7 +1,7 @@
 //! Errors of the node, one enum per boundary.
 
-use granary_proto::ShardId;
 use granary_proto::wire::ErrorKind;
+use granary_proto::{DatasetVersion, ShardId};
 use thiserror::Error;
 
 pub use granary_source::error::{RemoteError, SchemaError, SourceError};
@@ -20,13 +20,43 @@ pub struct ConvertError {
     pub problem: String,
 }
 
+fn not_served(
+    dataset: &str,
+    version: &Option<DatasetVersion>,
+    current: &Option<DatasetVersion>,
+    served: &[String],
+) -> String {
+    match (version, current) {
+        (Some(v), Some(c)) => {
+            format!("dataset {dataset:?} version {} is not served here (current: {})", v.to_hex(), c.to_hex())
+        }
+        _ => format!(
+            "dataset {dataset:?} is not served here (served: {})",
+            if served.is_empty() { "none".to_string() } else { served.join(", ") }
+        ),
+    }
+}
+
 /// A chunk request failed.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum FetchError {
-    /// The dataset or version is not served by this node.
-    #[error("unknown dataset {0}")]
-    UnknownDataset(String),
+    /// A trainer asked to describe a dataset, or a version of one, that
+    /// this node does not serve.
+    #[error("{}", not_served(dataset, version, current, served))]
+    NotServed {
+        /// The name asked for.
+        dataset: String,
+        /// The version asked for, if any.
+        version: Option<DatasetVersion>,
+        /// The version served under that name now, if the name is.
+        current: Option<DatasetVersion>,
+        /// The names of the datasets served.
+        served: Vec<String>,
+    },
+    /// A request named a dataset version this node does not serve.
+    #[error("dataset version {} is not served by this node", .0.to_hex())]
+    UnknownVersion(DatasetVersion),
     /// The shard is not part of the dataset version.
     #[error("shard {0} is not part of the dataset")]
     UnknownShard(ShardId),
@@ -123,7 +153,10 @@ impl FetchError {
     /// How a trainer should treat this failure.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            FetchError::UnknownDataset(_) | FetchError::UnknownShard(_) | FetchError::Plan(_) => ErrorKind::BadRequest,
+            FetchError::NotServed { .. }
+            | FetchError::UnknownVersion(_)
+            | FetchError::UnknownShard(_)
+            | FetchError::Plan(_) => ErrorKind::BadRequest,
             FetchError::Convert(_) | FetchError::Remote(RemoteError::Parquet { .. }) => ErrorKind::BadInput,
             FetchError::NoSource { source, .. } => source.kind(),
             _ => ErrorKind::Unavailable,

@@ -166,13 +166,18 @@ impl Node {
     /// from the coordinator) first waits for that, up to `wait`, so that a
     /// trainer connecting right after a restart is not told a registered
     /// dataset is unknown.
-    pub async fn describe_when_known(&self, name: &str, wait: std::time::Duration) -> Result<DatasetInfo, FetchError> {
-        if self.inner.cluster.get().is_some() && self.describe(name).is_err() {
+    pub async fn describe_when_known(
+        &self,
+        name: &str,
+        version: Option<DatasetVersion>,
+        wait: std::time::Duration,
+    ) -> Result<DatasetInfo, FetchError> {
+        if self.inner.cluster.get().is_some() && self.describe(name, version).is_err() {
             let mut known = self.inner.datasets_known.subscribe();
             // Timing out is fine: the answer below says what is known.
             let _ = tokio::time::timeout(wait, known.wait_for(|k| *k)).await;
         }
-        self.describe(name)
+        self.describe(name, version)
     }
 
     /// After a placement update: a load that a peer waits on, and that asks
@@ -198,10 +203,25 @@ impl Node {
         self.inner.datasets_known.send_replace(true);
     }
 
-    /// Describes dataset `name`.
-    pub fn describe(&self, name: &str) -> Result<DatasetInfo, FetchError> {
+    /// Describes `version` of dataset `name` (any version this node served
+    /// under that name since it started), or its current version when
+    /// `version` is `None`.
+    pub fn describe(&self, name: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, FetchError> {
         let datasets = self.inner.datasets.read().unwrap_or_else(|p| p.into_inner());
-        datasets.get(name).map(|d| d.info()).ok_or_else(|| FetchError::UnknownDataset(name.to_string()))
+        let current = datasets.get(name);
+        let found = match version {
+            None => current.cloned(),
+            Some(v) => {
+                let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
+                by_version.get(&v).filter(|d| d.name == name).cloned()
+            }
+        };
+        found.map(|d| d.info()).ok_or_else(|| FetchError::NotServed {
+            dataset: name.to_string(),
+            version,
+            current: current.map(|d| d.version),
+            served: datasets.keys().cloned().collect(),
+        })
     }
 
     /// Serves the dataset version `manifest` describes under `name` from now
@@ -237,7 +257,7 @@ impl Node {
     /// The dataset of `version`.
     pub fn dataset(&self, version: DatasetVersion) -> Result<Arc<Dataset>, FetchError> {
         let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
-        by_version.get(&version).cloned().ok_or_else(|| FetchError::UnknownDataset(format!("version {version}")))
+        by_version.get(&version).cloned().ok_or_else(|| FetchError::UnknownVersion(version))
     }
 
     /// Counters since start.
@@ -263,6 +283,7 @@ impl Node {
             peer_served: c.peer_served.load(Ordering::Relaxed),
             guest_hits: c.guest_hits.load(Ordering::Relaxed),
             guest_bytes: self.inner.guests.usage_bytes(),
+            loads_in_flight: self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
         }
     }
 

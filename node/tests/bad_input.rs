@@ -94,7 +94,7 @@ fn start_refused(cfg: NodeConfig) -> String {
 
 fn describe(node: &Arc<EmbeddedNode>) -> DatasetInfo {
     let node = node.clone();
-    within("describe", move || node.describe("ads").expect("describe ads"))
+    within("describe", move || node.describe("ads", None).expect("describe ads"))
 }
 
 fn fetch(node: &Arc<EmbeddedNode>, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError> {
@@ -989,7 +989,7 @@ fn assert_serves_a_fresh_client(socket: &Path) {
     within("a well-formed client", move || {
         let src = LocalSource::connect(&socket).expect("connect");
         src.stats().expect("stats");
-        let info = src.describe("ads").expect("describe");
+        let info = src.describe("ads", None).expect("describe");
         let (shard, first) = first_rows(&info)[1];
         let chunk = src.fetch(info.version, shard).expect("fetch");
         assert_eq!(datagen_mismatch(&chunk, first), None);
@@ -1079,15 +1079,32 @@ fn requests_for_unknown_things_are_refused_naming_them() {
         send_raw(&mut s, body.len() as u32, &body);
         read_reply(&mut s)
     };
-    expect_bad_request(call(&LocalRequest::Describe { dataset: "nope".into() }), &["unknown dataset", "nope"]);
-    let Some(LocalResponse::Described(info)) = call(&LocalRequest::Describe { dataset: "ads".into() }) else {
+    // An unknown name: the reply names it and the datasets served.
+    match call(&LocalRequest::Describe { dataset: "nope".into(), version: None }) {
+        Some(LocalResponse::NotServed { dataset, current: None, served, .. }) => {
+            assert_eq!((dataset.as_str(), served), ("nope", vec!["ads".to_string()]))
+        }
+        other => panic!("describe nope: {other:?}"),
+    }
+    let Some(LocalResponse::Described(info)) = call(&LocalRequest::Describe { dataset: "ads".into(), version: None })
+    else {
         panic!("describe ads failed");
     };
     let unknown_version = DatasetVersion([7; 16]);
+    // A version the node does not serve: the reply names the current one.
+    match call(&LocalRequest::Describe { dataset: "ads".into(), version: Some(unknown_version) }) {
+        Some(LocalResponse::NotServed { version, current, .. }) => {
+            assert_eq!((version, current), (Some(unknown_version), Some(info.version)))
+        }
+        other => panic!("describe ads at an unknown version: {other:?}"),
+    }
+    // The version it serves, asked by name and version.
+    let pinned = LocalRequest::Describe { dataset: "ads".into(), version: Some(info.version) };
+    assert!(matches!(call(&pinned), Some(LocalResponse::Described(i)) if i.version == info.version));
     let shard = ShardId { file: 0, row_group: 0 };
     expect_bad_request(
         call(&LocalRequest::FetchChunk { version: unknown_version, shard }),
-        &[&unknown_version.to_string()],
+        &[&unknown_version.to_hex()],
     );
     let missing = ShardId { file: 0, row_group: 9 };
     expect_bad_request(call(&LocalRequest::FetchChunk { version: info.version, shard: missing }), &["file#0/rg9"]);
@@ -1112,7 +1129,8 @@ fn follow_with_impossible_plan_parameters_is_a_bad_request() {
         send_raw(&mut s, body.len() as u32, &body);
         read_reply(&mut s)
     };
-    let Some(LocalResponse::Described(info)) = call(&LocalRequest::Describe { dataset: "ads".into() }) else {
+    let Some(LocalResponse::Described(info)) = call(&LocalRequest::Describe { dataset: "ads".into(), version: None })
+    else {
         panic!("describe ads failed");
     };
     let valid = granary_proto::PlanParams {

@@ -39,7 +39,7 @@ fn every_batch_value_matches_the_generator() {
     };
     datagen::generate(dir.path(), &spec, |_| {}).unwrap();
     let node = Arc::new(EmbeddedNode::start(&node_config(dir.path()), 2).unwrap());
-    let info = node.describe("ads").unwrap();
+    let info = node.describe("ads", None).unwrap();
     // Global row of each shard's first row, in manifest order.
     let mut first_row = Vec::new();
     let mut acc = 0u64;

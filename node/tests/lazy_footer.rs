@@ -36,7 +36,7 @@ async fn only_the_footer_of_a_converted_shards_file_is_read() {
     assert!(manifest.files[2].path.ends_with("[copy #2].parquet"), "{:?}", manifest.files[2].path);
     let node = Node::start(&NodeConfig { ram_bytes: 64 << 20, ..NodeConfig::default() }).await.expect("node");
     let version = node.serve_manifest("ads", datagen::view(), manifest.clone()).expect("serve");
-    assert_eq!(node.describe("ads").expect("describe").version, version);
+    assert_eq!(node.describe("ads", None).expect("describe").version, version);
     assert_eq!(node.stats().remote_bytes, 0, "serving a manifest reads nothing");
 
     let shard = ShardId { file: 2, row_group: 1 };
@@ -61,7 +61,7 @@ async fn only_the_footer_of_a_converted_shards_file_is_read() {
     })
     .await
     .expect("eager node");
-    assert_eq!(eager.describe("ads").expect("describe").version, version, "same version");
+    assert_eq!(eager.describe("ads", None).expect("describe").version, version, "same version");
     assert_eq!(eager.chunk(version, shard).await.expect("chunk").bytes(), chunk.bytes());
 
     // A second shard of the same file reads no footer again.

@@ -45,7 +45,7 @@ async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
     tls::init_cluster(&certs).expect("certs");
     let cfg = node_config(&data);
     let node = Node::start(&cfg).await.expect("node");
-    let info = node.describe("ads").expect("describe");
+    let info = node.describe("ads", None).expect("describe");
     let identity = Identity::load(&certs, "node").expect("identity");
     let endpoint =
         tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
@@ -1049,7 +1049,7 @@ async fn a_node_whose_lease_is_in_doubt_waits_for_it_before_reading_as_owner() {
 async fn a_peer_request_queued_while_its_shard_moved_away_is_sent_to_the_new_owner() {
     use granary_node::error::FetchError;
     let f = start().await;
-    let info = f.node.describe("ads").expect("describe");
+    let info = f.node.describe("ads", None).expect("describe");
     let (first, second) = (info.shards[0].shard, f.shard);
     // One load at a time, each remote read taking a second.
     let cfg = NodeConfig {

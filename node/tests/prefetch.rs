@@ -56,7 +56,7 @@ fn wait_conversions(node: &EmbeddedNode, n: u64) {
 fn prefetch_reaches_into_the_next_epochs_within_the_budget() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = start(dir.path(), 1 << 30);
-    let info = node.node().describe("ads").expect("describe");
+    let info = node.node().describe("ads", None).expect("describe");
     let shards = node.node().dataset(info.version).expect("dataset").manifest.shards();
     // The shards rank 1 of 4 uses in epochs 0..=AHEAD: a quarter per epoch.
     let mut expected = BTreeSet::new();
@@ -78,7 +78,7 @@ fn prefetch_reaches_into_the_next_epochs_within_the_budget() {
 fn a_budget_of_one_chunk_prefetches_only_the_next_shard() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = start(dir.path(), 1);
-    let info = node.node().describe("ads").expect("describe");
+    let info = node.node().describe("ads", None).expect("describe");
     let _follower = node.block_on(async { node.node().follow(info.version, &params(0)) }).expect("follow");
     wait_conversions(&node, 1);
     std::thread::sleep(Duration::from_millis(300));

@@ -36,7 +36,7 @@ fn sixty_four_concurrent_requests_make_one_read_and_one_conversion() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let node = Node::start(&config(dir.path(), None)).await.unwrap();
-        let info = node.describe("ads").unwrap();
+        let info = node.describe("ads", None).unwrap();
         let opened = node.stats().remote_bytes; // footers
         let shard = info.shards[2].shard;
         let handles: Vec<_> = (0..64)
@@ -77,7 +77,7 @@ fn a_restarted_node_serves_its_ssd_tier_without_remote_reads() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let first: Vec<Vec<u8>> = rt.block_on(async {
         let node = Node::start(&config(&data, Some(&ssd))).await.unwrap();
-        let info = node.describe("ads").unwrap();
+        let info = node.describe("ads", None).unwrap();
         let mut out = Vec::new();
         for s in &info.shards {
             out.push(node.chunk(info.version, s.shard).await.unwrap().bytes().to_vec());
@@ -87,7 +87,7 @@ fn a_restarted_node_serves_its_ssd_tier_without_remote_reads() {
     });
     rt.block_on(async {
         let node = Node::start(&config(&data, Some(&ssd))).await.unwrap();
-        let info = node.describe("ads").unwrap();
+        let info = node.describe("ads", None).unwrap();
         let opened = node.stats().remote_bytes;
         for (s, want) in info.shards.iter().zip(&first) {
             let got = node.chunk(info.version, s.shard).await.unwrap();

@@ -29,10 +29,13 @@ mod request_def {
     /// A trainer's request.
     #[derive(Clone, PartialEq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
     pub enum LocalRequest {
-        /// Describe the current version of a dataset the node serves.
+        /// Describe a dataset the node serves: the version a job pinned,
+        /// or the current one.
         Describe {
             /// Dataset name.
             dataset: String,
+            /// The version; `None`: the current one.
+            version: Option<DatasetVersion>,
         },
         /// The trainer is about to walk this plan: the node prefetches along it.
         Follow {
@@ -123,6 +126,9 @@ pub struct NodeStats {
     pub guest_hits: u64,
     /// Bytes of guest copies held.
     pub guest_bytes: u64,
+    /// Loads in flight right now (a gauge, not cumulative): reading and
+    /// converting, fetching from a peer, or queued for a load permit.
+    pub loads_in_flight: u64,
 }
 
 /// Kinds of failure a trainer can act on.
@@ -160,6 +166,18 @@ mod response_def {
         Stats(NodeStats),
         /// Reply to `Touch`.
         Touched,
+        /// Reply to `Describe`: the dataset, or the version asked for, is
+        /// not served here.
+        NotServed {
+            /// The name asked for.
+            dataset: String,
+            /// The version asked for, if any.
+            version: Option<DatasetVersion>,
+            /// The version served under that name now, if the name is.
+            current: Option<DatasetVersion>,
+            /// The names of the datasets served.
+            served: Vec<String>,
+        },
         /// The request failed.
         Failed {
             /// What kind of failure.
@@ -236,7 +254,8 @@ mod tests {
     #[test]
     fn requests_round_trip() {
         let reqs = [
-            LocalRequest::Describe { dataset: "ads".into() },
+            LocalRequest::Describe { dataset: "ads".into(), version: None },
+            LocalRequest::Describe { dataset: "ads".into(), version: Some(DatasetVersion([9; 16])) },
             LocalRequest::FetchChunk { version: DatasetVersion([1; 16]), shard: ShardId { file: 3, row_group: 4 } },
             LocalRequest::Follow {
                 version: DatasetVersion([2; 16]),

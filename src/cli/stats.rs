@@ -1,8 +1,9 @@
-//! `granary stats`: one node's counters, read over its local socket, as
-//! `Debug` output or as one JSON object with `--json`.
+//! `granary stats`: one node's counters, read over its local socket, one
+//! concern per line, or as one JSON object with `--json`.
 
 use anyhow::Result;
 use clap::Args;
+use granary_proto::wire::NodeStats;
 use std::path::PathBuf;
 
 /// `granary stats`.
@@ -31,10 +32,83 @@ pub(crate) fn run(a: &StatsArgs) -> Result<()> {
                 "peer_fetched": s.peer_fetched, "peer_fetched_bytes": s.peer_fetched_bytes,
                 "peer_failures": s.peer_failures, "peer_served": s.peer_served,
                 "guest_hits": s.guest_hits, "guest_bytes": s.guest_bytes,
+                "loads_in_flight": s.loads_in_flight,
             })
         );
     } else {
-        println!("{s:#?}");
+        print!("{}", human(&s));
     }
     Ok(())
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// The counters as a person reads them: one concern per line.
+fn human(s: &NodeStats) -> String {
+    let requests = s.ram_hits + s.ssd_hits + s.guest_hits + s.misses + s.joined;
+    let mut o = String::new();
+    let mut line = |k: &str, v: String| o.push_str(&format!("{k:<16}{v}\n"));
+    line(
+        "remote storage",
+        format!(
+            "{} in {} requests; footers: {} read, {} from peers",
+            mib(s.remote_bytes),
+            s.remote_requests,
+            s.remote_footers,
+            s.peer_footers
+        ),
+    );
+    line("conversions", format!("{} ({} converted)", s.conversions, mib(s.converted_bytes)));
+    line(
+        "chunk requests",
+        format!(
+            "{requests}: {} RAM, {} SSD, {} guest copies, {} joined a load, {} started one",
+            s.ram_hits, s.ssd_hits, s.guest_hits, s.joined, s.misses
+        ),
+    );
+    line(
+        "peer fabric",
+        format!(
+            "{} fetched ({}), {} failed; {} served to peers",
+            s.peer_fetched,
+            mib(s.peer_fetched_bytes),
+            s.peer_failures,
+            s.peer_served
+        ),
+    );
+    line(
+        "now",
+        format!(
+            "{} loads in flight; {} in chunk memory, {} of it guest copies",
+            s.loads_in_flight,
+            mib(s.chunk_memory_bytes),
+            mib(s.guest_bytes)
+        ),
+    );
+    line("other", format!("{} prefetched, {} corrupt SSD entries re-read", s.prefetched, s.corrupt_entries));
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_print_one_concern_per_line_with_units() {
+        let s = NodeStats {
+            remote_bytes: 3 << 20,
+            conversions: 4,
+            ram_hits: 2,
+            misses: 4,
+            loads_in_flight: 1,
+            ..NodeStats::default()
+        };
+        let text = human(&s);
+        assert!(text.contains("remote storage  3.0 MiB in 0 requests"), "{text}");
+        assert!(text.contains("chunk requests  6: 2 RAM"), "{text}");
+        assert!(text.contains("1 loads in flight"), "{text}");
+        assert!(!text.contains('{'), "not a debug dump: {text}");
+    }
 }

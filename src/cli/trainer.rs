@@ -27,6 +27,10 @@ pub(crate) struct TrainerArgs {
     /// Dataset name.
     #[arg(long, default_value = "ads")]
     pub dataset: String,
+    /// The dataset version the job reads (32 hex digits; default: the
+    /// node's current version when the rank starts).
+    #[arg(long, value_parser = parse_version)]
+    pub version: Option<granary_proto::DatasetVersion>,
     /// This rank.
     #[arg(long)]
     pub rank: u32,
@@ -72,6 +76,10 @@ pub(crate) struct TrainerArgs {
     pub dump: Option<PathBuf>,
 }
 
+fn parse_version(s: &str) -> Result<granary_proto::DatasetVersion, String> {
+    granary_proto::DatasetVersion::from_hex(s).ok_or_else(|| format!("not a dataset version (32 hex digits): {s:?}"))
+}
+
 /// What consuming a batch means.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ConsumeArg {
@@ -109,6 +117,7 @@ fn drive(a: TrainerArgs) -> Result<()> {
         (b, _) => Shuffle::Blocks { window_batches: b },
     };
     let cfg = LoaderConfig {
+        version: a.version,
         seed: a.seed,
         rank: a.rank,
         world_size: a.world,
@@ -119,7 +128,7 @@ fn drive(a: TrainerArgs) -> Result<()> {
         ..LoaderConfig::new(a.dataset.clone(), a.batch_size)
     };
     let loader = if a.ceiling {
-        let info = source.describe(&a.dataset)?;
+        let info = source.describe(&a.dataset, a.version)?;
         let mut chunks = Vec::with_capacity(info.shards.len());
         for s in &info.shards {
             let c = source.fetch(info.version, s.shard).with_context(|| format!("copying {}", s.shard))?;

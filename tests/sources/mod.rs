@@ -25,7 +25,7 @@ pub(crate) fn node_config(source: String, remote: BTreeMap<String, String>) -> N
 /// same row groups and give equal tensors for every shard; returns what
 /// `remote` describes.
 pub(crate) async fn assert_same_tensors(remote: &Node, disk: &Node) -> DatasetInfo {
-    let (a, b) = (remote.describe("ads").expect("describe"), disk.describe("ads").expect("describe"));
+    let (a, b) = (remote.describe("ads", None).expect("describe"), disk.describe("ads", None).expect("describe"));
     assert_eq!(a.shards, b.shards, "same row groups");
     let tensors = datagen::view().tensors.len();
     for s in &a.shards {

@@ -468,6 +468,7 @@ impl LocalCluster {
             t.local_hits += s.ram_hits + s.ssd_hits + s.guest_hits;
             t.misses += s.misses;
             t.joined += s.joined;
+            t.loads_in_flight += s.loads_in_flight;
         }
         Ok(t)
     }
@@ -512,6 +513,8 @@ pub struct ClusterCounters {
     pub misses: u64,
     /// Chunk requests that waited for a load already in flight.
     pub joined: u64,
+    /// Loads in flight now, on all nodes (a gauge).
+    pub loads_in_flight: u64,
 }
 
 impl ClusterCounters {

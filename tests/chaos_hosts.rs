@@ -27,7 +27,7 @@ fn run(fault: &str) -> Option<Value> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("makes network namespaces") || stderr.contains("making hosts of network namespaces") {
-        eprintln!("skipped: {}", stderr.lines().find(|l| l.starts_with("Error")).unwrap_or(&stderr));
+        granary_testkit::skip::skipped(stderr.lines().find(|l| l.starts_with("Error")).unwrap_or(&stderr));
         return None;
     }
     let lines: Vec<Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();

@@ -5,8 +5,8 @@
 //! damaged while it was down, a pair of nodes cut apart, a
 //! node cut off its peers, a node stopped, the leading and a following
 //! voter killed and restarted, datagram loss, duplication and reordering
-//! on the peer links, 503s, slow answers and answers cut short from the
-//! store). Every invariant must hold: each rank's batches equal the
+//! on the peer links, a bandwidth cap on them (seed 5, 27 MiB/s), 503s,
+//! slow answers and answers cut short from the store). Every invariant must hold: each rank's batches equal the
 //! fault-free single-node reference, remote reads stay within what the
 //! schedule allows, the coordinator client's registrations and listings
 //! are linearizable, no node's memory goes over its budget (RAM tier and
@@ -82,14 +82,17 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
     if fs.iter().all(|f| *f == "tmpfs") {
         assert!(filled > 0, "no SSD filesystem was filled: {stdout}");
     } else {
-        println!("skipped: the fill fault (no tmpfs: {fs:?}); it was a plain kill and restart");
+        granary_testkit::skip::skipped(format!("the fill fault (no tmpfs: {fs:?}); it was a plain kill and restart"));
     }
     let strace = Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success());
     if strace && fs.iter().all(|f| *f == "tmpfs") {
         assert!(write_kills >= 1, "no node was killed at an SSD write: {not_injected:?}\n{stdout}");
     } else {
-        println!("skipped: the kill at an SSD write (needs root and strace): {not_injected:?}");
+        granary_testkit::skip::skipped(format!("the kill at an SSD write (needs root and strace): {not_injected:?}"));
     }
+    // Seed 5 caps the peer links (27 MiB/s): the cap held datagrams back.
+    let throttled: u64 = report("relay_throttled").map(|v| v.as_u64().unwrap_or(0)).sum();
+    assert!(throttled > 0, "the link cap held nothing back: {stdout}");
     let summary = lines.last().expect("summary");
     assert_eq!(summary["scenario"], "summary");
     assert_eq!(summary["violations"], 0);
@@ -107,6 +110,7 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         "corrupt_ssd",
         "fill_ssd",
         "kill_in_ssd_write",
+        "link_cap",
     ] {
         assert!(by[kind].as_u64().unwrap_or(0) >= 1, "no {kind} fired: {summary}");
     }

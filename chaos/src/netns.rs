@@ -130,7 +130,7 @@ mod tests {
     #[test]
     fn hosts_are_made_and_removed() {
         if let Err(e) = Hosts::available() {
-            eprintln!("skipped: {e}");
+            granary_testkit::skip::skipped(e);
             return;
         }
         let names: Vec<String>;

@@ -61,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let info = DatasetInfo {
         name: "h2d".into(),
         version: v,
+        plan_key: granary_proto::PlanKey(1),
         tensors: tensors.clone(),
         shards,
         files: vec![],

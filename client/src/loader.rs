@@ -183,7 +183,7 @@ impl Loader {
     pub fn new(source: Arc<dyn ChunkSource>, cfg: LoaderConfig) -> Result<Self, ClientError> {
         let info = source.describe(&cfg.dataset, cfg.version)?;
         // Validate the parameters once, up front (a cursor holds no rows).
-        PlanCursor::new(info.version, &info.shards, &cfg.params(0), 0)?;
+        PlanCursor::new(info.plan_key, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
         // Buffers in use at once: the queue (finished or being assembled),
         // the batch the consumer waits on, the consumer's, and the walker's.
@@ -236,12 +236,12 @@ impl Loader {
     /// This rank's plan for `epoch`, whole (every row of the epoch: for
     /// inspection and tests; the loader itself walks a [`PlanCursor`]).
     pub fn plan(&self, epoch: u64) -> Result<RankPlan, ClientError> {
-        Ok(plan_rank(self.info.version, &self.info.shards, &self.cfg.params(epoch))?)
+        Ok(plan_rank(self.info.plan_key, &self.info.shards, &self.cfg.params(epoch))?)
     }
 
     /// Batches in `epoch` (equal on every rank), without building the plan.
     pub fn num_batches(&self, epoch: u64) -> Result<usize, ClientError> {
-        Ok(PlanCursor::new(self.info.version, &self.info.shards, &self.cfg.params(epoch), 0)?.num_batches())
+        Ok(PlanCursor::new(self.info.plan_key, &self.info.shards, &self.cfg.params(epoch), 0)?.num_batches())
     }
 
     /// All batches of `epoch`, from the first.
@@ -260,7 +260,7 @@ impl Loader {
             return Err(ClientError::PositionPastEnd { epoch: pos.epoch, batch: pos.batch, batches: total });
         }
         let start = pos.batch;
-        let cursor = PlanCursor::new(self.info.version, &self.info.shards, &params, start as usize)?;
+        let cursor = PlanCursor::new(self.info.plan_key, &self.info.shards, &params, start as usize)?;
         let ahead = self.cfg.prefetch_batches.max(1);
         let threads = self.cfg.threads();
         // Room for `ahead` finished batches while every thread works on one

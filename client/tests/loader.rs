@@ -37,6 +37,7 @@ fn source(rows: &[u64]) -> Arc<MemorySource> {
     let info = DatasetInfo {
         name: "t".into(),
         version: V,
+        plan_key: granary_proto::PlanKey(3),
         tensors: layouts(),
         shards,
         files: vec!["f".into()],

@@ -50,10 +50,20 @@ pub enum ViewRef {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
-    /// Unix socket trainers connect to. Default: `granary-node.sock` in the
-    /// temporary folder (`$TMPDIR`, else `/tmp`).
+    /// Unix socket trainers connect to, in a folder only the node's user
+    /// can write. Default: `/run/granary/node.sock` for root,
+    /// `$XDG_RUNTIME_DIR/granary/node.sock` for another user (never the
+    /// shared temporary folder).
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// Uids admitted on the socket (checked on every connection with
+    /// `SO_PEERCRED`; root always is). Default: the node's own uid.
+    #[serde(default)]
+    pub allow_uids: Option<Vec<u32>>,
+    /// Groups admitted on the socket (a peer's effective group). Default:
+    /// the node's own group.
+    #[serde(default)]
+    pub allow_gids: Option<Vec<u32>>,
     /// SSD tier folder. Default: none (RAM tier only).
     #[serde(default)]
     pub ssd_dir: Option<PathBuf>,
@@ -74,6 +84,11 @@ pub struct NodeConfig {
     /// Bytes of chunks prefetched ahead of each rank. Default 256 MiB.
     #[serde(default = "default_prefetch")]
     pub prefetch_bytes: u64,
+    /// The most rows a plan the node builds for a trainer's `Follow` may
+    /// hold at once (one shuffle window; 8 bytes a row): a larger window
+    /// is refused at once, naming both. Default: 16 Mi rows (128 MiB).
+    #[serde(default = "default_plan_window_rows")]
+    pub max_plan_window_rows: u64,
     /// Shards read and converted at once. Default: 4.
     #[serde(default = "default_loads")]
     pub max_concurrent_loads: usize,
@@ -140,6 +155,9 @@ fn default_block() -> u64 {
 fn default_prefetch() -> u64 {
     256 << 20
 }
+fn default_plan_window_rows() -> u64 {
+    16 << 20
+}
 fn default_loads() -> usize {
     4
 }
@@ -148,12 +166,15 @@ impl Default for NodeConfig {
     fn default() -> Self {
         Self {
             socket: None,
+            allow_uids: None,
+            allow_gids: None,
             ssd_dir: None,
             ram_bytes: default_ram(),
             ssd_bytes: default_ssd(),
             guest_bytes: None,
             ssd_block_bytes: default_block(),
             prefetch_bytes: default_prefetch(),
+            max_plan_window_rows: default_plan_window_rows(),
             max_concurrent_loads: default_loads(),
             convert_threads: None,
             datasets: Vec::new(),

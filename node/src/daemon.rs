@@ -1,5 +1,7 @@
 //! The local endpoint: trainers on this host talk to the node over a Unix
-//! socket (file mode 0660, so access is governed by the socket's group).
+//! socket (file mode 0660, in a folder only the node's user can write;
+//! every connection's credentials checked against an allow-list:
+//! [`crate::access`]).
 //!
 //! One task per connection reads length-prefixed frames, answers each in
 //! order, and attaches the chunk's memory file to chunk replies. A frame
@@ -9,6 +11,7 @@
 //! accept (say, out of descriptors under a flood of connections) is retried
 //! rather than ending the listener.
 
+use crate::access::{self, LocalAccess};
 use crate::error::FetchError;
 use crate::service::Node;
 use crate::session::Session;
@@ -18,7 +21,7 @@ use rustix::fd::BorrowedFd;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -40,9 +43,15 @@ const CONCURRENT_FOLLOWS: usize = 2;
 /// for the datasets of its first placement before it answers "unknown".
 const FIRST_PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Binds `path` (replacing a stale socket file) and serves until `shutdown`
-/// resolves. A failed accept is logged and retried, never fatal.
-pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+/// Binds `path` (replacing a stale socket file) and serves the peers
+/// `allowed` admits until `shutdown` resolves. A failed accept is logged
+/// and retried, never fatal.
+pub async fn serve(
+    node: Node,
+    path: &Path,
+    allowed: LocalAccess,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> io::Result<()> {
     let listener = bind(path)?;
     tracing::info!(socket = %path.display(), "serving trainers");
     let follows = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENT_FOLLOWS));
@@ -65,6 +74,17 @@ pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<O
                     }
                 };
                 let (node, follows) = (node.clone(), follows.clone());
+                let cred = stream.peer_cred().ok().map(|c| (c.uid(), c.gid()));
+                if let Some((uid, gid)) = cred.filter(|&(u, g)| !allowed.admits(u, g)) {
+                    let why = allowed.refusal(uid, gid);
+                    tracing::warn!(uid, gid, "a process not on the allow-list connected; refused");
+                    tokio::spawn(refuse(stream, why));
+                    continue;
+                }
+                if cred.is_none() {
+                    tracing::warn!("a connection without peer credentials; refused");
+                    continue;
+                }
                 tokio::spawn(async move {
                     let client = client_name(&stream);
                     if let Err(e) = connection(node, stream, &client, follows).await {
@@ -78,25 +98,30 @@ pub async fn serve(node: Node, path: &Path, shutdown: impl std::future::Future<O
     Ok(())
 }
 
-/// Binds the socket with mode 0660.
+/// Binds the socket with mode 0660, in a folder only this user (or root)
+/// can write, replacing a dead node's socket owned by this user.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
-    if path.exists() {
-        // A socket nobody answers on is left over from a dead node.
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is served by a running node", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
+    access::prepare_dir(path)?;
+    access::clear_stale(path)?;
     let listener = UnixListener::bind(path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     Ok(listener)
+}
+
+/// Answers a peer that may not use the node with `why` and closes: after
+/// its first request (at most 2 s), so the answer is what it reads rather
+/// than a reset connection; the request itself is never looked at.
+async fn refuse(mut stream: UnixStream, why: String) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let mut header = [0u8; frame::HEADER_LEN];
+        stream.read_exact(&mut header).await?;
+        let len = frame::decode_len(header, MAX_REQUEST_LEN).map_err(io::Error::other)?;
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body).await.map(|_| ())
+    })
+    .await;
+    let _ = send(&stream, &failed(ErrorKind::BadRequest, why), None).await;
 }
 
 /// Names the process at the other end of a trainer connection for logs.
@@ -156,17 +181,21 @@ async fn connection(
                 send(&stream, &reply, None).await?;
             }
             LocalRequest::Follow { version, params } => {
-                let planned = match follows.clone().acquire_owned().await {
-                    Ok(permit) => {
-                        let node = node.clone();
-                        tokio::task::spawn_blocking(move || {
-                            let _permit = permit;
-                            node.follow(version, &params)
-                        })
-                        .await
-                        .unwrap_or_else(|source| Err(FetchError::Task { what: "planning", source }))
-                    }
-                    Err(e) => Err(FetchError::ShuttingDown(e)),
+                let admitted = node.admit_follow(version, &params);
+                let planned = match admitted {
+                    Err(e) => Err(e),
+                    Ok(()) => match follows.clone().acquire_owned().await {
+                        Ok(permit) => {
+                            let node = node.clone();
+                            tokio::task::spawn_blocking(move || {
+                                let _permit = permit;
+                                node.follow(version, &params)
+                            })
+                            .await
+                            .unwrap_or_else(|source| Err(FetchError::Task { what: "planning", source }))
+                        }
+                        Err(e) => Err(FetchError::ShuttingDown(e)),
+                    },
                 };
                 let reply = match planned {
                     Ok(f) => {
@@ -236,9 +265,4 @@ async fn send(stream: &UnixStream, msg: &LocalResponse, fd: Option<BorrowedFd<'_
         }
     }
     Ok(())
-}
-
-/// The default socket path for a config without one.
-pub fn default_socket() -> PathBuf {
-    std::env::temp_dir().join("granary-node.sock")
 }

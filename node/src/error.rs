@@ -74,6 +74,18 @@ pub enum FetchError {
         /// The system error.
         source: std::io::Error,
     },
+    /// A `Follow` whose shuffle window would make the node hold more rows
+    /// at once than its limit allows.
+    #[error(
+        "a shuffle window of up to {rows} rows is over this node's limit of {limit} rows a plan \
+         (max_plan_window_rows in node.toml): use a smaller window_shards"
+    )]
+    PlanTooLarge {
+        /// The most rows one window of the plan holds.
+        rows: u64,
+        /// The node's limit.
+        limit: u64,
+    },
     /// The plan parameters of a `Follow` are impossible.
     #[error("cannot follow the plan: {0}")]
     Plan(#[from] granary_proto::PlanError),
@@ -156,8 +168,11 @@ impl FetchError {
             FetchError::NotServed { .. }
             | FetchError::UnknownVersion(_)
             | FetchError::UnknownShard(_)
-            | FetchError::Plan(_) => ErrorKind::BadRequest,
-            FetchError::Convert(_) | FetchError::Remote(RemoteError::Parquet { .. }) => ErrorKind::BadInput,
+            | FetchError::Plan(_)
+            | FetchError::PlanTooLarge { .. } => ErrorKind::BadRequest,
+            FetchError::Convert(_)
+            | FetchError::Remote(RemoteError::Parquet { .. })
+            | FetchError::Remote(RemoteError::Changed { .. }) => ErrorKind::BadInput,
             FetchError::NoSource { source, .. } => source.kind(),
             _ => ErrorKind::Unavailable,
         }

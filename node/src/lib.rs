@@ -15,6 +15,7 @@
 //! - `service` — [`Node`]: lookup, single flight, load, prefetch.
 //! - `session` — one trainer's session: the plan it follows and its requests.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
+//! - [`access`] — who may use that socket, and where it lives.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
 //! - `membership` — registering with the coordinators, lease renewal, the placement watch.
 //! - [`fabric`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC;
@@ -35,6 +36,7 @@
 // The node exports what an embedding program needs: its configuration,
 // the node and its embedded form, the daemon entry, the cluster handle and
 // peer fabric, and errors. Everything else is the node's own business.
+pub mod access;
 pub mod config;
 mod convert;
 pub mod daemon;

@@ -37,7 +37,7 @@ pub(crate) async fn read_and_convert(
     // Errors name the file and the row group.
     let site = format!("{path} row group {rg}");
     let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
-    let reader = ds.remote.file(file.path.clone(), file.size);
+    let reader = file.reader(&ds.remote);
     let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.metadata.clone());
     let mask = ProjectionMask::roots(builder.parquet_schema(), footer.resolved.projection.iter().copied());
     let mut stream = builder
@@ -127,6 +127,9 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
             Ok(remote) => match *remote {
                 RemoteError::Store { error, .. } => {
                     FetchError::Remote(RemoteError::Store { path: site.to_string(), error })
+                }
+                RemoteError::Changed { registered, now, .. } => {
+                    FetchError::Remote(RemoteError::Changed { path: site.to_string(), registered, now })
                 }
                 other => FetchError::Remote(other),
             },

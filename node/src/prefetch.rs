@@ -12,7 +12,7 @@
 //! The shell (`service::Follower`) spawns a load per [`Issue`].
 
 use granary_proto::plan::PlanError;
-use granary_proto::{DatasetVersion, PlanParams, ShardId, ShardRows, rank_shard_order};
+use granary_proto::{PlanKey, PlanParams, ShardId, ShardRows, rank_shard_order};
 use std::collections::{HashMap, HashSet};
 
 /// A rank's prefetch order: shards with their chunk sizes, this epoch's
@@ -28,7 +28,7 @@ pub(crate) struct PrefetchOrder {
 /// The order of `params`' epoch and the new shards of its next
 /// `epochs_ahead` epochs; `size` gives a shard's chunk length.
 pub(crate) fn plan_order(
-    version: DatasetVersion,
+    key: PlanKey,
     shards: &[ShardRows],
     params: &PlanParams,
     epochs_ahead: u64,
@@ -40,7 +40,7 @@ pub(crate) fn plan_order(
     };
     // Only the shard order is needed: computed a window at a time, not by
     // materialising the rank's rows.
-    let mut order: Vec<(ShardId, u64)> = rank_shard_order(version, shards, params)?.iter().map(with_size).collect();
+    let mut order: Vec<(ShardId, u64)> = rank_shard_order(key, shards, params)?.iter().map(with_size).collect();
     let epoch_len = order.len();
     let mut seen: HashSet<ShardId> = order.iter().map(|(s, _)| *s).collect();
     for ahead in 1..=epochs_ahead {
@@ -48,7 +48,7 @@ pub(crate) fn plan_order(
             break;
         }
         let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..*params };
-        let later_order = rank_shard_order(version, shards, &later)?;
+        let later_order = rank_shard_order(key, shards, &later)?;
         order.extend(later_order.iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
     }
     Ok(PrefetchOrder { order, epoch_len })
@@ -208,7 +208,7 @@ mod tests {
 
     #[test]
     fn the_order_is_the_ranks_epoch_then_the_new_shards_of_later_epochs() {
-        use granary_proto::{DatasetVersion, Shuffle};
+        use granary_proto::Shuffle;
         let shards: Vec<ShardRows> = (0..12).map(|i| ShardRows { shard: s(i), rows: 100 }).collect();
         let params = PlanParams {
             seed: 7,
@@ -219,7 +219,7 @@ mod tests {
             drop_last: false,
             shuffle: Shuffle::Windowed { window_shards: 2 },
         };
-        let v = DatasetVersion([9; 16]);
+        let v = PlanKey(9);
         let o = plan_order(v, &shards, &params, 3, |sh| u64::from(sh.row_group)).expect("plan");
         let own = rank_shard_order(v, &shards, &params).expect("plan");
         assert_eq!(o.epoch_len, own.len());

@@ -79,6 +79,7 @@ struct Inner {
     counters: Counters,
     remote: Arc<RemoteCounters>,
     prefetch_bytes: u64,
+    max_plan_window_rows: u64,
     /// Set once the node joins a cluster: where non-owned shards come from.
     cluster: std::sync::OnceLock<Arc<Cluster>>,
     /// True once a cluster node has opened every dataset of a placement
@@ -151,6 +152,7 @@ impl Node {
                 counters: Counters::default(),
                 remote: remote_counters,
                 prefetch_bytes: cfg.prefetch_bytes,
+                max_plan_window_rows: cfg.max_plan_window_rows,
                 cluster: std::sync::OnceLock::new(),
                 datasets_known: tokio::sync::watch::Sender::new(false),
             }),
@@ -792,6 +794,20 @@ impl Node {
         self.inner.cluster.get().is_some_and(|c| c.owner(version, shard).is_some()) && !self.inner.guests.contains(key)
     }
 
+    /// Whether a plan of `params` over `version` fits this node's limit
+    /// (`max_plan_window_rows`): checked before planning takes one of the
+    /// few planning slots, so a huge window is refused at once and never
+    /// holds up other ranks' plans.
+    pub fn admit_follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), FetchError> {
+        let ds = self.dataset(version)?;
+        let rows = granary_proto::window_rows_bound(&ds.manifest.shards(), params);
+        let limit = self.inner.max_plan_window_rows;
+        if rows > limit {
+            return Err(FetchError::PlanTooLarge { rows, limit });
+        }
+        Ok(())
+    }
+
     /// Starts prefetching along one rank's plan: the shards of its epoch in
     /// the order it needs them, then the new shards of its next
     /// [`PREFETCH_EPOCHS_AHEAD`] epochs (every epoch's plan is known in
@@ -801,8 +817,9 @@ impl Node {
     /// (above all the cold one, which waits on remote storage) instead of
     /// stalling the next.
     pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
+        self.admit_follow(version, params)?;
         let ds = self.dataset(version)?;
-        let order = plan_order(version, &ds.manifest.shards(), params, PREFETCH_EPOCHS_AHEAD, |s| {
+        let order = plan_order(ds.plan_key, &ds.manifest.shards(), params, PREFETCH_EPOCHS_AHEAD, |s| {
             ds.chunk_len(s).unwrap_or(0) as u64
         })?;
         let window = PrefetchWindow::new(order, self.inner.prefetch_bytes, self.inner.guests.capacity_bytes());

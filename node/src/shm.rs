@@ -91,13 +91,25 @@ pub(crate) struct ChunkWriter {
 // thread (the converter pool) moves that ownership.
 unsafe impl Send for ChunkWriter {}
 
+/// A memory file for one chunk: close-on-exec, sealable, and, where the
+/// kernel knows `MFD_NOEXEC_SEAL` (Linux 6.3), never executable (its exec
+/// bits cleared and sealed, so no process that receives it can map it
+/// executable); older kernels refuse the flag, and get the file without it.
+fn chunk_memfd() -> io::Result<rustix::fd::OwnedFd> {
+    let base = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    match rustix::fs::memfd_create("granary-chunk", base | MemfdFlags::NOEXEC_SEAL) {
+        Err(rustix::io::Errno::INVAL) => Ok(rustix::fs::memfd_create("granary-chunk", base)?),
+        other => Ok(other?),
+    }
+}
+
 impl ChunkWriter {
     /// A zero-filled memory file of `len` bytes, mapped writable.
     pub(crate) fn new(len: usize) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty chunk"));
         }
-        let fd = rustix::fs::memfd_create("granary-chunk", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        let fd = chunk_memfd()?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         // SAFETY: a fresh shared mapping of a file we own, `len` bytes long;
         // unmapped exactly once (in `seal` or Drop).
@@ -177,7 +189,7 @@ impl ChunkFile {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty chunk"));
         }
-        let fd = rustix::fs::memfd_create("granary-chunk", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        let fd = chunk_memfd()?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         Ok(Self { fd, len, written: 0 })
     }
@@ -310,6 +322,19 @@ impl granary_client::ChunkBytes for SealedChunk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunk_files_are_never_executable_where_the_kernel_can_seal_that() {
+        let fd = chunk_memfd().expect("memfd");
+        let seals = rustix::fs::fcntl_get_seals(&fd).expect("seals");
+        if !seals.contains(SealFlags::EXEC) {
+            // A kernel before 6.3 refused MFD_NOEXEC_SEAL.
+            granary_testkit::skip::skipped("this kernel has no MFD_NOEXEC_SEAL");
+            return;
+        }
+        let mode = rustix::fs::fstat(&fd).expect("fstat").st_mode;
+        assert_eq!(mode & 0o111, 0, "no exec bit: {mode:o}");
+    }
 
     #[test]
     fn a_busy_seal_is_retried_a_bounded_number_of_times() {

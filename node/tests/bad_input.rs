@@ -16,7 +16,7 @@ use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::{EmbeddedNode, Node};
 use granary_proto::rng::Rng;
 use granary_proto::wire::{self, DatasetInfo, ErrorKind, LocalRequest, LocalResponse};
-use granary_proto::{DatasetVersion, ShardId, View};
+use granary_proto::{DatasetVersion, PlanParams, ShardId, Shuffle, View};
 use granary_testkit::datagen::{self, GenSpec};
 use parquet::arrow::ArrowWriter;
 use parquet::file::reader::{FileReader, SerializedFileReader};
@@ -215,14 +215,28 @@ fn row_group_range(path: &Path, row_group: usize) -> Range<u64> {
 
 /// Inverts `n` bytes of `path` at `offset`, in place.
 fn flip(path: &Path, offset: u64, n: usize) {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open for damage");
-    let mut buf = vec![0u8; n];
-    f.read_exact_at(&mut buf, offset).expect("read bytes to damage");
-    for b in &mut buf {
-        *b ^= 0xFF;
-    }
-    f.write_all_at(&buf, offset).expect("write damaged bytes");
-    f.sync_all().expect("sync damaged file");
+    at_rest(path, || {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open for damage");
+        let mut buf = vec![0u8; n];
+        f.read_exact_at(&mut buf, offset).expect("read bytes to damage");
+        for b in &mut buf {
+            *b ^= 0xFF;
+        }
+        f.write_all_at(&buf, offset).expect("write damaged bytes");
+        f.sync_all().expect("sync damaged file");
+    });
+}
+
+/// Changes a file's bytes as its store cannot see it (bytes rotted at
+/// rest): the file keeps its inode, size and modification time, and so
+/// its ETag on the local filesystem, which reads are pinned to. These
+/// tests are about what the decoder makes of bad bytes; an overwrite the
+/// store does see is refused before any decode (`tests/pinned_reads.rs`).
+fn at_rest(path: &Path, change: impl FnOnce()) {
+    let before = std::fs::metadata(path).expect("stat").modified().expect("mtime");
+    change();
+    let f = std::fs::OpenOptions::new().write(true).open(path).expect("open");
+    f.set_times(std::fs::FileTimes::new().set_modified(before)).expect("restore the modification time");
 }
 
 /// Writes `batches` as a Parquet file, one row group per batch.
@@ -266,19 +280,28 @@ fn parquet_truncated_after_open_fails_its_row_groups_naming_file_and_row_group()
     let info = describe(&node);
     let shards = first_rows(&info);
     assert_eq!(shards.len(), 3);
-    // The footer is already decoded; cut the file in the middle of row group 1.
+    // The footer is already decoded; cut the file in the middle of row group
+    // 1. Its size, so its ETag, changed: every read of it is refused as a
+    // changed file, naming it and the row group, before any decode.
+    let whole = std::fs::read(&files[0]).unwrap();
+    let registered = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
     let rg1 = row_group_range(&files[0], 1);
     let f = std::fs::OpenOptions::new().write(true).open(&files[0]).unwrap();
     f.set_len(rg1.start + (rg1.end - rg1.start) / 2).unwrap();
     drop(f);
-    fetch_exact(&node, info.version, shards[0].0, shards[0].1);
-    for (rg, (shard, _)) in shards.iter().enumerate().skip(1) {
+    for (rg, (shard, _)) in shards.iter().enumerate() {
         let (kind, message) = fetch_refused(&node, info.version, *shard);
-        assert_ne!(kind, ErrorKind::BadRequest, "{message}");
-        assert_names(&message, &["part-00000.parquet", &format!("row group {rg}")]);
+        assert_eq!(kind, ErrorKind::BadInput, "{message}");
+        assert_names(&message, &["part-00000.parquet", &format!("row group {rg}"), "changed since"]);
     }
-    // The node is unharmed: the intact shard is still served, exactly.
-    fetch_exact(&node, info.version, shards[0].0, shards[0].1);
+    // The node is unharmed: with the registered object back (bytes and
+    // modification time), every shard is served, exactly.
+    std::fs::write(&files[0], &whole).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&files[0]).unwrap();
+    f.set_times(std::fs::FileTimes::new().set_modified(registered)).unwrap();
+    for (shard, first) in &shards {
+        fetch_exact(&node, info.version, *shard, *first);
+    }
 }
 
 // Damage inside page *values* is only detectable where something checksums
@@ -330,8 +353,10 @@ fn missing_object_fails_its_shards_naming_the_path_until_it_returns() {
     let node = start(config(dir.path(), parse_view(datagen::VIEW_TOML)));
     let info = describe(&node);
     let shards = first_rows(&info);
-    let saved = std::fs::read(&files[1]).unwrap();
-    std::fs::remove_file(&files[1]).unwrap();
+    // Moved away and back (the same object: inode and modification time,
+    // so the ETag its reads are pinned to, are kept).
+    let aside = dir.path().join("aside");
+    std::fs::rename(&files[1], &aside).unwrap();
     let lost: Vec<_> = shards.iter().filter(|(s, _)| s.file == 1).copied().collect();
     assert_eq!(lost.len(), 2);
     for (shard, _) in &lost {
@@ -341,7 +366,7 @@ fn missing_object_fails_its_shards_naming_the_path_until_it_returns() {
     }
     fetch_exact(&node, info.version, shards[0].0, shards[0].1);
     // A failed load is not remembered: once the object is back, it is served.
-    std::fs::write(&files[1], &saved).unwrap();
+    std::fs::rename(&aside, &files[1]).unwrap();
     for (shard, first) in &lost {
         fetch_exact(&node, info.version, *shard, *first);
     }
@@ -535,14 +560,14 @@ fn page_header_that_panics_the_decoder_is_an_error_and_does_not_poison_the_shard
     let f7 = column_chunk(&files[0], 1, "f7");
     let mut damaged = whole.clone();
     damaged[data_page_encoding_at(&whole, f7.start as usize)] = 0x10;
-    std::fs::write(&files[0], &damaged).unwrap();
+    at_rest(&files[0], || std::fs::write(&files[0], &damaged).unwrap());
     let (kind, message) = fetch_refused(&node, info.version, shards[1].0);
     assert_names(&message, &["part-00000.parquet", "row group 1"]);
     assert_eq!(kind, ErrorKind::BadInput, "{message}");
     fetch_exact(&node, info.version, shards[0].0, shards[0].1);
     // Once the file is repaired the shard is served: the failed load left
     // nothing behind.
-    std::fs::write(&files[0], &whole).unwrap();
+    at_rest(&files[0], || std::fs::write(&files[0], &whole).unwrap());
     fetch_exact(&node, info.version, shards[1].0, shards[1].1);
 }
 
@@ -907,7 +932,7 @@ impl Daemon {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let path = socket.clone();
         let task = runtime.spawn(async move {
-            granary_node::daemon::serve(node, &path, async {
+            granary_node::daemon::serve(node, &path, granary_node::access::LocalAccess::new(None, None), async {
                 let _ = stopped.await;
             })
             .await
@@ -1064,6 +1089,49 @@ fn malformed_frames_get_a_bad_request_reply_and_the_daemon_keeps_serving() {
 
     daemon.assert_alive();
     assert_serves_a_fresh_client(&daemon.socket);
+    daemon.stop();
+}
+
+/// Issue 15, bounds: a `Follow` whose shuffle window would make the node
+/// hold more rows than `max_plan_window_rows` is refused at once, naming
+/// both numbers, without taking a planning slot; a rank with a sane window
+/// is planned meanwhile on another connection.
+#[test]
+fn a_follow_with_a_huge_shuffle_window_is_refused_at_once_and_other_ranks_are_planned() {
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), 2, 6_000, 300, "snappy");
+    let cfg = NodeConfig { max_plan_window_rows: 1_000, ..config(data.path(), parse_view(datagen::VIEW_TOML)) };
+    let daemon = Daemon::start(cfg, run.path().join("node.sock"));
+    let call = |s: &mut UnixStream, req: &LocalRequest| {
+        let body = wire::encode(req);
+        send_raw(s, body.len() as u32, &body);
+        read_reply(s)
+    };
+    let (mut a, mut b) = (daemon.connect(), daemon.connect());
+    let Some(LocalResponse::Described(info)) =
+        call(&mut a, &LocalRequest::Describe { dataset: "ads".into(), version: None })
+    else {
+        panic!("describe ads failed");
+    };
+    let params = |window_shards| PlanParams {
+        seed: 1,
+        epoch: 0,
+        world_size: 1,
+        rank: 0,
+        batch_size: 64,
+        shuffle: Shuffle::Windowed { window_shards },
+        drop_last: false,
+    };
+    let started = Instant::now();
+    let huge = LocalRequest::Follow { version: info.version, params: params(u32::MAX) };
+    expect_bad_request(call(&mut a, &huge), &["6000 rows", "limit of 1000 rows", "max_plan_window_rows"]);
+    assert!(started.elapsed() < Duration::from_secs(2), "refused at once: {:?}", started.elapsed());
+    let sane = LocalRequest::Follow { version: info.version, params: params(2) };
+    assert!(matches!(call(&mut b, &sane), Some(LocalResponse::Following)));
+    // The refused connection stays usable.
+    assert!(matches!(call(&mut a, &sane), Some(LocalResponse::Following)));
+    daemon.assert_alive();
     daemon.stop();
 }
 

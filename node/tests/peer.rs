@@ -343,11 +343,20 @@ async fn prefetch_looks_ahead_only_while_guest_copies_fit() {
         shuffle: Shuffle::Windowed { window_shards: 2 },
         drop_last: false,
     };
-    let epoch0 = plan_rank(f.version, &shards, &params).expect("plan").shard_order().len() as u64;
+    let epoch0 = plan_rank(f.node.dataset(f.version).expect("dataset").plan_key, &shards, &params)
+        .expect("plan")
+        .shard_order()
+        .len() as u64;
     let mut ahead = std::collections::BTreeSet::new();
     for e in 0..=granary_node::PREFETCH_EPOCHS_AHEAD {
         let p = PlanParams { epoch: e, ..params };
-        ahead.extend(plan_rank(f.version, &shards, &p).expect("plan").shard_order().iter().copied());
+        ahead.extend(
+            plan_rank(f.node.dataset(f.version).expect("dataset").plan_key, &shards, &p)
+                .expect("plan")
+                .shard_order()
+                .iter()
+                .copied(),
+        );
     }
     assert!(ahead.len() as u64 > epoch0 + 1, "later epochs bring new shards");
     for (guest_chunks, want) in [(epoch0 + 1, epoch0 + 1), (64, ahead.len() as u64)] {
@@ -385,7 +394,8 @@ async fn look_ahead_copies_give_way_to_the_epochs_in_progress() {
     };
     let current: Vec<Vec<ShardId>> = (0..2)
         .map(|r| {
-            let plan = plan_rank(f.version, &shards, &params(r)).expect("plan");
+            let plan =
+                plan_rank(f.node.dataset(f.version).expect("dataset").plan_key, &shards, &params(r)).expect("plan");
             plan.shard_order().iter().map(|&i| shards[i as usize].shard).collect()
         })
         .collect();

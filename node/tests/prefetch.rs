@@ -61,10 +61,10 @@ fn prefetch_reaches_into_the_next_epochs_within_the_budget() {
     // The shards rank 1 of 4 uses in epochs 0..=AHEAD: a quarter per epoch.
     let mut expected = BTreeSet::new();
     for e in 0..=PREFETCH_EPOCHS_AHEAD {
-        let plan = plan_rank(info.version, &shards, &params(e)).expect("plan");
+        let plan = plan_rank(info.plan_key, &shards, &params(e)).expect("plan");
         expected.extend(plan.shard_order().iter().map(|&i| shards[i as usize].shard));
     }
-    let epoch0 = plan_rank(info.version, &shards, &params(0)).expect("plan").shard_order().len();
+    let epoch0 = plan_rank(info.plan_key, &shards, &params(0)).expect("plan").shard_order().len();
     assert!(expected.len() > epoch0, "later epochs use other shards");
     let _follower = node.block_on(async { node.node().follow(info.version, &params(0)) }).expect("follow");
     wait_conversions(&node, expected.len() as u64);

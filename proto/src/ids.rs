@@ -66,6 +66,30 @@ impl fmt::Display for DatasetVersion {
     }
 }
 
+/// What seeds a job's batch order: a hash of what gives the dataset its
+/// shape (file names relative to the folder that holds them all, rows per
+/// row group, the view), not of where the files live or their store tags
+/// ([`crate::Manifest::plan_key`]). The same files copied to another
+/// bucket, or mirrored to a local folder, give the same key and so the
+/// same order; the [`DatasetVersion`] still names the exact bytes.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[rkyv(derive(PartialEq, Eq, Debug))]
+pub struct PlanKey(pub u64);
+
 /// One Parquet row group of one file of one dataset version: the unit of
 /// remote reading, conversion, caching, placement and transfer.
 #[derive(

@@ -44,8 +44,10 @@ pub mod wire;
 pub use aligned::AlignedBuf;
 pub use chunk::{ChunkError, ChunkHeader, ChunkLayout, ChunkView, TensorMeta};
 pub use dtype::DType;
-pub use ids::{DatasetVersion, NodeId, ShardId};
+pub use ids::{DatasetVersion, NodeId, PlanKey, ShardId};
 pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
 pub use placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
-pub use plan::{PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order};
+pub use plan::{
+    PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order, window_rows_bound,
+};
 pub use view::{TensorLayout, TensorSpec, View, ViewError};

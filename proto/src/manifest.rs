@@ -6,7 +6,7 @@
 //! serialisation library) so that the version of a dataset never changes
 //! with a dependency upgrade.
 
-use crate::ids::{DatasetVersion, ShardId};
+use crate::ids::{DatasetVersion, PlanKey, ShardId};
 use crate::view::{TensorLayout, View};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -152,6 +152,58 @@ impl Manifest {
     }
 }
 
+impl Manifest {
+    /// The key that seeds batch order ([`PlanKey`]): each file's path
+    /// relative to the deepest folder holding every file, its rows per row
+    /// group, and the view's tensors (names, dtypes, columns, casts,
+    /// fills). Not the source URL, sizes, compressed bytes or store tags:
+    /// the same rows in the same files give the same order wherever they
+    /// live, however they were compressed.
+    pub fn plan_key(&self, view: &View) -> PlanKey {
+        let mut h = Canon(Xxh3::new());
+        h.str("granary-plan-key-v1");
+        let common = common_folder(self.files.iter().map(|f| f.path.as_str()));
+        h.u64(self.files.len() as u64);
+        for f in &self.files {
+            h.str(&f.path[common..]);
+            h.u64(f.row_groups.len() as u64);
+            for g in &f.row_groups {
+                h.u64(g.rows);
+            }
+        }
+        h.u64(view.tensors.len() as u64);
+        for t in &view.tensors {
+            h.str(&t.name);
+            h.str(t.dtype.name());
+            h.u64(t.columns.len() as u64);
+            for c in &t.columns {
+                h.str(c);
+            }
+            h.u64(u64::from(t.cast));
+            match t.fill {
+                None => h.u64(0),
+                Some(v) => {
+                    h.u64(1);
+                    h.u64(v.to_bits());
+                }
+            }
+        }
+        PlanKey(h.0.digest())
+    }
+}
+
+/// The length of the longest folder prefix (up to and including a `/`)
+/// that every path shares.
+fn common_folder<'a>(mut paths: impl Iterator<Item = &'a str>) -> usize {
+    let Some(first) = paths.next() else { return 0 };
+    let mut len = first.rfind('/').map_or(0, |i| i + 1);
+    for p in paths {
+        let shared = first.as_bytes()[..len].iter().zip(p.as_bytes()).take_while(|(a, b)| a == b).count();
+        len = first[..shared].rfind('/').map_or(0, |i| i + 1);
+    }
+    len
+}
+
 /// Length-prefixed, little-endian canonical encoder feeding a hasher.
 struct Canon(Xxh3);
 
@@ -217,5 +269,44 @@ mod tests {
         let mut m3 = m.clone();
         m3.files[0].row_groups[0].rows = 11;
         assert_ne!(base, m3.version(&v));
+    }
+
+    #[test]
+    fn the_plan_key_is_the_same_wherever_the_files_live_and_changes_with_their_rows() {
+        let (mut m, v) = manifest();
+        let second = FileEntry { path: "b.parquet".into(), ..m.files[0].clone() };
+        m.files.push(second);
+        let here = |source: &str, folder: &str, tag: &str, compressed: u64| {
+            let mut c = m.clone();
+            c.source = source.into();
+            for f in &mut c.files {
+                f.path = format!("{folder}{}", f.path);
+                f.version_tag = tag.into();
+                f.row_groups[0].compressed_bytes = compressed;
+            }
+            c
+        };
+        let a = here("file:///data/ads", "data/ads/", "inode-1", 50);
+        let b = here("s3://bucket/train/ads", "train/ads/", "\"md5\"", 70);
+        assert_eq!(a.plan_key(&v), b.plan_key(&v), "another place, tags, compression: the same order");
+        assert_ne!(a.version(&v), b.version(&v), "but another version");
+        let mut rows = a.clone();
+        rows.files[1].row_groups[0].rows = 11;
+        assert_ne!(a.plan_key(&v), rows.plan_key(&v));
+        let mut renamed = a.clone();
+        renamed.files[1].path = "data/ads/c.parquet".into();
+        assert_ne!(a.plan_key(&v), renamed.plan_key(&v));
+        let mut view = v.clone();
+        view.tensors[0].cast = true;
+        assert_ne!(a.plan_key(&v), a.plan_key(&view));
+    }
+
+    #[test]
+    fn the_common_folder_ends_at_a_slash() {
+        assert_eq!(common_folder(["a/b/c.parquet", "a/b/d.parquet"].into_iter()), 4);
+        assert_eq!(common_folder(["a/b1/c", "a/b2/c"].into_iter()), 2);
+        assert_eq!(common_folder(["x.parquet"].into_iter()), 0);
+        assert_eq!(common_folder(["d/x.parquet"].into_iter()), 2);
+        assert_eq!(common_folder(std::iter::empty()), 0);
     }
 }

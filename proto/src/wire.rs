@@ -69,8 +69,11 @@ mod request_def {
 pub struct DatasetInfo {
     /// Dataset name.
     pub name: String,
-    /// Current version.
+    /// The version described.
     pub version: DatasetVersion,
+    /// What seeds the batch order ([`crate::PlanKey`]): the same for the
+    /// same files wherever they live.
+    pub plan_key: crate::ids::PlanKey,
     /// Tensors in view order.
     pub tensors: Vec<TensorLayout>,
     /// Shards in manifest order.

@@ -15,7 +15,7 @@ use crate::error::{RemoteError, SourceError};
 use crate::remote::Remote;
 use crate::schema::{Resolved, resolve_view};
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{DatasetVersion, FileEntry, Manifest, RowGroupEntry, ShardId, View};
+use granary_proto::{DatasetVersion, FileEntry, Manifest, PlanKey, RowGroupEntry, ShardId, View};
 use object_store::path::Path as StorePath;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use std::sync::Arc;
@@ -27,8 +27,19 @@ pub struct DatasetFile {
     pub path: StorePath,
     /// Object size.
     pub size: u64,
+    /// The manifest's version tag (ETag, or `mtime:MICROS`): every read of
+    /// the file is pinned to it.
+    pub version_tag: String,
     /// Its footer, once read.
     footer: tokio::sync::OnceCell<Footer>,
+}
+
+impl DatasetFile {
+    /// A reader of this file through `remote`, every read pinned to the
+    /// registered ETag.
+    pub fn reader(&self, remote: &Remote) -> crate::remote::RemoteFile {
+        remote.file(self.path.clone(), self.size).pinned_to(&self.version_tag)
+    }
 }
 
 /// A file's decoded footer and the view resolved against its schema.
@@ -51,6 +62,8 @@ pub struct Dataset {
     pub manifest: Manifest,
     /// Version hash of manifest and view.
     pub version: DatasetVersion,
+    /// What seeds batch order (the same files anywhere give the same key).
+    pub plan_key: PlanKey,
     /// Files in manifest order.
     pub files: Vec<DatasetFile>,
     /// The source.
@@ -92,7 +105,7 @@ impl Dataset {
         let mut entries = Vec::with_capacity(metas.len());
         let mut layouts = None;
         for m in metas {
-            let mut f = remote.file(m.location.clone(), m.size);
+            let mut f = remote.file(m.location.clone(), m.size).pinned_to(&version_tag(&m));
             let path = m.location.to_string();
             let raw = f.footer_bytes().await?;
             let md = Arc::new(crate::remote::decode_footer(&path, &raw)?);
@@ -115,12 +128,13 @@ impl Dataset {
                     compressed_bytes: rg.compressed_size().max(0) as u64,
                 })
                 .collect();
-            let version_tag = version_tag(&m);
-            entries.push(FileEntry { path: path.clone(), size_bytes: m.size, version_tag, row_groups });
+            let tag = version_tag(&m);
+            entries.push(FileEntry { path: path.clone(), size_bytes: m.size, version_tag: tag.clone(), row_groups });
             let footer = Footer { raw, metadata, resolved: Arc::new(resolved) };
             files.push(DatasetFile {
                 path: m.location,
                 size: m.size,
+                version_tag: tag,
                 footer: tokio::sync::OnceCell::new_with(Some(footer)),
             });
         }
@@ -130,7 +144,8 @@ impl Dataset {
             tensors: layouts.unwrap_or_default(),
         };
         let version = manifest.version(&view);
-        Ok(Self { name: name.to_string(), view, manifest, version, files, remote })
+        let plan_key = manifest.plan_key(&view);
+        Ok(Self { name: name.to_string(), view, manifest, version, plan_key, files, remote })
     }
 
     /// A dataset version described by `manifest` (built by whoever listed
@@ -146,11 +161,17 @@ impl Dataset {
                     url: f.path.clone(),
                     reason: format!("not an object path: {e}"),
                 })?;
-                Ok(DatasetFile { path, size: f.size_bytes, footer: tokio::sync::OnceCell::new() })
+                Ok(DatasetFile {
+                    path,
+                    size: f.size_bytes,
+                    version_tag: f.version_tag.clone(),
+                    footer: tokio::sync::OnceCell::new(),
+                })
             })
             .collect::<Result<Vec<_>, OpenError>>()?;
         let version = manifest.version(&view);
-        Ok(Self { name: name.to_string(), view, manifest, version, files, remote })
+        let plan_key = manifest.plan_key(&view);
+        Ok(Self { name: name.to_string(), view, manifest, version, plan_key, files, remote })
     }
 
     /// The footer of file `index`, read (once) if not read yet, and checked
@@ -193,7 +214,7 @@ impl Dataset {
                             "no footer from the peer; reading it from remote storage: {e}"),
                     }
                 }
-                let raw = match self.remote.file(file.path.clone(), file.size).footer_bytes().await {
+                let raw = match file.reader(&self.remote).footer_bytes().await {
                     Ok(raw) => raw,
                     Err(e) => return Err(self.replaced_or(index, e).await),
                 };
@@ -271,6 +292,7 @@ impl Dataset {
         DatasetInfo {
             name: self.name.clone(),
             version: self.version,
+            plan_key: self.plan_key,
             tensors: self.manifest.tensors.clone(),
             shards: self.manifest.shards(),
             files: self.manifest.files.iter().map(|f| f.path.clone()).collect(),

@@ -33,6 +33,23 @@ pub enum RemoteError {
         /// The decoder's error.
         source: parquet::errors::ParquetError,
     },
+    /// A read pinned to the object's registered ETag found another version
+    /// of the object: it was overwritten since the dataset version was
+    /// registered. Never decoded with the old footer.
+    #[error(
+        "{path} changed since the dataset version was registered ({registered} then, {} now): \
+         register the dataset again, or restore the file",
+        now.as_deref().unwrap_or("unknown")
+    )]
+    Changed {
+        /// Object path.
+        path: String,
+        /// The version the manifest records ("ETag T", or "modified at
+        /// M µs" where the store listed no ETag).
+        registered: String,
+        /// The store's version now, if it answered.
+        now: Option<String>,
+    },
     /// The source holds no Parquet file.
     #[error("source {0} holds no .parquet file")]
     Empty(String),

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, TryStreamExt};
 use object_store::path::Path as StorePath;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
@@ -279,7 +279,61 @@ impl Remote {
 
     /// A Parquet reader over one object of known size.
     pub fn file(&self, path: StorePath, size: u64) -> RemoteFile {
-        RemoteFile { remote: self.clone(), path, size }
+        RemoteFile { remote: self.clone(), path, size, pin: None }
+    }
+}
+
+/// The object version a file's reads are pinned to: the manifest's
+/// version tag, an ETag or, where the store's listing gave none, the
+/// modification time (`mtime:MICROS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Pin {
+    ETag(String),
+    /// Microseconds since the epoch.
+    Modified(i64),
+}
+
+impl Pin {
+    fn parse(version_tag: &str) -> Option<Pin> {
+        match version_tag.strip_prefix("mtime:") {
+            Some(micros) => micros.parse().ok().map(Pin::Modified),
+            None if version_tag.is_empty() => None,
+            None => Some(Pin::ETag(version_tag.to_string())),
+        }
+    }
+
+    /// Whether an answer with `meta` is of another object version: another
+    /// ETag, or a modification time in another second (an answer's
+    /// `Last-Modified` has whole seconds; a change within the registered
+    /// second is not seen this way).
+    fn differs(&self, meta: &ObjectMeta) -> bool {
+        match self {
+            Pin::ETag(tag) => meta.e_tag.as_ref().is_some_and(|now| !same_etag(now, tag)),
+            Pin::Modified(micros) => meta.last_modified.timestamp() != micros.div_euclid(1_000_000),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Pin::ETag(tag) => format!("ETag {tag}"),
+            Pin::Modified(micros) => format!("modified at {micros} µs"),
+        }
+    }
+}
+
+/// Two ETags name the same object version: equal once a weak marker and
+/// quotes are set aside (listings and answers of some stores differ in
+/// those alone).
+fn same_etag(a: &str, b: &str) -> bool {
+    let bare = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_string();
+    bare(a) == bare(b)
+}
+
+/// How an answer's object version reads in an error.
+fn describe_meta(meta: &ObjectMeta, pin: &Pin) -> String {
+    match (pin, &meta.e_tag) {
+        (Pin::ETag(_), Some(tag)) => format!("ETag {tag}"),
+        _ => format!("modified at {} µs", meta.last_modified.timestamp_micros()),
     }
 }
 
@@ -288,12 +342,54 @@ pub struct RemoteFile {
     remote: Remote,
     path: StorePath,
     size: u64,
+    /// The object version every read is pinned to, if any.
+    pin: Option<Pin>,
 }
 
 impl RemoteFile {
     /// Object path.
     pub fn path(&self) -> &StorePath {
         &self.path
+    }
+
+    /// Pins every read to the object version a manifest's `version_tag`
+    /// names. An ETag goes with each request as `If-Match`; either way an
+    /// answer for another version (the store's own ETag, or its
+    /// modification time where the listing gave no ETag) is
+    /// [`RemoteError::Changed`], never bytes of the new object read with
+    /// the old footer. An empty tag leaves reads unpinned.
+    pub fn pinned_to(mut self, version_tag: &str) -> Self {
+        self.pin = Pin::parse(version_tag);
+        self
+    }
+
+    /// One range of the object, under the pin if there is one.
+    async fn fetch(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
+        let Some(pin) = &self.pin else {
+            return self.remote.store.get_range(&self.path, range).await.map_err(|e| self.store_err(e));
+        };
+        let if_match = match pin {
+            Pin::ETag(tag) => Some(tag.clone()),
+            Pin::Modified(_) => None,
+        };
+        let options = GetOptions { range: Some(range.into()), if_match, ..GetOptions::default() };
+        match self.remote.store.get_opts(&self.path, options).await {
+            Ok(got) if !pin.differs(&got.meta) => got.bytes().await.map_err(|e| self.store_err(e)),
+            Ok(got) => Err(self.changed(pin, Some(describe_meta(&got.meta, pin)))),
+            Err(object_store::Error::Precondition { .. }) => {
+                let now = self.remote.store.head(&self.path).await.ok().map(|m| describe_meta(&m, pin));
+                Err(self.changed(pin, now))
+            }
+            Err(e) => Err(self.store_err(e)),
+        }
+    }
+
+    fn changed(&self, pin: &Pin, now: Option<String>) -> parquet::errors::ParquetError {
+        parquet::errors::ParquetError::External(Box::new(RemoteError::Changed {
+            path: self.path.to_string(),
+            registered: pin.describe(),
+            now,
+        }))
     }
 
     async fn account(&self, bytes: u64, requests: u64) {
@@ -376,7 +472,7 @@ impl RemoteFile {
 impl AsyncFileReader for RemoteFile {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
-            let b = self.remote.store.get_range(&self.path, range.clone()).await.map_err(|e| self.store_err(e))?;
+            let b = self.fetch(range.clone()).await?;
             self.account(b.len() as u64, 1).await;
             self.check_len(&range, &b)?;
             Ok(b)
@@ -386,7 +482,15 @@ impl AsyncFileReader for RemoteFile {
 
     fn get_byte_ranges(&mut self, ranges: Vec<Range<u64>>) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         async move {
-            let out = self.remote.store.get_ranges(&self.path, &ranges).await.map_err(|e| self.store_err(e))?;
+            let out = match self.pin {
+                None => self.remote.store.get_ranges(&self.path, &ranges).await.map_err(|e| self.store_err(e))?,
+                // As object_store's own get_ranges coalesces, each request
+                // under the pin.
+                Some(_) => {
+                    let fetch = |r: Range<u64>| self.fetch(r);
+                    object_store::coalesce_ranges(&ranges, fetch, object_store::OBJECT_STORE_COALESCE_DEFAULT).await?
+                }
+            };
             let n: u64 = out.iter().map(|b| b.len() as u64).sum();
             // object_store coalesces nearby ranges into fewer requests; count
             // one request per call, which is what a throttled link would see.
@@ -419,5 +523,50 @@ impl AsyncFileReader for RemoteFile {
             Ok(Arc::new(md))
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(e_tag: Option<&str>, secs: i64) -> ObjectMeta {
+        ObjectMeta {
+            location: StorePath::from("f.parquet"),
+            last_modified: Default::default(),
+            size: 1,
+            e_tag: e_tag.map(String::from),
+            version: None,
+        }
+        .with_secs(secs)
+    }
+
+    trait WithSecs {
+        fn with_secs(self, secs: i64) -> Self;
+    }
+
+    impl WithSecs for ObjectMeta {
+        fn with_secs(mut self, secs: i64) -> Self {
+            // The default is the epoch: move it by whole seconds.
+            self.last_modified += std::time::Duration::from_secs(secs as u64);
+            self
+        }
+    }
+
+    #[test]
+    fn a_manifest_tag_pins_to_its_etag_or_its_modification_second() {
+        assert_eq!(Pin::parse("\"abc\""), Some(Pin::ETag("\"abc\"".into())));
+        assert_eq!(Pin::parse("mtime:5500000"), Some(Pin::Modified(5_500_000)));
+        assert_eq!(Pin::parse(""), None);
+        let etag = Pin::parse("\"abc\"").unwrap();
+        assert!(!etag.differs(&meta(Some("\"abc\""), 0)));
+        assert!(!etag.differs(&meta(Some("W/\"abc\""), 0)), "a weak marker or quotes alone are the same tag");
+        assert!(!etag.differs(&meta(Some("abc"), 0)));
+        assert!(etag.differs(&meta(Some("\"abd\""), 0)));
+        assert!(!etag.differs(&meta(None, 0)), "an answer without an ETag cannot be told apart");
+        let mtime = Pin::parse("mtime:5500000").unwrap();
+        assert!(!mtime.differs(&meta(None, 5)), "5.5 s registered, 5 s answered: the same second");
+        assert!(mtime.differs(&meta(None, 6)));
+        assert!(mtime.differs(&meta(None, 4)));
     }
 }

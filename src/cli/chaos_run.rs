@@ -152,6 +152,15 @@ fn print_seed(r: &SeedReport) {
     } else {
         String::new()
     };
+    let cap = if n.bandwidth_mib > 0 {
+        format!(
+            "; peer links capped at {} MiB/s ({} datagrams held back or dropped)",
+            n.bandwidth_mib, r.relay_throttled
+        )
+    } else {
+        String::new()
+    };
+    let noise = noise + &cap;
     let st = r.store;
     let store = if st.errors + st.slowed + st.shortened > 0 {
         format!(

@@ -33,7 +33,11 @@ fn limit_malloc_arenas() {
 pub(crate) fn run(a: &NodeArgs) -> Result<()> {
     limit_malloc_arenas();
     let cfg = granary_node::NodeConfig::load(&a.config)?;
-    let socket = cfg.socket.clone().unwrap_or_else(granary_node::daemon::default_socket);
+    let socket = match cfg.socket.clone() {
+        Some(s) => s,
+        None => granary_node::access::default_socket().map_err(|e| anyhow::anyhow!("{}: {e}", a.config.display()))?,
+    };
+    let allowed = granary_node::access::LocalAccess::new(cfg.allow_uids.clone(), cfg.allow_gids.clone());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let node = granary_node::Node::start(&cfg).await?;
@@ -51,7 +55,7 @@ pub(crate) fn run(a: &NodeArgs) -> Result<()> {
                 _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
             }
         };
-        granary_node::daemon::serve(node.clone(), &socket, shutdown).await.with_context(|| format!("serving {}", socket.display()))?;
+        granary_node::daemon::serve(node.clone(), &socket, allowed, shutdown).await.with_context(|| format!("serving {}", socket.display()))?;
         if let Some(m) = membership {
             m.stop();
         }

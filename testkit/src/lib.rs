@@ -11,6 +11,8 @@
 //!   trainer ranks started from the `granary` binary, stopped by handle,
 //!   every wait bounded; the trainers' JSON-lines protocol
 //!   ([`harness::TrainerEvent`]).
+//! - [`skip`] — a test that cannot run here says "skipped" and records why.
 
 pub mod datagen;
 pub mod harness;
+pub mod skip;

@@ -310,6 +310,8 @@ pub struct SeedReport {
     pub relay_dropped: u64,
     /// Datagrams the relay sent twice.
     pub relay_duplicated: u64,
+    /// Datagrams the peer links' bandwidth cap held back or dropped.
+    pub relay_throttled: u64,
     /// Voters a voter fault hit, in order ("leader" picks resolved).
     pub voters_hit: Vec<u64>,
     /// Each node's RAM tier and guest area.
@@ -597,6 +599,8 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let store_counts = store.counts();
     drop(store);
     for (kind, n) in [
+        // One condition for the whole run (its datagrams: relay_throttled).
+        ("link_cap", u64::from(schedule.noise.bandwidth_mib > 0)),
         ("store_error", store_counts.errors),
         ("store_slow", store_counts.slowed),
         ("store_short", store_counts.shortened),
@@ -632,7 +636,8 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         memory_budget: obs.memory_budget,
         memory: obs.memory.clone(),
         relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),
-        relay_duplicated: links.map(|l| l.duplicated).sum(),
+        relay_duplicated: links.clone().map(|l| l.duplicated).sum(),
+        relay_throttled: links.map(|l| l.throttled + l.throttle_dropped).sum(),
         voters_hit: voters_hit.into_values().collect(),
         schedule,
         by_fault,
@@ -699,7 +704,11 @@ fn link_faults(s: &Schedule) -> LinkFaults {
             after_datagrams: 3,
             timeout: Duration::from_millis(20),
         }),
-        bandwidth: None,
+        bandwidth: (n.bandwidth_mib > 0).then_some(crate::relay::Bandwidth {
+            bytes_per_sec: n.bandwidth_mib << 20,
+            burst_bytes: 64 << 10,
+            max_queue: Duration::from_millis(200),
+        }),
     }
 }
 

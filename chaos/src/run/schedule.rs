@@ -256,6 +256,11 @@ pub struct Noise {
     /// Extra one-way delay of every datagram, milliseconds (the same for
     /// all: no jitter, reordering is [`Noise::reorder`]'s).
     pub delay_ms: u64,
+    /// A bandwidth cap on every direction of every peer link, MiB/s (0:
+    /// none): chunk transfers slow to the link's pace, and datagrams that
+    /// would wait over 200 ms for it are dropped, as a router's queue
+    /// drops them.
+    pub bandwidth_mib: u64,
 }
 
 /// A seed's faults.
@@ -335,8 +340,14 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
             duplicate: r.below(11) as f64 / 1000.0,
             reorder: r.below(11) as f64 / 1000.0,
             delay_ms: r.below(3),
+            bandwidth_mib: 0,
         }
     };
+    // A cap on the peer links, from a stream of its own (earlier seeds'
+    // schedules stay as they were): in about one seed of four, 8-32 MiB/s,
+    // so a chunk of this job's takes tens of milliseconds to cross.
+    let mut b = Rng::new(seed_of(&[seed, 0x4241_4e44_5749_4454]));
+    let noise = if b.below(4) == 0 { Noise { bandwidth_mib: 8 + b.below(25), ..noise } } else { noise };
     let store = if r.below(2) == 0 {
         StoreFaults::default()
     } else {
@@ -422,6 +433,16 @@ mod tests {
         for k in ["fill_ssd", "kill_in_ssd_write"] {
             assert!(kinds.get(k).copied().unwrap_or(0) > 100, "{k}: {kinds:?}");
         }
+    }
+
+    #[test]
+    fn about_one_seed_in_four_caps_the_peer_links_and_ci_seeds_include_one() {
+        let capped: Vec<u64> = (0..2000).filter(|&s| draw(s, T).noise.bandwidth_mib > 0).collect();
+        assert!((400..600).contains(&capped.len()), "{}", capped.len());
+        assert!(capped.iter().all(|&s| (8..=32).contains(&draw(s, T).noise.bandwidth_mib)));
+        let ci: Vec<u64> = capped.iter().copied().filter(|s| (2..=10).contains(s)).collect();
+        assert!(!ci.is_empty(), "CI's seeds 2-10 draw no link cap; the first capped seeds: {:?}", &capped[..8]);
+        eprintln!("CI seeds with a link cap: {ci:?}");
     }
 
     #[test]

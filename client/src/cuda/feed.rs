@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn cuda_feed_without_driver_is_a_clear_error() {
         if cuda_available() {
-            eprintln!("skipped: a CUDA driver and device are present");
+            crate::cuda::fixtures::skipped("a CUDA driver and device are present");
             return;
         }
         match GpuFeed::new(0, 1 << 20) {
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn cuda_upload_round_trip_on_gpu() {
         if !cuda_available() {
-            eprintln!("skipped: no CUDA device");
+            crate::cuda::fixtures::skipped("no CUDA device");
             return;
         }
         let ls: Arc<[TensorLayout]> = layouts().into();
@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn cuda_views_of_registered_chunks_copy_from_chunk_memory_on_gpu() {
         if !cuda_available() {
-            eprintln!("skipped: no CUDA device");
+            crate::cuda::fixtures::skipped("no CUDA device");
             return;
         }
         use crate::source::{Chunk, ChunkBytes};
@@ -351,7 +351,7 @@ mod tests {
         let ctx = feed.context().clone();
         let (ptr, len) = (buf.as_slice().as_ptr() as *mut std::ffi::c_void, buf.len());
         if let Err(e) = register_host_read_only(&ctx, ptr, len) {
-            eprintln!("skipped: this device or driver refuses read-only host registration ({e})");
+            crate::cuda::fixtures::skipped(format!("this device or driver refuses read-only host registration ({e})"));
             return;
         }
         let chunk = Chunk::new(Arc::new(Registered { buf, ctx }), v, shard, Verify::Full).expect("chunk");

@@ -42,3 +42,16 @@ pub(super) fn batch_in(ls: &Arc<[TensorLayout]>, rows: usize, index: u64, memory
 pub(super) fn batch(ls: &Arc<[TensorLayout]>, rows: usize, index: u64) -> Batch {
     batch_in(ls, rows, index, HostMemory::Heap)
 }
+
+/// A test that cannot run here says "skipped" and why, and appends its
+/// name and why to `GRANARY_SKIP_LOG` when set (CI counts them); the same
+/// rule as `granary_testkit::skip`, which this crate cannot depend on.
+pub(crate) fn skipped(why: impl std::fmt::Display) {
+    use std::io::Write;
+    eprintln!("skipped: {why}");
+    let Some(path) = std::env::var_os("GRANARY_SKIP_LOG") else { return };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{test}: {}\n", why.to_string().replace('\n', " "));
+    let _ =
+        std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(line.as_bytes()));
+}

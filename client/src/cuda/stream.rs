@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn cuda_stream_prefetches_in_order_on_gpu() {
         if !cuda_available() {
-            eprintln!("skipped: no CUDA device");
+            crate::cuda::fixtures::skipped("no CUDA device");
             return;
         }
         let ls: Arc<[TensorLayout]> = layouts().into();
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn cuda_stream_copies_loader_batches_from_pinned_memory_on_gpu() {
         if !cuda_available() {
-            eprintln!("skipped: no CUDA device");
+            crate::cuda::fixtures::skipped("no CUDA device");
             return;
         }
         use crate::{Loader, LoaderConfig, MemorySource};
@@ -173,6 +173,7 @@ mod tests {
         let info = DatasetInfo {
             name: "t".into(),
             version: v,
+            plan_key: granary_proto::PlanKey(1),
             tensors: ls.clone(),
             shards,
             files: vec!["f".into()],

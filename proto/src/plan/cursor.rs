@@ -4,7 +4,7 @@
 //! parent's proptests check that it gives the same batches from any start.
 
 use super::{PlanError, PlanParams, RowRef, Shuffle, Split, batch_ends, block_order, global_row, split, window_rows};
-use crate::ids::DatasetVersion;
+use crate::ids::PlanKey;
 use crate::manifest::ShardRows;
 
 /// A rank's plan walked batch by batch, holding only the shuffle windows
@@ -12,7 +12,7 @@ use crate::manifest::ShardRows;
 /// bytes a row, a gigabyte per rank for a billion-row dataset over eight
 /// ranks). Gives the same batches as [`plan_rank`], by proptest.
 pub struct PlanCursor {
-    version: DatasetVersion,
+    key: PlanKey,
     params: PlanParams,
     shards: Vec<ShardRows>,
     split: Split,
@@ -41,13 +41,8 @@ pub struct PlanCursor {
 
 impl PlanCursor {
     /// A cursor at batch `start` of the plan for `params`.
-    pub fn new(
-        version: DatasetVersion,
-        shards: &[ShardRows],
-        params: &PlanParams,
-        start: usize,
-    ) -> Result<Self, PlanError> {
-        let mut split = split(version, shards, params)?;
+    pub fn new(key: PlanKey, shards: &[ShardRows], params: &PlanParams, start: usize) -> Result<Self, PlanError> {
+        let mut split = split(key, shards, params)?;
         if let Shuffle::Off | Shuffle::Blocks { .. } = params.shuffle {
             // Unshuffled rows come in segment order whatever the window:
             // generate them a segment at a time.
@@ -76,7 +71,7 @@ impl PlanCursor {
         let next_window = window_starts.partition_point(|&p| p <= first).saturating_sub(1);
         let buffer_start = window_starts.get(next_window).copied().unwrap_or(own_rows);
         let mut cursor = Self {
-            version,
+            key,
             params: *params,
             shards: shards.to_vec(),
             split,
@@ -176,7 +171,7 @@ impl PlanCursor {
         let g = i / wb;
         if self.group.as_ref().is_none_or(|(at, _)| *at != g) {
             let n = wb.min(self.batch_ends.len() - g * wb);
-            self.group = Some((g, block_order(self.version, &self.params, g, n)));
+            self.group = Some((g, block_order(self.key, &self.params, g, n)));
         }
         let j = g * wb + self.group.as_ref().map_or(0, |(_, order)| order[i - g * wb]);
         let (start, end) = (if j == 0 { 0 } else { self.batch_ends[j - 1] }, self.batch_ends[j]);
@@ -210,7 +205,7 @@ impl PlanCursor {
             let segs: Vec<(u32, u32, u32)> =
                 self.split.segments.chunks(self.split.window).nth(wi).map(<[_]>::to_vec).unwrap_or_default();
             let mut rows = Vec::new();
-            window_rows(self.version, &self.params, wi, &segs, &mut rows);
+            window_rows(self.key, &self.params, wi, &segs, &mut rows);
             // Rows past the batches (`drop_last`) are never handed out.
             let at = self.buffer_start + self.buffer.len();
             rows.truncate(self.rows_len.saturating_sub(at));
@@ -250,7 +245,7 @@ impl PlanCursor {
         // group).
         let first = &self.split.segments[..self.split.window.min(self.split.segments.len())];
         let mut rows = Vec::new();
-        window_rows(self.version, &self.params, 0, first, &mut rows);
+        window_rows(self.key, &self.params, 0, first, &mut rows);
         rows.get(i % self.own_rows).or(rows.first()).copied().unwrap_or(RowRef { shard_index: 0, row: 0 })
     }
 }

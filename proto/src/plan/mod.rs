@@ -1,13 +1,16 @@
 //! The epoch plan: which rows a rank sees, in which order, in which batches.
 //!
-//! A rank's plan is a pure function of (dataset version, seed, epoch, world
-//! size, rank, batch size, shuffle settings, drop_last) and the manifest's
-//! shard list. It does not depend on nodes, caches, threads or timing, so two
+//! A rank's plan is a pure function of (the dataset's plan key, seed, epoch,
+//! world size, rank, batch size, shuffle settings, drop_last) and the
+//! manifest's shard list. The plan key ([`PlanKey`]) hashes what gives the
+//! data its shape (file names relative to the source, rows per row group,
+//! the view), not where the files live: the same files in another bucket or
+//! folder give the same order. It does not depend on nodes, caches, threads or timing, so two
 //! runs with the same parameters deliver the same rows in the same batches.
 //!
 //! Construction, in order:
 //! 1. **Shard order.** With shuffle, the shards are permuted by a generator
-//!    seeded from (version, seed, epoch); without, manifest order.
+//!    seeded from (plan key, seed, epoch); without, manifest order.
 //! 2. **Rank split.** The rows of the ordered shards form one sequence of `N`
 //!    rows; rank `r` takes the contiguous range `[r*N/W, (r+1)*N/W)`, so
 //!    ranks differ by at most one row and each rank touches about `1/W` of
@@ -46,7 +49,7 @@
 //!
 //! Resume state is the pair (epoch, batch index).
 
-use crate::ids::{DatasetVersion, ShardId};
+use crate::ids::{PlanKey, ShardId};
 use crate::manifest::ShardRows;
 use crate::rng::{Rng, seed_of};
 use thiserror::Error;
@@ -220,7 +223,7 @@ struct Split {
     window: usize,
 }
 
-fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> Result<Split, PlanError> {
+fn split(key: PlanKey, shards: &[ShardRows], params: &PlanParams) -> Result<Split, PlanError> {
     let w = u64::from(params.world_size);
     if params.world_size == 0 || params.rank >= params.world_size {
         return Err(PlanError::BadRank { rank: params.rank, world_size: params.world_size });
@@ -238,7 +241,7 @@ fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> 
     // 1. Shard order.
     let mut order: Vec<u32> = (0..shards.len() as u32).collect();
     if let Shuffle::Windowed { .. } | Shuffle::Blocks { .. } = params.shuffle {
-        Rng::new(seed_of(&[version.prefix_u64(), params.seed, params.epoch, 0x5348_4152_4453])).shuffle(&mut order);
+        Rng::new(seed_of(&[key.0, params.seed, params.epoch, 0x5348_4152_4453])).shuffle(&mut order);
     }
 
     // 2. This rank's contiguous range of the ordered row sequence.
@@ -266,50 +269,56 @@ fn split(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> 
     Ok(Split { order, segments, total, lo, hi, window })
 }
 
+/// The most rows one shuffle window of a rank's plan can hold: what
+/// planning it materialises at once (a [`RowRef`], 8 bytes, each). The
+/// rows of the `window_shards` largest shards, at most the rank's share
+/// of the dataset; 0 for `Off` and `Blocks`, which materialise no rows.
+/// Cheap (no plan is built), so a node can refuse a plan before it
+/// spends anything on it.
+pub fn window_rows_bound(shards: &[ShardRows], params: &PlanParams) -> u64 {
+    let Shuffle::Windowed { window_shards } = params.shuffle else { return 0 };
+    let total: u64 = shards.iter().map(|s| s.rows).sum();
+    let rank_rows = total.div_ceil(u64::from(params.world_size.max(1)));
+    let mut rows: Vec<u64> = shards.iter().map(|s| s.rows).collect();
+    rows.sort_unstable_by(|a, b| b.cmp(a));
+    let largest: u64 = rows.iter().take(window_shards as usize).sum();
+    largest.min(rank_rows)
+}
+
 /// The rows of window `wi` (its `segments`), shuffled as the plan shuffles
 /// them, appended to `rows`.
-fn window_rows(
-    version: DatasetVersion,
-    params: &PlanParams,
-    wi: usize,
-    segments: &[(u32, u32, u32)],
-    rows: &mut Vec<RowRef>,
-) {
+fn window_rows(key: PlanKey, params: &PlanParams, wi: usize, segments: &[(u32, u32, u32)], rows: &mut Vec<RowRef>) {
     let first = rows.len();
     for &(s, a, b) in segments {
         rows.extend((a..b).map(|row| RowRef { shard_index: s, row }));
     }
     if let Shuffle::Windowed { .. } = params.shuffle {
         let (w, r) = (u64::from(params.world_size), u64::from(params.rank));
-        let seed = seed_of(&[version.prefix_u64(), params.seed, params.epoch, w, r, wi as u64, 0x524f_5753]);
+        let seed = seed_of(&[key.0, params.seed, params.epoch, w, r, wi as u64, 0x524f_5753]);
         Rng::new(seed).shuffle(&mut rows[first..]);
     }
 }
 
 /// Step 5: the source batch of each batch of group `group` (its `n`
 /// batches), a permutation of `0..n`.
-fn block_order(version: DatasetVersion, params: &PlanParams, group: usize, n: usize) -> Vec<usize> {
+fn block_order(key: PlanKey, params: &PlanParams, group: usize, n: usize) -> Vec<usize> {
     let (w, r) = (u64::from(params.world_size), u64::from(params.rank));
-    let seed = seed_of(&[version.prefix_u64(), params.seed, params.epoch, w, r, group as u64, 0x424c_4f43_4b53]);
+    let seed = seed_of(&[key.0, params.seed, params.epoch, w, r, group as u64, 0x424c_4f43_4b53]);
     let mut order: Vec<usize> = (0..n).collect();
     Rng::new(seed).shuffle(&mut order);
     order
 }
 
 /// The shard indices of a rank's plan in the order it first needs them:
-/// equal to `plan_rank(version, shards, params)?.shard_order()`, computed
+/// equal to `plan_rank(key, shards, params)?.shard_order()`, computed
 /// one shuffle window at a time, so memory stays bounded by a window's rows
 /// rather than the rank's whole epoch (a node computes it for every rank it
 /// serves, for several epochs ahead).
-pub fn rank_shard_order(
-    version: DatasetVersion,
-    shards: &[ShardRows],
-    params: &PlanParams,
-) -> Result<Vec<u32>, PlanError> {
+pub fn rank_shard_order(key: PlanKey, shards: &[ShardRows], params: &PlanParams) -> Result<Vec<u32>, PlanError> {
     if let Shuffle::Blocks { .. } = params.shuffle {
         // Batches are contiguous runs: walk them as the cursor does, a
         // piece of a shard at a time (no rows are generated).
-        let mut cursor = PlanCursor::new(version, shards, params, 0)?;
+        let mut cursor = PlanCursor::new(key, shards, params, 0)?;
         let mut seen = vec![false; shards.len()];
         let mut out = Vec::new();
         while cursor.next_batch_pieces(|s, _, _| {
@@ -319,7 +328,7 @@ pub fn rank_shard_order(
         }) {}
         return Ok(out);
     }
-    let sp = split(version, shards, params)?;
+    let sp = split(key, shards, params)?;
     let w = u64::from(params.world_size);
     let b = u64::from(params.batch_size);
     // drop_last keeps the first K*B rows; otherwise every row is kept.
@@ -355,7 +364,7 @@ pub fn rank_shard_order(
                     .ok()
                     .and_then(|n| rows.try_reserve_exact(n).ok())
                     .ok_or(PlanError::TooManyRows { rows: n })?;
-                window_rows(version, params, wi, win, &mut rows);
+                window_rows(key, params, wi, win, &mut rows);
                 let take = usize::try_from((keep - emitted).min(n)).unwrap_or(usize::MAX);
                 for r in &rows[..take.min(rows.len())] {
                     note(r.shard_index);
@@ -374,8 +383,8 @@ pub fn rank_shard_order(
 }
 
 /// Plans one rank's epoch. Pure: same inputs, same plan, byte for byte.
-pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanParams) -> Result<RankPlan, PlanError> {
-    let Split { order, segments, total, lo, hi, window } = split(version, shards, params)?;
+pub fn plan_rank(key: PlanKey, shards: &[ShardRows], params: &PlanParams) -> Result<RankPlan, PlanError> {
+    let Split { order, segments, total, lo, hi, window } = split(key, shards, params)?;
     let w = u64::from(params.world_size);
     let r = u64::from(params.rank);
 
@@ -388,7 +397,7 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
         .and_then(|n| rows.try_reserve_exact(n).ok())
         .ok_or(PlanError::TooManyRows { rows: hi - lo })?;
     for (wi, win) in segments.chunks(window).enumerate() {
-        window_rows(version, params, wi, win, &mut rows);
+        window_rows(key, params, wi, win, &mut rows);
     }
 
     // 4. Batches.
@@ -414,7 +423,7 @@ pub fn plan_rank(version: DatasetVersion, shards: &[ShardRows], params: &PlanPar
             let (mut out, mut ends) = (Vec::with_capacity(rows.len()), Vec::with_capacity(batch_ends.len()));
             for (g, group) in batch_ends.chunks(window_batches as usize).enumerate() {
                 let first = g * window_batches as usize;
-                for j in block_order(version, params, g, group.len()) {
+                for j in block_order(key, params, g, group.len()) {
                     let start = if first + j == 0 { 0 } else { batch_ends[first + j - 1] };
                     out.extend_from_slice(&rows[start..group[j]]);
                     ends.push(out.len());
@@ -506,7 +515,7 @@ mod tests {
         }
     }
 
-    const V: DatasetVersion = DatasetVersion([7; 16]);
+    const V: PlanKey = PlanKey(7);
 
     #[test]
     fn without_shuffle_a_single_rank_reads_manifest_order() {
@@ -730,6 +739,18 @@ mod tests {
                     want.sort();
                     prop_assert_eq!(got, want);
                 }
+            }
+        }
+
+        #[test]
+        fn no_window_holds_more_rows_than_the_bound(rows in prop::collection::vec(0u64..50, 0..16),
+                                 seed in any::<u64>(), w in 1u32..5, window in 1u32..4) {
+            let s = shards(&rows);
+            for r in 0..w {
+                let p = params(seed, 2, w, r, 4, window, false);
+                let sp = split(V, &s, &p).unwrap();
+                let most = sp.segments.chunks(sp.window).map(|win| win.iter().map(|&(_, a, e)| u64::from(e - a)).sum::<u64>()).max().unwrap_or(0);
+                prop_assert!(most <= window_rows_bound(&s, &p), "{} rows in a window, bound {}", most, window_rows_bound(&s, &p));
             }
         }
 

@@ -41,6 +41,11 @@ pub(crate) struct SimArgs {
     /// With `--seed`: print the whole trace.
     #[arg(long, requires = "seed")]
     trace: bool,
+    /// With `--seed`, when it fails: cut its schedule down to the fault
+    /// episodes the failure needs (each removed in turn while the first
+    /// invariant it broke still breaks) and print them.
+    #[arg(long, requires = "seed")]
+    shrink: bool,
     /// One JSON line per seed, then a summary line.
     #[arg(long)]
     json: bool,
@@ -73,6 +78,29 @@ pub(crate) fn run(c: ChaosCommand) -> Result<()> {
         ChaosCommand::Run(a) => super::chaos_run::run(&a),
         ChaosCommand::Hosts(a) => super::chaos_hosts::run(&a),
     }
+}
+
+/// `--shrink`: the fault episodes a failing seed needs.
+fn print_shrunk(out: &mut impl Write, seed: u64) -> Result<()> {
+    let Some(s) = sim::shrink(seed) else {
+        return Ok(writeln!(out, "  shrink: the seed breaks no invariant")?);
+    };
+    writeln!(
+        out,
+        "  shrunk ({} runs): {} of its {} fault episodes still break {}:",
+        s.runs,
+        s.kept.len(),
+        s.of,
+        s.invariant
+    )?;
+    for e in &s.kept {
+        let mut e = e.clone();
+        e.sort_by_key(|(at, _)| *at);
+        let events: Vec<String> =
+            e.iter().map(|(at, f)| format!("at {:.3} s {}", *at as f64 / 1e6, f.describe())).collect();
+        writeln!(out, "    {}", events.join("; "))?;
+    }
+    Ok(())
 }
 
 fn sim_run(a: &SimArgs) -> Result<()> {
@@ -123,6 +151,9 @@ fn sim_run(a: &SimArgs) -> Result<()> {
                 writeln!(stdout, "  {} at {:.3} s: {}", v.invariant, v.at as f64 / 1e6, v.detail)?;
             }
             writeln!(stdout, "  replay: granary chaos sim --seed {seed} --trace")?;
+            if a.shrink {
+                print_shrunk(&mut stdout, seed)?;
+            }
         } else if a.seed.is_some() {
             writeln!(
                 stdout,

@@ -346,15 +346,33 @@ fn plans(seed: u64, swarm: &Swarm) -> Vec<Vec<Vec<u32>>> {
 
 /// The fault schedule of `seed`: (time, fault) pairs.
 fn schedule(seed: u64, swarm: &Swarm) -> Vec<(Micros, Fault)> {
+    flatten(&episodes(seed, swarm))
+}
+
+/// Episodes as one schedule, by time (a stable sort: events at the same
+/// instant keep the order they were drawn in).
+fn flatten(episodes: &[Episode]) -> Vec<(Micros, Fault)> {
+    let mut out: Vec<(Micros, Fault)> = episodes.iter().flatten().copied().collect();
+    out.sort_by_key(|(at, _)| *at);
+    out
+}
+
+/// One fault of a schedule with its end: a partition's cuts and heals, a
+/// crash and its restart, a stop and its continue, a failover and its
+/// election. The unit [`shrink`] removes.
+pub type Episode = Vec<(Micros, Fault)>;
+
+/// The fault episodes of `seed`, in the order they were drawn.
+fn episodes(seed: u64, swarm: &Swarm) -> Vec<Episode> {
     let mut r = Rng::new(seed_of(&[seed, 0x0046_4155_4c54]));
     let mut between = |lo: u64, hi: u64| lo + r.below(hi.saturating_sub(lo) + 1);
-    let mut out = Vec::new();
     let n = swarm.nodes;
     let mut window = || {
         let at = ms(between(2_000, swarm.fault_window_ms));
         let lasts = ms(between(swarm.fault_ms.0, swarm.fault_ms.1));
         (at, lasts)
     };
+    let mut episodes: Vec<Episode> = Vec::new();
     let mut draws = Vec::new();
     for _ in 0..swarm.partitions {
         draws.push(("partition", window()));
@@ -390,6 +408,7 @@ fn schedule(seed: u64, swarm: &Swarm) -> Vec<(Micros, Fault)> {
             }
             None => at,
         };
+        let mut out: Episode = Vec::new();
         match kind {
             "partition" => {
                 let links: Vec<(Addr, Addr)> = match pick(3) {
@@ -429,9 +448,100 @@ fn schedule(seed: u64, swarm: &Swarm) -> Vec<(Micros, Fault)> {
                 out.push((at + lasts.min(ms(5_000)), Fault::Elected));
             }
         }
+        episodes.push(out);
     }
     // Cuts of one link nest (`World::set_cut`); process faults and
     // failovers do not overlap (above).
-    out.sort_by_key(|(at, _)| *at);
-    out
+    episodes
+}
+
+/// A failing seed's schedule cut down to the fault episodes it needs.
+#[derive(Debug, Clone)]
+pub struct Shrunk {
+    /// The invariant the seed breaks, and still breaks with `kept` alone.
+    pub invariant: &'static str,
+    /// The episodes that suffice, in the order drawn.
+    pub kept: Vec<Episode>,
+    /// The seed's episodes in all.
+    pub of: usize,
+    /// Runs the search took.
+    pub runs: u32,
+}
+
+/// Shrinks `seed`'s schedule: `None` if the seed breaks no invariant,
+/// else the fewest fault episodes (one at a time removed, greedily, while
+/// the first invariant it broke still breaks) with which it still fails.
+/// Every run is the seed's own simulation with fewer faults: as
+/// deterministic as the seed.
+pub fn shrink(seed: u64) -> Option<Shrunk> {
+    let swarm = Swarm::from_seed(seed);
+    let all = episodes(seed, &swarm);
+    let first = run_schedule(seed, swarm.clone(), flatten(&all), false);
+    let invariant = first.violations.first()?.invariant;
+    let of = all.len();
+    let mut runs = 1;
+    let kept = shrink_episodes(all, |trial| {
+        runs += 1;
+        run_schedule(seed, swarm.clone(), flatten(trial), false).violation_counts.contains_key(invariant)
+    });
+    Some(Shrunk { invariant, kept, of, runs })
+}
+
+/// Greedy one-at-a-time removal: drops each episode whose removal keeps
+/// `fails` true, until no single removal does. Pure given `fails`.
+fn shrink_episodes(mut episodes: Vec<Episode>, mut fails: impl FnMut(&[Episode]) -> bool) -> Vec<Episode> {
+    loop {
+        let mut removed = false;
+        let mut i = 0;
+        while i < episodes.len() {
+            let mut trial = episodes.clone();
+            trial.remove(i);
+            if fails(&trial) {
+                episodes = trial;
+                removed = true;
+            } else {
+                i += 1;
+            }
+        }
+        if !removed {
+            return episodes;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn episode(node: usize) -> Episode {
+        vec![(ms(node as u64), Fault::Stop(node)), (ms(node as u64 + 1), Fault::Continue(node))]
+    }
+
+    #[test]
+    fn shrinking_keeps_exactly_the_episodes_the_failure_needs() {
+        // Fails while episodes 1 and 3 are both in the schedule.
+        let all: Vec<Episode> = (0..6).map(episode).collect();
+        let needs = |trial: &[Episode]| [1, 3].iter().all(|&n| trial.contains(&episode(n)));
+        let mut runs = 0;
+        let kept = shrink_episodes(all, |t| {
+            runs += 1;
+            needs(t)
+        });
+        assert_eq!(kept, vec![episode(1), episode(3)]);
+        assert!(runs <= 6 + 2, "one pass and a check: {runs} runs");
+    }
+
+    #[test]
+    fn a_seed_that_breaks_nothing_has_nothing_to_shrink() {
+        assert!(shrink(1).is_none());
+    }
+
+    #[test]
+    fn a_schedule_is_its_episodes_by_time() {
+        let swarm = Swarm::from_seed(42);
+        let eps = episodes(42, &swarm);
+        let flat = schedule(42, &swarm);
+        assert_eq!(flat.len(), eps.iter().map(Vec::len).sum::<usize>());
+        assert!(flat.windows(2).all(|w| w[0].0 <= w[1].0));
+    }
 }

@@ -249,6 +249,26 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The fault in words ("node 2 cut from the coordinator").
+    pub fn describe(&self) -> String {
+        let name = |a: &Addr| match a {
+            Addr::Coord => "the coordinator".to_string(),
+            Addr::Node(i) => format!("node {}", i + 1),
+        };
+        match self {
+            Fault::Cut { from, to, .. } => format!("cut {} -> {}", name(from), name(to)),
+            Fault::Heal { from, to } => format!("heal {} -> {}", name(from), name(to)),
+            Fault::Crash(i) => format!("kill node {}", i + 1),
+            Fault::Restart(i) => format!("restart node {}", i + 1),
+            Fault::Stop(i) => format!("stop node {}", i + 1),
+            Fault::Continue(i) => format!("continue node {}", i + 1),
+            Fault::LeaderLost => "the coordinator's leader dies".to_string(),
+            Fault::Elected => "a new leader is elected".to_string(),
+        }
+    }
+}
+
+impl Fault {
     /// The fault's kind, for the summary (`None` for the end of a fault).
     pub fn kind(&self) -> Option<&'static str> {
         match self {

@@ -284,3 +284,39 @@ fn ranks_started_before_and_after_a_new_version_read_the_version_their_job_pinne
     let e = other.resume_from(&state).err().expect("a changed world size is refused");
     assert!(e.to_string().contains("world_size 2, this loader 4"), "{e}");
 }
+
+/// Issue 15: a node restarted after a new version was registered knows
+/// only the current version from its placement; a trainer resuming a job
+/// pinned to the older one makes the node open it from the coordinator,
+/// which keeps every registered version's manifest. Before, the resume
+/// failed: "version ... is not served here".
+#[test]
+fn a_restarted_node_opens_the_older_version_a_resumed_job_pinned() {
+    use granary_client::{Loader, LoaderConfig, LocalSource, Position};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = dataset(tmp.path());
+    let spec = LocalClusterSpec { nodes: 1, prefetch_bytes: 0, ..LocalClusterSpec::default() };
+    let mut c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let cfg = LoaderConfig { seed: 3, ..LoaderConfig::new("ads", 500) };
+    let first = Loader::connect(c.socket(1), cfg).expect("loader");
+    let whole: Vec<Vec<u8>> =
+        first.epoch(0).expect("epoch").map(|b| b.expect("batch").tensor_bytes(0).to_vec()).collect();
+    let state = first.state_at(Position { epoch: 0, batch: 10 });
+    drop(first);
+
+    let more = tmp.path().join("more");
+    let spec2 = GenSpec { seed: 8, rows: 3_000, files: 2, row_group_rows: 500, ..GenSpec::default() };
+    datagen::generate(&more, &spec2, |_| {}).expect("generate");
+    c.add_dataset("ads", &more).expect("register a new version of ads");
+    c.terminate(1).expect("clean stop");
+    c.start_node(1).expect("restart");
+    c.wait_placement(&[1], 1, 1, TIMEOUT).expect("node 1 back");
+    use granary_client::ChunkSource;
+    let now = LocalSource::connect(c.socket(1)).expect("connect").describe("ads", None).expect("describe").version;
+    assert_ne!(now, state.version, "the node's current version is the new one");
+
+    let resumed = Loader::connect(c.socket(1), LoaderConfig::resuming(&state)).expect("the pinned version is served");
+    let tail: Vec<Vec<u8>> =
+        resumed.resume_from(&state).expect("resume").map(|b| b.expect("batch").tensor_bytes(0).to_vec()).collect();
+    assert_eq!(tail, whole[10..], "the rest of the epoch, from the version the job pinned");
+}

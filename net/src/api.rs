@@ -52,6 +52,10 @@ pub enum ApiRequest {
     DescribeDataset {
         /// Name.
         name: String,
+        /// A version registered under the name (a job pinned it); `None`:
+        /// the current one.
+        #[serde(default)]
+        version: Option<granary_proto::DatasetVersion>,
     },
     /// Which node owns each shard of a dataset's current version
     /// (linearizable).
@@ -266,9 +270,9 @@ pub enum ApiResponse {
     Dataset {
         /// Summary.
         summary: DatasetSummary,
-        /// Manifest of the current version.
+        /// Manifest of the version asked for (the current one by default).
         manifest: Manifest,
-        /// View of the current version.
+        /// View of that version.
         view: View,
     },
     /// `DescribePlacement`.

@@ -85,7 +85,19 @@ struct Inner {
     /// True once a cluster node has opened every dataset of a placement
     /// (a node without a cluster knows its datasets from the start).
     datasets_known: tokio::sync::watch::Sender<bool>,
+    /// Versions trainers asked for by name and version that a cluster
+    /// node does not serve (a job pinned a version this node never
+    /// opened, say after a restart): the placement follower asks the
+    /// coordinator for them.
+    wanted: Mutex<Vec<(String, DatasetVersion)>>,
+    wanted_added: tokio::sync::Notify,
+    /// Counts the follower's answers to `wanted`.
+    wanted_answered: tokio::sync::watch::Sender<u64>,
 }
+
+/// How long a trainer's describe of a pinned version waits for the
+/// coordinator's manifest of it.
+const VERSION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A running node (cheap to clone).
 #[derive(Clone)]
@@ -155,6 +167,9 @@ impl Node {
                 max_plan_window_rows: cfg.max_plan_window_rows,
                 cluster: std::sync::OnceLock::new(),
                 datasets_known: tokio::sync::watch::Sender::new(false),
+                wanted: Mutex::new(Vec::new()),
+                wanted_added: tokio::sync::Notify::new(),
+                wanted_answered: tokio::sync::watch::Sender::new(0),
             }),
         };
         for (name, ds) in opened {
@@ -179,7 +194,63 @@ impl Node {
             // Timing out is fine: the answer below says what is known.
             let _ = tokio::time::timeout(wait, known.wait_for(|k| *k)).await;
         }
+        if let Some(v) = version
+            && self.inner.cluster.get().is_some()
+            && self.describe(name, version).is_err()
+        {
+            // A pinned version this node never opened: the coordinator
+            // keeps every registered version's manifest.
+            let mut answered = self.inner.wanted_answered.subscribe();
+            answered.mark_unchanged();
+            self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner()).push((name.to_string(), v));
+            self.inner.wanted_added.notify_one();
+            let _ = tokio::time::timeout(VERSION_WAIT, async {
+                while self.describe(name, version).is_err() && answered.changed().await.is_ok() {}
+            })
+            .await;
+        }
         self.describe(name, version)
+    }
+
+    /// Waits until a trainer asks for a version this node does not serve,
+    /// and returns every such (name, version) (the placement follower
+    /// opens them).
+    pub(crate) async fn wanted_versions(&self) -> Vec<(String, DatasetVersion)> {
+        loop {
+            let taken = std::mem::take(&mut *self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner()));
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.inner.wanted_added.notified().await;
+        }
+    }
+
+    /// The follower has answered the versions it took (opened them, or
+    /// learned they are gone).
+    pub(crate) fn wanted_answered(&self) {
+        self.inner.wanted_answered.send_modify(|n| *n += 1);
+    }
+
+    /// Serves `manifest`'s version of dataset `name` for trainers that ask
+    /// for it by version, without making it the name's current version
+    /// (a job pinned it). Returns the version.
+    pub fn open_version(
+        &self,
+        name: &str,
+        view: granary_proto::View,
+        manifest: granary_proto::Manifest,
+    ) -> Result<DatasetVersion, OpenError> {
+        let remote = Remote::open(
+            &manifest.source,
+            &self.inner.remote_options,
+            self.inner.throttle.clone(),
+            self.inner.remote.clone(),
+        )?;
+        let ds = Arc::new(Dataset::from_manifest(name, remote, view, manifest)?);
+        let version = ds.version;
+        tracing::info!(dataset = %name, %version, "serving a pinned version");
+        self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
+        Ok(version)
     }
 
     /// After a placement update: a load that a peer waits on, and that asks

@@ -187,23 +187,25 @@ fn registered(cmd: ClusterDatasetCommand) -> Result<()> {
             }
             other => Err(unexpected(other)),
         },
-        ClusterDatasetCommand::Show { name, connect } => match call(&connect, ApiRequest::DescribeDataset { name })? {
-            ApiResponse::Dataset { summary, manifest, view } => {
-                if connect.json {
-                    println!("{}", serde_json::json!({ "summary": summary, "manifest": manifest, "view": view }));
-                } else {
-                    print_datasets(std::slice::from_ref(&summary));
-                    for t in &manifest.tensors {
-                        println!("  tensor {:<12} {:?} {:?}", t.name, t.dtype, t.shape);
+        ClusterDatasetCommand::Show { name, connect } => {
+            match call(&connect, ApiRequest::DescribeDataset { name, version: None })? {
+                ApiResponse::Dataset { summary, manifest, view } => {
+                    if connect.json {
+                        println!("{}", serde_json::json!({ "summary": summary, "manifest": manifest, "view": view }));
+                    } else {
+                        print_datasets(std::slice::from_ref(&summary));
+                        for t in &manifest.tensors {
+                            println!("  tensor {:<12} {:?} {:?}", t.name, t.dtype, t.shape);
+                        }
+                        for f in &manifest.files {
+                            println!("  {} ({} bytes, {} row groups)", f.path, f.size_bytes, f.row_groups.len());
+                        }
                     }
-                    for f in &manifest.files {
-                        println!("  {} ({} bytes, {} row groups)", f.path, f.size_bytes, f.row_groups.len());
-                    }
+                    Ok(())
                 }
-                Ok(())
+                other => Err(unexpected(other)),
             }
-            other => Err(unexpected(other)),
-        },
+        }
         ClusterDatasetCommand::Placement { name, connect } => {
             match call(&connect, ApiRequest::DescribePlacement { name })? {
                 ApiResponse::Placement(report) => {

@@ -197,14 +197,22 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             linearize(ctx).await?;
             Ok(ApiResponse::Datasets(ctx.shared.read(|a| summaries(&a.cluster))))
         }
-        ApiRequest::DescribeDataset { name } => {
+        ApiRequest::DescribeDataset { name, version } => {
             linearize(ctx).await?;
             ctx.shared.read(|a| {
                 let r = a.cluster.datasets.get(&name);
-                match (r.and_then(|r| summary(&name, r)), r.and_then(|r| r.current())) {
+                let v = r.and_then(|r| match version {
+                    None => r.current(),
+                    Some(want) => r.versions.iter().find(|v| v.version == want),
+                });
+                match (r.and_then(|r| summary(&name, r)), v) {
                     (Some(summary), Some(v)) => {
                         Ok(ApiResponse::Dataset { summary, manifest: v.manifest.clone(), view: v.view.clone() })
                     }
+                    (Some(_), None) => Err(failed(
+                        FailureKind::NotFound,
+                        format!("dataset {name:?} has no version {}", version.map(|v| v.to_hex()).unwrap_or_default()),
+                    )),
                     _ => Err(failed(FailureKind::NotFound, format!("no dataset named {name:?}"))),
                 }
             })

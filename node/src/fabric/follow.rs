@@ -22,7 +22,7 @@ async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &Pl
         if node.dataset(*version).is_ok() {
             continue;
         }
-        match client.call(&ApiRequest::DescribeDataset { name: name.clone() }).await {
+        match client.call(&ApiRequest::DescribeDataset { name: name.clone(), version: None }).await {
             Ok((_, ApiResponse::Dataset { manifest, view: dview, .. })) => {
                 if manifest.version(&dview) != *version {
                     tracing::debug!(dataset = %name, "the coordinator's current version moved on; waiting for the next view");
@@ -124,13 +124,41 @@ pub async fn follow_placement(
             cluster.replace(map);
             node.placement_changed();
         }
-        if retry {
+        // Until the next view (or the retry): open the versions trainers
+        // pinned that this node does not serve.
+        let retry_at = tokio::time::Instant::now() + cluster.config().open_retry;
+        loop {
             tokio::select! {
-                changed = views.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(cluster.config().open_retry) => {}
+                changed = views.changed() => if changed.is_err() { return } else { break },
+                _ = tokio::time::sleep_until(retry_at), if retry => break,
+                wanted = node.wanted_versions() => {
+                    open_pinned(&node, &client, wanted).await;
+                    node.wanted_answered();
+                }
             }
-        } else if views.changed().await.is_err() {
-            return;
+        }
+    }
+}
+
+/// Opens each (name, version) from the coordinator's record of it (every
+/// registered version's manifest is kept), for trainers that pinned it.
+async fn open_pinned(node: &Node, client: &CoordinatorClient, wanted: Vec<(String, DatasetVersion)>) {
+    for (name, version) in wanted {
+        if node.dataset(version).is_ok() {
+            continue;
+        }
+        let ask = ApiRequest::DescribeDataset { name: name.clone(), version: Some(version) };
+        match client.call(&ask).await {
+            Ok((_, ApiResponse::Dataset { manifest, view, .. })) if manifest.version(&view) == version => {
+                if let Err(e) = node.open_version(&name, view, manifest) {
+                    tracing::warn!(dataset = %name, %version, "cannot serve the pinned version: {e}");
+                }
+            }
+            Ok((_, ApiResponse::Failed { message, .. })) => {
+                tracing::info!(dataset = %name, %version, "the coordinator cannot give the pinned version: {message}")
+            }
+            Ok(_) => tracing::warn!(dataset = %name, %version, "the coordinator answered for another version"),
+            Err(e) => tracing::warn!(dataset = %name, %version, "cannot ask for the pinned version: {e}"),
         }
     }
 }

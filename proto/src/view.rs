@@ -102,6 +102,15 @@ pub enum ViewError {
         /// The pattern.
         pattern: String,
     },
+    /// The view's tensors name more than [`MAX_VIEW_COLUMNS`] columns in
+    /// all (counted with each pattern expanded).
+    #[error("the view names {columns} columns by tensor {tensor:?}, over the {MAX_VIEW_COLUMNS} a view may name")]
+    ViewTooWide {
+        /// The tensor at which the count went over.
+        tensor: String,
+        /// Columns counted up to and including it.
+        columns: usize,
+    },
     /// A fill value does not fit the tensor's dtype.
     #[error("tensor {tensor:?}: fill value {fill} does not fit dtype {dtype}")]
     BadFill {
@@ -124,6 +133,7 @@ impl View {
             return Err(ViewError::Empty);
         }
         let mut names = std::collections::BTreeSet::new();
+        let mut total = 0usize;
         for t in &mut self.tensors {
             if !names.insert(t.name.clone()) {
                 return Err(ViewError::DuplicateTensor(t.name.clone()));
@@ -134,6 +144,10 @@ impl View {
             }
             if cols.is_empty() {
                 return Err(ViewError::NoColumns(t.name.clone()));
+            }
+            total += cols.len();
+            if total > MAX_VIEW_COLUMNS as usize {
+                return Err(ViewError::ViewTooWide { tensor: t.name.clone(), columns: total });
             }
             t.columns = cols;
             if let Some(fill) = t.fill
@@ -165,6 +179,10 @@ pub fn fill_fits(fill: f64, dtype: DType) -> bool {
 /// processes (an admin's `dataset add`), and an unbounded range would
 /// exhaust the memory of whoever expands it.
 pub const MAX_PATTERN_COLUMNS: u32 = 1 << 16;
+
+/// Columns a whole view may name, every pattern expanded: one pattern's
+/// cap alone would let a view of many patterns name billions.
+pub const MAX_VIEW_COLUMNS: u32 = 1 << 18;
 
 fn expand_pattern(tensor: &str, pattern: &str, out: &mut Vec<String>) -> Result<(), ViewError> {
     let Some(open) = pattern.find('{') else {
@@ -199,6 +217,17 @@ mod tests {
         assert!(out.is_empty());
         expand_pattern("dense", "f{0..65536}", &mut out).unwrap();
         assert_eq!(out.len(), 65536);
+    }
+
+    #[test]
+    fn a_view_naming_too_many_columns_in_all_is_refused() {
+        let wide: Vec<TensorSpec> = (0..5).map(|i| spec(&format!("t{i}"), &["f{0..65536}"])).collect();
+        match (View { tensors: wide }).validated() {
+            Err(ViewError::ViewTooWide { tensor, columns }) => assert_eq!((tensor.as_str(), columns), ("t4", 5 << 16)),
+            other => panic!("expected ViewTooWide, got {other:?}"),
+        }
+        let fits: Vec<TensorSpec> = (0..4).map(|i| spec(&format!("t{i}"), &["f{0..65536}"])).collect();
+        assert!((View { tensors: fits }).validated().is_ok());
     }
 
     fn spec(name: &str, cols: &[&str]) -> TensorSpec {

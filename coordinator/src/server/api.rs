@@ -18,6 +18,10 @@ use granary_source::remote::{Remote, RemoteCounters};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How long a stream may take to send its whole request: a client that
+/// opens streams and sends nothing does not hold them.
+const API_REQUEST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Largest API request accepted (a view is small; a dataset add carries no
 /// manifest).
 pub const MAX_API_REQUEST_BYTES: usize = 1 << 20;
@@ -35,10 +39,19 @@ pub(super) async fn serve_api(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), FrameError> {
-    let req = match frame::read_frame::<ApiRequest>(&mut recv, MAX_API_REQUEST_BYTES).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return Ok(()),
-        Err(e) => {
+    let read =
+        tokio::time::timeout(API_REQUEST_WAIT, frame::read_frame::<ApiRequest>(&mut recv, MAX_API_REQUEST_BYTES));
+    let req = match read.await {
+        Err(_) => {
+            let resp =
+                failed(FailureKind::BadRequest, format!("no whole request within {} s", API_REQUEST_WAIT.as_secs()));
+            frame::write_frame(&mut send, &resp).await?;
+            let _ = send.finish();
+            return Ok(());
+        }
+        Ok(Ok(Some(r))) => r,
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Err(e)) => {
             let resp = failed(FailureKind::BadRequest, format!("malformed request: {e}"));
             frame::write_frame(&mut send, &resp).await?;
             let _ = send.finish();

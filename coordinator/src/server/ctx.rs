@@ -26,6 +26,9 @@ pub(super) struct Ctx {
     /// The leader's lease table; only the leader's holds clocks.
     pub(super) leases: Mutex<Leases>,
     pub(super) connections: AtomicUsize,
+    /// Connections open per role (after the handshake), in `Role::ALL`
+    /// order; each bounded by [`super::role_limit`].
+    pub(super) role_connections: [AtomicUsize; 4],
     /// Last AppendEntries accepted from a leader.
     pub(super) contact: LeaderContact,
 }

@@ -41,6 +41,30 @@ use tokio::task::JoinSet;
 
 /// Connections served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Connections one role's certificates may hold open at once (counted
+/// once the handshake says the role): a trainer's or an admin's
+/// certificate cannot take the connections nodes need for their
+/// heartbeats, or the voters' Raft connections. The limits add up to less
+/// than [`MAX_CONNECTIONS`], so connections of other roles alone never
+/// fill the global cap.
+pub fn role_limit(role: Role) -> usize {
+    match role {
+        Role::Coordinator => 64,
+        Role::Node => 2048,
+        Role::Trainer => 512,
+        Role::Admin => 128,
+    }
+}
+
+/// Takes one of `role`'s connections in `counts` (indexed as `Role::ALL`),
+/// if it has one left; given back on drop.
+fn take_role_slot(counts: &[AtomicUsize; 4], role: Role) -> Option<ConnSlot<'_>> {
+    let i = Role::ALL.iter().position(|r| *r == role)?;
+    let limit = role_limit(role);
+    counts[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok()?;
+    Some(ConnSlot(&counts[i]))
+}
 /// Entries per AppendEntries RPC.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 16;
 
@@ -210,6 +234,7 @@ impl Coordinator {
             remote_options: cfg.remote_options.clone(),
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
+            role_connections: Default::default(),
             contact: LeaderContact::default(),
         });
         let mut tasks = JoinSet::new();
@@ -295,6 +320,11 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
             return;
         }
     };
+    let Some(_role_slot) = take_role_slot(&ctx.role_connections, role) else {
+        tracing::warn!(%peer, %role, limit = role_limit(role), "refusing a connection: its role's connections are all taken");
+        conn.close(3u32.into(), b"too many connections for this certificate's role");
+        return;
+    };
     let alpn = tls::alpn_of(&conn);
     let raft = alpn.as_deref() == Some(ALPN_RAFT);
     if raft && role != Role::Coordinator {
@@ -328,4 +358,21 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
 /// directly to every failover; a narrow band keeps it short.
 pub fn election_max(min_ms: u64) -> u64 {
     (min_ms + min_ms / 4).max(min_ms + 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_role_is_held_to_its_own_connections_and_all_of_them_fit_the_cap() {
+        assert!(Role::ALL.iter().map(|r| role_limit(*r)).sum::<usize>() < MAX_CONNECTIONS);
+        let counts: [AtomicUsize; 4] = Default::default();
+        let trainers: Vec<_> = (0..role_limit(Role::Trainer)).map(|_| take_role_slot(&counts, Role::Trainer)).collect();
+        assert!(trainers.iter().all(Option::is_some));
+        assert!(take_role_slot(&counts, Role::Trainer).is_none(), "a trainer certificate cannot take more");
+        assert!(take_role_slot(&counts, Role::Node).is_some(), "nodes keep their own connections");
+        drop(trainers);
+        assert!(take_role_slot(&counts, Role::Trainer).is_some(), "slots come back when connections end");
+    }
 }

@@ -230,8 +230,16 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
     let dir = c.tmp.path().join(format!("node-{id}"));
     std::fs::create_dir_all(&dir).expect("node dir");
     let coordinators: Vec<String> = c.specs.iter().map(|v| format!("{:?}", v.addr.to_string())).collect();
+    // Each node its own certificate, bound to its id.
+    let name = format!("node-{id}");
+    if !c.certs.join(format!("{name}.pem")).exists() {
+        let dir = c.certs.to_str().expect("utf8");
+        let out =
+            run(&["certs", "issue", "--dir", dir, "--role", "node", "--name", &name, "--node-id", &id.to_string()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
     let mut toml = format!(
-        "socket = {:?}\nram_bytes = {}\nprefetch_bytes = 0\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\n",
+        "socket = {:?}\nram_bytes = {}\nprefetch_bytes = 0\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\ncert_name = \"{name}\"\nnode_id = {id}\nadvertise = \"{}\"\n",
         dir.join("node.sock"),
         64u64 << 20,
         coordinators.join(", "),
@@ -601,4 +609,20 @@ fn a_restarted_node_serves_its_ssd_tier_without_converting_again() {
     assert_eq!(stats.conversions, 0, "{stats:?}");
     assert_eq!(stats.peer_fetched, 0, "{stats:?}");
     assert_eq!(stats.ssd_hits, kept.len() as u64, "{stats:?}");
+}
+
+/// `certs init --nodes N` issues `node-1` .. `node-N`, each bound to its id.
+#[test]
+fn certs_init_issues_one_bound_certificate_per_node() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("certs");
+    let out = run(&["certs", "init", "--out", dir.to_str().expect("utf8"), "--nodes", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for id in 1..=2u64 {
+        let pem = std::fs::read(dir.join(format!("node-{id}.pem"))).expect("node certificate");
+        use rustls::pki_types::pem::PemObject;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("a PEM certificate");
+        assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(id));
+    }
+    assert!(!dir.join("node-3.pem").exists());
 }

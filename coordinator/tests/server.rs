@@ -21,7 +21,14 @@ struct Fixture {
     coordinator: Coordinator,
 }
 
+/// A voter that lets unbound node certificates register (these tests
+/// register many node ids with the one `node` certificate), unless
+/// `strict`.
 async fn start_in(tmp: tempfile::TempDir, lease: Duration) -> Fixture {
+    start_with(tmp, lease, false).await
+}
+
+async fn start_with(tmp: tempfile::TempDir, lease: Duration, strict: bool) -> Fixture {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let certs = tmp.path().join("certs");
     if !certs.join("ca.key").exists() {
@@ -31,6 +38,7 @@ async fn start_in(tmp: tempfile::TempDir, lease: Duration) -> Fixture {
     let mut cfg =
         CoordinatorConfig::new(VoterId(1), "127.0.0.1:0".parse().expect("addr"), tmp.path().join("data"), identity);
     cfg.lease = lease;
+    cfg.allow_unbound_node_certs = !strict;
     cfg.election_timeout = Duration::from_millis(150);
     cfg.heartbeat_interval = Duration::from_millis(50);
     let coordinator = Coordinator::start(cfg).await.expect("start");
@@ -131,8 +139,30 @@ async fn a_node_certificate_bound_to_an_id_acts_only_as_that_node() {
     assert!(msg.contains("node-4") && msg.contains("node-5"), "{msg}");
     assert!(register(&bound, 4).await > 0, "it registers as its own node");
     forbidden(bound.call(&ApiRequest::Heartbeat { node: NodeId(5), incarnation: 1 }).await);
-    // The generic node certificate of `certs init` is bound to no id.
+    // The generic node certificate of `certs init` is bound to no id: this
+    // voter was started with --allow-unbound-node-certs.
     assert!(register(&f.client("node"), 5).await > 0);
+    f.coordinator.shutdown().await;
+}
+
+/// Issue 15: by default a node certificate must name the node id it
+/// registers as; one that names none (the shared `node` certificate of
+/// `certs init`) is refused, saying how to issue a bound one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_certificate_that_names_no_node_id_is_refused_by_default() {
+    let f = start_with(tempfile::tempdir().expect("tempdir"), Duration::from_secs(3), true).await;
+    let reg = |node| ApiRequest::RegisterNode {
+        node: NodeId(node),
+        addr: format!("127.0.0.1:{node}"),
+        ram_bytes: 1,
+        ssd_bytes: 0,
+        registration: 0,
+    };
+    let msg = forbidden(f.client("node").call(&reg(5)).await);
+    assert!(msg.contains("names no node id") && msg.contains("--node-id"), "{msg}");
+    forbidden(f.client("node").call(&ApiRequest::Heartbeat { node: NodeId(5), incarnation: 1 }).await);
+    tls::issue_bound(&f.certs, Role::Node, "node-5", Some(5)).expect("issue");
+    assert!(register(&f.client("node-5"), 5).await > 0, "a certificate bound to node 5 registers as node 5");
     f.coordinator.shutdown().await;
 }
 

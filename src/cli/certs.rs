@@ -15,6 +15,12 @@ pub(crate) enum CertsCommand {
         /// Folder to create.
         #[arg(long)]
         out: PathBuf,
+        /// Also issue `node-1` .. `node-N`, each bound to its node id (the
+        /// coordinator refuses node certificates that name no id unless
+        /// started with --allow-unbound-node-certs). One more later:
+        /// `granary certs issue --dir DIR --role node --name node-ID --node-id ID`.
+        #[arg(long, default_value_t = 0)]
+        nodes: u64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -42,7 +48,14 @@ pub(crate) enum CertsCommand {
 /// Runs a `certs` subcommand.
 pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
     let (files, json) = match cmd {
-        CertsCommand::Init { out, json } => (tls::init_cluster(&out)?, json),
+        CertsCommand::Init { out, nodes, json } => {
+            let mut files = tls::init_cluster(&out)?;
+            for id in 1..=nodes {
+                let (c, k) = tls::issue_bound(&out, Role::Node, &format!("node-{id}"), Some(id))?;
+                files.extend([c, k]);
+            }
+            (files, json)
+        }
         CertsCommand::Issue { dir, role, name, node_id, json } => {
             let (c, k) = tls::issue_bound(&dir, role, &name, node_id)?;
             (vec![c, k], json)

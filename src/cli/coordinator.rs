@@ -54,6 +54,10 @@ pub(crate) struct CoordinatorArgs {
     /// object_store option for reading dataset sources, `KEY=VALUE` (repeatable).
     #[arg(long = "remote-option", value_delimiter = ',')]
     remote_options: Vec<String>,
+    /// Let node certificates that name no node id register (as any node).
+    /// Without it a node needs a certificate bound to its id.
+    #[arg(long)]
+    allow_unbound_node_certs: bool,
     /// Print the ready line as JSON.
     #[arg(long)]
     json: bool,
@@ -101,6 +105,7 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     cfg.snapshot_after_entries = a.snapshot_entries;
     cfg.keep_log_entries = a.keep_log_entries;
     cfg.remote_options = parse_kv(&a.remote_options)?;
+    cfg.allow_unbound_node_certs = a.allow_unbound_node_certs;
     // Four workers: Raft, the API and the lease clock keep running while one
     // worker applies a re-placement.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;

@@ -65,6 +65,24 @@ pub(super) async fn serve_api(
         let _ = send.finish();
         return Ok(());
     }
+    if let (None, Role::Node, ApiRequest::RegisterNode { node, .. } | ApiRequest::Heartbeat { node, .. }) =
+        (bound, role, &req)
+        && !ctx.allow_unbound_node_certs
+    {
+        tracing::warn!(request = %node, "refused: a node certificate that names no node id");
+        let resp = failed(
+            FailureKind::Forbidden,
+            format!(
+                "this node certificate names no node id, so it may not {} as {node}: give each node a certificate \
+                 bound to its id (granary certs init --nodes N, or granary certs issue --role node --name node-ID \
+                 --node-id ID), or start the coordinator with --allow-unbound-node-certs",
+                req.kind()
+            ),
+        );
+        frame::write_frame(&mut send, &resp).await?;
+        let _ = send.finish();
+        return Ok(());
+    }
     if let (Some(b), ApiRequest::RegisterNode { node, .. } | ApiRequest::Heartbeat { node, .. }) = (bound, &req)
         && *node != b
     {

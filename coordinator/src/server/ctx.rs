@@ -23,6 +23,8 @@ pub(super) struct Ctx {
     pub(super) shared: Arc<Shared>,
     pub(super) lease: Duration,
     pub(super) remote_options: BTreeMap<String, String>,
+    /// Whether node certificates without a node id may register.
+    pub(super) allow_unbound_node_certs: bool,
     /// The leader's lease table; only the leader's holds clocks.
     pub(super) leases: Mutex<Leases>,
     pub(super) connections: AtomicUsize,

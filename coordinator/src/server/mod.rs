@@ -99,6 +99,11 @@ pub struct CoordinatorConfig {
     /// object_store options for reading dataset sources (credentials,
     /// endpoint); the usual environment variables apply too.
     pub remote_options: BTreeMap<String, String>,
+    /// Let node certificates that name no node id register and heartbeat
+    /// (as any node). Default false: a node certificate must be bound to
+    /// the id it registers as (`granary certs init --nodes N`, or `certs
+    /// issue --node-id`), so one leaked key cannot pose as every node.
+    pub allow_unbound_node_certs: bool,
 }
 
 impl CoordinatorConfig {
@@ -116,6 +121,7 @@ impl CoordinatorConfig {
             snapshot_after_entries: 1000,
             keep_log_entries: 100,
             remote_options: BTreeMap::new(),
+            allow_unbound_node_certs: false,
         }
     }
 }
@@ -232,6 +238,7 @@ impl Coordinator {
             shared,
             lease: cfg.lease,
             remote_options: cfg.remote_options.clone(),
+            allow_unbound_node_certs: cfg.allow_unbound_node_certs,
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
             role_connections: Default::default(),

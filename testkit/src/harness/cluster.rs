@@ -122,6 +122,12 @@ impl LocalCluster {
         }
         let certs = dir.join("certs");
         granary_net::tls::init_cluster(&certs).context("creating cluster certificates")?;
+        // Each node its own certificate, bound to its id (the coordinator
+        // refuses node certificates that name none).
+        for id in 1..=u64::from(spec.nodes) {
+            granary_net::tls::issue_bound(&certs, granary_net::tls::Role::Node, &format!("node-{id}"), Some(id))
+                .with_context(|| format!("issuing node {id}'s certificate"))?;
+        }
         if !spec.hosts.is_empty() && (spec.voters as usize > spec.hosts.len() || spec.nodes as usize > spec.hosts.len())
         {
             bail!("{} hosts cannot hold {} voters and {} nodes", spec.hosts.len(), spec.voters, spec.nodes);
@@ -367,7 +373,7 @@ impl LocalCluster {
         }
         let coordinators: Vec<String> = self.coordinators().iter().map(|a| format!("\"{a}\"")).collect();
         t += &format!(
-            "\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\nlisten = \"{}\"\n",
+            "\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\ncert_name = \"node-{id}\"\nnode_id = {id}\nadvertise = \"{}\"\nlisten = \"{}\"\n",
             coordinators.join(", "),
             self.certs,
             self.peer_addr(id),

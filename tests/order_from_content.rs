@@ -60,16 +60,7 @@ fn the_same_files_from_file_and_s3_give_every_rank_the_same_batches() {
     datagen::generate(&data, &spec, |_| {}).expect("generate");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let addr = rt.block_on(common::serve_object_store(tmp.path(), Some(("AKTEST", "SKTEST"))));
-    let remote: BTreeMap<String, String> = [
-        ("aws_endpoint", format!("http://{addr}")),
-        ("aws_allow_http", "true".into()),
-        ("aws_access_key_id", "AKTEST".into()),
-        ("aws_secret_access_key", "SKTEST".into()),
-        ("aws_region", "us-east-1".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let remote = common::s3_options(addr);
     let disk = node(format!("file://{}", data.display()), BTreeMap::new());
     let s3 = node("s3://train/ads/".into(), remote);
     let (a, b) =

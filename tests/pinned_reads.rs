@@ -72,16 +72,7 @@ async fn a_file_overwritten_after_registration_is_an_error_naming_both_etags_on_
     let data = tmp.path().join("train/ads");
     generate(&data);
     let addr = common::serve_object_store(tmp.path(), Some(("AKTEST", "SKTEST"))).await;
-    let remote: BTreeMap<String, String> = [
-        ("aws_endpoint", format!("http://{addr}")),
-        ("aws_allow_http", "true".into()),
-        ("aws_access_key_id", "AKTEST".into()),
-        ("aws_secret_access_key", "SKTEST".into()),
-        ("aws_region", "us-east-1".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let remote = common::s3_options(addr);
     let node = Node::start(&node_config("s3://train/ads/".into(), remote)).await.expect("s3:// node");
     // s3s-fs lists no ETags (S3 itself does), so the manifest records each
     // file's modification time, which answers carry in whole seconds: the

@@ -240,13 +240,7 @@ impl Node {
         view: granary_proto::View,
         manifest: granary_proto::Manifest,
     ) -> Result<DatasetVersion, OpenError> {
-        let remote = Remote::open(
-            &manifest.source,
-            &self.inner.remote_options,
-            self.inner.throttle.clone(),
-            self.inner.remote.clone(),
-        )?;
-        let ds = Arc::new(Dataset::from_manifest(name, remote, view, manifest)?);
+        let ds = self.from_manifest(name, view, manifest)?;
         let version = ds.version;
         tracing::info!(dataset = %name, %version, "serving a pinned version");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
@@ -308,14 +302,25 @@ impl Node {
         view: granary_proto::View,
         manifest: granary_proto::Manifest,
     ) -> Result<DatasetVersion, OpenError> {
+        let ds = self.from_manifest(name, view, manifest)?;
+        Ok(self.publish(name, ds))
+    }
+
+    /// The dataset `manifest` describes, read through this node's remote
+    /// options, throttle and counters; reads nothing yet.
+    fn from_manifest(
+        &self,
+        name: &str,
+        view: granary_proto::View,
+        manifest: granary_proto::Manifest,
+    ) -> Result<Arc<Dataset>, OpenError> {
         let remote = Remote::open(
             &manifest.source,
             &self.inner.remote_options,
             self.inner.throttle.clone(),
             self.inner.remote.clone(),
         )?;
-        let ds = Arc::new(Dataset::from_manifest(name, remote, view, manifest)?);
-        Ok(self.publish(name, ds))
+        Ok(Arc::new(Dataset::from_manifest(name, remote, view, manifest)?))
     }
 
     fn publish(&self, name: &str, ds: Arc<Dataset>) -> DatasetVersion {

@@ -131,23 +131,7 @@ impl Manifest {
                 h.u64(u64::from(d));
             }
         }
-        h.u64(view.tensors.len() as u64);
-        for t in &view.tensors {
-            h.str(&t.name);
-            h.str(t.dtype.name());
-            h.u64(t.columns.len() as u64);
-            for c in &t.columns {
-                h.str(c);
-            }
-            h.u64(u64::from(t.cast));
-            match t.fill {
-                None => h.u64(0),
-                Some(v) => {
-                    h.u64(1);
-                    h.u64(v.to_bits());
-                }
-            }
-        }
+        h.view(view);
         DatasetVersion(h.0.digest128().to_le_bytes())
     }
 }
@@ -171,23 +155,7 @@ impl Manifest {
                 h.u64(g.rows);
             }
         }
-        h.u64(view.tensors.len() as u64);
-        for t in &view.tensors {
-            h.str(&t.name);
-            h.str(t.dtype.name());
-            h.u64(t.columns.len() as u64);
-            for c in &t.columns {
-                h.str(c);
-            }
-            h.u64(u64::from(t.cast));
-            match t.fill {
-                None => h.u64(0),
-                Some(v) => {
-                    h.u64(1);
-                    h.u64(v.to_bits());
-                }
-            }
-        }
+        h.view(view);
         PlanKey(h.0.digest())
     }
 }
@@ -208,6 +176,27 @@ fn common_folder<'a>(mut paths: impl Iterator<Item = &'a str>) -> usize {
 struct Canon(Xxh3);
 
 impl Canon {
+    /// The view: each tensor's name, dtype, columns, cast and fill.
+    fn view(&mut self, view: &View) {
+        self.u64(view.tensors.len() as u64);
+        for t in &view.tensors {
+            self.str(&t.name);
+            self.str(t.dtype.name());
+            self.u64(t.columns.len() as u64);
+            for c in &t.columns {
+                self.str(c);
+            }
+            self.u64(u64::from(t.cast));
+            match t.fill {
+                None => self.u64(0),
+                Some(v) => {
+                    self.u64(1);
+                    self.u64(v.to_bits());
+                }
+            }
+        }
+    }
+
     fn u64(&mut self, v: u64) {
         self.0.update(&v.to_le_bytes());
     }

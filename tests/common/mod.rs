@@ -28,3 +28,19 @@ pub(crate) async fn serve_object_store(root: &Path, auth: Option<(&str, &str)>) 
     });
     addr
 }
+
+/// `[remote]` options of an `s3://` source served by [`serve_object_store`]
+/// at `addr` with the access key `AKTEST` and secret `SKTEST`.
+#[allow(dead_code)] // not every test binary that includes this module reads S3
+pub(crate) fn s3_options(addr: SocketAddr) -> std::collections::BTreeMap<String, String> {
+    [
+        ("aws_endpoint", format!("http://{addr}")),
+        ("aws_allow_http", "true".into()),
+        ("aws_access_key_id", "AKTEST".into()),
+        ("aws_secret_access_key", "SKTEST".into()),
+        ("aws_region", "us-east-1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}

@@ -240,7 +240,7 @@ impl Node {
         view: granary_proto::View,
         manifest: granary_proto::Manifest,
     ) -> Result<DatasetVersion, OpenError> {
-        let ds = self.from_manifest(name, view, manifest)?;
+        let ds = self.open_manifest(name, view, manifest)?;
         let version = ds.version;
         tracing::info!(dataset = %name, %version, "serving a pinned version");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
@@ -302,13 +302,13 @@ impl Node {
         view: granary_proto::View,
         manifest: granary_proto::Manifest,
     ) -> Result<DatasetVersion, OpenError> {
-        let ds = self.from_manifest(name, view, manifest)?;
+        let ds = self.open_manifest(name, view, manifest)?;
         Ok(self.publish(name, ds))
     }
 
     /// The dataset `manifest` describes, read through this node's remote
     /// options, throttle and counters; reads nothing yet.
-    fn from_manifest(
+    fn open_manifest(
         &self,
         name: &str,
         view: granary_proto::View,

@@ -79,9 +79,51 @@ impl Fixture {
     }
 }
 
+/// The fabric settings of these tests' links: every node here shares the
+/// `node` certificate of `certs init`, bound to no node id.
+fn shared_cert() -> FabricConfig {
+    FabricConfig { allow_unbound_peers: true, ..FabricConfig::default() }
+}
+
 fn link(f: &Fixture, name: &str) -> PeerLink {
     let identity = Identity::load(&f.certs, name).expect("identity");
-    PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &identity, &FabricConfig::default()).expect("link")
+    PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &identity, &shared_cert()).expect("link")
+}
+
+/// Issue 15: a node takes a chunk only from the node the placement names
+/// at the address it dials, proven by the node id in that peer's
+/// certificate; a peer with another node's key, or with a certificate
+/// bound to no id, is refused before it is asked anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_serves_only_as_the_node_its_certificate_names() {
+    let f = start().await;
+    tls::issue_bound(&f.certs, Role::Node, "node-1", Some(1)).expect("issue");
+    let identity = Identity::load(&f.certs, "node-1").expect("identity");
+    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let bound_addr = ep.local_addr().expect("addr");
+    tokio::spawn(serve(f.node.clone(), ep, FabricConfig::default()));
+    let strict = |placed: &[(u64, SocketAddr)]| {
+        let me = Identity::load(&f.certs, "node").expect("identity");
+        let link = PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &me, &FabricConfig::default())
+            .expect("link");
+        link.expect_peers(&placed.iter().map(|&(n, a)| (NodeId(n), a)).collect());
+        link
+    };
+    let fetch = |link: PeerLink, addr| async move {
+        link.fetch(addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await
+    };
+    // Node 1's own certificate at the address the placement gives node 1.
+    fetch(strict(&[(1, bound_addr)]), bound_addr).await.expect("node 1 serves as node 1");
+    // The same peer where the placement names node 2.
+    match fetch(strict(&[(2, bound_addr)]), bound_addr).await {
+        Err(e) => assert!(e.to_string().contains("names node-1; the placement names node-2"), "{e}"),
+        Ok(_) => panic!("a chunk was taken from a peer posing as node 2"),
+    }
+    // A certificate bound to no id, where the placement names node 1.
+    match fetch(strict(&[(1, f.addr)]), f.addr).await {
+        Err(e) => assert!(e.to_string().contains("names no node id"), "{e}"),
+        Ok(_) => panic!("a chunk was taken from an unbound peer"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,7 +550,7 @@ async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
     let addr = |i: usize| endpoints[i].local_addr().expect("addr");
     let addrs: std::collections::HashMap<_, _> = [(NodeId(1), addr(0)), (NodeId(2), addr(1))].into_iter().collect();
     for (i, (node, me, other)) in [(&f.node, 1, 2), (&node2, 2, 1)].into_iter().enumerate() {
-        let link = PeerLink::new(endpoints[i].clone(), &identity, &FabricConfig::default()).expect("link");
+        let link = PeerLink::new(endpoints[i].clone(), &identity, &shared_cert()).expect("link");
         let fabric = FabricConfig {
             fetch_deadline: Duration::from_secs(10),
             reroute_wait: Duration::from_millis(200),

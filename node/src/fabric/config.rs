@@ -86,6 +86,11 @@ pub struct FabricConfig {
     /// failure. Default: 5 s.
     #[serde(rename = "open_retry_ms", with = "millis")]
     pub open_retry: Duration,
+    /// Take chunks and footers from peers whose node certificates name no
+    /// node id. Default false: the peer at an address the placement lists
+    /// must present a certificate bound to the node id listed there, so a
+    /// host holding some node key cannot serve as another node.
+    pub allow_unbound_peers: bool,
 }
 
 impl Default for FabricConfig {
@@ -105,6 +110,7 @@ impl Default for FabricConfig {
             response_timeout: Duration::from_secs(60),
             response_min_bytes_per_sec: 1 << 20,
             open_retry: Duration::from_secs(5),
+            allow_unbound_peers: false,
         }
     }
 }

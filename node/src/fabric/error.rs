@@ -154,6 +154,9 @@ pub enum LinkFault {
     /// The link is shutting down.
     #[error("the link is shutting down")]
     Closed,
+    /// The peer is not the node the placement names at its address.
+    #[error("not the node expected there: {0}")]
+    Identity(String),
     /// No stream could be opened on the connection.
     #[error("opening a stream: {0}")]
     Open(quinn::ConnectionError),

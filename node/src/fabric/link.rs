@@ -13,7 +13,7 @@ use crate::shm::{ChunkFile, SealedChunk};
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, PeerRequest, PeerResponse};
-use granary_proto::{ChunkView, DatasetVersion, ShardId};
+use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,28 @@ pub struct PeerLink {
     slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
     bytes: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
     down: Mutex<HashMap<SocketAddr, std::time::Instant>>,
+    /// The node the placement names at each peer address.
+    expected: Mutex<HashMap<SocketAddr, NodeId>>,
+}
+
+/// Whether a peer whose certificate names `presented` may serve as the
+/// node `want` the placement lists at its address (`None`: the address is
+/// not in the placement, as when a test dials it directly).
+pub(crate) fn identity_verdict(
+    want: Option<NodeId>,
+    presented: Option<u64>,
+    allow_unbound: bool,
+) -> Result<(), String> {
+    match (want, presented) {
+        (None, _) => Ok(()),
+        (Some(w), Some(id)) if w.0 == id => Ok(()),
+        (Some(w), Some(id)) => Err(format!("its certificate names node-{id}; the placement names {w} here")),
+        (Some(_), None) if allow_unbound => Ok(()),
+        (Some(w), None) => Err(format!(
+            "its certificate names no node id; the placement names {w} here \
+             (allow_unbound_peers in [cluster.fabric] accepts such peers)"
+        )),
+    }
 }
 
 impl PeerLink {
@@ -40,7 +62,16 @@ impl PeerLink {
             slots: Mutex::new(HashMap::new()),
             bytes: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),
+            expected: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The nodes the placement lists, by address: from now on a peer
+    /// dialed at one of these addresses must prove, by its certificate's
+    /// node id, that it is the node listed there.
+    pub fn expect_peers(&self, addrs: &HashMap<NodeId, SocketAddr>) {
+        let by_addr = addrs.iter().map(|(&node, &addr)| (addr, node)).collect();
+        *self.expected.lock().unwrap_or_else(|p| p.into_inner()) = by_addr;
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, PeerError> {
@@ -49,13 +80,24 @@ impl PeerLink {
         {
             return Err(PeerError::Connect { addr, fault: LinkFault::RecentlyDown });
         }
-        self.conns.get(addr).await.map_err(|error| {
+        let conn = self.conns.get(addr).await.map_err(|error| {
             self.down
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(addr, std::time::Instant::now() + self.config.down_for);
             PeerError::Connect { addr, fault: LinkFault::Dial(error) }
-        })
+        })?;
+        let want = self.expected.lock().unwrap_or_else(|p| p.into_inner()).get(&addr).copied();
+        let verdict = match tls::peer_node_id(&conn) {
+            Ok(presented) => identity_verdict(want, presented, self.config.allow_unbound_peers),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(why) = verdict {
+            tracing::warn!(%addr, "refusing a peer: {why}");
+            self.conns.forget(addr);
+            return Err(PeerError::Connect { addr, fault: LinkFault::Identity(why) });
+        }
+        Ok(conn)
     }
 
     /// Returns once the peer at `addr` answers again: a handshake with it
@@ -294,5 +336,22 @@ impl PeerLink {
                 Ok(chunk)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_serves_only_as_the_node_its_certificate_names() {
+        let n = |i| Some(NodeId(i));
+        assert_eq!(identity_verdict(n(2), Some(2), false), Ok(()));
+        assert!(
+            identity_verdict(n(2), Some(3), true).unwrap_err().contains("names node-3; the placement names node-2")
+        );
+        assert!(identity_verdict(n(2), None, false).unwrap_err().contains("allow_unbound_peers"));
+        assert_eq!(identity_verdict(n(2), None, true), Ok(()));
+        assert_eq!(identity_verdict(None, Some(7), false), Ok(()), "an address no placement lists");
     }
 }

@@ -165,6 +165,7 @@ impl Cluster {
     }
 
     pub(crate) fn replace(&self, map: PlacementMap) {
+        self.link().expect_peers(&map.addrs);
         *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
         self.updates.send_modify(|n| *n += 1);
     }

@@ -49,7 +49,12 @@ fn check(fault: &str) {
     let exposed = r["faulted"]["exposed"].as_i64().unwrap();
     assert!(extra <= exposed, "{extra} extra conversions, {exposed} exposed: {r}");
     let (cold, allowed) = (r["extra_cold_secs"].as_f64().unwrap(), r["allowed_secs"].as_f64().unwrap());
-    assert!(cold > 0.0, "the fault cost nothing, so it did not happen: {r}");
+    // The fault happened: its thread read the node's counters and applied
+    // it (a failed signal or link change ends the run with an error). Its
+    // cost in time is not a proof: a debug build's fault-free cold epoch
+    // on two shared cores varies by several seconds (20.2 s and 24.4 s in
+    // one CI run), more than a partition of 6 s may cost.
+    assert!(r["faulted"]["exposed"].as_u64().is_some_and(|e| e > 0), "the fault exposed nothing: {r}");
     assert!(cold <= allowed + 3.0, "+{cold:.1} s of cold epoch, {allowed:.1} s allowed: {r}");
 }
 

@@ -319,4 +319,17 @@ fn a_restarted_node_opens_the_older_version_a_resumed_job_pinned() {
     let tail: Vec<Vec<u8>> =
         resumed.resume_from(&state).expect("resume").map(|b| b.expect("batch").tensor_bytes(0).to_vec()).collect();
     assert_eq!(tail, whole[10..], "the rest of the epoch, from the version the job pinned");
+
+    // A version the coordinator never registered is refused as soon as it
+    // says so (not after the describe's 10 s wait).
+    let unknown = granary_proto::DatasetVersion([0xAB; 16]);
+    let started = std::time::Instant::now();
+    match Loader::connect(c.socket(1), LoaderConfig { version: Some(unknown), ..LoaderConfig::resuming(&state) }) {
+        Err(granary_client::ClientError::VersionGone { version, current, .. }) => {
+            assert_eq!((version, current), (unknown, Some(now)))
+        }
+        Err(e) => panic!("expected VersionGone, got {e}"),
+        Ok(_) => panic!("a version nobody registered was served"),
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", started.elapsed());
 }

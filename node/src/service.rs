@@ -93,6 +93,9 @@ struct Inner {
     wanted_added: tokio::sync::Notify,
     /// Counts the follower's answers to `wanted`.
     wanted_answered: tokio::sync::watch::Sender<u64>,
+    /// Of the versions the follower was last asked for, those the
+    /// coordinator does not know: a describe waiting on one returns at once.
+    wanted_gone: Mutex<Vec<(String, DatasetVersion)>>,
 }
 
 /// How long a trainer's describe of a pinned version waits for the
@@ -170,6 +173,7 @@ impl Node {
                 wanted: Mutex::new(Vec::new()),
                 wanted_added: tokio::sync::Notify::new(),
                 wanted_answered: tokio::sync::watch::Sender::new(0),
+                wanted_gone: Mutex::new(Vec::new()),
             }),
         };
         for (name, ds) in opened {
@@ -204,8 +208,10 @@ impl Node {
             answered.mark_unchanged();
             self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner()).push((name.to_string(), v));
             self.inner.wanted_added.notify_one();
+            let gone =
+                || self.inner.wanted_gone.lock().unwrap_or_else(|p| p.into_inner()).contains(&(name.to_string(), v));
             let _ = tokio::time::timeout(VERSION_WAIT, async {
-                while self.describe(name, version).is_err() && answered.changed().await.is_ok() {}
+                while answered.changed().await.is_ok() && self.describe(name, version).is_err() && !gone() {}
             })
             .await;
         }
@@ -225,9 +231,10 @@ impl Node {
         }
     }
 
-    /// The follower has answered the versions it took (opened them, or
-    /// learned they are gone).
-    pub(crate) fn wanted_answered(&self) {
+    /// The follower has answered the versions it took: opened them, or
+    /// learned that the coordinator knows none of `gone`.
+    pub(crate) fn wanted_answered(&self, gone: Vec<(String, DatasetVersion)>) {
+        *self.inner.wanted_gone.lock().unwrap_or_else(|p| p.into_inner()) = gone;
         self.inner.wanted_answered.send_modify(|n| *n += 1);
     }
 

@@ -5,8 +5,8 @@
 
 use super::owners::{Cluster, PlacementMap};
 use crate::service::Node;
-use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
-use granary_net::client::CoordinatorClient;
+use granary_net::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
+use granary_net::client::{ClientError, CoordinatorClient};
 use granary_proto::{DatasetVersion, ShardId};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -132,8 +132,8 @@ pub async fn follow_placement(
                 changed = views.changed() => if changed.is_err() { return } else { break },
                 _ = tokio::time::sleep_until(retry_at), if retry => break,
                 wanted = node.wanted_versions() => {
-                    open_pinned(&node, &client, wanted).await;
-                    node.wanted_answered();
+                    let gone = open_pinned(&node, &client, wanted).await;
+                    node.wanted_answered(gone);
                 }
             }
         }
@@ -142,7 +142,13 @@ pub async fn follow_placement(
 
 /// Opens each (name, version) from the coordinator's record of it (every
 /// registered version's manifest is kept), for trainers that pinned it.
-async fn open_pinned(node: &Node, client: &CoordinatorClient, wanted: Vec<(String, DatasetVersion)>) {
+/// Returns those the coordinator does not know.
+async fn open_pinned(
+    node: &Node,
+    client: &CoordinatorClient,
+    wanted: Vec<(String, DatasetVersion)>,
+) -> Vec<(String, DatasetVersion)> {
+    let mut gone = Vec::new();
     for (name, version) in wanted {
         if node.dataset(version).is_ok() {
             continue;
@@ -154,11 +160,13 @@ async fn open_pinned(node: &Node, client: &CoordinatorClient, wanted: Vec<(Strin
                     tracing::warn!(dataset = %name, %version, "cannot serve the pinned version: {e}");
                 }
             }
-            Ok((_, ApiResponse::Failed { message, .. })) => {
-                tracing::info!(dataset = %name, %version, "the coordinator cannot give the pinned version: {message}")
+            Err(ClientError::Failed { kind: FailureKind::NotFound, message, .. }) => {
+                tracing::info!(dataset = %name, %version, "the coordinator has no such version: {message}");
+                gone.push((name, version));
             }
             Ok(_) => tracing::warn!(dataset = %name, %version, "the coordinator answered for another version"),
             Err(e) => tracing::warn!(dataset = %name, %version, "cannot ask for the pinned version: {e}"),
         }
     }
+    gone
 }

@@ -333,3 +333,113 @@ fn a_restarted_node_opens_the_older_version_a_resumed_job_pinned() {
     }
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", started.elapsed());
 }
+
+/// Issue 15: a job pinned to an older version keeps the fabric after a
+/// newer version is registered (the nodes whose trainers follow it hold
+/// it at the coordinator, which keeps it placed), so each of its shards is
+/// read from remote storage once per cluster, not once per node; once no
+/// trainer has used it for the linger and the retention, it is collected
+/// (coordinator state and nodes) and a resume on it is refused. Before,
+/// the older version lost its owners at the new registration and each of
+/// the three nodes read every shard itself (3x the dataset).
+#[test]
+fn a_job_pinned_to_an_older_version_reads_it_once_per_cluster_until_it_is_collected() {
+    use granary_client::{ChunkSource, ClientError, Loader, LoaderConfig, LocalSource};
+    use granary_net::api::VersionStatus;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = dataset(tmp.path());
+    let spec = LocalClusterSpec {
+        nodes: 3,
+        prefetch_bytes: 0,
+        hold_linger_ms: Some(500),
+        version_retention_s: Some(2),
+        ..LocalClusterSpec::default()
+    };
+    let c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let ids = c.node_ids();
+    let cfg = |version| LoaderConfig { seed: 3, version, ..LoaderConfig::new("ads", 500) };
+    // One trainer per node follows the current version (v1) without
+    // reading anything yet: each node holds v1.
+    let holders: Vec<LocalSource> = ids
+        .iter()
+        .map(|&id| {
+            let src = LocalSource::connect(c.socket(id)).expect("connect");
+            let v1 = src.describe("ads", None).expect("describe").version;
+            src.follow(v1, &cfg(Some(v1)).params(0)).expect("follow");
+            src
+        })
+        .collect();
+    let v1 = holders[0].describe("ads", None).expect("describe").version;
+    let wait = |what: &str, ok: &dyn Fn(&[granary_net::api::VersionSummary]) -> bool| {
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            let list = c.datasets().expect("dataset ls");
+            if ok(&list[0].version_list) {
+                return list;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {:?}", list[0].version_list);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait("v1 held by the three nodes", &|l| l.len() == 1 && l[0].held_by.len() == 3);
+    let more = tmp.path().join("more");
+    let spec2 = GenSpec { seed: 8, rows: 3_000, files: 2, row_group_rows: 500, ..GenSpec::default() };
+    datagen::generate(&more, &spec2, |_| {}).expect("generate");
+    c.add_dataset("ads", &more).expect("register a new version of ads");
+    let list = wait("v1 held and placed, v2 current", &|l| {
+        l.len() == 2
+            && l[0].version == v1
+            && matches!(&l[0].state, VersionStatus::Held { nodes } if nodes.len() == 3)
+            && l[1].state == VersionStatus::Current
+    });
+    let source_bytes_v1: u64 = std::fs::read_dir(&data)
+        .expect("data")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+        .map(|e| e.metadata().expect("metadata").len())
+        .sum();
+    assert_eq!(list[0].version_list[0].rows, 24_000);
+    // Every node knows the owners of both versions.
+    c.wait_placement(&ids, 3, 2, TIMEOUT).expect("placement of v1 and v2");
+
+    // Each node's rank reads the whole of v1.
+    let before = c.total_stats().expect("stats");
+    let mut whole: Option<Vec<Vec<u8>>> = None;
+    for &id in &ids {
+        let loader = Loader::connect(c.socket(id), cfg(Some(v1))).expect("loader on v1");
+        assert_eq!(loader.version(), v1);
+        let batches: Vec<Vec<u8>> =
+            loader.epoch(0).expect("epoch").map(|b| b.expect("batch").tensor_bytes(0).to_vec()).collect();
+        match &whole {
+            None => whole = Some(batches),
+            Some(w) => assert_eq!(&batches, w, "node {id} gave other batches"),
+        }
+    }
+    let after = c.total_stats().expect("stats");
+    let read = after.remote_bytes - before.remote_bytes;
+    assert!(
+        read as f64 <= 1.1 * source_bytes_v1 as f64,
+        "three nodes read v1 {:.2}x its size from remote storage (once per cluster is ~1x)",
+        read as f64 / source_bytes_v1 as f64
+    );
+    assert!(after.peer_fetched > before.peer_fetched, "v1's chunks moved between nodes");
+
+    // Nobody uses v1 any more: after the linger and the retention it is
+    // collected, and a job resuming on it is told it is gone.
+    drop(holders);
+    wait("v1 collected", &|l| l.len() == 1 && l[0].version != v1);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        match Loader::connect(c.socket(1), cfg(Some(v1))) {
+            Err(ClientError::VersionGone { version, .. }) => {
+                assert_eq!(version, v1);
+                break;
+            }
+            Err(e) => panic!("expected VersionGone, got {e}"),
+            Ok(_) => {
+                assert!(std::time::Instant::now() < deadline, "node 1 still serves the collected version");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}

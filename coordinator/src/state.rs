@@ -18,7 +18,7 @@ use crate::types::{Command, CommandResult};
 use granary_proto::placement::{NodeWeight, plan_placement, plan_rebalance, shard_key};
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One registered version of a dataset.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
@@ -29,6 +29,21 @@ pub struct VersionRecord {
     pub view: View,
     /// The manifest.
     pub manifest: Manifest,
+    /// Nodes whose trainers use this version, by their latest
+    /// [`Command::HoldVersions`] (live incarnations only: an expiry or a
+    /// new registration drops a node's holds).
+    #[serde(default)]
+    pub held_by: BTreeSet<NodeId>,
+    /// Owner of every shard, in manifest order, while this version is not
+    /// the current one and a node holds it (empty otherwise: the current
+    /// version's owners are [`ClusterState::owners`]).
+    #[serde(default)]
+    pub owners: Vec<NodeId>,
+    /// When a [`Command::CollectVersions`] first found this version neither
+    /// current nor held (the leader's clock, ms since the Unix epoch); it is
+    /// collected once the retention has passed since.
+    #[serde(default)]
+    pub unused_since_ms: Option<u64>,
 }
 
 impl VersionRecord {
@@ -50,6 +65,28 @@ impl DatasetRecord {
     pub fn current(&self) -> Option<&VersionRecord> {
         self.versions.last()
     }
+
+    /// The versions before the current one, oldest first.
+    pub fn older(&self) -> &[VersionRecord] {
+        let n = self.versions.len().saturating_sub(1);
+        &self.versions[..n]
+    }
+}
+
+/// What a version is to the cluster (see [`ClusterState::version_state`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum VersionState {
+    /// The dataset's current version: placed over the live nodes.
+    Current,
+    /// An older version that trainers on some node still use: placed too.
+    Held,
+    /// An older version nobody uses: not placed, collected once the
+    /// retention has passed since `since_ms` (None until the leader's next
+    /// collection pass marks it).
+    Unused {
+        /// When it was first found unused.
+        since_ms: Option<u64>,
+    },
 }
 
 /// A data node as the cluster knows it.
@@ -113,14 +150,78 @@ impl ClusterState {
                 if record.current().map(|v| v.version) == Some(version) {
                     return CommandResult::DatasetAdded { version, new: false };
                 }
-                // A version seen before (an older one re-added) becomes current again.
-                record.versions.retain(|v| v.version != version);
-                let v = VersionRecord { version, view: view.clone(), manifest: manifest.clone() };
-                let owners = place(&v.shard_keys(), None, &live);
+                // The version that was current keeps its owners while a
+                // node holds it: jobs pinned to it keep the fabric.
+                let previous = self.owners.remove(name).unwrap_or_default();
+                if let Some(old) = record.versions.last_mut() {
+                    old.owners = if old.held_by.is_empty() { Vec::new() } else { previous };
+                }
+                // A version seen before (an older one re-added) becomes
+                // current again, from its owners if it was placed.
+                let mut v = match record.versions.iter().position(|v| v.version == version) {
+                    Some(i) => record.versions.remove(i),
+                    None => VersionRecord {
+                        version,
+                        view: view.clone(),
+                        manifest: manifest.clone(),
+                        held_by: BTreeSet::new(),
+                        owners: Vec::new(),
+                        unused_since_ms: None,
+                    },
+                };
+                let before = std::mem::take(&mut v.owners);
+                let owners = place(&v.shard_keys(), Some(&before).filter(|b| !b.is_empty()).map(|b| &b[..]), &live);
+                v.unused_since_ms = None;
                 record.versions.push(v);
                 self.owners.insert(name.clone(), owners);
                 self.handed_from.remove(name);
                 CommandResult::DatasetAdded { version, new: true }
+            }
+            Command::HoldVersions { node, incarnation, versions } => {
+                if !self.nodes.get(node).is_some_and(|r| r.live && r.incarnation == *incarnation) {
+                    return CommandResult::VersionsHeld { unknown: Vec::new(), stale: true };
+                }
+                let wanted: BTreeSet<(&str, DatasetVersion)> = versions.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+                let mut found = BTreeSet::new();
+                for (name, record) in &mut self.datasets {
+                    for v in &mut record.versions {
+                        if wanted.contains(&(name.as_str(), v.version)) {
+                            found.insert((name.as_str(), v.version));
+                            if v.held_by.insert(*node) {
+                                v.unused_since_ms = None;
+                            }
+                        } else {
+                            v.held_by.remove(node);
+                        }
+                    }
+                }
+                let unknown = wanted.difference(&found).map(|&(n, v)| (n.to_string(), v)).collect::<Vec<_>>();
+                self.place_older();
+                CommandResult::VersionsHeld { unknown, stale: false }
+            }
+            Command::CollectVersions { now_ms, retention_ms } => {
+                let mut collected = Vec::new();
+                for (name, record) in &mut self.datasets {
+                    let current = record.current().map(|v| v.version);
+                    record.versions.retain_mut(|v| {
+                        if Some(v.version) == current || !v.held_by.is_empty() {
+                            v.unused_since_ms = None;
+                            return true;
+                        }
+                        match v.unused_since_ms {
+                            None => {
+                                v.unused_since_ms = Some(*now_ms);
+                                true
+                            }
+                            Some(since) if now_ms.saturating_sub(since) >= *retention_ms => {
+                                collected.push((name.clone(), v.version));
+                                false
+                            }
+                            Some(_) => true,
+                        }
+                    });
+                }
+                CommandResult::VersionsCollected { collected }
             }
             Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
                 if let Some(r) = self.nodes.get(node)
@@ -136,6 +237,9 @@ impl ClusterState {
                 }
                 self.next_incarnation += 1;
                 let incarnation = self.next_incarnation;
+                // A new incarnation is a new process: its trainers (and so
+                // its holds) are gone with the old one.
+                self.drop_holds(*node);
                 self.nodes.insert(
                     *node,
                     NodeRecord {
@@ -154,6 +258,7 @@ impl ClusterState {
             Command::ExpireNode { node, incarnation } => match self.nodes.get_mut(node) {
                 Some(r) if r.live && r.incarnation == *incarnation => {
                     r.live = false;
+                    self.drop_holds(*node);
                     self.placement_epoch += 1;
                     self.replace_all();
                     CommandResult::NodeExpired { placement_epoch: Some(self.placement_epoch) }
@@ -172,6 +277,78 @@ impl ClusterState {
     /// order (empty while no node is live).
     pub fn owners(&self, dataset: &str) -> &[NodeId] {
         self.owners.get(dataset).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The owner of every shard of `version` of `dataset`, in manifest
+    /// order: the current version's, or a held older version's (empty for
+    /// an unknown or unused version, or while no node is live).
+    pub fn owners_of(&self, dataset: &str, version: DatasetVersion) -> &[NodeId] {
+        let Some(record) = self.datasets.get(dataset) else { return &[] };
+        match record.current() {
+            Some(c) if c.version == version => self.owners(dataset),
+            _ => record.older().iter().find(|v| v.version == version).map(|v| &v.owners[..]).unwrap_or(&[]),
+        }
+    }
+
+    /// What `version` of `dataset` is to the cluster; None if unknown.
+    pub fn version_state(&self, dataset: &str, version: DatasetVersion) -> Option<VersionState> {
+        let record = self.datasets.get(dataset)?;
+        if record.current()?.version == version {
+            return Some(VersionState::Current);
+        }
+        let v = record.older().iter().find(|v| v.version == version)?;
+        Some(if v.held_by.is_empty() {
+            VersionState::Unused { since_ms: v.unused_since_ms }
+        } else {
+            VersionState::Held
+        })
+    }
+
+    /// Every older version a node holds, as (dataset, version): placed like
+    /// the current ones.
+    pub fn held_versions(&self) -> Vec<(String, DatasetVersion)> {
+        let mut out = Vec::new();
+        for (name, record) in &self.datasets {
+            out.extend(record.older().iter().filter(|v| !v.held_by.is_empty()).map(|v| (name.clone(), v.version)));
+        }
+        out
+    }
+
+    /// Whether [`Command::CollectVersions`] at `now_ms` would change
+    /// anything: a version to mark unused, or one whose retention has
+    /// passed. The leader proposes the command only then.
+    pub fn collection_due(&self, now_ms: u64, retention_ms: u64) -> bool {
+        self.datasets.values().any(|r| {
+            r.older().iter().any(|v| {
+                v.held_by.is_empty()
+                    && v.unused_since_ms.is_none_or(|since| now_ms.saturating_sub(since) >= retention_ms)
+            })
+        })
+    }
+
+    /// Drops every hold of `node`.
+    fn drop_holds(&mut self, node: NodeId) {
+        for record in self.datasets.values_mut() {
+            for v in &mut record.versions {
+                v.held_by.remove(&node);
+            }
+        }
+    }
+
+    /// Places every held older version that is not placed yet, and unplaces
+    /// those nobody holds any more.
+    fn place_older(&mut self) {
+        let live = self.live_nodes();
+        for record in self.datasets.values_mut() {
+            let n = record.versions.len().saturating_sub(1);
+            for v in &mut record.versions[..n] {
+                if v.held_by.is_empty() {
+                    v.owners.clear();
+                } else if v.owners.is_empty() {
+                    v.owners = place(&v.shard_keys(), None, &live);
+                }
+            }
+        }
     }
 
     /// Per shard of a dataset's current version, the node it was handed
@@ -193,9 +370,21 @@ impl ClusterState {
         out
     }
 
-    /// Re-places every dataset after a membership change.
+    /// Re-places every dataset after a membership change (current
+    /// versions and held older ones).
     fn replace_all(&mut self) {
         let live = self.live_nodes();
+        for record in self.datasets.values_mut() {
+            let n = record.versions.len().saturating_sub(1);
+            for v in &mut record.versions[..n] {
+                v.owners = if v.held_by.is_empty() {
+                    Vec::new()
+                } else {
+                    let prev = std::mem::take(&mut v.owners);
+                    place(&v.shard_keys(), Some(&prev).filter(|p| !p.is_empty()).map(|p| &p[..]), &live)
+                };
+            }
+        }
         for (name, record) in &self.datasets {
             let Some(v) = record.current() else { continue };
             let previous = self.owners.get(name).map(Vec::as_slice);
@@ -353,6 +542,147 @@ mod tests {
         assert_ne!(v1, v2);
         assert_eq!(s.datasets["d"].versions.len(), 2);
         assert_eq!(s.datasets["d"].current().map(|v| v.version), Some(v2));
+    }
+
+    fn hold(s: &mut ClusterState, node: u64, versions: &[DatasetVersion]) -> CommandResult {
+        let incarnation = s.nodes[&NodeId(node)].incarnation;
+        let versions = versions.iter().map(|&v| ("d".to_string(), v)).collect();
+        s.apply(&Command::HoldVersions { node: NodeId(node), incarnation, versions })
+    }
+
+    fn add(s: &mut ClusterState, files: usize) -> DatasetVersion {
+        match s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(files) }) {
+            CommandResult::DatasetAdded { version, .. } => version,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_held_version_keeps_its_owners_when_a_newer_one_is_added_and_an_unheld_one_loses_them() {
+        let mut s = ClusterState::default();
+        for id in 1..=3 {
+            register(&mut s, id);
+        }
+        let v1 = add(&mut s, 10);
+        let owners_v1 = s.owners("d").to_vec();
+        assert_eq!(hold(&mut s, 2, &[v1]), CommandResult::VersionsHeld { unknown: vec![], stale: false });
+        let v2 = add(&mut s, 12);
+        assert_eq!(s.owners_of("d", v1), &owners_v1[..], "the held version kept its placement, unmoved");
+        assert_eq!(s.owners_of("d", v2).len(), 48);
+        assert_eq!(s.version_state("d", v1), Some(VersionState::Held));
+        assert_eq!(s.held_versions(), vec![("d".to_string(), v1)]);
+        // Node 2 stops holding it (its trainers are gone): unplaced.
+        hold(&mut s, 2, &[v2]);
+        assert!(s.owners_of("d", v1).is_empty());
+        assert_eq!(s.version_state("d", v1), Some(VersionState::Unused { since_ms: None }));
+        // Held again by another node: placed afresh over the live nodes.
+        hold(&mut s, 3, &[v1]);
+        assert_eq!(s.owners_of("d", v1).len(), 40);
+        // Node 2 holds v2 when v3 comes: v2 keeps its owners; once nobody
+        // holds it, it has none.
+        let owners_v2 = s.owners("d").to_vec();
+        let v3 = add(&mut s, 14);
+        assert_eq!(s.owners_of("d", v2), &owners_v2[..]);
+        hold(&mut s, 2, &[]);
+        assert!(s.owners_of("d", v2).is_empty());
+        assert_eq!(s.version_state("d", v3), Some(VersionState::Current));
+        let v4 = add(&mut s, 16);
+        assert!(s.owners_of("d", v3).is_empty(), "an unheld current version replaced by a newer one is unplaced");
+        assert_eq!(s.owners_of("d", v4).len(), 64);
+        // Replicas agree, and a state from before these fields decodes.
+        let again: ClusterState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(again, s);
+    }
+
+    #[test]
+    fn holds_end_with_the_incarnation_and_a_held_version_moves_only_the_leavers_shards() {
+        let mut s = ClusterState::default();
+        for id in 1..=4 {
+            register(&mut s, id);
+        }
+        let v1 = add(&mut s, 50);
+        hold(&mut s, 1, &[v1]);
+        hold(&mut s, 4, &[v1]);
+        add(&mut s, 51);
+        let before = s.owners_of("d", v1).to_vec();
+        let inc = s.nodes[&NodeId(3)].incarnation;
+        s.apply(&Command::ExpireNode { node: NodeId(3), incarnation: inc });
+        let after = s.owners_of("d", v1).to_vec();
+        assert_eq!(after.len(), 200);
+        for (&b, &a) in before.iter().zip(&after) {
+            if b != NodeId(3) {
+                assert_eq!(a, b, "a shard of a surviving node moved");
+            } else {
+                assert_ne!(a, NodeId(3));
+            }
+        }
+        // Node 4 expires: its hold goes with it; node 1 still holds.
+        let inc = s.nodes[&NodeId(4)].incarnation;
+        s.apply(&Command::ExpireNode { node: NodeId(4), incarnation: inc });
+        assert_eq!(s.datasets["d"].versions[0].held_by, BTreeSet::from([NodeId(1)]));
+        // Node 1 registers again (a restart): its old process's holds end.
+        register(&mut s, 1);
+        assert_eq!(s.version_state("d", v1), Some(VersionState::Unused { since_ms: None }));
+        assert!(s.owners_of("d", v1).is_empty());
+        // A hold from an incarnation that is not live changes nothing.
+        let inc = s.nodes[&NodeId(1)].incarnation;
+        assert_eq!(
+            s.apply(&Command::HoldVersions { node: NodeId(1), incarnation: inc - 1, versions: vec![("d".into(), v1)] }),
+            CommandResult::VersionsHeld { unknown: vec![], stale: true }
+        );
+        assert_eq!(s.version_state("d", v1), Some(VersionState::Unused { since_ms: None }));
+    }
+
+    #[test]
+    fn an_unused_version_is_collected_after_the_retention_and_a_held_or_current_one_never() {
+        let mut s = ClusterState::default();
+        register(&mut s, 1);
+        let v1 = add(&mut s, 2);
+        let v2 = add(&mut s, 3);
+        let v3 = add(&mut s, 4);
+        hold(&mut s, 1, &[v2]);
+        let collect =
+            |s: &mut ClusterState, now_ms| match s.apply(&Command::CollectVersions { now_ms, retention_ms: 1000 }) {
+                CommandResult::VersionsCollected { collected } => collected,
+                other => panic!("{other:?}"),
+            };
+        assert!(s.collection_due(0, 1000), "v1 is not marked yet");
+        assert!(collect(&mut s, 5000).is_empty(), "the first pass only marks");
+        assert_eq!(s.version_state("d", v1), Some(VersionState::Unused { since_ms: Some(5000) }));
+        assert!(!s.collection_due(5999, 1000));
+        assert!(s.collection_due(6000, 1000));
+        // Used again before its retention ends: the mark is cleared.
+        hold(&mut s, 1, &[v1, v2]);
+        assert_eq!(s.version_state("d", v1), Some(VersionState::Held));
+        assert!(!s.collection_due(1 << 40, 1000), "nothing unused");
+        hold(&mut s, 1, &[v2]);
+        assert!(collect(&mut s, 7000).is_empty());
+        assert_eq!(collect(&mut s, 8000), vec![("d".to_string(), v1)]);
+        assert_eq!(s.version_state("d", v1), None);
+        assert_eq!(s.version_state("d", v2), Some(VersionState::Held));
+        assert_eq!(s.version_state("d", v3), Some(VersionState::Current));
+        assert_eq!(s.datasets["d"].versions.len(), 2);
+        // Holding a collected version names it as unknown.
+        assert_eq!(
+            hold(&mut s, 1, &[v1, v2]),
+            CommandResult::VersionsHeld { unknown: vec![("d".to_string(), v1)], stale: false }
+        );
+    }
+
+    #[test]
+    fn a_state_written_before_holds_existed_decodes_with_none() {
+        let mut s = ClusterState::default();
+        register(&mut s, 1);
+        add(&mut s, 2);
+        let mut json: serde_json::Value = serde_json::to_value(&s).unwrap();
+        for v in json["datasets"]["d"]["versions"].as_array_mut().unwrap() {
+            let o = v.as_object_mut().unwrap();
+            o.remove("held_by");
+            o.remove("owners");
+            o.remove("unused_since_ms");
+        }
+        let old: ClusterState = serde_json::from_value(json).unwrap();
+        assert_eq!(old, s);
     }
 
     #[test]

@@ -57,6 +57,27 @@ pub enum Command {
         /// unaffected.
         incarnation: u64,
     },
+    /// The versions trainers on `node` use (the whole set, replacing the
+    /// node's earlier holds). A held version that is not current keeps a
+    /// placement, so jobs pinned to it keep reading through the fabric,
+    /// and is never collected.
+    HoldVersions {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation; holds of an incarnation that is not live are
+        /// ignored.
+        incarnation: u64,
+        /// (dataset, version) pairs.
+        versions: Vec<(String, DatasetVersion)>,
+    },
+    /// The leader's collection pass: marks older versions nobody holds as
+    /// unused at `now_ms`, and removes those unused for `retention_ms`.
+    CollectVersions {
+        /// The leader's clock (ms since the Unix epoch).
+        now_ms: u64,
+        /// How long an unused version is kept.
+        retention_ms: u64,
+    },
 }
 
 /// What applying a [`Command`] returned.
@@ -81,6 +102,19 @@ pub enum CommandResult {
     NodeExpired {
         /// The new placement epoch, if one started.
         placement_epoch: Option<u64>,
+    },
+    /// `HoldVersions` applied.
+    VersionsHeld {
+        /// Pairs the node named that the cluster does not know (never
+        /// registered, or collected).
+        unknown: Vec<(String, DatasetVersion)>,
+        /// True when the incarnation was not live: nothing changed.
+        stale: bool,
+    },
+    /// `CollectVersions` applied: the versions it removed.
+    VersionsCollected {
+        /// (dataset, version) pairs removed.
+        collected: Vec<(String, DatasetVersion)>,
     },
     /// Membership changes and blank entries carry no command.
     None,

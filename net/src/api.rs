@@ -57,11 +57,24 @@ pub enum ApiRequest {
         #[serde(default)]
         version: Option<granary_proto::DatasetVersion>,
     },
-    /// Which node owns each shard of a dataset's current version
-    /// (linearizable).
+    /// Which node owns each shard of a dataset's current version, or of a
+    /// held older one (linearizable).
     DescribePlacement {
         /// Name.
         name: String,
+        /// An older version a node holds; `None`: the current one.
+        #[serde(default)]
+        version: Option<DatasetVersion>,
+    },
+    /// The versions trainers on a node use (the whole set): the
+    /// coordinator keeps them placed and never collects them while held.
+    HoldVersions {
+        /// The node.
+        node: NodeId,
+        /// The incarnation the node holds.
+        incarnation: u64,
+        /// (dataset, version) pairs.
+        versions: Vec<(String, DatasetVersion)>,
     },
     /// Leader, term, voters, nodes and their leases, placement epoch,
     /// shards per node.
@@ -84,6 +97,7 @@ impl ApiRequest {
             Self::ListDatasets => "list-datasets",
             Self::DescribeDataset { .. } => "describe-dataset",
             Self::DescribePlacement { .. } => "describe-placement",
+            Self::HoldVersions { .. } => "hold-versions",
             Self::Status => "status",
             Self::WatchPlacement { .. } => "watch-placement",
         }
@@ -94,7 +108,7 @@ impl ApiRequest {
     /// read.
     pub fn allowed(&self, role: Role) -> bool {
         match self {
-            Self::RegisterNode { .. } | Self::Heartbeat { .. } => role == Role::Node,
+            Self::RegisterNode { .. } | Self::Heartbeat { .. } | Self::HoldVersions { .. } => role == Role::Node,
             Self::AddDataset { .. } => role == Role::Admin,
             Self::ListDatasets
             | Self::DescribeDataset { .. }
@@ -124,6 +138,46 @@ pub struct DatasetSummary {
     pub rows: u64,
     /// Total source bytes.
     pub source_bytes: u64,
+    /// Every registered version, oldest first (the last is current).
+    /// Absent from older coordinators.
+    #[serde(default)]
+    pub version_list: Vec<VersionSummary>,
+}
+
+/// One registered version of a dataset, as listed.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct VersionSummary {
+    /// The version.
+    pub version: DatasetVersion,
+    /// What it is to the cluster.
+    pub state: VersionStatus,
+    /// Nodes whose trainers follow it (current or older).
+    #[serde(default)]
+    pub held_by: Vec<NodeId>,
+    /// Rows.
+    pub rows: u64,
+    /// Files.
+    pub files: usize,
+}
+
+/// What a registered version is to the cluster.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum VersionStatus {
+    /// The current version (new jobs get it).
+    Current,
+    /// An older version that trainers on these nodes use: placed, so it is
+    /// read once per cluster, and kept.
+    Held {
+        /// The nodes whose trainers use it.
+        nodes: Vec<NodeId>,
+    },
+    /// An older version nobody uses: not placed; collected at
+    /// `collect_at_ms` (ms since the Unix epoch; None until the leader's
+    /// next collection pass marks it).
+    Unused {
+        /// When it will be collected.
+        collect_at_ms: Option<u64>,
+    },
 }
 
 /// A node as reported by status and the placement watch.
@@ -195,6 +249,16 @@ pub struct PlacementView {
     pub nodes: Vec<NodeStatus>,
     /// Current version of every dataset.
     pub datasets: Vec<(String, DatasetVersion)>,
+    /// Older versions that trainers still use (placed like the current
+    /// ones). Absent from older coordinators.
+    #[serde(default)]
+    pub held: Vec<(String, DatasetVersion)>,
+    /// Every registered version that is not current (held or not); a node
+    /// drops a version it serves that is in neither this list nor
+    /// `datasets` (the coordinator collected it). None from older
+    /// coordinators: nothing is dropped.
+    #[serde(default)]
+    pub older: Option<Vec<(String, DatasetVersion)>>,
 }
 
 /// The owner of every shard of a dataset version, in manifest order.
@@ -251,6 +315,12 @@ pub enum ApiResponse {
     HeartbeatAccepted {
         /// Current placement epoch.
         placement_epoch: u64,
+    },
+    /// `HoldVersions` committed (or changed nothing).
+    VersionsHeld {
+        /// Pairs named that the cluster does not know (collected, or never
+        /// registered).
+        unknown: Vec<(String, DatasetVersion)>,
     },
     /// The heartbeating incarnation is no longer live: register again.
     LeaseLost {
@@ -309,6 +379,11 @@ mod tests {
         }
         for r in Role::ALL {
             assert!(ApiRequest::Status.allowed(r));
+        }
+        let hold = ApiRequest::HoldVersions { node: NodeId(1), incarnation: 1, versions: vec![] };
+        assert!(hold.allowed(Role::Node));
+        for r in [Role::Trainer, Role::Admin, Role::Coordinator] {
+            assert!(!hold.allowed(r), "{r} may not hold versions");
         }
     }
 

@@ -21,6 +21,7 @@
 //! - [`fabric`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC;
 //!   its decisions (fetch route, stall clock) are pure cores in it.
 //! - `flight` — single-flight admission (pure).
+//! - `holds` — the versions this node's trainers use, held at the coordinator (pure core).
 //! - `prefetch` — the prefetch window along a rank's plan (pure).
 //! - [`error`] — error types.
 //! - [`decide`] — the pure decision cores above, exported for the chaos
@@ -44,6 +45,7 @@ pub mod embedded;
 pub mod error;
 pub mod fabric;
 mod flight;
+mod holds;
 mod load;
 mod membership;
 mod prefetch;

@@ -25,6 +25,7 @@ use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
 use crate::fabric::route::{AfterPermit, FooterAnswer, Route, Step, after_permit, answer_footer};
 use crate::flight::{Admission, Asker, InFlight, admit};
+use crate::holds::{HoldRegistry, VersionUse};
 use crate::load;
 use crate::prefetch::{PrefetchWindow, plan_order};
 use crate::remote::{Remote, RemoteCounters, Throttle};
@@ -96,6 +97,9 @@ struct Inner {
     /// Of the versions the follower was last asked for, those the
     /// coordinator does not know: a describe waiting on one returns at once.
     wanted_gone: Mutex<Vec<(String, DatasetVersion)>>,
+    /// The versions this node's trainers follow (a cluster node holds them
+    /// at the coordinator).
+    holds: Arc<HoldRegistry>,
 }
 
 /// How long a trainer's describe of a pinned version waits for the
@@ -174,6 +178,7 @@ impl Node {
                 wanted_added: tokio::sync::Notify::new(),
                 wanted_answered: tokio::sync::watch::Sender::new(0),
                 wanted_gone: Mutex::new(Vec::new()),
+                holds: Arc::new(HoldRegistry::default()),
             }),
         };
         for (name, ds) in opened {
@@ -252,6 +257,36 @@ impl Node {
         tracing::info!(dataset = %name, %version, "serving a pinned version");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
         Ok(version)
+    }
+
+    /// Every (dataset, version) this node serves by version.
+    pub(crate) fn served_versions(&self) -> Vec<(String, DatasetVersion)> {
+        let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
+        by_version.iter().map(|(v, d)| (d.name.clone(), *v)).collect()
+    }
+
+    /// Stops serving `version` of dataset `name`, which the coordinator
+    /// collected (no trainer used it for the retention), and drops its
+    /// chunks from RAM, SSD and the guest area. A version that is some
+    /// name's current one, or that trainers here follow, is kept. Returns
+    /// whether it was dropped.
+    pub(crate) fn close_version(&self, name: &str, version: DatasetVersion) -> bool {
+        let current =
+            self.inner.datasets.read().unwrap_or_else(|p| p.into_inner()).values().any(|d| d.version == version);
+        let used = self.inner.holds.in_use(&(name.to_string(), version));
+        if current || used {
+            return false;
+        }
+        let Some(ds) = self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).remove(&version) else {
+            return false;
+        };
+        for s in ds.manifest.shards() {
+            let key = ChunkKey { version, shard: s.shard };
+            self.inner.tier.remove(key);
+            self.inner.guests.remove(key);
+        }
+        tracing::info!(dataset = %name, %version, "the coordinator collected this version: chunks dropped");
+        true
     }
 
     /// After a placement update: a load that a peer waits on, and that asks
@@ -370,6 +405,11 @@ impl Node {
             guest_bytes: self.inner.guests.usage_bytes(),
             loads_in_flight: self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
         }
+    }
+
+    /// The versions this node's trainers follow.
+    pub(crate) fn holds(&self) -> Arc<HoldRegistry> {
+        self.inner.holds.clone()
     }
 
     /// Joins a cluster: from now on a shard another live node owns is
@@ -906,7 +946,8 @@ impl Node {
             ds.chunk_len(s).unwrap_or(0) as u64
         })?;
         let window = PrefetchWindow::new(order, self.inner.prefetch_bytes, self.inner.guests.capacity_bytes());
-        let mut f = Follower { node: self.clone(), version, window };
+        let used = self.inner.holds.use_version((ds.name.clone(), version));
+        let mut f = Follower { node: self.clone(), version, window, _used: used };
         f.top_up();
         Ok(f)
     }
@@ -961,6 +1002,8 @@ pub struct Follower {
     node: Node,
     version: DatasetVersion,
     window: PrefetchWindow,
+    /// Holds the version while the rank follows it.
+    _used: VersionUse,
 }
 
 impl Follower {

@@ -253,6 +253,11 @@ impl ChunkTier {
         self.cache.contains(&key)
     }
 
+    /// Drops a chunk from RAM and SSD (a collected version's).
+    pub(crate) fn remove(&self, key: ChunkKey) {
+        self.cache.remove(&key);
+    }
+
     /// Whether chunks outlive the process (an SSD tier is configured).
     pub(crate) fn has_ssd(&self) -> bool {
         self.ssd.is_some()
@@ -394,6 +399,11 @@ impl GuestArea {
     /// True when a guest copy of `key` is kept.
     pub(crate) fn contains(&self, key: ChunkKey) -> bool {
         self.cache.contains(&key)
+    }
+
+    /// Drops a guest copy (a collected version's).
+    pub(crate) fn remove(&self, key: ChunkKey) {
+        self.cache.remove(&key);
     }
 
     /// Capacity in bytes.

@@ -58,6 +58,10 @@ pub(crate) struct CoordinatorArgs {
     /// Without it a node needs a certificate bound to its id.
     #[arg(long)]
     allow_unbound_node_certs: bool,
+    /// Seconds an older dataset version that no trainer uses is kept
+    /// before it is collected (coordinator state and nodes' tiers).
+    #[arg(long, default_value_t = 24 * 3600)]
+    version_retention_s: u64,
     /// Print the ready line as JSON.
     #[arg(long)]
     json: bool,
@@ -106,6 +110,7 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     cfg.keep_log_entries = a.keep_log_entries;
     cfg.remote_options = parse_kv(&a.remote_options)?;
     cfg.allow_unbound_node_certs = a.allow_unbound_node_certs;
+    cfg.version_retention = Duration::from_secs(a.version_retention_s);
     // Four workers: Raft, the API and the lease clock keep running while one
     // worker applies a re-placement.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;

@@ -11,7 +11,7 @@
 use super::connect::{ConnectArgs, call, unexpected};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use granary_net::api::{ApiRequest, ApiResponse, DatasetSummary};
+use granary_net::api::{ApiRequest, ApiResponse, DatasetSummary, VersionStatus};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -149,6 +149,31 @@ pub(crate) fn print_datasets(list: &[DatasetSummary]) {
             d.source_bytes as f64 / (1 << 20) as f64,
             d.source
         );
+        if d.version_list.len() > 1 {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|t| t.as_millis() as u64)
+                .unwrap_or(0);
+            for v in &d.version_list {
+                println!("  version {}  {:>12} rows  {}", v.version, v.rows, version_state(&v.state, now_ms));
+            }
+        }
+    }
+}
+
+/// A version's state in words.
+fn version_state(state: &VersionStatus, now_ms: u64) -> String {
+    match state {
+        VersionStatus::Current => "current".into(),
+        VersionStatus::Held { nodes } => {
+            let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+            format!("held by trainers on {} (placed, kept)", nodes.join(", "))
+        }
+        VersionStatus::Unused { collect_at_ms: None } => "unused (collection pending)".into(),
+        VersionStatus::Unused { collect_at_ms: Some(at) } => {
+            let left = at.saturating_sub(now_ms) / 1000;
+            format!("unused, collected in {}h{:02}m{:02}s", left / 3600, left / 60 % 60, left % 60)
+        }
     }
 }
 
@@ -207,7 +232,7 @@ fn registered(cmd: ClusterDatasetCommand) -> Result<()> {
             }
         }
         ClusterDatasetCommand::Placement { name, connect } => {
-            match call(&connect, ApiRequest::DescribePlacement { name })? {
+            match call(&connect, ApiRequest::DescribePlacement { name, version: None })? {
                 ApiResponse::Placement(report) => {
                     if connect.json {
                         println!("{}", serde_json::to_string(&report)?);

@@ -134,7 +134,7 @@ impl RunConfig {
             convert_threads: 1,
             throttle: Some((self.latency_ms, self.bandwidth)),
             lease_ms: self.lease_ms,
-            hosts: Vec::new(),
+            ..LocalClusterSpec::default()
         }
     }
 }

@@ -8,13 +8,15 @@ use super::watch::watch;
 use crate::state::{ClusterState, DatasetRecord, VersionRecord};
 use crate::types::{Command, CommandResult};
 use granary_net::api::{
-    ApiRequest, ApiResponse, ClusterStatus, DatasetSummary, FailureKind, PlacementReport, VoterStatus,
+    ApiRequest, ApiResponse, ClusterStatus, DatasetSummary, FailureKind, PlacementReport, VersionStatus,
+    VersionSummary, VoterStatus,
 };
 use granary_net::frame::{self, FrameError};
 use granary_net::tls::Role;
 use granary_proto::NodeId;
 use granary_source::dataset::Dataset;
 use granary_source::remote::{Remote, RemoteCounters};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,8 +67,13 @@ pub(super) async fn serve_api(
         let _ = send.finish();
         return Ok(());
     }
-    if let (None, Role::Node, ApiRequest::RegisterNode { node, .. } | ApiRequest::Heartbeat { node, .. }) =
-        (bound, role, &req)
+    if let (
+        None,
+        Role::Node,
+        ApiRequest::RegisterNode { node, .. }
+        | ApiRequest::Heartbeat { node, .. }
+        | ApiRequest::HoldVersions { node, .. },
+    ) = (bound, role, &req)
         && !ctx.allow_unbound_node_certs
     {
         tracing::warn!(request = %node, "refused: a node certificate that names no node id");
@@ -83,7 +90,12 @@ pub(super) async fn serve_api(
         let _ = send.finish();
         return Ok(());
     }
-    if let (Some(b), ApiRequest::RegisterNode { node, .. } | ApiRequest::Heartbeat { node, .. }) = (bound, &req)
+    if let (
+        Some(b),
+        ApiRequest::RegisterNode { node, .. }
+        | ApiRequest::Heartbeat { node, .. }
+        | ApiRequest::HoldVersions { node, .. },
+    ) = (bound, &req)
         && *node != b
     {
         tracing::warn!(certificate = %b, request = %node, "refused: a certificate bound to another node");
@@ -104,8 +116,25 @@ pub(super) async fn serve_api(
     Ok(())
 }
 
-fn summary(name: &str, record: &DatasetRecord) -> Option<DatasetSummary> {
+fn summary(name: &str, record: &DatasetRecord, retention_ms: u64) -> Option<DatasetSummary> {
     let v = record.current()?;
+    let version_list = record
+        .versions
+        .iter()
+        .map(|r| VersionSummary {
+            version: r.version,
+            state: if r.version == v.version {
+                VersionStatus::Current
+            } else if !r.held_by.is_empty() {
+                VersionStatus::Held { nodes: r.held_by.iter().copied().collect() }
+            } else {
+                VersionStatus::Unused { collect_at_ms: r.unused_since_ms.map(|s| s.saturating_add(retention_ms)) }
+            },
+            held_by: r.held_by.iter().copied().collect(),
+            rows: r.manifest.total_rows(),
+            files: r.manifest.files.len(),
+        })
+        .collect();
     Some(DatasetSummary {
         name: name.to_string(),
         version: v.version,
@@ -115,11 +144,22 @@ fn summary(name: &str, record: &DatasetRecord) -> Option<DatasetSummary> {
         shards: v.manifest.files.iter().map(|f| f.row_groups.len()).sum(),
         rows: v.manifest.total_rows(),
         source_bytes: v.manifest.total_file_bytes(),
+        version_list,
     })
 }
 
-fn summaries(state: &ClusterState) -> Vec<DatasetSummary> {
-    state.datasets.iter().filter_map(|(n, r)| summary(n, r)).collect()
+fn summaries(state: &ClusterState, retention_ms: u64) -> Vec<DatasetSummary> {
+    state.datasets.iter().filter_map(|(n, r)| summary(n, r, retention_ms)).collect()
+}
+
+/// The (dataset, version) pairs `node` holds in `state` that the state
+/// knows.
+fn holds_of(state: &ClusterState, node: NodeId) -> BTreeSet<(String, granary_proto::DatasetVersion)> {
+    let mut out = BTreeSet::new();
+    for (name, r) in &state.datasets {
+        out.extend(r.versions.iter().filter(|v| v.held_by.contains(&node)).map(|v| (name.clone(), v.version)));
+    }
+    out
 }
 
 fn valid_name(name: &str) -> bool {
@@ -219,14 +259,44 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             };
             let summary = ctx
                 .shared
-                .read(|a| a.cluster.datasets.get(&name).and_then(|r| summary(&name, r)))
+                .read(|a| a.cluster.datasets.get(&name).and_then(|r| summary(&name, r, ctx.retention_ms())))
                 .ok_or_else(|| failed(FailureKind::Internal, format!("dataset {name} missing after commit")))?;
             tracing::info!(dataset = %name, version = %summary.version, new, "dataset added");
             Ok(ApiResponse::DatasetAdded { summary, new })
         }
+        ApiRequest::HoldVersions { node, incarnation, versions } => {
+            if !is_leader(ctx) {
+                return Err(not_leader(ctx));
+            }
+            let (live, same) = ctx.shared.read(|a| {
+                let live = a.cluster.nodes.get(&node).is_some_and(|r| r.live && r.incarnation == incarnation);
+                (live, holds_of(&a.cluster, node) == versions.iter().cloned().collect::<BTreeSet<_>>())
+            });
+            if !live {
+                linearize(ctx).await?;
+                if !ctx
+                    .shared
+                    .read(|a| a.cluster.nodes.get(&node).is_some_and(|r| r.live && r.incarnation == incarnation))
+                {
+                    return Ok(ApiResponse::LeaseLost { node });
+                }
+            } else if same {
+                // Nothing to commit: the log does not grow with repeats.
+                return Ok(ApiResponse::VersionsHeld { unknown: Vec::new() });
+            }
+            let held = versions.len();
+            match write(ctx, Command::HoldVersions { node, incarnation, versions }).await? {
+                CommandResult::VersionsHeld { stale: true, .. } => Ok(ApiResponse::LeaseLost { node }),
+                CommandResult::VersionsHeld { unknown, stale: false } => {
+                    tracing::info!(%node, held, unknown = unknown.len(), "versions held");
+                    Ok(ApiResponse::VersionsHeld { unknown })
+                }
+                other => Err(failed(FailureKind::Internal, format!("hold applied as {other:?}"))),
+            }
+        }
         ApiRequest::ListDatasets => {
             linearize(ctx).await?;
-            Ok(ApiResponse::Datasets(ctx.shared.read(|a| summaries(&a.cluster))))
+            Ok(ApiResponse::Datasets(ctx.shared.read(|a| summaries(&a.cluster, ctx.retention_ms()))))
         }
         ApiRequest::DescribeDataset { name, version } => {
             linearize(ctx).await?;
@@ -236,7 +306,7 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                     None => r.current(),
                     Some(want) => r.versions.iter().find(|v| v.version == want),
                 });
-                match (r.and_then(|r| summary(&name, r)), v) {
+                match (r.and_then(|r| summary(&name, r, ctx.retention_ms())), v) {
                     (Some(summary), Some(v)) => {
                         Ok(ApiResponse::Dataset { summary, manifest: v.manifest.clone(), view: v.view.clone() })
                     }
@@ -248,27 +318,38 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                 }
             })
         }
-        ApiRequest::DescribePlacement { name } => {
+        ApiRequest::DescribePlacement { name, version } => {
             linearize(ctx).await?;
             ctx.shared.read(|a| {
-                let v: &VersionRecord = a
+                let r = a
                     .cluster
                     .datasets
                     .get(&name)
-                    .and_then(|r| r.current())
                     .ok_or_else(|| failed(FailureKind::NotFound, format!("no dataset named {name:?}")))?;
+                let v: &VersionRecord = match version {
+                    None => r.current(),
+                    Some(want) => r.versions.iter().find(|v| v.version == want),
+                }
+                .ok_or_else(|| {
+                    failed(
+                        FailureKind::NotFound,
+                        format!("dataset {name:?} has no version {}", version.map(|v| v.to_hex()).unwrap_or_default()),
+                    )
+                })?;
+                let current = r.current().is_some_and(|c| c.version == v.version);
                 let owners = v
                     .manifest
                     .shards()
                     .iter()
-                    .zip(a.cluster.owners(&name))
+                    .zip(a.cluster.owners_of(&name, v.version))
                     .map(|(s, &o)| (s.shard.file, s.shard.row_group, o))
                     .collect();
+                let handed = if current { a.cluster.handed_from(&name) } else { Vec::new() };
                 let handed_from = v
                     .manifest
                     .shards()
                     .iter()
-                    .zip(a.cluster.handed_from(&name))
+                    .zip(handed)
                     .filter_map(|(s, from)| Some((s.shard.file, s.shard.row_group, from?)))
                     .collect();
                 Ok(ApiResponse::Placement(PlacementReport {
@@ -299,7 +380,7 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                     voters,
                     placement_epoch: a.cluster.placement_epoch,
                     nodes: node_statuses(ctx, &a.cluster, leader),
-                    datasets: summaries(&a.cluster),
+                    datasets: summaries(&a.cluster, ctx.retention_ms()),
                 })
             }))
         }

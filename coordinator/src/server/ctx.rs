@@ -23,6 +23,8 @@ pub(super) struct Ctx {
     pub(super) shared: Arc<Shared>,
     pub(super) lease: Duration,
     pub(super) remote_options: BTreeMap<String, String>,
+    /// How long an older version nobody uses is kept.
+    pub(super) version_retention: Duration,
     /// Whether node certificates without a node id may register.
     pub(super) allow_unbound_node_certs: bool,
     /// The leader's lease table; only the leader's holds clocks.
@@ -40,6 +42,11 @@ impl Ctx {
     /// still holds a consistent table.
     pub(super) fn leases(&self) -> MutexGuard<'_, Leases> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Ctx::version_retention`] in milliseconds.
+    pub(super) fn retention_ms(&self) -> u64 {
+        u64::try_from(self.version_retention.as_millis()).unwrap_or(u64::MAX)
     }
 }
 

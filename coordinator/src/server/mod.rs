@@ -104,6 +104,10 @@ pub struct CoordinatorConfig {
     /// the id it registers as (`granary certs init --nodes N`, or `certs
     /// issue --node-id`), so one leaked key cannot pose as every node.
     pub allow_unbound_node_certs: bool,
+    /// An older dataset version that no node's trainers use is collected
+    /// (removed from the replicated state; nodes drop its chunks) this
+    /// long after the leader first finds it unused. Default 24 h.
+    pub version_retention: Duration,
 }
 
 impl CoordinatorConfig {
@@ -122,6 +126,7 @@ impl CoordinatorConfig {
             keep_log_entries: 100,
             remote_options: BTreeMap::new(),
             allow_unbound_node_certs: false,
+            version_retention: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -239,6 +244,7 @@ impl Coordinator {
             lease: cfg.lease,
             remote_options: cfg.remote_options.clone(),
             allow_unbound_node_certs: cfg.allow_unbound_node_certs,
+            version_retention: cfg.version_retention,
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
             role_connections: Default::default(),
@@ -247,6 +253,7 @@ impl Coordinator {
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));
         tasks.spawn(timers::lease_loop(ctx.clone()));
+        tasks.spawn(timers::collect_loop(ctx.clone()));
         let watchdog = Watchdog::new(
             cfg.id,
             Duration::from_millis(election_max_ms),

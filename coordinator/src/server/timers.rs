@@ -1,8 +1,9 @@
-//! The two timer tasks. Each sleeps until its pure core's next deadline,
+//! The timer tasks. Each sleeps until its pure core's next deadline,
 //! feeds it what Raft and the applied state say at that moment, and carries
-//! out what it decides: the lease loop proposes `ExpireNode`, the election
-//! loop starts an election. The decisions, and their tests, live in
-//! [`crate::leases`] and [`crate::election`].
+//! out what it decides: the lease loop proposes `ExpireNode`, the
+//! collection loop `CollectVersions`, the election loop starts an
+//! election. The decisions, and their tests, live in [`crate::leases`],
+//! [`crate::state`] and [`crate::election`].
 
 use super::ctx::{Ctx, write};
 use crate::election::Watchdog;
@@ -44,6 +45,39 @@ pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
                     ctx.leases().handle_expiry_failed(e);
                 }
             }
+        }
+    }
+}
+
+/// On the leader: collects older dataset versions nobody has used for the
+/// retention ([`crate::state::ClusterState::collection_due`] decides; the
+/// command carries the leader's clock, so applying it reads none). Checks
+/// once a second, and proposes only when the command would change
+/// something.
+pub(super) async fn collect_loop(ctx: Arc<Ctx>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !super::ctx::leads_with_quorum(&ctx) {
+            continue;
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        let retention_ms = ctx.retention_ms();
+        if !ctx.shared.read(|a| a.cluster.collection_due(now_ms, retention_ms)) {
+            continue;
+        }
+        match write(&ctx, Command::CollectVersions { now_ms, retention_ms }).await {
+            Ok(CommandResult::VersionsCollected { collected }) => {
+                for (dataset, version) in collected {
+                    tracing::info!(%dataset, %version, "collected a version nobody used for the retention");
+                }
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!("could not commit a version collection: {err:?}"),
         }
     }
 }

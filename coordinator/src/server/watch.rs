@@ -1,6 +1,6 @@
 //! The placement watch: a stream of [`PlacementView`]s that the leader
-//! pushes to nodes and trainers whenever the placement epoch or a
-//! dataset's current version changes.
+//! pushes to nodes and trainers whenever the placement epoch, a dataset's
+//! current version, or the set of older versions (held or not) changes.
 
 use super::ctx::{Ctx, is_leader, leads_with_quorum, node_statuses, not_leader};
 use granary_net::api::{ApiResponse, PlacementView};
@@ -19,7 +19,8 @@ pub(super) async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::
     }
     let _ = after_revision; // the first view is always sent; watchers drop what they have seen
     let mut changes = ctx.shared.subscribe();
-    let mut last: Option<(u64, Vec<(String, granary_proto::DatasetVersion)>)> = None;
+    type Versions = Vec<(String, granary_proto::DatasetVersion)>;
+    let mut last: Option<(u64, Versions, Versions, Option<Versions>)> = None;
     loop {
         let view = ctx.shared.read(|a| PlacementView {
             revision: a.last_applied.map(|l| l.index).unwrap_or(0),
@@ -31,8 +32,16 @@ pub(super) async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::
                 .iter()
                 .filter_map(|(n, r)| r.current().map(|v| (n.clone(), v.version)))
                 .collect(),
+            held: a.cluster.held_versions(),
+            older: Some(
+                a.cluster
+                    .datasets
+                    .iter()
+                    .flat_map(|(n, r)| r.older().iter().map(move |v| (n.clone(), v.version)))
+                    .collect(),
+            ),
         });
-        let key = (view.placement_epoch, view.datasets.clone());
+        let key = (view.placement_epoch, view.datasets.clone(), view.held.clone(), view.older.clone());
         if last.as_ref() != Some(&key) {
             frame::write_frame(&mut send, &ApiResponse::PlacementChanged(view)).await?;
             last = Some(key);

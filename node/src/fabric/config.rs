@@ -91,6 +91,12 @@ pub struct FabricConfig {
     /// must present a certificate bound to the node id listed there, so a
     /// host holding some node key cannot serve as another node.
     pub allow_unbound_peers: bool,
+    /// How long this node keeps holding a dataset version at the
+    /// coordinator after the last trainer following it left (a rank that
+    /// restarts from its checkpoint within it finds the version still
+    /// placed). Default: 60 s.
+    #[serde(rename = "hold_linger_ms", with = "millis")]
+    pub hold_linger: Duration,
 }
 
 impl Default for FabricConfig {
@@ -111,6 +117,7 @@ impl Default for FabricConfig {
             response_min_bytes_per_sec: 1 << 20,
             open_retry: Duration::from_secs(5),
             allow_unbound_peers: false,
+            hold_linger: Duration::from_secs(60),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Following the coordinator's placement: on every view from the placement
 //! watch, open the datasets the coordinator lists that this node does not
-//! serve yet, then ask for the owners of each dataset version it serves,
-//! and replace what [`Cluster`] knows.
+//! serve yet (current versions, and older ones trainers still hold), then
+//! ask for the owners of each of those versions it serves, and replace
+//! what [`Cluster`] knows.
 
 use super::owners::{Cluster, PlacementMap};
 use crate::service::Node;
@@ -68,6 +69,20 @@ pub async fn follow_placement(
         let mut retry = false;
         if let Some(view) = view {
             retry = !open_listed_datasets(&node, &client, &view).await;
+            // Older versions trainers somewhere still use: this node may own
+            // some of their shards, so it opens them too.
+            let unopened: Vec<_> = view.held.iter().filter(|(_, v)| node.dataset(*v).is_err()).cloned().collect();
+            if !unopened.is_empty() {
+                open_pinned(&node, &client, unopened).await;
+            }
+            if let Some(older) = &view.older {
+                for (name, version) in node.served_versions() {
+                    let known = |l: &[(String, DatasetVersion)]| l.iter().any(|(n, v)| *n == name && *v == version);
+                    if !known(&view.datasets) && !known(older) {
+                        node.close_version(&name, version);
+                    }
+                }
+            }
             if !retry {
                 node.datasets_opened();
             }
@@ -80,11 +95,15 @@ pub async fn follow_placement(
                     Err(e) => tracing::warn!(node = %n.node, addr = %n.addr, "unusable peer address: {e}"),
                 }
             }
-            for (name, version) in &view.datasets {
+            let current = view.datasets.iter().map(|d| (d, false));
+            for ((name, version), held) in current.chain(view.held.iter().map(|d| (d, true))) {
                 if node.dataset(*version).is_err() {
                     continue; // not a version this node serves
                 }
-                match client.call(&ApiRequest::DescribePlacement { name: name.clone() }).await {
+                // The current version is asked for by name, so that an
+                // answer for a newer one is noticed; a held one by version.
+                let ask = ApiRequest::DescribePlacement { name: name.clone(), version: held.then_some(*version) };
+                match client.call(&ask).await {
                     Ok((_, ApiResponse::Placement(report))) if report.version == *version => {
                         let owners = report
                             .owners

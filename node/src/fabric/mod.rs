@@ -15,6 +15,7 @@
 //! - `read` — reading a peer's stream under the stall clock.
 //! - `owners` — [`Cluster`]: what this node knows of placement.
 //! - `follow` — keeping [`Cluster`] current from the coordinator.
+//! - `holds` — telling the coordinator which versions trainers here use.
 //! - `server` — answering other nodes.
 //! - this file — [`ClusterHandle`], a node's part in the cluster.
 //!
@@ -24,6 +25,7 @@
 pub(crate) mod config;
 mod error;
 mod follow;
+mod holds;
 mod link;
 pub(crate) mod owners;
 mod read;
@@ -98,6 +100,18 @@ impl ClusterHandle {
         let addrs = granary_net::client::parse_addrs(&cfg.coordinators)?;
         let client = CoordinatorClient::new(&identity, addrs, granary_net::client::ClientOptions::default())?;
         tasks.spawn(serve(node.clone(), endpoint.clone(), cfg.fabric.clone()));
+        let holds_client = CoordinatorClient::new(
+            &identity,
+            granary_net::client::parse_addrs(&cfg.coordinators)?,
+            Default::default(),
+        )?;
+        tasks.spawn(holds::report_holds(
+            NodeId(cfg.node_id),
+            node.holds(),
+            holds_client,
+            membership.standing(),
+            cfg.fabric.hold_linger,
+        ));
         tasks.spawn(follow_placement(cluster, node.clone(), client, membership.view()));
         tracing::info!(%listen, "serving chunks to peers");
         Ok(Self { membership, endpoint, tasks })

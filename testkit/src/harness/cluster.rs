@@ -45,6 +45,10 @@ pub struct LocalClusterSpec {
     /// loopback): voter i and node i run in host i's namespace, on its
     /// address, at fixed ports ([`VOTER_PORT`], [`PEER_PORT`]).
     pub hosts: Vec<NetHost>,
+    /// Nodes' `[cluster.fabric] hold_linger_ms`; None: the default.
+    pub hold_linger_ms: Option<u64>,
+    /// Voters' `--version-retention-s`; None: the default.
+    pub version_retention_s: Option<u64>,
 }
 
 /// A host made of a network namespace (see `granary_chaos::netns`).
@@ -77,6 +81,8 @@ impl Default for LocalClusterSpec {
             source: None,
             remote: std::collections::BTreeMap::new(),
             hosts: Vec::new(),
+            hold_linger_ms: None,
+            version_retention_s: None,
         }
     }
 }
@@ -201,6 +207,9 @@ impl LocalCluster {
             extra.push("--remote-option".into());
             extra.push(format!("{k}={v}"));
         }
+        if let Some(s) = self.spec.version_retention_s {
+            extra.extend(["--version-retention-s".to_string(), s.to_string()]);
+        }
         let netns = self.spec.hosts.get(i).map(|h| h.netns.clone());
         let p = CoordinatorProcess::spawn_in(
             netns.as_deref(),
@@ -263,6 +272,22 @@ impl LocalCluster {
             let tails: Vec<String> = self.voter_ids().iter().map(|&v| log_tail(&self.voter_log(v))).collect();
             anyhow!("{e:#}\n{}", tails.join("\n"))
         })
+    }
+
+    /// The registered datasets, as `granary dataset ls --json` prints them.
+    pub fn datasets(&self) -> Result<Vec<granary_net::api::DatasetSummary>> {
+        let out = Command::new(&self.exe)
+            .args(["dataset", "ls", "--json", "--cert-name", "admin", "--timeout-ms", "10000"])
+            .args(["--coordinators", &self.coordinators().join(",")])
+            .arg("--certs")
+            .arg(&self.certs)
+            .env("GRANARY_LOG", "warn")
+            .output()
+            .context("running `granary dataset ls`")?;
+        if !out.status.success() {
+            bail!("dataset ls failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        serde_json::from_slice(&out.stdout).context("reading `granary dataset ls --json`")
     }
 
     /// Node ids, 1..=N.
@@ -379,6 +404,9 @@ impl LocalCluster {
             self.peer_addr(id),
             self.peer_listen(id)
         );
+        if let Some(ms) = s.hold_linger_ms {
+            t += &format!("\n[cluster.fabric]\nhold_linger_ms = {ms}\n");
+        }
         // No [[dataset]]: the node opens what the coordinator lists.
         t
     }

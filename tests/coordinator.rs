@@ -42,7 +42,8 @@ impl Cluster {
     fn new(voters: u64, lease_ms: u64) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let certs = tmp.path().join("certs");
-        let out = run(&["certs", "init", "--out", certs.to_str().expect("utf8")]);
+        let voter_count = voters.to_string();
+        let out = run(&["certs", "init", "--out", certs.to_str().expect("utf8"), "--voters", &voter_count]);
         assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
         let specs: Vec<VoterSpec> = (1..=voters)
             .map(|id| VoterSpec {

@@ -168,6 +168,9 @@ pub fn run(
     let tmp = tempfile::tempdir()?;
     let certs = tmp.path().join("certs");
     tls::init_cluster(&certs)?;
+    for id in 1..=opts.voters {
+        tls::issue_bound(&certs, tls::Role::Coordinator, &format!("coordinator-{id}"), Some(id))?;
+    }
     let specs = (1..=opts.voters)
         .map(|id| Ok(VoterSpec { id, addr: reserve_udp_port()?, data_dir: tmp.path().join(format!("voter-{id}")) }))
         .collect::<Result<Vec<_>>>()?;

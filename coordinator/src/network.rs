@@ -93,19 +93,66 @@ pub enum LinkError {
         /// The voter.
         voter: VoterId,
     },
+    /// The peer at the voter's address is not that voter by its
+    /// certificate.
+    #[error("{voter} at {addr}: {reason}")]
+    Identity {
+        /// The voter dialled.
+        voter: VoterId,
+        /// Its address.
+        addr: SocketAddr,
+        /// What the certificate says instead.
+        reason: String,
+    },
+}
+
+impl RaftRpc {
+    /// The voter that sent this RPC, by its own account: the leader of an
+    /// AppendEntries or snapshot chunk, the candidate of a vote request.
+    pub fn sender(&self) -> Option<VoterId> {
+        match self {
+            Self::Append(r) => r.vote.leader_id().voted_for(),
+            Self::Vote(r) => r.vote.leader_id().voted_for(),
+            Self::Snapshot(r) => r.vote.leader_id().voted_for(),
+        }
+    }
+}
+
+/// Whether a coordinator certificate bound to voter `bound` (None: it
+/// names no voter id) may speak Raft as voter `claimed`: a bound
+/// certificate only as its own voter; an unbound one only when
+/// `allow_unbound` (an explicit opt-out). Err names why not.
+pub fn voter_verdict(bound: Option<u64>, claimed: VoterId, allow_unbound: bool) -> Result<(), String> {
+    match bound {
+        Some(b) if b == claimed.0 => Ok(()),
+        Some(b) => Err(format!("its certificate is bound to voter {b}, not {claimed}")),
+        None if allow_unbound => Ok(()),
+        None => Err(format!(
+            "its coordinator certificate names no voter id, so it may not act as {claimed} (issue one per voter: \
+             granary certs init --voters N, or certs issue --role coordinator --voter-id ID; or start every voter \
+             with --allow-unbound-voter-certs)"
+        )),
+    }
 }
 
 /// Creates links to peer voters; shared by all of them.
 #[derive(Clone)]
 pub struct QuicNetwork {
     conns: Arc<Connections>,
+    allow_unbound: bool,
 }
 
 impl QuicNetwork {
     /// Dials out from `endpoint` with `config` (a coordinator identity's
-    /// client configuration for ALPN `granary-raft/1`).
-    pub fn new(endpoint: quinn::Endpoint, config: quinn::ClientConfig, connect_timeout: Duration) -> Self {
-        Self { conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)) }
+    /// client configuration for ALPN `granary-raft/1`). A peer must present
+    /// a certificate bound to the voter id dialled ([`voter_verdict`]).
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        config: quinn::ClientConfig,
+        connect_timeout: Duration,
+        allow_unbound: bool,
+    ) -> Self {
+        Self { conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)), allow_unbound }
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, DialError> {
@@ -139,12 +186,35 @@ impl PeerLink {
             self.addr.parse().map_err(|error| LinkError::BadAddress { voter, addr: self.addr.clone(), error })?;
         let exchange = async {
             let conn = self.net.connection(addr).await.map_err(|error| LinkError::Dial { voter, error })?;
+            let bound = granary_net::tls::peer_voter_id(&conn).map_err(|e| LinkError::Identity {
+                voter,
+                addr,
+                reason: e.to_string(),
+            })?;
+            voter_verdict(bound, voter, self.net.allow_unbound).map_err(|reason| {
+                self.net.forget(addr);
+                LinkError::Identity { voter, addr, reason }
+            })?;
             frame::call::<_, RaftReply>(&conn, rpc, MAX_FRAME_BYTES).await.map_err(|error| {
                 self.net.forget(addr);
                 LinkError::Call { voter, addr, error }
             })
         };
         tokio::time::timeout(ttl, exchange).await.map_err(|_| LinkError::Timeout { voter, addr, ttl })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bound_certificate_speaks_only_as_its_voter_and_an_unbound_one_only_when_allowed() {
+        assert_eq!(voter_verdict(Some(2), VoterId(2), false), Ok(()));
+        let e = voter_verdict(Some(2), VoterId(3), true).unwrap_err();
+        assert!(e.contains("bound to voter 2, not voter-3"), "{e}");
+        assert!(voter_verdict(None, VoterId(1), false).unwrap_err().contains("--voters N"));
+        assert_eq!(voter_verdict(None, VoterId(1), true), Ok(()));
     }
 }
 
@@ -210,17 +280,31 @@ impl LeaderContact {
     }
 }
 
-/// Serves one Raft RPC stream: reads the request, hands it to `raft`,
-/// writes the reply. Errors are the caller's to log.
+/// Serves one Raft RPC stream: reads the request, checks that its sender is
+/// the voter the peer's certificate is bound to (`bound`, see
+/// [`voter_verdict`]; a request from another voter id is dropped
+/// unanswered), hands it to `raft`, writes the reply. Errors are the
+/// caller's to log.
 pub async fn serve_rpc(
     raft: &crate::types::Raft,
     contact: &LeaderContact,
+    bound: Option<u64>,
+    allow_unbound: bool,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), frame::FrameError> {
     let Some(rpc) = frame::read_frame::<RaftRpc>(&mut recv, MAX_FRAME_BYTES).await? else {
         return Ok(());
     };
+    let verdict = match rpc.sender() {
+        Some(claimed) => voter_verdict(bound, claimed, allow_unbound),
+        None => Err("the request names no sender".to_string()),
+    };
+    if let Err(reason) = verdict {
+        tracing::warn!(sender = ?rpc.sender(), "refused a Raft request: {reason}");
+        let _ = send.reset(1u32.into());
+        return Ok(());
+    }
     let reply = match rpc {
         RaftRpc::Append(r) => {
             let reply = raft.append_entries(r).await;

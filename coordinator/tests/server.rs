@@ -39,6 +39,7 @@ async fn start_with(tmp: tempfile::TempDir, lease: Duration, strict: bool) -> Fi
         CoordinatorConfig::new(VoterId(1), "127.0.0.1:0".parse().expect("addr"), tmp.path().join("data"), identity);
     cfg.lease = lease;
     cfg.allow_unbound_node_certs = !strict;
+    cfg.allow_unbound_voter_certs = !strict;
     cfg.election_timeout = Duration::from_millis(150);
     cfg.heartbeat_interval = Duration::from_millis(50);
     let coordinator = Coordinator::start(cfg).await.expect("start");
@@ -179,6 +180,40 @@ async fn raft_traffic_from_a_node_certificate_is_refused() {
     assert!(r.is_err(), "raft RPC from a node certificate was answered: {r:?}");
     let reason = conn.close_reason().map(|e| e.to_string()).unwrap_or_default();
     assert!(reason.contains("coordinator certificate"), "close reason: {reason}");
+    f.coordinator.shutdown().await;
+}
+
+/// Issue 15: Raft accepts a coordinator certificate only as the voter id
+/// it names; one that names none is refused unless the voter opts out
+/// (`--allow-unbound-voter-certs`), and a voter whose own certificate
+/// names another id does not start. Before, any coordinator certificate
+/// could vote as any voter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_accepts_a_coordinator_certificate_only_as_the_voter_it_names() {
+    let f = start_with(tempfile::tempdir().expect("tempdir"), Duration::from_secs(3), true).await;
+    tls::issue_bound(&f.certs, Role::Coordinator, "coordinator-9", Some(9)).expect("issue");
+    tls::issue_bound(&f.certs, Role::Coordinator, "coordinator-8", Some(8)).expect("issue");
+    // `vote` asks as voter 9.
+    let as_9 = f.connect("coordinator-9", ALPN_RAFT).await.expect("connect");
+    assert!(matches!(vote(&as_9).await, Ok(RaftReply::Vote(_))), "voter 9's certificate votes as voter 9");
+    let as_8 = f.connect("coordinator-8", ALPN_RAFT).await.expect("connect");
+    assert!(vote(&as_8).await.is_err(), "voter 8's certificate voted as voter 9");
+    let unbound = f.connect("coordinator", ALPN_RAFT).await.expect("the handshake itself succeeds");
+    assert!(vote(&unbound).await.is_err(), "a certificate naming no voter voted");
+    let reason = unbound.close_reason().map(|e| e.to_string()).unwrap_or_default();
+    assert!(reason.contains("bound to a voter id"), "close reason: {reason}");
+    // A voter started as id 1 with voter 8's certificate says why it cannot.
+    let mut cfg = CoordinatorConfig::new(
+        VoterId(1),
+        "127.0.0.1:0".parse().expect("addr"),
+        f.tmp.path().join("other-data"),
+        f.identity("coordinator-8"),
+    );
+    cfg.voters = [(VoterId(1), "127.0.0.1:1".to_string()), (VoterId(2), "127.0.0.1:2".to_string())].into();
+    match Coordinator::start(cfg).await {
+        Err(e) => assert!(e.to_string().contains("bound to voter 8, not voter-1"), "{e}"),
+        Ok(_) => panic!("a voter started with another voter's certificate"),
+    }
     f.coordinator.shutdown().await;
 }
 

@@ -95,7 +95,9 @@ pub enum TlsError {
     #[error("malformed X.509 certificate: {0}")]
     MalformedCertificate(String),
     /// A node id was asked for in a certificate of another role.
-    #[error("only a node certificate can be bound to a node id, not a {0} certificate")]
+    #[error(
+        "only node and coordinator certificates can be bound to an id (a node id, a voter id), not a {0} certificate"
+    )]
     NodeIdForRole(Role),
     /// The certificate has no `urn:granary:role:` subject-alternative name.
     #[error("certificate carries no granary role (no {ROLE_URI_PREFIX}<role> subject-alternative name)")]

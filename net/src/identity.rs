@@ -22,7 +22,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, version::TLS13};
 
 use crate::error::TlsError;
-use crate::pki::{CA_NAME, identity_paths, node_id_of_cert, read_certs, read_key, role_of_cert};
+use crate::pki::{CA_NAME, identity_paths, node_id_of_cert, read_certs, read_key, role_of_cert, voter_id_of_cert};
 use crate::role::Role;
 use crate::transport::transport_config;
 
@@ -206,6 +206,12 @@ pub fn peer_role(conn: &quinn::Connection) -> Result<Role, TlsError> {
 pub fn peer_node_id(conn: &quinn::Connection) -> Result<Option<u64>, TlsError> {
     let peer = conn.remote_address();
     node_id_of_cert(&peer_leaf(conn)?).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
+}
+
+/// The voter id the peer's (coordinator) certificate is bound to, if any.
+pub fn peer_voter_id(conn: &quinn::Connection) -> Result<Option<u64>, TlsError> {
+    let peer = conn.remote_address();
+    voter_id_of_cert(&peer_leaf(conn)?).map_err(|error| TlsError::PeerCertificate { peer, error: Box::new(error) })
 }
 
 /// The leaf certificate the peer presented.

@@ -26,7 +26,7 @@ use x509_parser::extensions::GeneralName;
 use x509_parser::time::ASN1Time;
 
 use crate::error::TlsError;
-use crate::role::{NODE_URI_PREFIX, ROLE_URI_PREFIX, Role};
+use crate::role::{NODE_URI_PREFIX, ROLE_URI_PREFIX, Role, VOTER_URI_PREFIX};
 
 /// File stem of the cluster CA's certificate and key in a cluster directory.
 pub const CA_NAME: &str = "ca";
@@ -108,7 +108,12 @@ fn leaf_params_for(role: Role, name: &str, node_id: Option<u64>) -> Result<Certi
         SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     ];
     if let Some(id) = node_id {
-        params.subject_alt_names.push(SanType::URI(ia5(format!("{NODE_URI_PREFIX}{id}"))?));
+        let prefix = match role {
+            Role::Node => NODE_URI_PREFIX,
+            Role::Coordinator => VOTER_URI_PREFIX,
+            other => return Err(TlsError::NodeIdForRole(other)),
+        };
+        params.subject_alt_names.push(SanType::URI(ia5(format!("{prefix}{id}"))?));
     }
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -218,10 +223,11 @@ pub fn issue(dir: &Path, role: Role, name: &str) -> Result<(PathBuf, PathBuf), T
     issue_bound(dir, role, name, None)
 }
 
-/// [`issue`], with `node_id` (role node only) bound into the certificate as `urn:granary:node:<id>`: the coordinator
-/// then lets it register and heartbeat only as that node.
+/// [`issue`], with an id bound into the certificate: a node id (role node, `urn:granary:node:<id>`: the coordinator
+/// then lets it register and heartbeat only as that node, and peers take chunks from it only as that node) or a voter
+/// id (role coordinator, `urn:granary:voter:<id>`: Raft accepts it only as that voter).
 pub fn issue_bound(dir: &Path, role: Role, name: &str, node_id: Option<u64>) -> Result<(PathBuf, PathBuf), TlsError> {
-    if node_id.is_some() && role != Role::Node {
+    if node_id.is_some() && !matches!(role, Role::Node | Role::Coordinator) {
         return Err(TlsError::NodeIdForRole(role));
     }
     check_name(name)?;
@@ -309,14 +315,23 @@ fn san_uris(der: &[u8]) -> Result<Vec<String>, TlsError> {
 
 /// The node id a DER certificate is bound to (`urn:granary:node:<id>`), if any.
 pub fn node_id_of_cert(der: &[u8]) -> Result<Option<u64>, TlsError> {
+    bound_id_of_cert(der, NODE_URI_PREFIX, "node")
+}
+
+/// The voter id a DER certificate is bound to (`urn:granary:voter:<id>`), if any.
+pub fn voter_id_of_cert(der: &[u8]) -> Result<Option<u64>, TlsError> {
+    bound_id_of_cert(der, VOTER_URI_PREFIX, "voter")
+}
+
+fn bound_id_of_cert(der: &[u8], prefix: &str, what: &str) -> Result<Option<u64>, TlsError> {
     let mut found: Option<u64> = None;
     for uri in san_uris(der)? {
-        let Some(id) = uri.strip_prefix(NODE_URI_PREFIX) else { continue };
-        let id: u64 = id.parse().map_err(|_| TlsError::MalformedCertificate(format!("bad node id in {uri:?}")))?;
+        let Some(id) = uri.strip_prefix(prefix) else { continue };
+        let id: u64 = id.parse().map_err(|_| TlsError::MalformedCertificate(format!("bad {what} id in {uri:?}")))?;
         if let Some(first) = found
             && first != id
         {
-            return Err(TlsError::MalformedCertificate(format!("names two node ids, {first} and {id}")));
+            return Err(TlsError::MalformedCertificate(format!("names two {what} ids, {first} and {id}")));
         }
         found = Some(id);
     }

@@ -19,6 +19,10 @@ pub const ROLE_URI_PREFIX: &str = "urn:granary:role:";
 /// (`urn:granary:node:<id>`). A bound certificate may register and heartbeat only as that node.
 pub const NODE_URI_PREFIX: &str = "urn:granary:node:";
 
+/// Prefix of the subject-alternative-name URI that binds a coordinator certificate to one voter id
+/// (`urn:granary:voter:<id>`). Raft accepts a bound certificate only as that voter.
+pub const VOTER_URI_PREFIX: &str = "urn:granary:voter:";
+
 /// What a certificate's holder is in the cluster.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

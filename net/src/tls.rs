@@ -7,10 +7,13 @@
 
 pub use crate::error::TlsError;
 pub use crate::identity::{
-    Identity, ensure_default_crypto_provider, peer_node_id, peer_role, require_peer_role, server_endpoint,
+    Identity, ensure_default_crypto_provider, peer_node_id, peer_role, peer_voter_id, require_peer_role,
+    server_endpoint,
 };
-pub use crate::pki::{CA_NAME, identity_paths, init_cluster, issue, issue_bound, node_id_of_cert, role_of_cert};
-pub use crate::role::{NODE_URI_PREFIX, ParseRoleError, ROLE_URI_PREFIX, Role};
+pub use crate::pki::{
+    CA_NAME, identity_paths, init_cluster, issue, issue_bound, node_id_of_cert, role_of_cert, voter_id_of_cert,
+};
+pub use crate::role::{NODE_URI_PREFIX, ParseRoleError, ROLE_URI_PREFIX, Role, VOTER_URI_PREFIX};
 pub use crate::transport::{
     ALPN_API, ALPN_PEER, ALPN_RAFT, IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL, MAX_CONCURRENT_BIDI_STREAMS,
     MAX_CONCURRENT_UNI_STREAMS, alpn_of, endpoint, transport_config, transport_config_with,

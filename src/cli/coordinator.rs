@@ -58,6 +58,11 @@ pub(crate) struct CoordinatorArgs {
     /// Without it a node needs a certificate bound to its id.
     #[arg(long)]
     allow_unbound_node_certs: bool,
+    /// Let coordinator certificates that name no voter id speak Raft (as
+    /// any voter). Without it, in a group of more than one voter, each
+    /// voter needs a certificate bound to its id (`certs init --voters N`).
+    #[arg(long)]
+    allow_unbound_voter_certs: bool,
     /// Seconds an older dataset version that no trainer uses is kept
     /// before it is collected (coordinator state and nodes' tiers).
     #[arg(long, default_value_t = 24 * 3600)]
@@ -110,6 +115,7 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     cfg.keep_log_entries = a.keep_log_entries;
     cfg.remote_options = parse_kv(&a.remote_options)?;
     cfg.allow_unbound_node_certs = a.allow_unbound_node_certs;
+    cfg.allow_unbound_voter_certs = a.allow_unbound_voter_certs;
     cfg.version_retention = Duration::from_secs(a.version_retention_s);
     // Four workers: Raft, the API and the lease clock keep running while one
     // worker applies a re-placement.

@@ -27,6 +27,8 @@ pub(super) struct Ctx {
     pub(super) version_retention: Duration,
     /// Whether node certificates without a node id may register.
     pub(super) allow_unbound_node_certs: bool,
+    /// Whether coordinator certificates without a voter id may speak Raft.
+    pub(super) allow_unbound_voter_certs: bool,
     /// The leader's lease table; only the leader's holds clocks.
     pub(super) leases: Mutex<Leases>,
     pub(super) connections: AtomicUsize,

@@ -104,6 +104,12 @@ pub struct CoordinatorConfig {
     /// the id it registers as (`granary certs init --nodes N`, or `certs
     /// issue --node-id`), so one leaked key cannot pose as every node.
     pub allow_unbound_node_certs: bool,
+    /// Let coordinator certificates that name no voter id speak Raft (as
+    /// any voter). Default false: in a group of more than one voter each
+    /// voter needs a certificate bound to its id (`granary certs init
+    /// --voters N`), so one leaked coordinator key cannot vote as, or
+    /// lead as, every voter.
+    pub allow_unbound_voter_certs: bool,
     /// An older dataset version that no node's trainers use is collected
     /// (removed from the replicated state; nodes drop its chunks) this
     /// long after the leader first finds it unused. Default 24 h.
@@ -126,6 +132,7 @@ impl CoordinatorConfig {
             keep_log_entries: 100,
             remote_options: BTreeMap::new(),
             allow_unbound_node_certs: false,
+            allow_unbound_voter_certs: false,
             version_retention: Duration::from_secs(24 * 3600),
         }
     }
@@ -159,6 +166,14 @@ pub enum StartError {
         /// Those listed.
         listed: Vec<VoterId>,
     },
+    /// This voter's certificate cannot speak Raft as this voter.
+    #[error("{id}: {reason}")]
+    VoterIdentity {
+        /// This voter.
+        id: VoterId,
+        /// Why (see [`crate::network::voter_verdict`]).
+        reason: String,
+    },
     /// The endpoint's bound address could not be read.
     #[error("endpoint address: {0}")]
     Endpoint(std::io::Error),
@@ -185,6 +200,13 @@ impl Coordinator {
         if cfg.identity.role() != Role::Coordinator {
             return Err(StartError::WrongRole(cfg.identity.role()));
         }
+        // Peers would refuse this voter's Raft traffic: say so at start.
+        let own = cfg.identity.chain().first().map(|c| tls::voter_id_of_cert(c)).transpose()?.flatten();
+        let group = cfg.voters.len() > 1;
+        if own.is_some() || group {
+            crate::network::voter_verdict(own, cfg.id, cfg.allow_unbound_voter_certs || !group)
+                .map_err(|reason| StartError::VoterIdentity { id: cfg.id, reason })?;
+        }
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(|source| StartError::DataDir { path: cfg.data_dir.clone(), source })?;
         let log = LogStore::open(&cfg.data_dir.join("raft.redb"))?;
@@ -203,7 +225,12 @@ impl Coordinator {
             cfg.heartbeat_interval.max(Duration::from_millis(10)),
             cfg.election_timeout,
         )));
-        let network = QuicNetwork::new(endpoint.clone(), raft_client, cfg.election_timeout.min(Duration::from_secs(1)));
+        let network = QuicNetwork::new(
+            endpoint.clone(),
+            raft_client,
+            cfg.election_timeout.min(Duration::from_secs(1)),
+            cfg.allow_unbound_voter_certs,
+        );
 
         let election_ms = cfg.election_timeout.as_millis().max(2) as u64;
         let election_max_ms = election_max(election_ms);
@@ -244,6 +271,7 @@ impl Coordinator {
             lease: cfg.lease,
             remote_options: cfg.remote_options.clone(),
             allow_unbound_node_certs: cfg.allow_unbound_node_certs,
+            allow_unbound_voter_certs: cfg.allow_unbound_voter_certs,
             version_retention: cfg.version_retention,
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
@@ -346,6 +374,20 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
         conn.close(2u32.into(), b"raft requires a coordinator certificate");
         return;
     }
+    // Which voter a coordinator certificate may speak Raft as.
+    let voter = match tls::peer_voter_id(&conn) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(%peer, "closing a connection: {e}");
+            conn.close(1u32.into(), b"unreadable voter id in the certificate");
+            return;
+        }
+    };
+    if raft && voter.is_none() && !ctx.allow_unbound_voter_certs {
+        tracing::warn!(%peer, "refusing Raft traffic from a coordinator certificate that names no voter id");
+        conn.close(2u32.into(), b"raft requires a coordinator certificate bound to a voter id");
+        return;
+    }
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
@@ -354,7 +396,7 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let result = if raft {
-                serve_rpc(&ctx.raft, &ctx.contact, send, recv).await
+                serve_rpc(&ctx.raft, &ctx.contact, voter, ctx.allow_unbound_voter_certs, send, recv).await
             } else {
                 api::serve_api(&ctx, role, bound, send, recv).await
             };

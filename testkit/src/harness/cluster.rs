@@ -134,6 +134,13 @@ impl LocalCluster {
             granary_net::tls::issue_bound(&certs, granary_net::tls::Role::Node, &format!("node-{id}"), Some(id))
                 .with_context(|| format!("issuing node {id}'s certificate"))?;
         }
+        // And each voter (Raft refuses coordinator certificates that name
+        // no voter id).
+        for id in 1..=u64::from(spec.voters) {
+            let name = format!("coordinator-{id}");
+            granary_net::tls::issue_bound(&certs, granary_net::tls::Role::Coordinator, &name, Some(id))
+                .with_context(|| format!("issuing voter {id}'s certificate"))?;
+        }
         if !spec.hosts.is_empty() && (spec.voters as usize > spec.hosts.len() || spec.nodes as usize > spec.hosts.len())
         {
             bail!("{} hosts cannot hold {} voters and {} nodes", spec.hosts.len(), spec.voters, spec.nodes);

@@ -91,8 +91,12 @@ impl CoordinatorProcess {
             .append(true)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
+        // Its own certificate, bound to its voter id, where one was issued.
+        let bound = format!("coordinator-{}", me.id);
+        let cert_name = if certs.join(format!("{bound}.pem")).exists() { bound } else { "coordinator".to_string() };
         let mut child = quiet_errors(&mut super::child::command_in(netns, exe))
             .args(["coordinator", "--json", "--id", &me.id.to_string(), "--listen", &me.addr.to_string()])
+            .args(["--cert-name", &cert_name])
             .args(["--peers", &peers])
             .arg("--data-dir")
             .arg(&me.data_dir)

@@ -127,10 +127,11 @@ pub enum FetchError {
         /// The shard.
         shard: ShardId,
     },
-    /// A peer asked this node, as the shard's owner, for a shard that the
-    /// placement gave to another node while the load waited to read it:
-    /// the peer asks that node (reading it here would read it twice).
-    #[error("{shard} is no longer this node's: {owner} owns it now; ask it")]
+    /// A peer asked this node, as the shard's owner, for a shard that this
+    /// node's placement (no older than the peer's) gives to another node,
+    /// or gave to one while the load waited to read it: the peer asks that
+    /// node (reading it here would read it twice).
+    #[error("{shard} is not this node's: its placement names {owner} the owner; ask it")]
     NotOwner {
         /// The shard.
         shard: ShardId,

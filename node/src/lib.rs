@@ -66,7 +66,7 @@ pub mod decide {
         answer_footer, may_read_as_owner,
     };
     pub use crate::fabric::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
-    pub use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement};
+    pub use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement, start_for_peer};
 }
 
 pub use config::NodeConfig;

@@ -24,7 +24,7 @@ use crate::dataset::{Dataset, OpenError};
 use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
 use crate::fabric::route::{AfterPermit, FooterAnswer, Route, Step, after_permit, answer_footer};
-use crate::flight::{Admission, Asker, InFlight, admit};
+use crate::flight::{Admission, Asker, InFlight, admit, start_for_peer};
 use crate::holds::{HoldRegistry, VersionUse};
 use crate::load;
 use crate::prefetch::{PrefetchWindow, plan_order};
@@ -61,6 +61,7 @@ struct Counters {
     peer_fetched_bytes: AtomicU64,
     peer_failures: AtomicU64,
     peer_served: AtomicU64,
+    peer_refused: AtomicU64,
     guest_hits: AtomicU64,
 }
 
@@ -401,6 +402,7 @@ impl Node {
             peer_fetched_bytes: c.peer_fetched_bytes.load(Ordering::Relaxed),
             peer_failures: c.peer_failures.load(Ordering::Relaxed),
             peer_served: c.peer_served.load(Ordering::Relaxed),
+            peer_refused: c.peer_refused.load(Ordering::Relaxed),
             guest_hits: c.guest_hits.load(Ordering::Relaxed),
             guest_bytes: self.inner.guests.usage_bytes(),
             loads_in_flight: self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
@@ -618,6 +620,22 @@ impl Node {
                     }
                     (Admission::LookAgain, _) => continue,
                     (Admission::Start | Admission::Join { .. } | Admission::JoinAndConvert, _) => {
+                        // A peer's request starts a read here only where the
+                        // placement lets this node serve as the owner.
+                        if let (Asker::Peer { epoch, .. }, Some(c)) = (asker, self.inner.cluster.get())
+                            && let Err(owner) = start_for_peer(
+                                c.me(),
+                                c.placed_owner(key.version, key.shard),
+                                c.former_owner(key.version, key.shard),
+                                c.owner_epoch(key.version),
+                                epoch,
+                            )
+                        {
+                            self.inner.counters.peer_refused.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(shard = %shard, %owner, asked_on = epoch,
+                                "a peer asked this node for a shard its placement gives to another node: refused");
+                            return Err(Arc::new(FetchError::NotOwner { shard, owner }));
+                        }
                         self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                         let (tx, rx) = watch::channel(None);
                         let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));

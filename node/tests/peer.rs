@@ -126,6 +126,35 @@ async fn a_peer_serves_only_as_the_node_its_certificate_names() {
     }
 }
 
+/// Issue 15: a node does not serve as the owner what its placement gives
+/// another node: a peer asking on a placement no newer than the node's
+/// is refused without a remote read (it asks the owner instead); a peer
+/// asking on a newer placement is served (the node may own the shard
+/// there and not know it yet). Before, the node read any shard a peer
+/// asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_to_serve_as_owner_what_its_placement_gives_another_node() {
+    let f = start().await;
+    let cluster = Cluster::new(NodeId(1), link(&f, "node"), shared_cert());
+    let dead = std::net::UdpSocket::bind(local()).expect("bind").local_addr().expect("addr");
+    let owners = std::iter::once((f.version, std::iter::once((f.shard, NodeId(9))).collect())).collect();
+    cluster.apply_placement(3, std::iter::once((NodeId(9), dead)).collect(), owners);
+    assert!(f.node.join_cluster(std::sync::Arc::new(cluster)));
+    let read_before = f.node.stats().remote_bytes;
+    let asker = link(&f, "node");
+    let fetch = |epoch| asker.fetch(f.addr, epoch, f.version, f.shard, f.len, Duration::from_secs(10));
+    for epoch in [2, 3] {
+        match fetch(epoch).await {
+            Err(e) => assert!(e.to_string().contains("its placement names node-9 the owner"), "{e}"),
+            Ok(_) => panic!("served a shard placed on node 9 to a peer asking on epoch {epoch}"),
+        }
+    }
+    let s = f.node.stats();
+    assert_eq!((s.remote_bytes - read_before, s.peer_refused), (0, 2), "refused without reading");
+    fetch(4).await.expect("a peer asking on a newer placement is served");
+    assert!(f.node.stats().remote_bytes > read_before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
     let f = start().await;

@@ -125,6 +125,10 @@ pub struct NodeStats {
     pub peer_failures: u64,
     /// Chunk requests from other nodes answered.
     pub peer_served: u64,
+    /// Of those, refused because this node's placement gives the shard to
+    /// another node (and the asker's is no newer): a read this node would
+    /// have made for a peer that was out of date.
+    pub peer_refused: u64,
     /// Chunk requests answered from guest copies (chunks other nodes own).
     pub guest_hits: u64,
     /// Bytes of guest copies held.

@@ -30,7 +30,7 @@ pub(crate) fn run(a: &StatsArgs) -> Result<()> {
                 "corrupt_entries": s.corrupt_entries, "prefetched": s.prefetched,
                 "chunk_memory_bytes": s.chunk_memory_bytes,
                 "peer_fetched": s.peer_fetched, "peer_fetched_bytes": s.peer_fetched_bytes,
-                "peer_failures": s.peer_failures, "peer_served": s.peer_served,
+                "peer_failures": s.peer_failures, "peer_served": s.peer_served, "peer_refused": s.peer_refused,
                 "guest_hits": s.guest_hits, "guest_bytes": s.guest_bytes,
                 "loads_in_flight": s.loads_in_flight,
             })
@@ -71,11 +71,12 @@ fn human(s: &NodeStats) -> String {
     line(
         "peer fabric",
         format!(
-            "{} fetched ({}), {} failed; {} served to peers",
+            "{} fetched ({}), {} failed; {} asked by peers, {} of them refused (not this node's)",
             s.peer_fetched,
             mib(s.peer_fetched_bytes),
             s.peer_failures,
-            s.peer_served
+            s.peer_served,
+            s.peer_refused
         ),
     );
     line(

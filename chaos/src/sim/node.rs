@@ -14,7 +14,7 @@ use super::check::Record;
 use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
 use granary_node::decide::{
     Admission, Asked, Asker, InFlight, LeaseView, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
-    may_read_as_owner, reads_here_after_placement,
+    may_read_as_owner, reads_here_after_placement, start_for_peer,
 };
 use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
 use granary_proto::peer::{PEER_PROGRESS_INTERVAL, PEER_STALL_TIMEOUT};
@@ -140,6 +140,9 @@ pub struct Node {
     /// Per shard this node owns: the live node it was handed over from
     /// (the placement's `handed_from`).
     former: Vec<Option<usize>>,
+    /// Per shard: the live node the placement moved it from, whoever owns
+    /// it now (`Cluster::former_owner`).
+    moved_from: Vec<Option<usize>>,
     /// Asks for a held copy: stream -> (load id, when the node asked last
     /// said it is still working on it).
     held_asks: BTreeMap<u64, (u64, Option<Micros>)>,
@@ -179,6 +182,7 @@ impl Node {
             placement_epoch: 0,
             owners: Vec::new(),
             former: Vec::new(),
+            moved_from: Vec::new(),
             held_asks: BTreeMap::new(),
             held: BTreeMap::new(),
             loads: BTreeMap::new(),
@@ -370,6 +374,7 @@ impl Node {
         self.placement_epoch = epoch;
         // As `Cluster::handed_from` keeps them: shards this node owns,
         // handed over from another node.
+        self.moved_from = handed_from.clone();
         self.former = handed_from
             .iter()
             .zip(&owners)
@@ -628,6 +633,25 @@ impl Node {
                 }
             }
             Admission::LookAgain | Admission::Start => {
+                // A peer's request starts a read here only where this node's
+                // placement lets it serve as the owner (the node's rule).
+                if let Waiter::Peer(p, stream) = waiter
+                    && let Err(owner) = start_for_peer(
+                        self.idx,
+                        self.owners.get(shard as usize).copied().flatten(),
+                        self.moved_from.get(shard as usize).copied().flatten(),
+                        self.placement_epoch,
+                        epoch,
+                    )
+                {
+                    rec.refused(self.idx, p, shard, w.now);
+                    w.log(format_args!(
+                        "n{} refuses s{shard} to n{p} (epoch {epoch}): its placement (epoch {}) names n{owner}",
+                        self.idx, self.placement_epoch
+                    ));
+                    self.send(w, Addr::Node(p), Msg::Refused { stream });
+                    return;
+                }
                 let owner = if asker.forwards() { self.owner_of(shard) } else { None };
                 // A held copy is asked for whoever waits: the answer never
                 // waits on anything, so no cycle can form through it.

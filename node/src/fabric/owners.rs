@@ -129,6 +129,12 @@ impl Cluster {
         map.addrs.get(&from).map(|a| Owner { node: from, addr: *a, epoch })
     }
 
+    /// The node the placement moved `shard` from, whichever it is (this
+    /// one included, live or not); `None` when it did not move it.
+    pub fn former_owner(&self, version: DatasetVersion, shard: ShardId) -> Option<NodeId> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).former.get(&version)?.get(&shard).copied()
+    }
+
     /// The owner the placement gives `shard`, whichever node it is (this
     /// one included); `None` when the version or shard is not placed.
     pub fn placed_owner(&self, version: DatasetVersion, shard: ShardId) -> Option<NodeId> {

@@ -92,6 +92,16 @@ pub struct NodeConfig {
     /// Shards read and converted at once. Default: 4.
     #[serde(default = "default_loads")]
     pub max_concurrent_loads: usize,
+    /// Memory that loads in progress may take at once: a shard's read
+    /// column chunks, its decoded Arrow arrays and the memory file being
+    /// filled, estimated per shard as its compressed bytes plus twice its
+    /// converted size. A load that does not fit beside the others waits;
+    /// one whose estimate alone is over the budget is refused with an
+    /// error naming the file, row group and both sizes (before, it could
+    /// get the node OOM-killed, and then the next owner). Default: half
+    /// of the machine's memory.
+    #[serde(default)]
+    pub load_memory_bytes: Option<u64>,
     /// Threads that convert Arrow to chunks. Default: number of cores.
     #[serde(default)]
     pub convert_threads: Option<usize>,
@@ -176,6 +186,7 @@ impl Default for NodeConfig {
             prefetch_bytes: default_prefetch(),
             max_plan_window_rows: default_plan_window_rows(),
             max_concurrent_loads: default_loads(),
+            load_memory_bytes: None,
             convert_threads: None,
             datasets: Vec::new(),
             remote: BTreeMap::new(),

@@ -74,6 +74,21 @@ pub enum FetchError {
         /// The system error.
         source: std::io::Error,
     },
+    /// A shard whose load alone would take more memory than the node lets
+    /// loads in progress take.
+    #[error(
+        "{site}: loading it takes about {estimate} bytes (its column chunks, decoded arrays and chunk), over this \
+         node's budget of {budget} bytes for loads in progress (load_memory_bytes in node.toml): raise it, or write \
+         smaller row groups"
+    )]
+    LoadTooLarge {
+        /// "FILE row group N".
+        site: String,
+        /// The load's estimate.
+        estimate: u64,
+        /// The node's budget.
+        budget: u64,
+    },
     /// A `Follow` whose shuffle window would make the node hold more rows
     /// at once than its limit allows.
     #[error(
@@ -172,6 +187,7 @@ impl FetchError {
             | FetchError::Plan(_)
             | FetchError::PlanTooLarge { .. } => ErrorKind::BadRequest,
             FetchError::Convert(_)
+            | FetchError::LoadTooLarge { .. }
             | FetchError::Remote(RemoteError::Parquet { .. })
             | FetchError::Remote(RemoteError::Changed { .. }) => ErrorKind::BadInput,
             FetchError::NoSource { source, .. } => source.kind(),

@@ -19,6 +19,34 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
+/// The memory a load of one shard is admitted for: its column chunks as
+/// read (`compressed` bytes), the decoded Arrow arrays (about the converted
+/// size) and the memory file being filled (`chunk` bytes).
+pub(crate) fn load_memory_estimate(compressed: u64, chunk: u64) -> u64 {
+    compressed.saturating_add(chunk.saturating_mul(2))
+}
+
+/// Admission of a load estimated at `estimate` bytes against a budget of
+/// `budget` bytes for all loads in progress: the KiB to reserve (waiting
+/// until they are free), or None when the estimate alone is over the
+/// budget (the load could never run).
+pub(crate) fn memory_admission(estimate: u64, budget: u64) -> Option<u32> {
+    if estimate > budget {
+        return None;
+    }
+    Some(u32::try_from(estimate.div_ceil(1024).max(1)).unwrap_or(u32::MAX))
+}
+
+/// The default budget for loads in progress: half the machine's memory
+/// (`MemTotal` in /proc/meminfo), or 4 GiB where that cannot be read.
+pub(crate) fn default_load_memory() -> u64 {
+    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
+        let line = t.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    });
+    total_kib.map_or(4 << 30, |kib| kib.saturating_mul(1024) / 2)
+}
+
 /// Reads the row group of `key` and converts it into a sealed chunk, under
 /// one of `loads` (reads at once) and one of `converts` (decode and
 /// convert on the blocking pool). `footer_from_peer` fetches the file's
@@ -140,4 +168,19 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
         };
     }
     FetchError::Remote(RemoteError::Parquet { path: site.to_string(), source: e })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_is_admitted_by_its_estimate_and_one_over_the_whole_budget_never() {
+        assert_eq!(load_memory_estimate(10 << 20, 40 << 20), 90 << 20);
+        assert_eq!(memory_admission(90 << 20, 1 << 30), Some(90 * 1024));
+        assert_eq!(memory_admission(1, 1 << 30), Some(1), "at least one KiB");
+        assert_eq!(memory_admission(1 << 30, 1 << 30), Some(1 << 20));
+        assert_eq!(memory_admission((1 << 30) + 1, 1 << 30), None);
+        assert!(default_load_memory() > 0);
+    }
 }

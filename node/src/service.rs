@@ -77,6 +77,9 @@ struct Inner {
     guests: GuestArea,
     inflight: Mutex<HashMap<ChunkKey, Pending>>,
     loads: Semaphore,
+    /// KiB of memory loads in progress may take ([`load::memory_admission`]).
+    load_memory: Semaphore,
+    load_memory_bytes: u64,
     converts: Arc<Semaphore>,
     counters: Counters,
     remote: Arc<RemoteCounters>,
@@ -158,6 +161,7 @@ impl Node {
         let tier = ChunkTier::open(cfg.ram_bytes, ssd).await?;
         let threads =
             cfg.convert_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
+        let load_memory_bytes = cfg.load_memory_bytes.unwrap_or_else(load::default_load_memory);
         let node = Node {
             inner: Arc::new(Inner {
                 datasets: std::sync::RwLock::new(BTreeMap::new()),
@@ -168,6 +172,12 @@ impl Node {
                 guests: GuestArea::new(cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4)),
                 inflight: Mutex::new(HashMap::new()),
                 loads: Semaphore::new(cfg.max_concurrent_loads.max(1)),
+                load_memory: Semaphore::new(
+                    usize::try_from(load_memory_bytes.div_ceil(1024))
+                        .unwrap_or(Semaphore::MAX_PERMITS)
+                        .min(Semaphore::MAX_PERMITS),
+                ),
+                load_memory_bytes,
                 converts: Arc::new(Semaphore::new(threads)),
                 counters: Counters::default(),
                 remote: remote_counters,
@@ -919,6 +929,16 @@ impl Node {
         permit: tokio::sync::SemaphorePermit<'_>,
     ) -> Result<SealedChunk, FetchError> {
         let ds = self.dataset(key.version)?;
+        // Memory first: a load that does not fit beside the others waits;
+        // one that could never fit is refused, naming its sizes.
+        let (_, rg) = ds.locate(key.shard)?;
+        let compressed = ds.manifest.files[key.shard.file as usize].row_groups[rg].compressed_bytes;
+        let estimate = load::load_memory_estimate(compressed, ds.chunk_len(key.shard).unwrap_or(0) as u64);
+        let budget = self.inner.load_memory_bytes;
+        let Some(kib) = load::memory_admission(estimate, budget) else {
+            return Err(FetchError::LoadTooLarge { site: self.site(key), estimate, budget });
+        };
+        let _memory = self.inner.load_memory.acquire_many(kib).await.map_err(FetchError::ShuttingDown)?;
         let peer = self.footer_from_peer(key.version, key.shard.file);
         let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts).await?;
         let c = &self.inner.counters;

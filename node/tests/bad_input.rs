@@ -1363,3 +1363,47 @@ fn an_object_shorter_than_listed_is_an_error_not_a_panic() {
     let name = files[0].file_name().expect("name").to_string_lossy().to_string();
     assert_names(&message, &[&name, "changed since it was listed"]);
 }
+
+/// Issue 15, bounds: a shard whose load alone would take more memory than
+/// `load_memory_bytes` allows (compressed column chunks plus twice its
+/// converted size) is refused before it is read, naming the file, row
+/// group and both sizes; the node reads nothing for it and keeps serving.
+/// Before, it was decoded regardless (and a large enough row group could
+/// get the node OOM-killed).
+#[test]
+fn a_shard_whose_load_would_take_more_memory_than_the_budget_is_refused_before_it_is_read() {
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), 1, 2_000, 1_000, "snappy");
+    // 2x a 1,000-row chunk of the generator's view is far over 64 KiB.
+    let cfg = NodeConfig { load_memory_bytes: Some(64 << 10), ..config(data.path(), parse_view(datagen::VIEW_TOML)) };
+    let daemon = Daemon::start(cfg, run.path().join("node.sock"));
+    let mut s = daemon.connect();
+    let mut call = |req: &LocalRequest| {
+        let body = wire::encode(req);
+        send_raw(&mut s, body.len() as u32, &body);
+        read_reply(&mut s)
+    };
+    let Some(LocalResponse::Described(info)) = call(&LocalRequest::Describe { dataset: "ads".into(), version: None })
+    else {
+        panic!("describe ads failed");
+    };
+    let before = match call(&LocalRequest::Stats) {
+        Some(LocalResponse::Stats(st)) => st.remote_bytes,
+        other => panic!("stats: {other:?}"),
+    };
+    let shard = ShardId { file: 0, row_group: 1 };
+    match call(&LocalRequest::FetchChunk { version: info.version, shard }) {
+        Some(LocalResponse::Failed { kind, message }) => {
+            assert_eq!(kind, ErrorKind::BadInput, "{message}");
+            assert_names(&message, &["row group 1", "65536 bytes", "load_memory_bytes"]);
+        }
+        other => panic!("expected the load to be refused, got {other:?}"),
+    }
+    match call(&LocalRequest::Stats) {
+        Some(LocalResponse::Stats(st)) => assert_eq!(st.remote_bytes, before, "nothing was read for it"),
+        other => panic!("stats: {other:?}"),
+    }
+    daemon.assert_alive();
+    daemon.stop();
+}

@@ -19,6 +19,7 @@ const ELECTION_MS: u64 = 300;
 struct Cluster {
     tmp: tempfile::TempDir,
     certs: PathBuf,
+    admin: PathBuf,
     specs: Vec<VoterSpec>,
     voters: Vec<Option<CoordinatorProcess>>,
     lease_ms: u64,
@@ -41,10 +42,12 @@ fn run(args: &[&str]) -> std::process::Output {
 impl Cluster {
     fn new(voters: u64, lease_ms: u64) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let certs = tmp.path().join("certs");
+        let root = tmp.path().join("certs");
         let voter_count = voters.to_string();
-        let out = run(&["certs", "init", "--out", certs.to_str().expect("utf8"), "--voters", &voter_count]);
+        let out = run(&["certs", "init", "--out", root.to_str().expect("utf8"), "--voters", &voter_count]);
         assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
+        // Hosts get `hosts/`; the admin identity is the operator's.
+        let (certs, admin) = (root.join("hosts"), root.join("admin"));
         let specs: Vec<VoterSpec> = (1..=voters)
             .map(|id| VoterSpec {
                 id,
@@ -53,7 +56,7 @@ impl Cluster {
             })
             .collect();
         let voters = specs.iter().map(|_| None).collect();
-        Self { tmp, certs, specs, voters, lease_ms, nodes: Vec::new() }
+        Self { tmp, certs, admin, specs, voters, lease_ms, nodes: Vec::new() }
     }
 
     fn addrs(&self) -> String {
@@ -97,9 +100,10 @@ impl Cluster {
 
     fn cli(&self, args: &[&str], cert: &str) -> Result<Value, String> {
         let addrs = self.addrs();
+        let dir = if cert == "admin" { &self.admin } else { &self.certs };
         let out = Command::new(BIN)
             .args(args)
-            .args(["--coordinators", &addrs, "--certs", self.certs.to_str().expect("utf8")])
+            .args(["--coordinators", &addrs, "--certs", dir.to_str().expect("utf8")])
             .args(["--cert-name", cert, "--json", "--timeout-ms", "8000"])
             .env("GRANARY_LOG", "error")
             .output()
@@ -400,7 +404,7 @@ fn unauthenticated_and_wrong_role_peers_are_refused() {
             "--coordinators",
             &c.addrs(),
             "--certs",
-            other.to_str().expect("utf8"),
+            other.join("admin").to_str().expect("utf8"),
             "--timeout-ms",
             "2000",
         ])
@@ -612,18 +616,55 @@ fn a_restarted_node_serves_its_ssd_tier_without_converting_again() {
     assert_eq!(stats.ssd_hits, kept.len() as u64, "{stats:?}");
 }
 
-/// `certs init --nodes N` issues `node-1` .. `node-N`, each bound to its id.
+/// `certs init --nodes N --voters M` issues `node-1` .. `node-N` and
+/// `coordinator-1` .. `coordinator-M`, each bound to its id, into the
+/// folder hosts are given; the CA key and the admin key are in folders of
+/// their own (issue 15: no host needs them). `certs issue` into the hosts'
+/// folder finds the CA beside it.
 #[test]
-fn certs_init_issues_one_bound_certificate_per_node() {
+fn certs_init_keeps_the_ca_and_admin_keys_off_the_hosts_folder_and_binds_ids() {
+    use rustls::pki_types::pem::PemObject;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("certs");
-    let out = run(&["certs", "init", "--out", dir.to_str().expect("utf8"), "--nodes", "2"]);
+    let root = tmp.path().join("certs");
+    let out = run(&["certs", "init", "--out", root.to_str().expect("utf8"), "--nodes", "2", "--voters", "3"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hosts = root.join("hosts");
+    let der_of = |path: PathBuf| {
+        let pem = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("a PEM certificate").into_owned()
+    };
     for id in 1..=2u64 {
-        let pem = std::fs::read(dir.join(format!("node-{id}.pem"))).expect("node certificate");
-        use rustls::pki_types::pem::PemObject;
-        let der = rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("a PEM certificate");
+        let der = der_of(hosts.join(format!("node-{id}.pem")));
         assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(id));
     }
-    assert!(!dir.join("node-3.pem").exists());
+    for id in 1..=3u64 {
+        let der = der_of(hosts.join(format!("coordinator-{id}.pem")));
+        assert_eq!(granary_net::tls::voter_id_of_cert(&der).expect("readable"), Some(id));
+    }
+    assert!(!hosts.join("node-3.pem").exists());
+    // What hosts get holds neither the CA key nor the admin key.
+    let names: Vec<String> = std::fs::read_dir(&hosts)
+        .expect("hosts")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into())
+        .collect();
+    assert!(!names.iter().any(|n| n == "ca.key" || n.starts_with("admin")), "{names:?}");
+    assert!(root.join("ca/ca.key").exists() && root.join("admin/admin.key").exists());
+    assert!(!root.join("admin/ca.key").exists());
+    // One more node, signed by the CA found beside the hosts' folder.
+    let out = run(&[
+        "certs",
+        "issue",
+        "--dir",
+        hosts.to_str().expect("utf8"),
+        "--role",
+        "node",
+        "--name",
+        "node-3",
+        "--node-id",
+        "3",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let der = der_of(hosts.join("node-3.pem"));
+    assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(3));
+    granary_net::tls::Identity::load(&hosts, "node-3").expect("a usable identity, trusted by the hosts' CA");
 }

@@ -198,13 +198,7 @@ pub fn init_cluster(dir: &Path) -> Result<Vec<PathBuf>, TlsError> {
     }
     refuse_existing(&targets.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
 
-    let ca_key = KeyPair::generate().map_err(gen_err("the CA key"))?;
-    let params = ca_params()?;
-    let ca_cert = params.self_signed(&ca_key).map_err(gen_err("the CA certificate"))?;
-    // ca.key is created first and with create_new, so two concurrent inits cannot both succeed.
-    write_new(&ca_key_path, ca_key.serialize_pem().as_bytes(), true)?;
-    write_new(&ca_cert_path, ca_cert.pem().as_bytes(), false)?;
-    let issuer = Issuer::new(params, ca_key);
+    let issuer = create_ca(&ca_cert_path, &ca_key_path)?;
 
     let mut written = vec![ca_cert_path, ca_key_path];
     for role in Role::ALL {
@@ -212,6 +206,61 @@ pub fn init_cluster(dir: &Path) -> Result<Vec<PathBuf>, TlsError> {
         written.extend([c, k]);
     }
     tracing::info!(dir = %dir.display(), "created cluster CA and role certificates");
+    Ok(written)
+}
+
+/// Writes a new CA certificate and key; returns the issuer they make.
+fn create_ca(ca_cert_path: &Path, ca_key_path: &Path) -> Result<Issuer<'static, KeyPair>, TlsError> {
+    let ca_key = KeyPair::generate().map_err(gen_err("the CA key"))?;
+    let params = ca_params()?;
+    let ca_cert = params.self_signed(&ca_key).map_err(gen_err("the CA certificate"))?;
+    // ca.key is created first and with create_new, so two concurrent inits cannot both succeed.
+    write_new(ca_key_path, ca_key.serialize_pem().as_bytes(), true)?;
+    write_new(ca_cert_path, ca_cert.pem().as_bytes(), false)?;
+    Ok(Issuer::new(params, ca_key))
+}
+
+/// The folder of [`init_split`] that holds the CA's certificate and key (keep it offline).
+pub const CA_FOLDER: &str = "ca";
+/// The folder of [`init_split`] that holds the admin identity (the operator's).
+pub const ADMIN_FOLDER: &str = "admin";
+/// The folder of [`init_split`] that hosts use as `--certs`.
+pub const HOSTS_FOLDER: &str = "hosts";
+
+/// Creates a cluster's certificates in three folders of `out`, so that no host holds a key it does not need:
+/// `ca/` (the CA's certificate and key: keep it off the hosts; `certs issue --ca` signs with it), `admin/` (the
+/// admin certificate and key with the CA certificate: the operator's), and `hosts/` (the CA certificate, the
+/// coordinator, node and trainer certificates, `node-1`..`node-N` bound to node ids and `coordinator-1`..
+/// `coordinator-M` bound to voter ids: what hosts are given as `--certs`). Refuses if `out/ca/ca.key` or any
+/// file it would write exists. Returns the paths written, the CA first.
+pub fn init_split(out: &Path, nodes: u64, voters: u64) -> Result<Vec<PathBuf>, TlsError> {
+    let ca = out.join(CA_FOLDER);
+    let admin = out.join(ADMIN_FOLDER);
+    let hosts = out.join(HOSTS_FOLDER);
+    fs::create_dir_all(&ca).map_err(io_err("creating directory", &ca))?;
+    let (ca_cert_path, ca_key_path) = identity_paths(&ca, CA_NAME);
+    let mut names: Vec<(Role, String, Option<u64>)> =
+        [Role::Coordinator, Role::Node, Role::Trainer].iter().map(|r| (*r, r.as_str().to_string(), None)).collect();
+    names.extend((1..=nodes).map(|id| (Role::Node, format!("node-{id}"), Some(id))));
+    names.extend((1..=voters).map(|id| (Role::Coordinator, format!("coordinator-{id}"), Some(id))));
+    let mut targets = vec![ca_key_path.clone(), ca_cert_path.clone()];
+    let (admin_cert, admin_key) = identity_paths(&admin, Role::Admin.as_str());
+    targets.extend([admin_cert, admin_key, identity_paths(&admin, CA_NAME).0, identity_paths(&hosts, CA_NAME).0]);
+    for (_, name, _) in &names {
+        let (c, k) = identity_paths(&hosts, name);
+        targets.extend([c, k]);
+    }
+    refuse_existing(&targets.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
+    create_ca(&ca_cert_path, &ca_key_path)?;
+    let mut written = vec![ca_cert_path, ca_key_path];
+    let (c, k) = issue_from(&ca, &admin, Role::Admin, Role::Admin.as_str(), None)?;
+    written.extend([admin.join(format!("{CA_NAME}.pem")), c, k]);
+    written.push(hosts.join(format!("{CA_NAME}.pem")));
+    for (role, name, id) in names {
+        let (c, k) = issue_from(&ca, &hosts, role, &name, id)?;
+        written.extend([c, k]);
+    }
+    tracing::info!(dir = %out.display(), "created a cluster CA, the admin identity and the hosts' certificates");
     Ok(written)
 }
 
@@ -227,11 +276,32 @@ pub fn issue(dir: &Path, role: Role, name: &str) -> Result<(PathBuf, PathBuf), T
 /// then lets it register and heartbeat only as that node, and peers take chunks from it only as that node) or a voter
 /// id (role coordinator, `urn:granary:voter:<id>`: Raft accepts it only as that voter).
 pub fn issue_bound(dir: &Path, role: Role, name: &str, node_id: Option<u64>) -> Result<(PathBuf, PathBuf), TlsError> {
+    issue_from(dir, dir, role, name, node_id)
+}
+
+/// [`issue_bound`] with the CA (`ca.pem`, `ca.key`) in folder `ca` and the new certificate written into `dir`
+/// (created if missing), with a copy of `ca.pem` there when it has none, so `dir` is a whole identity folder.
+pub fn issue_from(
+    ca: &Path,
+    dir: &Path,
+    role: Role,
+    name: &str,
+    node_id: Option<u64>,
+) -> Result<(PathBuf, PathBuf), TlsError> {
     if node_id.is_some() && !matches!(role, Role::Node | Role::Coordinator) {
         return Err(TlsError::NodeIdForRole(role));
     }
     check_name(name)?;
-    let (ca_cert_path, ca_key_path) = identity_paths(dir, CA_NAME);
+    if ca != dir {
+        fs::create_dir_all(dir).map_err(io_err("creating directory", dir))?;
+        let (ca_pem, _) = identity_paths(ca, CA_NAME);
+        let (copy, _) = identity_paths(dir, CA_NAME);
+        if !copy.exists() {
+            let pem = read_file(&ca_pem)?;
+            write_new(&copy, &pem, false)?;
+        }
+    }
+    let (ca_cert_path, ca_key_path) = identity_paths(ca, CA_NAME);
     let ca_certs = read_certs(&ca_cert_path)?;
     let ca_key_der = read_key(&ca_key_path)?;
     let ca_key = KeyPair::try_from(&ca_key_der)

@@ -1,6 +1,7 @@
 //! `granary certs init|issue`: the cluster's certificate authority and the
 //! certificates of each role (coordinator, node, trainer, admin), written as
-//! PEM files into one folder that the cluster commands take as `--certs`.
+//! PEM files into three folders: `ca/` (the CA key: keep it off the hosts),
+//! `admin/` (the operator's), `hosts/` (what hosts take as `--certs`).
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -10,7 +11,9 @@ use std::path::PathBuf;
 /// `granary certs`.
 #[derive(Subcommand)]
 pub(crate) enum CertsCommand {
-    /// Create a cluster CA and one certificate per role (coordinator, node, trainer, admin).
+    /// Create a cluster CA and the certificates of each role, in three folders of OUT: `ca/` (the CA's key; keep
+    /// it off the hosts), `admin/` (the admin identity; the operator's), `hosts/` (coordinator, node and trainer
+    /// certificates; give hosts this one as --certs).
     Init {
         /// Folder to create.
         #[arg(long)]
@@ -34,11 +37,16 @@ pub(crate) enum CertsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Issue another certificate from the CA in DIR.
+    /// Issue another certificate into DIR, signed by the CA.
     Issue {
-        /// Folder made by `certs init`.
+        /// Folder to write it into (`hosts/` or `admin/` of `certs init`; created if missing, with the CA
+        /// certificate copied in).
         #[arg(long)]
         dir: PathBuf,
+        /// Folder holding the CA's certificate and key. Default: DIR itself if it holds `ca.key` (a folder of
+        /// `granary_net::tls::init_cluster`), else `ca/` beside DIR (the layout of `certs init`).
+        #[arg(long)]
+        ca: Option<PathBuf>,
         /// coordinator, node, trainer or admin.
         #[arg(long)]
         role: Role,
@@ -61,18 +69,24 @@ pub(crate) enum CertsCommand {
 pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
     let (files, json) = match cmd {
         CertsCommand::Init { out, nodes, voters, json } => {
-            let mut files = tls::init_cluster(&out)?;
-            for id in 1..=nodes {
-                let (c, k) = tls::issue_bound(&out, Role::Node, &format!("node-{id}"), Some(id))?;
-                files.extend([c, k]);
-            }
-            for id in 1..=voters {
-                let (c, k) = tls::issue_bound(&out, Role::Coordinator, &format!("coordinator-{id}"), Some(id))?;
-                files.extend([c, k]);
+            let files = tls::init_split(&out, nodes, voters)?;
+            if !json {
+                println!(
+                    "{}/: the CA's certificate and key; keep it off the hosts (certs issue --ca signs with it)",
+                    out.join(tls::CA_FOLDER).display()
+                );
+                println!(
+                    "{}/: the admin identity (dataset add); the operator's",
+                    out.join(tls::ADMIN_FOLDER).display()
+                );
+                println!(
+                    "{}/: what coordinators, nodes and trainers take as --certs",
+                    out.join(tls::HOSTS_FOLDER).display()
+                );
             }
             (files, json)
         }
-        CertsCommand::Issue { dir, role, name, node_id, voter_id, json } => {
+        CertsCommand::Issue { dir, ca, role, name, node_id, voter_id, json } => {
             match (role, node_id, voter_id) {
                 (Role::Node, _, Some(_)) => {
                     anyhow::bail!("--voter-id binds a coordinator certificate; a node's takes --node-id")
@@ -82,7 +96,14 @@ pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
                 }
                 _ => {}
             }
-            let (c, k) = tls::issue_bound(&dir, role, &name, node_id.or(voter_id))?;
+            let ca = ca.unwrap_or_else(|| {
+                let beside = dir.parent().map(|p| p.join(tls::CA_FOLDER));
+                match beside {
+                    Some(b) if !dir.join("ca.key").exists() && b.join("ca.key").exists() => b,
+                    _ => dir.clone(),
+                }
+            });
+            let (c, k) = tls::issue_from(&ca, &dir, role, &name, node_id.or(voter_id))?;
             (vec![c, k], json)
         }
     };

@@ -7,7 +7,7 @@
 //! remote and convert nothing, conversions beyond the fault-free run's stay
 //! within what the node held or was loading, and the cold epoch's extra
 //! time stays near the fault and a lease (the command's own check is
-//! exact; this debug build on a shared 2-core machine gets 3 s of slack,
+//! exact; this debug build on a shared 2-core machine gets 5 s of slack,
 //! the release figures are in docs/TESTING.md).
 //!
 //! Needs root and iproute2; without them it says "skipped" and why.
@@ -55,7 +55,11 @@ fn check(fault: &str) {
     // on two shared cores varies by several seconds (20.2 s and 24.4 s in
     // one CI run), more than a partition of 6 s may cost.
     assert!(r["faulted"]["exposed"].as_u64().is_some_and(|e| e > 0), "the fault exposed nothing: {r}");
-    assert!(cold <= allowed + 3.0, "+{cold:.1} s of cold epoch, {allowed:.1} s allowed: {r}");
+    // 5 s of slack: the debug fault-free cold epoch alone spread over 4.2 s
+    // (above), and a CI run of the stop missed 3 s of slack by 0.8 s
+    // (+12.8 s; the release build's runs: +2.6 to +4.6 s). Before issue 14's
+    // fixes the stop cost +15 s, over this bound still.
+    assert!(cold <= allowed + 5.0, "+{cold:.1} s of cold epoch, {allowed:.1} s allowed: {r}");
 }
 
 /// One after the other: each run makes its own hosts, and two at once

@@ -142,6 +142,10 @@ impl RunConfig {
 /// Each node's SSD tier.
 const SSD_BYTES: u64 = 96 << 20;
 
+/// How long a `corrupt_ssd` fault waits for the node to have a chunk on
+/// SSD before it kills the node and damages what is there.
+const CORRUPT_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a node armed to die at a write into its SSD tier may go
 /// without one before it is killed plainly (its restart waits for the
 /// kill; a debug build under strace writes its first chunks slowly).
@@ -712,15 +716,13 @@ fn link_faults(s: &Schedule) -> LinkFaults {
     }
 }
 
-/// Flips one byte in each of up to `flips` chunk entries found in the SSD
-/// folder `dir` (entries are found by the chunk magic; which entries and
-/// which byte come from `seed`). Returns how many were damaged.
-fn damage_ssd(dir: &Path, seed: u64, flips: u32) -> Result<u64> {
-    let mut r = Rng::new(seed);
+/// The chunk entries in the SSD folder `dir`, found by the chunk magic:
+/// (file, offset, length).
+fn ssd_entries(dir: &Path) -> Result<Vec<(PathBuf, usize, usize)>> {
     let mut entries: Vec<(PathBuf, usize, usize)> = Vec::new();
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(d) => d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect(),
-        Err(_) => return Ok(0), // nothing written yet
+        Err(_) => return Ok(entries), // nothing written yet
     };
     files.sort();
     let magic = granary_proto::chunk::MAGIC;
@@ -739,6 +741,15 @@ fn damage_ssd(dir: &Path, seed: u64, flips: u32) -> Result<u64> {
             at = start + magic.len();
         }
     }
+    Ok(entries)
+}
+
+/// Flips one byte in each of up to `flips` chunk entries found in the SSD
+/// folder `dir` (entries are found by the chunk magic; which entries and
+/// which byte come from `seed`). Returns how many were damaged.
+fn damage_ssd(dir: &Path, seed: u64, flips: u32) -> Result<u64> {
+    let mut r = Rng::new(seed);
+    let mut entries = ssd_entries(dir)?;
     let mut damaged = 0;
     for _ in 0..flips {
         if entries.is_empty() {
@@ -855,6 +866,20 @@ fn apply(
 ) -> Result<()> {
     match (fault, edge) {
         (Fault::KillNode { node, .. } | Fault::CorruptSsd { node, .. } | Fault::FillSsd { node, .. }, Edge::Start) => {
+            if let Fault::CorruptSsd { .. } = fault {
+                // A damaged SSD needs something on it: wait (a bounded
+                // while) for the node's first chunk there. A debug build's
+                // node can take longer than the fault's offset to write one.
+                // Its counters first (cheap), then the folder (a scan).
+                let until = Instant::now() + CORRUPT_WAIT;
+                while cluster.stats(node).map_or(0, |s| s.conversions) == 0 && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let dir = cluster.node_ssd(node);
+                while ssd_entries(&dir)?.is_empty() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
             kill_node(cluster, node, retired, obs);
             if let Fault::CorruptSsd { flips, .. } = fault {
                 let damaged = damage_ssd(&cluster.node_ssd(node), seed_of(&[seed, index as u64]), flips)?;

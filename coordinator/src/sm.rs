@@ -164,18 +164,8 @@ impl SnapshotDir {
             return Ok(false);
         }
         let tmp = self.dir.join(SNAPSHOT_TMP_FILE);
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StoreError::SnapshotIo { path, source }
-        };
-        let mut file = File::create(&tmp).map_err(io(&tmp))?;
-        file.write_all(bytes).map_err(io(&tmp))?;
-        file.sync_all().map_err(io(&tmp))?;
-        drop(file);
-        let target = self.path();
-        std::fs::rename(&tmp, &target).map_err(io(&target))?;
-        // The rename is durable only once the folder's entry is.
-        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io(&self.dir))?;
+        replace_durably(&RealFs, &self.dir, &tmp, &self.path(), bytes)
+            .map_err(|(path, source)| StoreError::SnapshotIo { path, source })?;
         *current = Some(meta.clone());
         Ok(true)
     }
@@ -188,6 +178,53 @@ impl SnapshotDir {
         let bytes = std::fs::read(&path).map_err(|source| StoreError::SnapshotIo { path, source })?;
         Ok(Some(Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(bytes)) }))
     }
+}
+
+/// The file operations a crash-atomic replace makes, so that a test can
+/// run the same sequence on a disk that forgets what was not synced.
+pub(crate) trait ReplaceFs {
+    /// Creates `path` holding `bytes`, and syncs its contents.
+    fn write_synced(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    /// Renames `from` over `to`.
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()>;
+    /// Syncs the folder's entries.
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
+}
+
+/// The machine's filesystem.
+pub(crate) struct RealFs;
+
+impl ReplaceFs for RealFs {
+    fn write_synced(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut file = File::create(path)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// Makes `target` (in folder `dir`) hold `bytes` so that a crash or power
+/// cut at any point leaves either its old contents or `bytes`: written to
+/// `tmp` and synced, renamed over `target`, and the folder synced (the
+/// rename is durable only once the folder's entry is). Errors name the
+/// path.
+pub(crate) fn replace_durably(
+    fs: &dyn ReplaceFs,
+    dir: &Path,
+    tmp: &Path,
+    target: &Path,
+    bytes: &[u8],
+) -> Result<(), (PathBuf, std::io::Error)> {
+    fs.write_synced(tmp, bytes).map_err(|e| (tmp.to_path_buf(), e))?;
+    fs.rename(tmp, target).map_err(|e| (target.to_path_buf(), e))?;
+    fs.sync_dir(dir).map_err(|e| (dir.to_path_buf(), e))
 }
 
 /// The state machine: implements openraft's `RaftStateMachine`, keeping the
@@ -397,6 +434,68 @@ fn off_worker<R>(f: impl FnOnce() -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A disk with a page cache: file contents and folder entries are lost
+    /// in a power cut unless synced (file contents by `write_synced`,
+    /// entries by `sync_dir`).
+    #[derive(Default)]
+    struct CacheDisk {
+        /// Contents by inode: written, and synced.
+        inodes: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
+        /// Folder entries (path -> inode): as seen, and as synced.
+        seen: Mutex<std::collections::BTreeMap<PathBuf, usize>>,
+        synced: Mutex<std::collections::BTreeMap<PathBuf, usize>>,
+    }
+
+    impl CacheDisk {
+        /// What `path` holds after a power cut now.
+        fn after_cut(&self, path: &Path) -> Option<Vec<u8>> {
+            let inode = *self.synced.lock().unwrap().get(path)?;
+            Some(self.inodes.lock().unwrap()[inode].1.clone())
+        }
+    }
+
+    impl ReplaceFs for CacheDisk {
+        fn write_synced(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+            let mut inodes = self.inodes.lock().unwrap();
+            inodes.push((bytes.to_vec(), bytes.to_vec()));
+            self.seen.lock().unwrap().insert(path.to_path_buf(), inodes.len() - 1);
+            Ok(())
+        }
+
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            let mut seen = self.seen.lock().unwrap();
+            let inode = seen.remove(from).ok_or_else(|| std::io::Error::other("no such file"))?;
+            seen.insert(to.to_path_buf(), inode);
+            Ok(())
+        }
+
+        fn sync_dir(&self, _dir: &Path) -> std::io::Result<()> {
+            *self.synced.lock().unwrap() = self.seen.lock().unwrap().clone();
+            Ok(())
+        }
+    }
+
+    /// Issue 15: the snapshot file is replaced so that a power cut right
+    /// after `persist` returns leaves the new snapshot, and a cut at any
+    /// step before leaves the old one whole (checked: without the folder
+    /// sync the cut after returning finds the old snapshot).
+    #[test]
+    fn a_replaced_snapshot_survives_a_power_cut_and_a_cut_midway_leaves_the_old_one() {
+        let disk = CacheDisk::default();
+        let (dir, tmp, target) = (Path::new("/d"), Path::new("/d/snapshot.json.tmp"), Path::new("/d/snapshot.json"));
+        replace_durably(&disk, dir, tmp, target, b"old").expect("first");
+        assert_eq!(disk.after_cut(target).as_deref(), Some(&b"old"[..]));
+        // Midway: written and synced, not yet renamed, then renamed but the
+        // folder not synced: a cut leaves the old snapshot.
+        disk.write_synced(tmp, b"new").expect("write");
+        assert_eq!(disk.after_cut(target).as_deref(), Some(&b"old"[..]));
+        disk.rename(tmp, target).expect("rename");
+        assert_eq!(disk.after_cut(target).as_deref(), Some(&b"old"[..]), "the rename is not durable yet");
+        // The whole sequence: durable once it returns.
+        replace_durably(&disk, dir, tmp, target, b"newer").expect("replace");
+        assert_eq!(disk.after_cut(target).as_deref(), Some(&b"newer"[..]));
+    }
     use crate::types::Command;
     use granary_proto::NodeId;
     use openraft::{CommittedLeaderId, Membership};

@@ -4,8 +4,11 @@
 //! node killed with its ranks and restarted, one whose SSD chunks were
 //! damaged while it was down, a pair of nodes cut apart, a
 //! node cut off its peers, a node stopped, the leading and a following
-//! voter killed and restarted, datagram loss, duplication and reordering
-//! on the peer links, a bandwidth cap on them (seed 5, 27 MiB/s), 503s,
+//! voter killed and restarted, a host cut off its peers and the voters
+//! (seed 7), the leading voter (seed 2) and a following one (seed 9) cut
+//! off every process, datagram loss, duplication and reordering on every
+//! link (node to node, node to voter, voter to voter, the coordinator
+//! client's), a bandwidth cap on them (seed 5, 27 MiB/s), 503s,
 //! slow answers and answers cut short from the store). Every invariant must hold: each rank's batches equal the
 //! fault-free single-node reference, remote reads stay within what the
 //! schedule allows, the coordinator client's registrations and listings
@@ -62,6 +65,12 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         // history was decided (not cut off by the checker's step bound).
         assert_eq!(r["lin"]["verdict"], "linearizable", "{r}");
         assert!(r["lin"]["acknowledged"].as_u64().unwrap_or(0) > 0, "{r}");
+        // Nodes, voters and the chaos client spoke through the relay (its
+        // faults reached the coordinator links); only the operator's tools
+        // passed outside it.
+        for kind in ["node-node", "node-voter", "voter-voter", "client-voter"] {
+            assert!(r["relay_links"][kind].as_u64().unwrap_or(0) > 100, "no {kind} traffic through the relay: {r}");
+        }
         // Every node's memory was sampled and judged.
         assert!(r["memory_budget"].as_u64().unwrap_or(0) > 0, "{r}");
         for node in ["1", "2", "3"] {
@@ -104,6 +113,9 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         "isolate_node",
         "kill_leader",
         "kill_voter",
+        "cut_host",
+        "isolate_leader",
+        "isolate_voter",
         "store_error",
         "store_slow",
         "store_short",

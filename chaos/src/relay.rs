@@ -23,7 +23,11 @@
 //! dropped and counted (`unknown_source`): passing it would leak through
 //! partitions, and giving it a link id by arrival order would not replay.
 //! List every address a process sends from in [`ProcessSpec::sends_from`]
-//! (a client-only QUIC endpoint bound to a fixed port, say).
+//! (a client-only QUIC endpoint bound to a fixed port, say). The one
+//! exception is [`RelayConfig::pass_outsiders`]: an operator's tools
+//! (`granary status`, `dataset add`) that dial a front from a port of the
+//! moment are relayed as they are, without faults and never cut off, so
+//! they see the cluster as a client outside the fault domain would.
 
 pub mod core;
 pub mod decide;
@@ -81,6 +85,9 @@ pub struct RelayConfig {
     /// Back sockets (source address, destination pairs) at most; a datagram
     /// that would need one more is dropped and counted. Default 1,024.
     pub max_pairs: usize,
+    /// Relay datagrams from unknown addresses too, fault-free and never
+    /// cut (counted as `outsiders`). Default false: dropped.
+    pub pass_outsiders: bool,
 }
 
 impl RelayConfig {
@@ -96,6 +103,7 @@ impl RelayConfig {
             partitions: Vec::new(),
             limits: CoreLimits::default(),
             max_pairs: 1024,
+            pass_outsiders: false,
         }
     }
 }
@@ -148,6 +156,9 @@ pub struct RelayStats {
     pub links: BTreeMap<Link, LinkCounters>,
     /// Datagrams from addresses the relay does not know, dropped.
     pub unknown_source: u64,
+    /// Datagrams from and to addresses the relay does not know, relayed
+    /// without faults ([`RelayConfig::pass_outsiders`]).
+    pub outsiders: u64,
     /// Datagrams dropped because [`RelayConfig::max_pairs`] back sockets
     /// existed already, or a new one could not be bound.
     pub no_back_socket: u64,
@@ -176,6 +187,7 @@ struct Packet {
 #[derive(Default)]
 struct ShellCounters {
     unknown_source: AtomicU64,
+    outsiders: AtomicU64,
     no_back_socket: AtomicU64,
     send_errors: AtomicU64,
     recv_errors: AtomicU64,
@@ -188,6 +200,7 @@ struct Shared {
     start: Instant,
     bind_ip: IpAddr,
     max_pairs: usize,
+    pass_outsiders: bool,
     /// Every address a known process sends from.
     sources: BTreeMap<SocketAddr, ProcessId>,
     listens: Vec<SocketAddr>,
@@ -222,7 +235,13 @@ impl Shared {
     }
 
     /// The back socket of (`source`, `to`), bound and served on first use.
-    fn back_socket(self: &Arc<Self>, source: SocketAddr, from: ProcessId, to: ProcessId) -> io::Result<Arc<UdpSocket>> {
+    /// `from` is None for an outsider.
+    fn back_socket(
+        self: &Arc<Self>,
+        source: SocketAddr,
+        from: Option<ProcessId>,
+        to: ProcessId,
+    ) -> io::Result<Arc<UdpSocket>> {
         let mut pairs = lock(&self.pairs);
         if let Some(s) = pairs.get(&(source, to)) {
             return Ok(s.clone());
@@ -234,7 +253,7 @@ impl Shared {
         std_socket.set_nonblocking(true)?;
         let socket = Arc::new(UdpSocket::from_std(std_socket)?);
         pairs.insert((source, to), socket.clone());
-        debug!(%source, %from, %to, back = ?socket.local_addr().ok(), "relay: new back socket");
+        debug!(%source, ?from, %to, back = ?socket.local_addr().ok(), "relay: new back socket");
         let task = tokio::spawn(serve_back(self.clone(), socket.clone(), source, from, to));
         lock(&self.back_tasks).push(task);
         Ok(socket)
@@ -257,18 +276,27 @@ async fn serve_front(shared: Arc<Shared>, to: ProcessId) {
                 }
             },
         };
-        let Some(&from) = shared.sources.get(&source) else {
+        let from = shared.sources.get(&source).copied();
+        if from.is_none() && !shared.pass_outsiders {
             shared.counters.unknown_source.fetch_add(1, Ordering::Relaxed);
             debug!(%to, %source, "relay: datagram from an unknown address dropped");
             continue;
-        };
+        }
         let back = match shared.back_socket(source, from, to) {
             Ok(back) => back,
             Err(error) => {
                 shared.counters.no_back_socket.fetch_add(1, Ordering::Relaxed);
-                debug!(%from, %to, %error, "relay: no back socket, datagram dropped");
+                debug!(?from, %to, %error, "relay: no back socket, datagram dropped");
                 continue;
             }
+        };
+        let Some(from) = from else {
+            // An outsider: straight on, no faults.
+            shared.counters.outsiders.fetch_add(1, Ordering::Relaxed);
+            if back.send_to(&buf[..n], shared.listens[to.0 as usize]).await.is_err() {
+                shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            continue;
         };
         let packet = Packet { via: back, to: shared.listens[to.0 as usize], bytes: Arc::from(&buf[..n]) };
         shared.handle(Link { from, to }, packet);
@@ -276,8 +304,15 @@ async fn serve_front(shared: Arc<Shared>, to: ProcessId) {
 }
 
 /// Reads `to`'s replies to `source` (a sender address of process `from`)
-/// and hands them to the core, to go back from `to`'s front.
-async fn serve_back(shared: Arc<Shared>, socket: Arc<UdpSocket>, source: SocketAddr, from: ProcessId, to: ProcessId) {
+/// and hands them to the core, to go back from `to`'s front; an
+/// outsider's (`from` None) go back at once.
+async fn serve_back(
+    shared: Arc<Shared>,
+    socket: Arc<UdpSocket>,
+    source: SocketAddr,
+    from: Option<ProcessId>,
+    to: ProcessId,
+) {
     let mut buf = vec![0u8; DATAGRAM_BUFFER_BYTES];
     let expected = shared.listens[to.0 as usize];
     loop {
@@ -287,16 +322,23 @@ async fn serve_back(shared: Arc<Shared>, socket: Arc<UdpSocket>, source: SocketA
                 Ok(got) => got,
                 Err(error) => {
                     shared.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
-                    debug!(%from, %to, %error, "relay: back receive failed");
+                    debug!(?from, %to, %error, "relay: back receive failed");
                     continue;
                 }
             },
         };
         if replier != expected {
             shared.counters.unknown_source.fetch_add(1, Ordering::Relaxed);
-            debug!(%from, %to, %replier, "relay: datagram on a back socket from a stranger dropped");
+            debug!(?from, %to, %replier, "relay: datagram on a back socket from a stranger dropped");
             continue;
         }
+        let Some(from) = from else {
+            shared.counters.outsiders.fetch_add(1, Ordering::Relaxed);
+            if shared.fronts[to.0 as usize].send_to(&buf[..n], source).await.is_err() {
+                shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            continue;
+        };
         let packet = Packet { via: shared.fronts[to.0 as usize].clone(), to: source, bytes: Arc::from(&buf[..n]) };
         shared.handle(Link { from: to, to: from }, packet);
     }
@@ -392,6 +434,7 @@ impl RelayHandle {
             start: Instant::now(),
             bind_ip: config.bind_ip,
             max_pairs: config.max_pairs,
+            pass_outsiders: config.pass_outsiders,
             sources,
             listens: config.processes.iter().map(|p| p.listen).collect(),
             fronts,
@@ -456,6 +499,7 @@ impl RelayHandle {
         RelayStats {
             links: lock(&self.shared.core).counters(),
             unknown_source: c.unknown_source.load(Ordering::Relaxed),
+            outsiders: c.outsiders.load(Ordering::Relaxed),
             no_back_socket: c.no_back_socket.load(Ordering::Relaxed),
             send_errors: c.send_errors.load(Ordering::Relaxed),
             recv_errors: c.recv_errors.load(Ordering::Relaxed),

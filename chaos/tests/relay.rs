@@ -209,3 +209,28 @@ async fn a_second_sending_address_of_a_process_is_relayed_as_that_process() {
     let Err(err) = RelayHandle::start(cfg).await else { panic!("a shared address was accepted") };
     assert!(matches!(err, RelayError::DuplicateAddress { addr, .. } if addr == a2_addr), "{err}");
 }
+
+#[tokio::test]
+async fn outsiders_pass_without_faults_or_cuts_when_allowed() {
+    // Every known link drops everything and A-B is cut: an outsider (an
+    // operator's tool on a port of the moment) still gets through both ways.
+    let (a, b, relay) = pair(|c| {
+        c.pass_outsiders = true;
+        c.default_faults = LinkFaults::lossy(1.0);
+    })
+    .await;
+    relay.partition(A, B, false).expect("known processes");
+    let front_b = relay.front(B).expect("front");
+    let tool = socket().await;
+    tool.send_to(b"status?", front_b).await.expect("send");
+    let (bytes, back) = recv(&b).await;
+    assert_eq!(bytes, b"status?");
+    b.send_to(b"leader 1", back).await.expect("send");
+    assert_eq!(recv(&tool).await, (b"leader 1".to_vec(), front_b));
+    // A known process is still faulted.
+    a.send_to(b"lost", front_b).await.expect("send");
+    assert!(recv_until_quiet(&b, Duration::from_millis(200)).await.is_empty());
+    let s = relay.stats();
+    assert_eq!((s.outsiders, s.unknown_source, s.link(Link::new(0, 1)).sent), (2, 0, 0));
+    relay.shutdown().await;
+}

@@ -140,6 +140,22 @@ impl CoordinatorClient {
             |e: std::net::AddrParseError| ClientError::BadAddress { addr: "0.0.0.0:0".into(), reason: e.to_string() },
         )?;
         let endpoint = transport::endpoint(bind, None)?;
+        Self::on_endpoint(endpoint, identity, addrs, options)
+    }
+
+    /// A client like [`CoordinatorClient::new`] that dials from `endpoint`
+    /// (one the caller bound, which may also serve), so that its traffic
+    /// comes from that endpoint's address: a node sends everything, to
+    /// peers and to voters, from its one peer socket.
+    pub fn on_endpoint(
+        endpoint: quinn::Endpoint,
+        identity: &Identity,
+        addrs: Vec<SocketAddr>,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError> {
+        if addrs.is_empty() {
+            return Err(ClientError::NoAddresses);
+        }
         let config = identity.client_config(ALPN_API)?;
         Ok(Self {
             conns: Connections::new(endpoint, config, Role::Coordinator, options.connect_timeout),

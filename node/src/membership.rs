@@ -62,19 +62,32 @@ pub(crate) struct Membership {
     tasks: JoinSet<()>,
 }
 
+/// The node identity `cfg` names, or why it cannot be one.
+pub(crate) fn node_identity(cfg: &ClusterConfig) -> Result<Identity, JoinError> {
+    let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(|e| JoinError::Identity(e.to_string()))?;
+    if identity.role() != Role::Node {
+        return Err(JoinError::Identity(format!(
+            "{}/{}.pem is a {} certificate; a node needs a node certificate",
+            cfg.certs.display(),
+            cfg.cert_name,
+            identity.role()
+        )));
+    }
+    Ok(identity)
+}
+
 impl Membership {
     /// Starts joining: returns at once; registration proceeds in the
     /// background (its standing is kept by the lease loop).
-    pub(crate) fn start(cfg: &ClusterConfig, ram_bytes: u64, ssd_bytes: u64) -> Result<Self, JoinError> {
-        let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(|e| JoinError::Identity(e.to_string()))?;
-        if identity.role() != Role::Node {
-            return Err(JoinError::Identity(format!(
-                "{}/{}.pem is a {} certificate; a node needs a node certificate",
-                cfg.certs.display(),
-                cfg.cert_name,
-                identity.role()
-            )));
-        }
+    /// Every call to the coordinator goes out from `endpoint`, the node's
+    /// one peer socket, so the voters see one address per node.
+    pub(crate) fn start(
+        cfg: &ClusterConfig,
+        identity: &Identity,
+        endpoint: &quinn::Endpoint,
+        ram_bytes: u64,
+        ssd_bytes: u64,
+    ) -> Result<Self, JoinError> {
         let addrs = parse_addrs(&cfg.coordinators)?;
         // Short attempts: a heartbeat must reach the new leader well within
         // a lease (default 3 s) after the old one dies with our connection
@@ -85,10 +98,11 @@ impl Membership {
             attempt_timeout: Duration::from_millis(500),
             ..Default::default()
         };
-        let client = Arc::new(CoordinatorClient::new(&identity, addrs.clone(), options)?);
+        let client = Arc::new(CoordinatorClient::on_endpoint(endpoint.clone(), identity, addrs.clone(), options)?);
         // The watch has its own client, so that its long-lived stream and its
         // retries never disturb the heartbeats' leader hint.
-        let watch_client = Arc::new(CoordinatorClient::new(&identity, addrs, ClientOptions::default())?);
+        let watch_client =
+            Arc::new(CoordinatorClient::on_endpoint(endpoint.clone(), identity, addrs, ClientOptions::default())?);
         let (standing_tx, standing) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();

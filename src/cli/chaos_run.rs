@@ -143,7 +143,7 @@ fn print_seed(r: &SeedReport) {
     let n = r.schedule.noise;
     let noise = if n.drop + n.duplicate + n.reorder > 0.0 || n.delay_ms > 0 {
         format!(
-            "; peer links drop {:.1}%, duplicate {:.1}%, reorder {:.1}%, delay {} ms",
+            "; links drop {:.1}%, duplicate {:.1}%, reorder {:.1}%, delay {} ms",
             n.drop * 100.0,
             n.duplicate * 100.0,
             n.reorder * 100.0,
@@ -154,7 +154,7 @@ fn print_seed(r: &SeedReport) {
     };
     let cap = if n.bandwidth_mib > 0 {
         format!(
-            "; peer links capped at {} MiB/s ({} datagrams held back or dropped)",
+            "; links capped at {} MiB/s ({} datagrams held back or dropped)",
             n.bandwidth_mib, r.relay_throttled
         )
     } else {

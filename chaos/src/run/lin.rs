@@ -41,6 +41,16 @@ pub struct LinClients {
     t0: Instant,
 }
 
+/// The chaos clients' sockets, bound ahead of them.
+pub struct Endpoints(Vec<quinn::Endpoint>);
+
+impl Endpoints {
+    /// The addresses they send from.
+    pub fn addrs(&self) -> Result<Vec<SocketAddr>> {
+        self.0.iter().map(|e| e.local_addr().context("a chaos client's address")).collect()
+    }
+}
+
 /// What the history showed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LinReport {
@@ -62,28 +72,44 @@ fn micros(t0: Instant) -> u64 {
 }
 
 impl LinClients {
-    /// Starts `clients` clients on the current runtime; they register
-    /// `source` (read with `view`) under new names until [`Self::finish`].
+    /// Binds the sockets of `clients` clients and the last reader, on
+    /// loopback, before a relay that must know their addresses starts
+    /// ([`Endpoints::addrs`]). Must run inside a tokio runtime.
+    pub fn bind(clients: u64) -> Result<Endpoints> {
+        let any: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let eps = (0..=clients)
+            .map(|_| granary_net::transport::endpoint(any, None).context("binding a chaos client's socket"))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Endpoints(eps))
+    }
+
+    /// Starts a client on each of `endpoints` but the last (which makes
+    /// the last read), on the current runtime; they register `source`
+    /// (read with `view`) under new names until [`Self::finish`].
     pub fn start(
+        endpoints: Endpoints,
         certs: &Path,
         voters: Vec<SocketAddr>,
         seed: u64,
-        clients: u64,
         source: String,
         view: granary_proto::View,
     ) -> Result<Self> {
         let identity = Identity::load(certs, "admin").map_err(|e| anyhow!("admin certificate: {e}"))?;
         let options = ClientOptions { deadline: Duration::from_secs(5), ..ClientOptions::default() };
-        let connect = || CoordinatorClient::new(&identity, voters.clone(), options).context("coordinator client");
-        let client = connect()?;
+        let connect = |ep: quinn::Endpoint| {
+            CoordinatorClient::on_endpoint(ep, &identity, voters.clone(), options).context("coordinator client")
+        };
+        let mut eps = endpoints.0;
+        let client = connect(eps.pop().context("no socket for the last read")?)?;
         let ops = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(Mutex::new(BTreeMap::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let t0 = Instant::now();
-        let tasks = (0..clients)
-            .map(|id| {
-                // A connection of its own per client.
-                let client = connect()?;
+        let tasks = (0u64..)
+            .zip(eps)
+            .map(|(id, ep)| {
+                // A socket and connections of its own per client.
+                let client = connect(ep)?;
                 let (ops, in_flight, stop) = (ops.clone(), in_flight.clone(), stop.clone());
                 let (source, view) = (source.clone(), view.clone());
                 Ok(tokio::spawn(async move {

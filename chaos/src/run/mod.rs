@@ -36,6 +36,7 @@ use granary_testkit::harness::{
 use schedule::{Fault, Schedule, Target, VoterPick};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use store::{FaultStore, StoreCounts};
@@ -314,8 +315,17 @@ pub struct SeedReport {
     pub relay_dropped: u64,
     /// Datagrams the relay sent twice.
     pub relay_duplicated: u64,
-    /// Datagrams the peer links' bandwidth cap held back or dropped.
+    /// Datagrams the links' bandwidth cap held back or dropped.
     pub relay_throttled: u64,
+    /// Datagrams the relay passed, by kind of link: `node-node`,
+    /// `node-voter` (either way), `voter-voter`, `client-voter`.
+    pub relay_links: BTreeMap<&'static str, u64>,
+    /// Datagrams from the operator's tools, passed without faults.
+    pub relay_outsiders: u64,
+    /// Datagrams dropped for coming from an address the relay does not
+    /// expect there (a reply to an operator's tool that has exited, whose
+    /// port the relay has since bound again).
+    pub relay_unknown: u64,
     /// Voters a voter fault hit, in order ("leader" picks resolved).
     pub voters_hit: Vec<u64>,
     /// Each node's RAM tier and guest area.
@@ -366,15 +376,35 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let store = rt.block_on(FaultStore::start(&job.store_root, seed))?;
     let tiers = Tiers::for_job(job);
     let mut cluster =
-        LocalCluster::prepare(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters, &store, Some(tiers)))?;
+        LocalCluster::plan(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters, &store, Some(tiers)))?;
     let ids = cluster.node_ids();
-    let mut relay_cfg = RelayConfig::new(seed, ids.iter().map(|&id| cluster.peer_listen(id)));
+    let pids = Pids { nodes: cfg.nodes, voters: cfg.voters };
+    // Every QUIC link goes through the relay: node to node, node to voter,
+    // voter to voter, and the chaos client to the voters (sockets bound
+    // now, so the relay knows their addresses). The operator's tools
+    // (`granary status`, `dataset add`) pass outside the faults.
+    let lin_endpoints = {
+        let _rt = rt.enter();
+        lin::LinClients::bind(2)?
+    };
+    let lin_addrs = lin_endpoints.addrs()?;
+    let mut processes: Vec<SocketAddr> = ids.iter().map(|&id| cluster.peer_listen(id)).collect();
+    processes.extend(cluster.voter_ids().iter().map(|&v| cluster.voter_listen(v)));
+    processes.push(lin_addrs[0]);
+    let mut relay_cfg = RelayConfig::new(seed, processes);
+    relay_cfg.processes[pids.lin().0 as usize].sends_from = lin_addrs[1..].to_vec();
     relay_cfg.default_faults = link_faults(&schedule);
+    relay_cfg.pass_outsiders = true;
     let relay = rt.block_on(RelayHandle::start(relay_cfg)).context("starting the relay")?;
     for &id in &ids {
-        let front = relay.front(pid(id)).ok_or_else(|| anyhow!("relay has no front for node {id}"))?;
+        let front = relay.front(pids.node(id)).ok_or_else(|| anyhow!("relay has no front for node {id}"))?;
         cluster.set_advertise(id, front);
     }
+    for v in cluster.voter_ids() {
+        let front = relay.front(pids.voter(v)).ok_or_else(|| anyhow!("relay has no front for voter {v}"))?;
+        cluster.set_voter_advertise(v, front);
+    }
+    cluster.start_voters()?;
     let ssd_mounts = match ssdfs::tmpfs_available(&dir) {
         Ok(()) => Ok(ssdfs::SsdMounts::mount(&dir, &ids, SSD_BYTES)?),
         Err(why) => Err(why),
@@ -437,10 +467,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         let _rt = rt.enter();
         let voters = cluster.coordinators().iter().map(|a| a.parse()).collect::<Result<Vec<_>, _>>()?;
         lin::LinClients::start(
+            lin_endpoints,
             cluster.certs(),
             voters,
             seed,
-            2,
             format!("s3://{BUCKET}/{LIN_PREFIX}/"),
             datagen::view(),
         )?
@@ -480,7 +510,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
                     }
                 }
             }
-            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
+            apply(&mut cluster, &relay, pids, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
             if let (Some(node), Edge::End) = (fault.host_killed(), edge) {
                 for (r, rank) in ranks.iter_mut().enumerate() {
                     if node_of(r as u32) == node && !rank.finished && !rank.lost {
@@ -557,7 +587,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     while let Some((_, i, edge)) = actions.pop_front() {
         if let Edge::End = edge {
             let fault = schedule.events[i].fault;
-            apply(&mut cluster, &relay, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
+            apply(&mut cluster, &relay, pids, seed, fault, edge, i, &mut voters_hit, &mut retired, &mut obs, &mut ssd)?;
         }
     }
     let lin_report = rt.block_on(lin.finish());
@@ -622,6 +652,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     obs.remote_bytes = total.remote_bytes;
     let violations = verdict::judge(&obs, job, &schedule, cfg.nodes, cfg.epochs);
     let links = relay_stats.links.values();
+    let mut relay_links: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (l, c) in &relay_stats.links {
+        *relay_links.entry(pids.link_kind(l.from, l.to)).or_insert(0) += c.sent;
+    }
     Ok(SeedReport {
         seed,
         remote_ratio: total.remote_bytes as f64 / job.source_bytes.max(1) as f64,
@@ -642,6 +676,9 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         relay_dropped: links.clone().map(|l| l.dropped + l.partitioned).sum(),
         relay_duplicated: links.clone().map(|l| l.duplicated).sum(),
         relay_throttled: links.map(|l| l.throttled + l.throttle_dropped).sum(),
+        relay_links,
+        relay_outsiders: relay_stats.outsiders,
+        relay_unknown: relay_stats.unknown_source,
         voters_hit: voters_hit.into_values().collect(),
         schedule,
         by_fault,
@@ -678,9 +715,58 @@ fn cluster_socket(dir: &Path, node: u64) -> PathBuf {
     dir.join(format!("node-{node}")).join("node.sock")
 }
 
-/// The relay's process id of node `id`.
-fn pid(id: u64) -> ProcessId {
-    ProcessId((id - 1) as u32)
+/// The relay's process ids: nodes first, then voters, then the chaos
+/// client.
+#[derive(Clone, Copy)]
+struct Pids {
+    nodes: u32,
+    voters: u32,
+}
+
+impl Pids {
+    /// Node `id`.
+    fn node(&self, id: u64) -> ProcessId {
+        ProcessId((id - 1) as u32)
+    }
+
+    /// Voter `id`.
+    fn voter(&self, id: u64) -> ProcessId {
+        ProcessId(self.nodes + (id - 1) as u32)
+    }
+
+    /// The chaos client.
+    fn lin(&self) -> ProcessId {
+        ProcessId(self.nodes + self.voters)
+    }
+
+    /// Every process.
+    fn all(&self) -> impl Iterator<Item = ProcessId> {
+        (0..=self.nodes + self.voters).map(ProcessId)
+    }
+
+    /// What kind of link joins `a` and `b` (either way).
+    fn link_kind(&self, a: ProcessId, b: ProcessId) -> &'static str {
+        let class = |p: ProcessId| match p.0 {
+            n if n < self.nodes => 0,
+            n if n < self.nodes + self.voters => 1,
+            _ => 2,
+        };
+        match (class(a).min(class(b)), class(a).max(class(b))) {
+            (0, 0) => "node-node",
+            (0, 1) => "node-voter",
+            (1, 1) => "voter-voter",
+            (1, 2) => "client-voter",
+            _ => "other",
+        }
+    }
+
+    /// Cuts `p` off every other process.
+    fn isolate(&self, relay: &RelayHandle, p: ProcessId) -> Result<()> {
+        for other in self.all().filter(|&o| o != p) {
+            relay.partition(p, other, false)?;
+        }
+        Ok(())
+    }
 }
 
 fn add(t: &mut ClusterCounters, s: &ClusterCounters) {
@@ -850,11 +936,22 @@ fn signal(pid: u32, sig: i32) -> Result<()> {
     Ok(())
 }
 
+/// The running voter `pick` names now, if any.
+fn pick_voter(cluster: &LocalCluster, pick: VoterPick) -> Result<Option<u64>> {
+    let running: Vec<u64> = cluster.voter_ids().into_iter().filter(|&v| cluster.voter_running(v)).collect();
+    let leader = cluster.leader(Duration::from_secs(2))?;
+    Ok(match pick {
+        VoterPick::Leader => leader.filter(|l| running.contains(l)).or(running.first().copied()),
+        VoterPick::Follower => running.iter().copied().find(|&v| Some(v) != leader),
+    })
+}
+
 /// Fires one edge of a fault.
 #[allow(clippy::too_many_arguments)]
 fn apply(
     cluster: &mut LocalCluster,
     relay: &RelayHandle,
+    pids: Pids,
     seed: u64,
     fault: Fault,
     edge: Edge,
@@ -937,13 +1034,7 @@ fn apply(
             }
         }
         (Fault::KillVoter { pick, .. }, Edge::Start) => {
-            let running: Vec<u64> = cluster.voter_ids().into_iter().filter(|&v| cluster.voter_running(v)).collect();
-            let leader = cluster.leader(Duration::from_secs(2))?;
-            let victim = match pick {
-                VoterPick::Leader => leader.filter(|l| running.contains(l)).or(running.first().copied()),
-                VoterPick::Follower => running.iter().copied().find(|&v| Some(v) != leader),
-            };
-            if let Some(v) = victim {
+            if let Some(v) = pick_voter(cluster, pick)? {
                 cluster.kill_voter(v);
                 voters_hit.insert(index, v);
             }
@@ -955,15 +1046,25 @@ fn apply(
                 cluster.start_voter(v)?;
             }
         }
-        (Fault::CutPair { a, b, .. }, Edge::Start) => relay.partition(pid(a), pid(b), false)?,
+        (Fault::CutPair { a, b, .. }, Edge::Start) => relay.partition(pids.node(a), pids.node(b), false)?,
         (Fault::IsolateNode { node, .. }, Edge::Start) => {
             for other in cluster.node_ids() {
                 if other != node {
-                    relay.partition(pid(node), pid(other), false)?;
+                    relay.partition(pids.node(node), pids.node(other), false)?;
                 }
             }
         }
-        (Fault::CutPair { .. } | Fault::IsolateNode { .. }, Edge::End) => relay.heal(),
+        (Fault::CutHost { node, .. }, Edge::Start) => pids.isolate(relay, pids.node(node))?,
+        (Fault::IsolateVoter { pick, .. }, Edge::Start) => {
+            if let Some(v) = pick_voter(cluster, pick)? {
+                pids.isolate(relay, pids.voter(v))?;
+                voters_hit.insert(index, v);
+            }
+        }
+        (
+            Fault::CutPair { .. } | Fault::IsolateNode { .. } | Fault::CutHost { .. } | Fault::IsolateVoter { .. },
+            Edge::End,
+        ) => relay.heal(),
     }
     Ok(())
 }

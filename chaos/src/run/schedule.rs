@@ -4,8 +4,9 @@
 //!
 //! Faults are drawn so that the cluster can always make progress once each
 //! one ends: at most `nodes - 1` nodes are down or stopped at once, at most
-//! one voter is down at a time (a majority of three stays up), and network
-//! faults do not overlap (the relay heals all partitions at once).
+//! one voter is down or cut off at a time (a majority of three stays up),
+//! and network faults do not overlap (the relay heals all partitions at
+//! once).
 
 use super::store::StoreFaults;
 use granary_proto::rng::{Rng, seed_of};
@@ -23,7 +24,8 @@ pub struct Target {
     /// Faults start within this time of the first epoch's start.
     pub horizon: Duration,
     /// Process and network fault events per seed at most (at least one);
-    /// one `fill_ssd` or `kill_in_ssd_write` may come on top.
+    /// one `fill_ssd` or `kill_in_ssd_write`, and one `cut_host` or
+    /// `isolate_voter`/`isolate_leader`, may come on top.
     pub max_faults: u32,
 }
 
@@ -125,6 +127,26 @@ pub enum Fault {
         #[serde(serialize_with = "millis")]
         cut: Duration,
     },
+    /// Cut a node off every other process, voters included, for `cut`: a
+    /// host whose link went down. Its lease may lapse and its shards move;
+    /// its ranks go on from what it can reach.
+    CutHost {
+        /// Node id.
+        node: u64,
+        /// How long.
+        #[serde(serialize_with = "millis")]
+        cut: Duration,
+    },
+    /// Cut a voter off every other process (voters, nodes, the chaos
+    /// client) for `cut`: a leader cut off is deposed, a follower falls
+    /// behind and catches up.
+    IsolateVoter {
+        /// Which voter.
+        pick: VoterPick,
+        /// How long.
+        #[serde(serialize_with = "millis")]
+        cut: Duration,
+    },
 }
 
 fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -144,6 +166,9 @@ impl Fault {
             Fault::KillVoter { pick: VoterPick::Follower, .. } => "kill_voter",
             Fault::CutPair { .. } => "cut_pair",
             Fault::IsolateNode { .. } => "isolate_node",
+            Fault::CutHost { .. } => "cut_host",
+            Fault::IsolateVoter { pick: VoterPick::Leader, .. } => "isolate_leader",
+            Fault::IsolateVoter { pick: VoterPick::Follower, .. } => "isolate_voter",
         }
     }
 
@@ -156,15 +181,32 @@ impl Fault {
             | Fault::FillSsd { down, .. }
             | Fault::KillInSsdWrite { down, .. } => down,
             Fault::StopNode { stopped, .. } => stopped,
-            Fault::CutPair { cut, .. } | Fault::IsolateNode { cut, .. } => cut,
+            Fault::CutPair { cut, .. }
+            | Fault::IsolateNode { cut, .. }
+            | Fault::CutHost { cut, .. }
+            | Fault::IsolateVoter { cut, .. } => cut,
         }
     }
 
-    /// The node it takes down or stops, if any.
+    /// Whether the relay cuts links for it (partitions end all at once).
+    pub fn is_cut(&self) -> bool {
+        matches!(
+            self,
+            Fault::CutPair { .. } | Fault::IsolateNode { .. } | Fault::CutHost { .. } | Fault::IsolateVoter { .. }
+        )
+    }
+
+    /// Whether it takes a voter out (killed or cut off).
+    pub fn voter_out(&self) -> bool {
+        matches!(self, Fault::KillVoter { .. } | Fault::IsolateVoter { .. })
+    }
+
+    /// The node it takes down, stops or cuts off, if any.
     pub fn node_down(&self) -> Option<u64> {
         match *self {
             Fault::KillNode { node, .. }
             | Fault::StopNode { node, .. }
+            | Fault::CutHost { node, .. }
             | Fault::CorruptSsd { node, .. }
             | Fault::FillSsd { node, .. }
             | Fault::KillInSsdWrite { node, .. } => Some(node),
@@ -186,7 +228,10 @@ impl Fault {
     /// Whether it makes a live owner unreachable for (some of) its peers:
     /// the cases where a shard may be read again by design.
     pub fn hides_an_owner(&self) -> bool {
-        matches!(self, Fault::StopNode { .. } | Fault::CutPair { .. } | Fault::IsolateNode { .. })
+        matches!(
+            self,
+            Fault::StopNode { .. } | Fault::CutPair { .. } | Fault::IsolateNode { .. } | Fault::CutHost { .. }
+        )
     }
 }
 
@@ -219,6 +264,15 @@ impl fmt::Display for Fault {
             }
             Fault::CutPair { a, b, cut } => write!(f, "cut nodes {a} and {b} apart for {}", s(cut)),
             Fault::IsolateNode { node, cut } => write!(f, "cut node {node} off its peers for {}", s(cut)),
+            Fault::CutHost { node, cut } => {
+                write!(f, "cut node {node} off its peers and the voters for {}", s(cut))
+            }
+            Fault::IsolateVoter { pick: VoterPick::Leader, cut } => {
+                write!(f, "cut the leading voter off every process for {}", s(cut))
+            }
+            Fault::IsolateVoter { pick: VoterPick::Follower, cut } => {
+                write!(f, "cut a following voter off every process for {}", s(cut))
+            }
         }
     }
 }
@@ -327,6 +381,24 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
             events.push(e);
         }
     }
+    // Faults of the links to the voters, from a stream of their own: in
+    // about one seed of two, a host cut off (voters included) or a voter
+    // cut off, when one fits (about a third do: the other cuts are many).
+    let mut c = Rng::new(seed_of(&[seed, 0x434f_4f52_4c49_4e4b]));
+    if c.below(2) == 0 {
+        let at = ms(&mut c, 200, horizon_ms);
+        let node = 1 + c.below(u64::from(t.nodes.max(1)));
+        let cut = ms(&mut c, 500, 4000);
+        let fault = match c.below(4) {
+            0 if t.voters >= 3 => Fault::IsolateVoter { pick: VoterPick::Leader, cut },
+            1 if t.voters >= 3 => Fault::IsolateVoter { pick: VoterPick::Follower, cut },
+            _ => Fault::CutHost { node, cut },
+        };
+        let e = Event { at, fault };
+        if fits(&events, &e, t) {
+            events.push(e);
+        }
+    }
     events.sort_by_key(|e| e.at);
     let noise = if r.below(2) == 0 {
         Noise::default()
@@ -366,19 +438,22 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
 /// Whether `e` can join `events` under the module's rules.
 fn fits(events: &[Event], e: &Event, t: Target) -> bool {
     let during: Vec<&Event> = events.iter().filter(|o| o.overlaps(e)).collect();
+    let node_fits = |node: u64| {
+        let down: Vec<u64> = during.iter().filter_map(|o| o.fault.node_down()).collect();
+        !down.contains(&node) && (down.len() as u32) < t.nodes.saturating_sub(1)
+    };
+    let voter_fits = || !during.iter().any(|o| o.fault.voter_out());
+    let cut_fits = || !during.iter().any(|o| o.fault.is_cut());
     match e.fault {
         Fault::KillNode { node, .. }
         | Fault::StopNode { node, .. }
         | Fault::CorruptSsd { node, .. }
         | Fault::FillSsd { node, .. }
-        | Fault::KillInSsdWrite { node, .. } => {
-            let down: Vec<u64> = during.iter().filter_map(|o| o.fault.node_down()).collect();
-            !down.contains(&node) && (down.len() as u32) < t.nodes.saturating_sub(1)
-        }
-        Fault::KillVoter { .. } => !during.iter().any(|o| matches!(o.fault, Fault::KillVoter { .. })),
-        Fault::CutPair { .. } | Fault::IsolateNode { .. } => {
-            !during.iter().any(|o| matches!(o.fault, Fault::CutPair { .. } | Fault::IsolateNode { .. }))
-        }
+        | Fault::KillInSsdWrite { node, .. } => node_fits(node),
+        Fault::KillVoter { .. } => voter_fits(),
+        Fault::CutPair { .. } | Fault::IsolateNode { .. } => cut_fits(),
+        Fault::CutHost { node, .. } => cut_fits() && node_fits(node),
+        Fault::IsolateVoter { .. } => cut_fits() && voter_fits(),
     }
 }
 
@@ -404,7 +479,7 @@ mod tests {
             let ssd =
                 s.events.iter().filter(|e| matches!(e.fault, Fault::FillSsd { .. } | Fault::KillInSsdWrite { .. }));
             assert!(ssd.count() <= 1, "seed {seed}: one SSD fault on top at most");
-            assert!(!s.events.is_empty() && s.events.len() <= 3 + 1, "seed {seed}");
+            assert!(!s.events.is_empty() && s.events.len() <= 3 + 2, "seed {seed}");
             assert!(s.events.windows(2).all(|w| w[0].at <= w[1].at), "seed {seed}: sorted");
             for e in &s.events {
                 *kinds.entry(e.fault.kind()).or_insert(0) += 1;
@@ -417,10 +492,9 @@ mod tests {
                 let down: Vec<u64> = active.iter().filter_map(|o| o.fault.node_down()).collect();
                 let distinct: std::collections::BTreeSet<u64> = down.iter().copied().collect();
                 assert!(distinct.len() == down.len() && down.len() < 3, "seed {seed}: nodes down {down:?}");
-                let voters = active.iter().filter(|o| matches!(o.fault, Fault::KillVoter { .. })).count();
+                let voters = active.iter().filter(|o| o.fault.voter_out()).count();
                 assert!(voters <= 1, "seed {seed}: {voters} voters down");
-                let cuts =
-                    active.iter().filter(|o| matches!(o.fault, Fault::CutPair { .. } | Fault::IsolateNode { .. }));
+                let cuts = active.iter().filter(|o| o.fault.is_cut());
                 assert!(cuts.count() <= 1, "seed {seed}: overlapping cuts");
             }
         }
@@ -432,6 +506,12 @@ mod tests {
         // less those that do not fit.
         for k in ["fill_ssd", "kill_in_ssd_write"] {
             assert!(kinds.get(k).copied().unwrap_or(0) > 100, "{k}: {kinds:?}");
+        }
+        // The faults of the voters' links, their own stream too: about
+        // one seed in thirteen cuts a host off, one in twenty each a voter.
+        assert!(kinds.get("cut_host").copied().unwrap_or(0) > 100, "{kinds:?}");
+        for k in ["isolate_leader", "isolate_voter"] {
+            assert!(kinds.get(k).copied().unwrap_or(0) > 60, "{k}: {kinds:?}");
         }
     }
 
@@ -446,12 +526,20 @@ mod tests {
     }
 
     #[test]
+    fn ci_seeds_cut_a_host_and_a_voter_off() {
+        let kinds = |s: u64| draw(s, T).events.iter().map(|e| e.fault.kind()).collect::<Vec<_>>();
+        let ci: Vec<&str> = (2..=10).flat_map(kinds).collect();
+        assert!(ci.contains(&"cut_host"), "CI's seeds 2-10 cut no host off: {ci:?}");
+        assert!(ci.iter().any(|k| k.starts_with("isolate_") && *k != "isolate_node"), "no voter cut off: {ci:?}");
+    }
+
+    #[test]
     fn one_voter_draws_no_voter_faults_and_two_nodes_cut_only_each_other() {
         let t = Target { nodes: 2, voters: 1, ..T };
         let mut cuts = 0;
         for seed in 0..500 {
             for e in draw(seed, t).events {
-                assert!(!matches!(e.fault, Fault::KillVoter { .. }), "{e:?}");
+                assert!(!e.fault.voter_out(), "{e:?}");
                 if let Fault::CutPair { a, b, .. } = e.fault {
                     assert_eq!((a, b), (1, 2));
                     cuts += 1;

@@ -43,7 +43,7 @@ pub use server::serve;
 
 use crate::service::Node;
 use granary_net::client::CoordinatorClient;
-use granary_net::tls::{self, ALPN_PEER, Identity};
+use granary_net::tls::{self, ALPN_PEER};
 use granary_proto::NodeId;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -71,9 +71,8 @@ impl ClusterHandle {
         use crate::membership::{JoinError, Membership};
         // A config built in code (not loaded from node.toml) is checked here.
         cfg.fabric.validate()?;
-        let membership = Membership::start(cfg, ram_bytes, ssd_bytes)?;
         let id_err = |e: tls::TlsError| JoinError::Identity(e.to_string());
-        let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(id_err)?;
+        let identity = crate::membership::node_identity(cfg)?;
         let (key, bind) = match &cfg.listen {
             Some(l) => ("listen", l),
             None => ("advertise", &cfg.advertise),
@@ -82,6 +81,9 @@ impl ClusterHandle {
             bind.parse().map_err(|e| JoinError::Identity(format!("{key} address {bind:?}: {e}")))?;
         let endpoint = tls::server_endpoint(&identity, listen, identity.server_config(&[ALPN_PEER]).map_err(id_err)?)
             .map_err(id_err)?;
+        // One socket for everything: peers and voters see this node at one
+        // address (what a firewall rule or a fault relay keys on).
+        let membership = Membership::start(cfg, &identity, &endpoint, ram_bytes, ssd_bytes)?;
         let link = PeerLink::new(endpoint.clone(), &identity, &cfg.fabric).map_err(id_err)?;
         let cluster = Arc::new(Cluster::new(NodeId(cfg.node_id), link, cfg.fabric.clone()));
         node.join_cluster(cluster.clone());
@@ -98,9 +100,15 @@ impl ClusterHandle {
             }
         });
         let addrs = granary_net::client::parse_addrs(&cfg.coordinators)?;
-        let client = CoordinatorClient::new(&identity, addrs, granary_net::client::ClientOptions::default())?;
+        let client = CoordinatorClient::on_endpoint(
+            endpoint.clone(),
+            &identity,
+            addrs,
+            granary_net::client::ClientOptions::default(),
+        )?;
         tasks.spawn(serve(node.clone(), endpoint.clone(), cfg.fabric.clone()));
-        let holds_client = CoordinatorClient::new(
+        let holds_client = CoordinatorClient::on_endpoint(
+            endpoint.clone(),
             &identity,
             granary_net::client::parse_addrs(&cfg.coordinators)?,
             Default::default(),

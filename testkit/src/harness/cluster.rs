@@ -102,7 +102,12 @@ pub struct LocalCluster {
     certs: PathBuf,
     spec: LocalClusterSpec,
     voter_specs: Vec<VoterSpec>,
+    /// The address voters and nodes reach voter id - 1 at (its listening
+    /// address unless a relay is in between).
+    voter_advertise: Vec<std::net::SocketAddr>,
     voters: Vec<Option<CoordinatorProcess>>,
+    /// The dataset registered as `ads` by [`Self::start_voters`].
+    data: PathBuf,
     /// Peer listening address per node id - 1, kept across restarts.
     listen: Vec<std::net::SocketAddr>,
     /// Peer address advertised per node id - 1.
@@ -123,6 +128,16 @@ impl LocalCluster {
     /// [`LocalCluster::start`] up to the nodes: certificates, voters, the
     /// dataset, reserved peer ports; no node runs yet.
     pub fn prepare(exe: &Path, dir: &Path, data: &Path, spec: LocalClusterSpec) -> Result<Self> {
+        let mut c = Self::plan(exe, dir, data, spec)?;
+        c.start_voters()?;
+        Ok(c)
+    }
+
+    /// Certificates and reserved addresses; no process runs yet. Then
+    /// [`Self::start_voters`] and [`Self::start_nodes`] (with
+    /// [`Self::set_voter_advertise`] and [`Self::set_advertise`] before,
+    /// for a relay in between).
+    pub fn plan(exe: &Path, dir: &Path, data: &Path, spec: LocalClusterSpec) -> Result<Self> {
         if spec.voters == 0 {
             bail!("a cluster needs at least one coordinator voter");
         }
@@ -158,22 +173,41 @@ impl LocalCluster {
             })
             .collect::<Result<Vec<_>>>()?;
         let listen = (0..spec.nodes as usize).map(|i| on_host(i, PEER_PORT)).collect::<Result<Vec<_>>>()?;
-        let mut c = Self {
+        Ok(Self {
             exe: exe.to_path_buf(),
             dir: dir.to_path_buf(),
             certs,
             voters: voter_specs.iter().map(|_| None).collect(),
+            voter_advertise: voter_specs.iter().map(|v| v.addr).collect(),
             voter_specs,
+            data: data.to_path_buf(),
             advertise: listen.clone(),
             listen,
             nodes: (0..spec.nodes).map(|_| None).collect(),
             spec,
-        };
-        for id in c.voter_ids() {
-            c.start_voter(id)?;
+        })
+    }
+
+    /// Starts every voter and registers the dataset as `ads`.
+    pub fn start_voters(&mut self) -> Result<()> {
+        for id in self.voter_ids() {
+            self.start_voter(id)?;
         }
-        c.add_dataset("ads", data)?;
-        Ok(c)
+        let data = self.data.clone();
+        self.add_dataset("ads", &data)
+    }
+
+    /// The address voter `id` binds.
+    pub fn voter_listen(&self, id: u64) -> std::net::SocketAddr {
+        self.voter_specs[(id - 1) as usize].addr
+    }
+
+    /// Makes voter `id` known to the other voters, the nodes and the tools
+    /// at `addr` (a relay's front for it) from their next start on; it
+    /// keeps binding [`Self::voter_listen`]. Set before the voters first
+    /// start: the group's membership keeps the addresses it began with.
+    pub fn set_voter_advertise(&mut self, id: u64, addr: std::net::SocketAddr) {
+        self.voter_advertise[(id - 1) as usize] = addr;
     }
 
     /// Starts every node that is not running and waits until each knows
@@ -218,11 +252,18 @@ impl LocalCluster {
             extra.extend(["--version-retention-s".to_string(), s.to_string()]);
         }
         let netns = self.spec.hosts.get(i).map(|h| h.netns.clone());
+        // Others are named by the address they are reached at.
+        let peers: Vec<VoterSpec> = self
+            .voter_specs
+            .iter()
+            .zip(&self.voter_advertise)
+            .map(|(v, &addr)| VoterSpec { addr, ..v.clone() })
+            .collect();
         let p = CoordinatorProcess::spawn_in(
             netns.as_deref(),
             &self.exe,
             &self.voter_specs[i],
-            &self.voter_specs,
+            &peers,
             &self.certs,
             &extra,
             &self.voter_log(id),
@@ -266,9 +307,9 @@ impl LocalCluster {
         Ok(v["leader"].as_u64())
     }
 
-    /// Every voter's address, as `host:port`.
+    /// Every voter's address as nodes and tools reach it, as `host:port`.
     pub fn coordinators(&self) -> Vec<String> {
-        self.voter_specs.iter().map(|v| v.addr.to_string()).collect()
+        self.voter_advertise.iter().map(|a| a.to_string()).collect()
     }
 
     /// Registers the Parquet files in `data` as dataset `name` (the
@@ -352,7 +393,7 @@ impl LocalCluster {
 
     /// The first coordinator voter's address.
     pub fn coordinator(&self) -> std::net::SocketAddr {
-        self.voter_specs[0].addr
+        self.voter_advertise[0]
     }
 
     /// The cluster's certificate folder.

@@ -153,10 +153,7 @@ fn print_seed(r: &SeedReport) {
         String::new()
     };
     let cap = if n.bandwidth_mib > 0 {
-        format!(
-            "; links capped at {} MiB/s ({} datagrams held back or dropped)",
-            n.bandwidth_mib, r.relay_throttled
-        )
+        format!("; links capped at {} MiB/s ({} datagrams held back or dropped)", n.bandwidth_mib, r.relay_throttled)
     } else {
         String::new()
     };

@@ -1,0 +1,127 @@
+"""Granary for PyTorch: an ``IterableDataset`` whose batches are torch tensors that view Granary's buffers.
+
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from granary.torch import IterableDataset
+
+    ds = IterableDataset("/run/granary/node.sock", "ads", 4096, seed=2026)   # rank, world from torch.distributed
+    loader = DataLoader(ds, batch_size=None, num_workers=0)
+    for epoch in range(start_epoch, epochs):
+        ds.set_epoch(epoch)
+        for batch in loader:                   # {"dense": tensor(4096, 150), ...}, no copy
+            ...
+        checkpoint["data"] = ds.state_dict()   # resume: ds.load_state_dict(checkpoint["data"])
+
+One Granary rank per training process. Use ``DataLoader(batch_size=None, num_workers=0)``: Granary's
+own threads already assemble batches ahead of the trainer (``prefetch_batches``, ``assembly_threads``),
+outside the GIL, so worker processes add nothing but a copy. With ``num_workers`` > 0 each worker would
+be a fork of this process, where the loader's node connection and threads do not exist, and every batch
+would be copied through shared memory on its way back; iterating refuses with
+:class:`granary.ForkedProcessError` instead.
+
+Tensors view Granary's memory: ``torch.from_numpy`` on the batch's arrays, so ``t.data_ptr()`` is the
+address of Granary's buffer and the buffer stays alive while any tensor uses it. bf16 tensors come as
+``torch.bfloat16`` (reinterpreted from their uint16 bits, no copy). A batch of the block shuffle
+(``block_batches`` > 0) views the node's chunk memory, which is read-only and shared with every rank on
+the host: an in-place op on it would crash, so by default such batches are copied once
+(``copy_read_only=True``); pass ``False`` to get read-only tensors without a copy.
+"""
+
+import os
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from . import Loader
+from .errors import ForkedProcessError
+
+__all__ = ["IterableDataset", "to_torch"]
+
+
+def to_torch(batch, bf16=(), copy_read_only=True):
+    """The batch's arrays as a dict of torch tensors that share their memory.
+
+    ``bf16`` names the tensors whose uint16 bits are bf16. A read-only array (a view of the node's
+    chunk memory) is copied unless ``copy_read_only`` is false.
+    """
+    out = {}
+    for name, arr in batch.items():
+        if not arr.flags.writeable:
+            if copy_read_only:
+                arr = arr.copy()
+            else:
+                # torch has no read-only tensors; it warns, and so did we (docs).
+                pass
+        if name in bf16:
+            out[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        else:
+            out[name] = torch.from_numpy(arr)
+    return out
+
+
+def _rank_and_world(rank, world_size):
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+    else:
+        r, w = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return (r if rank is None else int(rank)), (w if world_size is None else int(world_size))
+
+
+class IterableDataset(torch.utils.data.IterableDataset):
+    """One rank's Granary batches as a PyTorch ``IterableDataset``.
+
+    ``rank`` and ``world_size`` default to ``torch.distributed``'s when it is initialised, else to the
+    ``RANK`` and ``WORLD_SIZE`` environment variables (as torchrun sets them), else to 0 and 1. Every
+    other keyword is :class:`granary.Loader`'s (``seed``, ``shuffle``, ``window_shards``,
+    ``block_batches``, ``drop_last``, ``version``, ``prefetch_batches``, ...).
+
+    Iterating yields the batches of the epoch last given to :meth:`set_epoch` (0 at first), each a dict
+    of tensor name to ``torch.Tensor``; ``len()`` is batches per epoch. :meth:`state_dict` and
+    :meth:`load_state_dict` carry the whole resume state (a plain dict): after a load, iterating the
+    saved epoch continues at exactly its next batch.
+    """
+
+    def __init__(self, socket, dataset, batch_size, *, rank=None, world_size=None, copy_read_only=True, **loader_kwargs):
+        super().__init__()
+        rank, world_size = _rank_and_world(rank, world_size)
+        self.loader = Loader(socket, dataset, batch_size, rank=rank, world_size=world_size, **loader_kwargs)
+        self._bf16 = frozenset(t["name"] for t in self.loader.tensors if t["dtype"] == "bf16")
+        self._copy_read_only = copy_read_only
+        self._epoch = 0
+
+    def set_epoch(self, epoch):
+        """Iterate epoch ``epoch`` next (call it before each epoch, as with ``DistributedSampler``)."""
+        self._epoch = int(epoch)
+
+    @property
+    def epoch(self):
+        """The epoch the next iteration yields."""
+        return self._epoch
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            raise ForkedProcessError(
+                f"granary.torch.IterableDataset runs in DataLoader worker {info.id} of {info.num_workers}: "
+                "Granary assembles batches on its own threads in the training process; use "
+                "DataLoader(dataset, batch_size=None, num_workers=0)"
+            )
+        for batch in self.loader.epoch(self._epoch):
+            yield to_torch(batch, self._bf16, self._copy_read_only)
+
+    def state_dict(self):
+        """The resume state at the next batch (a plain dict for the checkpoint)."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        """Continue from ``state``: the next iteration is its epoch, from its next batch."""
+        self.loader.load_state_dict(state)
+        self._epoch = int(state["epoch"])

@@ -1,0 +1,420 @@
+//! `granary.Loader` and its epoch iterator.
+//!
+//! The loader pins one dataset version and plans each epoch as the Rust
+//! client does (the order is a pure function of the job: seed, rank, world
+//! size, batch size, shuffle). Iterating waits for batches with the GIL
+//! released, so other Python threads run meanwhile. The resume state is the
+//! Rust client's [`ResumeState`] as a plain dict (its JSON form), so a
+//! checkpoint written from Python resumes a Rust rank and back.
+//!
+//! A loader holds a connection to the node and threads that assemble
+//! batches; neither survives `fork`, so a loader (or an epoch) used in a
+//! process other than the one that made it refuses with
+//! `ForkedProcessError` instead of hanging.
+
+use crate::batch::Batch;
+use crate::errors::{raise, to_py, value_error};
+use granary_client::Position;
+use granary_client::{EpochStream, LoaderConfig, ResumeState};
+use granary_proto::{DatasetVersion, Shuffle};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+// The signatures' literal default (a literal, so `help()` shows it).
+const _: () = assert!(granary_client::local::DEFAULT_MAPPING_CACHE_BYTES == 1073741824);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Refuses use from a process other than `made_in` (a fork).
+fn check_pid(py: Python<'_>, what: &str, made_in: u32) -> PyResult<()> {
+    let now = std::process::id();
+    if now == made_in {
+        return Ok(());
+    }
+    Err(raise(
+        py,
+        "ForkedProcessError",
+        format!(
+            "this {what} was made in process {made_in} and cannot be used in process {now} (a fork, such as a \
+             DataLoader worker): its node connection and threads stay in the parent. Make the Loader in the \
+             process that iterates it, or use DataLoader(num_workers=0)"
+        ),
+        &[],
+    ))
+}
+
+/// A resume state as its JSON dict.
+fn state_to_dict<'py>(py: Python<'py>, s: &ResumeState) -> PyResult<Bound<'py, PyAny>> {
+    let json = serde_json::to_string(s).map_err(|e| value_error(py, format!("resume state: {e}")))?;
+    py.import("json")?.call_method1("loads", (json,))
+}
+
+/// A dict (as `state_dict` gave it) as a resume state.
+fn state_from_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<ResumeState> {
+    let json: String = py.import("json")?.call_method1("dumps", (d,))?.extract()?;
+    serde_json::from_str(&json).map_err(|e| value_error(py, format!("not a granary resume state ({e}): {json}")))
+}
+
+/// Batches of one epoch, in plan order. Made by `Loader.epoch` or
+/// `Loader.resume`.
+#[pyclass(frozen, module = "granary._granary")]
+pub struct Epoch {
+    stream: Mutex<EpochStream>,
+    /// The loader's record of where its rank is (updated per batch).
+    progress: Arc<Mutex<ResumeState>>,
+    made_in: u32,
+    /// Batches this iterator yields in all.
+    len: u64,
+}
+
+impl Epoch {
+    fn new(stream: EpochStream, progress: Arc<Mutex<ResumeState>>) -> Self {
+        let len = stream.num_batches() - stream.position().batch;
+        *lock(&progress) = stream.state();
+        Self { stream: Mutex::new(stream), progress, made_in: std::process::id(), len }
+    }
+}
+
+#[pymethods]
+impl Epoch {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<Batch>> {
+        let py = slf.py();
+        let this = slf.get();
+        check_pid(py, "epoch iterator", this.made_in)?;
+        // The wait for the assembly threads, without the GIL.
+        let (item, state) = py.detach(|| {
+            let mut s = lock(&this.stream);
+            let item = s.next();
+            (item, s.state())
+        });
+        match item {
+            None => Ok(None),
+            Some(Ok(b)) => {
+                *lock(&this.progress) = state;
+                Ok(Some(Batch::new(b)))
+            }
+            Some(Err(e)) => Err(to_py(py, e)),
+        }
+    }
+
+    /// Batches this iterator yields in all (from where it began).
+    fn __len__(&self) -> usize {
+        self.len as usize
+    }
+
+    /// The resume state at the next batch this iterator yields.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = lock(&self.stream).state();
+        state_to_dict(py, &s)
+    }
+
+    /// (epoch, index) of the next batch.
+    #[getter]
+    fn position(&self) -> (u64, u64) {
+        let p = lock(&self.stream).position();
+        (p.epoch, p.batch)
+    }
+}
+
+/// One data-parallel rank's loader, reading ``dataset`` from the Granary node whose socket is ``socket``.
+///
+/// The dataset version is pinned when the loader is made (``version``: 32 hex digits, or the node's
+/// current version); registering a new version does not change what a running job reads.
+///
+/// Arguments:
+///     seed, rank, world_size: the job's seed and this rank of ``world_size``; every rank of one job
+///         gets disjoint rows, and together all of them (less what ``drop_last`` drops).
+///     shuffle: False keeps manifest order; True mixes rows within windows of ``window_shards``
+///         shards (default 4), or, with ``block_batches`` > 0, keeps rows in chunk order and
+///         shuffles which contiguous run each batch is within groups of that many batches (such a
+///         batch is a read-only view of the node's chunk memory: nothing is copied at all).
+///     drop_last: drop rows that do not fill a batch on every rank.
+///     prefetch_batches: batches assembled ahead of the consumer (one batch of memory each).
+///     assembly_threads: threads that assemble batches (0: the cores / LOCAL_WORLD_SIZE, 1 to 8).
+///     mapping_cache_bytes: chunk mappings kept for later epochs (default 1 GiB).
+///
+/// ``loader.epoch(e)`` iterates epoch ``e``'s batches (with the GIL released while waiting);
+/// ``len(loader)`` is batches per epoch; ``loader.state_dict()`` is the whole resume state as a
+/// plain dict, and ``loader.load_state_dict(state)`` (or ``Loader.resuming(socket, state)``)
+/// continues at exactly the next batch.
+///
+/// Errors are :class:`granary.GranaryError` subclasses (see :mod:`granary.errors`).
+#[pyclass(frozen, module = "granary._granary")]
+pub struct Loader {
+    inner: granary_client::Loader,
+    socket: PathBuf,
+    made_in: u32,
+    /// Where the rank is: the state after the last batch handed out, or a
+    /// state loaded with `load_state_dict`.
+    progress: Arc<Mutex<ResumeState>>,
+    /// A loaded state not yet resumed: the next `epoch(state.epoch)` starts
+    /// at its batch.
+    pending: Mutex<Option<ResumeState>>,
+}
+
+/// The shuffle the keyword arguments name.
+fn shuffle_of(py: Python<'_>, shuffle: bool, window_shards: u32, block_batches: u32) -> PyResult<Shuffle> {
+    if !shuffle {
+        return Ok(Shuffle::Off);
+    }
+    if block_batches > 0 {
+        return Ok(Shuffle::Blocks { window_batches: block_batches });
+    }
+    if window_shards == 0 {
+        return Err(value_error(py, "window_shards must be at least 1 (or shuffle=False)".into()));
+    }
+    Ok(Shuffle::Windowed { window_shards })
+}
+
+impl Loader {
+    fn connect(py: Python<'_>, socket: PathBuf, cfg: LoaderConfig) -> PyResult<Self> {
+        if cfg.batch_size == 0 {
+            return Err(value_error(py, "batch_size must be at least 1".into()));
+        }
+        let path = socket.clone();
+        let inner = py.detach(move || granary_client::Loader::connect(&path, cfg)).map_err(|e| to_py(py, e))?;
+        let start = inner.state_at(Position { epoch: 0, batch: 0 });
+        Ok(Self {
+            inner,
+            socket,
+            made_in: std::process::id(),
+            progress: Arc::new(Mutex::new(start)),
+            pending: Mutex::new(None),
+        })
+    }
+
+    /// Checks `state` against this loader and its epoch's length.
+    fn check_state(&self, py: Python<'_>, state: &ResumeState) -> PyResult<()> {
+        if let Some(m) = state.mismatch(&self.inner.state_at(state.position())) {
+            return Err(to_py(py, m.into()));
+        }
+        let batches = self.inner.num_batches(state.epoch).map_err(|e| to_py(py, e))? as u64;
+        if state.batch > batches {
+            return Err(to_py(
+                py,
+                granary_client::ClientError::PositionPastEnd { epoch: state.epoch, batch: state.batch, batches },
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Loader {
+    #[new]
+    #[pyo3(signature = (
+        socket, dataset, batch_size, *, seed=0, rank=0, world_size=1, shuffle=true, window_shards=4,
+        block_batches=0, drop_last=false, version=None, prefetch_batches=2, assembly_threads=0,
+        mapping_cache_bytes=1073741824
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        py: Python<'_>,
+        socket: PathBuf,
+        dataset: String,
+        batch_size: u32,
+        seed: u64,
+        rank: u32,
+        world_size: u32,
+        shuffle: bool,
+        window_shards: u32,
+        block_batches: u32,
+        drop_last: bool,
+        version: Option<&str>,
+        prefetch_batches: usize,
+        assembly_threads: usize,
+        mapping_cache_bytes: u64,
+    ) -> PyResult<Self> {
+        let version =
+            match version {
+                None => None,
+                Some(v) => Some(DatasetVersion::from_hex(v).ok_or_else(|| {
+                    value_error(py, format!("version {v:?} is not a dataset version (32 hex digits)"))
+                })?),
+            };
+        let cfg = LoaderConfig {
+            version,
+            seed,
+            rank,
+            world_size,
+            shuffle: shuffle_of(py, shuffle, window_shards, block_batches)?,
+            drop_last,
+            prefetch_batches: prefetch_batches.max(1),
+            assembly_threads,
+            mapping_cache_bytes,
+            ..LoaderConfig::new(dataset, batch_size)
+        };
+        Self::connect(py, socket, cfg)
+    }
+
+    /// A loader that reads what `state` was saved from (its dataset,
+    /// version and plan parameters), positioned at it: the next
+    /// `epoch(state["epoch"])` continues at exactly the next batch.
+    #[staticmethod]
+    #[pyo3(signature = (socket, state, *, prefetch_batches=2, assembly_threads=0,
+        mapping_cache_bytes=1073741824))]
+    fn resuming(
+        py: Python<'_>,
+        socket: PathBuf,
+        state: &Bound<'_, PyAny>,
+        prefetch_batches: usize,
+        assembly_threads: usize,
+        mapping_cache_bytes: u64,
+    ) -> PyResult<Self> {
+        let s = state_from_dict(py, state)?;
+        let cfg = LoaderConfig {
+            prefetch_batches: prefetch_batches.max(1),
+            assembly_threads,
+            mapping_cache_bytes,
+            ..LoaderConfig::resuming(&s)
+        };
+        let loader = Self::connect(py, socket, cfg)?;
+        loader.check_state(py, &s)?;
+        *lock(&loader.progress) = s.clone();
+        *lock(&loader.pending) = Some(s);
+        Ok(loader)
+    }
+
+    /// The batches of epoch `epoch`, from its first (or from the batch a
+    /// loaded state names, for that state's epoch).
+    fn epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<Epoch> {
+        check_pid(py, "Loader", self.made_in)?;
+        let pending = {
+            let mut p = lock(&self.pending);
+            if p.as_ref().is_some_and(|s| s.epoch == epoch) { p.take() } else { None }
+        };
+        let inner = &self.inner;
+        let stream = py
+            .detach(|| match &pending {
+                Some(s) => inner.resume_from(s),
+                None => inner.epoch(epoch),
+            })
+            .map_err(|e| to_py(py, e))?;
+        Ok(Epoch::new(stream, self.progress.clone()))
+    }
+
+    /// The batches from where `state` (a `state_dict()`) was saved; refuses
+    /// a state this loader would read differently.
+    fn resume(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<Epoch> {
+        check_pid(py, "Loader", self.made_in)?;
+        let s = state_from_dict(py, state)?;
+        let inner = &self.inner;
+        let stream = py.detach(|| inner.resume_from(&s)).map_err(|e| to_py(py, e))?;
+        Ok(Epoch::new(stream, self.progress.clone()))
+    }
+
+    /// The whole resume state at the rank's next batch (after the last one
+    /// handed out), as a plain dict a checkpoint can hold.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = lock(&self.progress).clone();
+        state_to_dict(py, &s)
+    }
+
+    /// Continues from `state` (a `state_dict()`): the next
+    /// `epoch(state["epoch"])` starts at `state["batch"]`. Refuses a state
+    /// saved under another version, seed, world size, rank, batch size,
+    /// shuffle or drop_last.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = state_from_dict(py, state)?;
+        self.check_state(py, &s)?;
+        *lock(&self.progress) = s.clone();
+        *lock(&self.pending) = Some(s);
+        Ok(())
+    }
+
+    /// Batches in an epoch (the same on every rank and in every epoch).
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.num_batches(0).map_err(|e| to_py(py, e))
+    }
+
+    /// Batches in epoch `epoch`.
+    fn num_batches(&self, py: Python<'_>, epoch: u64) -> PyResult<usize> {
+        self.inner.num_batches(epoch).map_err(|e| to_py(py, e))
+    }
+
+    /// The dataset version this loader reads (32 hex digits), pinned when
+    /// it was made.
+    #[getter]
+    fn version(&self) -> String {
+        self.inner.version().to_hex()
+    }
+
+    /// The dataset's name.
+    #[getter]
+    fn dataset(&self) -> String {
+        self.inner.config().dataset.clone()
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.inner.config().rank
+    }
+
+    /// Number of ranks.
+    #[getter]
+    fn world_size(&self) -> u32 {
+        self.inner.config().world_size
+    }
+
+    /// Rows per batch.
+    #[getter]
+    fn batch_size(&self) -> u32 {
+        self.inner.config().batch_size
+    }
+
+    /// The job's seed.
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.inner.config().seed
+    }
+
+    /// The node's socket.
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    /// Rows in the dataset version.
+    #[getter]
+    fn total_rows(&self) -> u64 {
+        self.inner.info().shards.iter().map(|s| s.rows).sum()
+    }
+
+    /// The tensors every batch holds: a list of dicts with `name`, `dtype`
+    /// (Granary's name: f32 ... bool, bf16) and `shape` (per row).
+    #[getter]
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for l in &self.inner.info().tensors {
+            let d = PyDict::new(py);
+            d.set_item("name", &l.name)?;
+            d.set_item("dtype", l.dtype.name())?;
+            d.set_item("shape", l.shape.iter().map(|&x| x as usize).collect::<Vec<_>>())?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        format!(
+            "<granary.Loader {} version {} rank {}/{} batch_size {} seed {} via {}>",
+            c.dataset,
+            self.inner.version().to_hex(),
+            c.rank,
+            c.world_size,
+            c.batch_size,
+            c.seed,
+            self.socket.display()
+        )
+    }
+}

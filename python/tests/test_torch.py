@@ -1,0 +1,78 @@
+"""granary.torch against a real node: tensors without a copy, DataLoader, epochs, resume."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not importable (Debian: apt-get install python3-torch)")
+
+import granary  # noqa: E402
+import granary.torch as gt  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+
+def test_from_dlpack_of_a_batch_array_shares_its_memory(node):
+    batch = next(iter(granary.Loader(str(node.socket), "ads", 1000).epoch(0)))
+    dense = batch["dense"]
+    t = torch.from_dlpack(dense)
+    assert t.data_ptr() == batch.data_ptr("dense") and t.shape == (1000, 150) and t.dtype == torch.float32
+    t2 = torch.from_numpy(batch["ids"])
+    assert t2.data_ptr() == batch.data_ptr("ids") and t2.dtype == torch.int64
+    # The tensor alone keeps the batch's buffer alive.
+    del batch, dense
+    assert float(t.sum()) == float(t.clone().sum())
+
+
+def test_the_iterable_dataset_yields_the_loaders_batches_as_tensors_and_resumes(node):
+    ds = gt.IterableDataset(str(node.socket), "ads", 1000, rank=1, world_size=2, seed=5)
+    ref = granary.Loader(str(node.socket), "ads", 1000, rank=1, world_size=2, seed=5)
+    dl = DataLoader(ds, batch_size=None, num_workers=0)
+    assert len(dl) == len(ref)
+    ds.set_epoch(2)
+    want = [b.checksum() for b in ref.epoch(2)]
+    got = []
+    for batch in dl:
+        assert set(batch) == {"dense", "emb", "ids", "label"} and batch["dense"].dtype == torch.float32
+        got.append(batch)
+    assert len(got) == len(want)
+    # The same bytes as the loader's own batches.
+    again = list(ref.epoch(2))
+    for t, b in zip(got, again):
+        for name in b:
+            assert t[name].numpy().tobytes() == b[name].tobytes()
+    # Resume mid-epoch from the dataset's state dict.
+    ds.set_epoch(4)
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    state = ds.state_dict()
+    ds2 = gt.IterableDataset(str(node.socket), "ads", 1000, rank=1, world_size=2, seed=5)
+    ds2.load_state_dict(state)
+    assert ds2.epoch == 4
+    rest = [torch.cat([v.flatten().view(torch.uint8) for v in b.values()]) for b in DataLoader(ds2, batch_size=None)]
+    full = [b for b in ref.epoch(4)]
+    assert len(rest) == len(full) - 3
+    for t, b in zip(rest, full[3:]):
+        assert t.numpy().tobytes() == b"".join(a.tobytes() for a in b.values())
+
+
+def test_rank_and_world_come_from_the_environment_without_torch_distributed(node, monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    ds = gt.IterableDataset(str(node.socket), "ads", 500)
+    assert (ds.loader.rank, ds.loader.world_size) == (2, 3)
+
+
+def test_dataloader_workers_are_refused_with_the_reason(node):
+    ds = gt.IterableDataset(str(node.socket), "ads", 1000)
+    with pytest.raises(Exception, match="num_workers=0"):
+        next(iter(DataLoader(ds, batch_size=None, num_workers=1)))
+
+
+def test_block_shuffled_batches_are_copied_once_unless_asked_to_share(node):
+    ds = gt.IterableDataset(str(node.socket), "ads", 500, block_batches=2, copy_read_only=False)
+    ptrs = []
+    for batch in ds.loader.epoch(0):
+        t = gt.to_torch(batch, copy_read_only=False)
+        ptrs.append(t["dense"].data_ptr() == batch.data_ptr("dense"))
+    assert all(ptrs)
+    batch = next(b for b in ds.loader.epoch(0) if b.is_view)
+    assert gt.to_torch(batch)["dense"].data_ptr() != batch.data_ptr("dense")

@@ -24,4 +24,5 @@ pub mod failover;
 pub mod local;
 pub mod local_ranks;
 pub mod placement;
+pub mod python;
 pub mod report;

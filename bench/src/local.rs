@@ -222,7 +222,7 @@ fn consume_epoch<B: std::borrow::Borrow<Batch>>(
 
 /// A scenario's rate is the median over its epochs: epochs are short and
 /// the machine is shared, so one descheduled epoch must not decide it.
-fn scenario(name: &str, epochs: Vec<EpochMeasure>) -> Scenario {
+pub(crate) fn scenario(name: &str, epochs: Vec<EpochMeasure>) -> Scenario {
     let rows_per_s = median(&epochs.iter().map(|e| ratio(e.rows as f64, e.secs)).collect::<Vec<_>>());
     let gb_per_s = median(&epochs.iter().map(|e| gbps(e.bytes, e.secs)).collect::<Vec<_>>());
     Scenario { scenario: name.into(), rows_per_s, gb_per_s, epochs }

@@ -199,3 +199,33 @@ def test_a_forked_child_is_refused_instead_of_hanging(node):
     assert "num_workers=0" in msg
     # The parent's loader goes on.
     assert sum(1 for _ in it) == len(ld) - 1
+
+
+def test_other_threads_run_while_a_batch_is_awaited(node):
+    """The GIL is released while next() waits: with the node stopped (SIGSTOP), a thread blocked in
+    next() leaves the interpreter to the others, and gets its batch once the node continues."""
+    import signal
+    import threading
+    import time
+
+    ld = loader(node, mapping_cache_bytes=0, prefetch_batches=1, assembly_threads=1)
+    got = []
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    # Continues the node in 3 s whatever happens here: a held GIL would block this process.
+    watchdog = subprocess.Popen(["sh", "-c", f"sleep 3; kill -CONT {node.proc.pid}"])
+    try:
+        t = threading.Thread(target=lambda: got.append(next(iter(ld.epoch(5))).rows))
+        t.start()
+        time.sleep(0.05)
+        count, until = 0, time.monotonic() + 0.3
+        while time.monotonic() < until:
+            count += 1
+        assert t.is_alive() and not got, "this thread ran only after next() returned: next() held the GIL"
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+        watchdog.kill()
+    t.join(timeout=30)
+    watchdog.wait()
+    assert got == [1000]
+    # Held, the GIL would have let this thread run only at the blocked thread's switch points: none.
+    assert count > 10_000, count

@@ -18,6 +18,10 @@ use std::path::PathBuf;
 pub(crate) enum BenchCommand {
     /// ceiling, naive, warm and cold on one host.
     Local(LocalArgs),
+    /// The Python client (`granary` package) against the Rust client on
+    /// the same node and data, and against numpy copying batches already
+    /// in RAM.
+    Python(PythonArgs),
     /// Place shards over nodes, remove one node, add one: balance, speed
     /// and movement of the placement function.
     Placement {
@@ -114,6 +118,30 @@ pub(crate) struct LocalArgs {
     json: bool,
 }
 
+/// Options of `granary bench python`.
+#[derive(Args)]
+pub(crate) struct PythonArgs {
+    /// Rows in the generated dataset.
+    #[arg(long, default_value_t = 400_000)]
+    rows: u64,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 4096)]
+    batch_size: u32,
+    /// Timed epochs per scenario.
+    #[arg(long, default_value_t = 5)]
+    epochs: u64,
+    /// RAM tier of the daemon, MiB.
+    #[arg(long, default_value_t = 1024)]
+    ram_mib: u64,
+    /// The Python interpreter with the `granary` package installed
+    /// (`pip install ./python`).
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// One JSON object per scenario, then a summary line.
+    #[arg(long)]
+    json: bool,
+}
+
 /// Options of `granary bench cluster`.
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
@@ -155,6 +183,7 @@ pub(crate) struct ClusterArgs {
 pub(crate) fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Local(a) => bench_local(a),
+        BenchCommand::Python(a) => bench_python(a),
         BenchCommand::Placement { shards, nodes, json } => bench_placement(shards, nodes, json),
         BenchCommand::Cluster(a) => bench_cluster(a),
         BenchCommand::QuicServe { certs, bytes } => granary_bench::cluster::serve_raw_quic(&certs, bytes),
@@ -334,6 +363,53 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         opts.rows,
         opts.batch_size,
         summary.assembly_threads
+    );
+    Ok(())
+}
+
+/// `bench python`: the Python client against the Rust client and numpy.
+fn bench_python(a: PythonArgs) -> Result<()> {
+    let opts = granary_bench::python::PythonOpts {
+        rows: a.rows,
+        batch_size: a.batch_size,
+        epochs: a.epochs.max(1),
+        ram_bytes: a.ram_mib << 20,
+        python: a.python,
+        ..Default::default()
+    };
+    let exe = std::env::current_exe()?;
+    let json = a.json;
+    let (scenarios, s) = granary_bench::python::run(&exe, &opts, |line| {
+        if !json {
+            eprintln!("· {line}");
+        }
+    })?;
+    if json {
+        for sc in &scenarios {
+            println!("{}", serde_json::to_string(sc)?);
+        }
+        println!("{}", serde_json::to_string(&s)?);
+        return Ok(());
+    }
+    println!("{:<12} {:>12} {:>8} {:>8}", "scenario", "rows/s", "GB/s", "epochs");
+    for sc in &scenarios {
+        println!("{:<12} {:>12.0} {:>8.2} {:>8}", sc.scenario, sc.rows_per_s, sc.gb_per_s, sc.epochs.len());
+    }
+    println!();
+    println!("python / rust          {:.3}   (target >= 0.9; views, nothing copied)", s.python_vs_rust);
+    println!("per-batch overhead     {:.1} µs (target < 20)", s.per_batch_overhead_us);
+    println!("python_copy / numpy    {:.3}   (numpy copying batches already in RAM)", s.python_vs_numpy_copy);
+    println!("python_copy / rust     {:.3}", s.python_copy_vs_rust_copy);
+    println!("streams identical      {}", s.streams_identical);
+    println!(
+        "conditions: commit {} · {} cores · {} build · {} rows · batch {} · {} batches an epoch · Python {}",
+        s.conditions.commit,
+        s.conditions.cores,
+        s.conditions.profile,
+        opts.rows,
+        opts.batch_size,
+        s.batches_per_epoch,
+        s.python_version
     );
     Ok(())
 }

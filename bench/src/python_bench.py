@@ -1,0 +1,67 @@
+"""The Python side of `granary bench python` (written to a temporary file and run by the benchmark).
+
+argv: socket, dataset, batch_size, seed. Reads commands on stdin, one per line, and answers each with
+one JSON line on stdout:
+  python E       epoch E through granary.Loader: every batch's arrays made (views, no copy), nothing else
+  python_copy E  epoch E through granary.Loader, every array copied into a preallocated staging dict
+  load_copy E    epoch E's batches copied into RAM as numpy arrays (untimed set-up of numpy_copy)
+  numpy_copy E   the batches load_copy kept, each copied into the same staging: no loader can feed faster
+  checksums E    epoch E's batch checksums (to compare with the Rust client's)
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+
+import granary
+
+socket, dataset, batch_size, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+loader = granary.Loader(socket, dataset, batch_size, seed=seed)
+staging = {}
+kept = []
+
+
+def stage(name, arr):
+    dst = staging.get(name)
+    if dst is None or dst.shape != arr.shape:
+        dst = staging[name] = np.empty_like(arr)
+    np.copyto(dst, arr)
+
+
+def say(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+for line in sys.stdin:
+    cmd, epoch = line.split()
+    epoch = int(epoch)
+    rows = nbytes = 0
+    start = time.perf_counter()
+    if cmd == "python":
+        for batch in loader.epoch(epoch):
+            for arr in batch.values():
+                nbytes += arr.nbytes
+            rows += batch.rows
+    elif cmd == "python_copy":
+        for batch in loader.epoch(epoch):
+            for name, arr in batch.items():
+                stage(name, arr)
+                nbytes += arr.nbytes
+            rows += batch.rows
+    elif cmd == "load_copy":
+        kept = [{name: arr.copy() for name, arr in b.items()} for b in loader.epoch(epoch)]
+    elif cmd == "numpy_copy":
+        for b in kept:
+            for name, arr in b.items():
+                stage(name, arr)
+                nbytes += arr.nbytes
+            rows += len(next(iter(b.values())))
+    elif cmd == "checksums":
+        say(scenario=cmd, epoch=epoch, checksums=[b.checksum() for b in loader.epoch(epoch)])
+        continue
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+    say(scenario=cmd, epoch=epoch, rows=rows, bytes=nbytes, secs=time.perf_counter() - start)

@@ -64,7 +64,7 @@ impl Default for PythonOpts {
             rows: 400_000,
             row_group_rows: 10_000,
             batch_size: 4096,
-            epochs: 5,
+            epochs: 15,
             ram_bytes: 1 << 30,
             python: "python3".into(),
         }
@@ -83,9 +83,20 @@ pub struct PythonSummary {
     pub python_vs_numpy_copy: f64,
     /// python_copy rows/s over rust_copy rows/s.
     pub python_copy_vs_rust_copy: f64,
-    /// What the Python client adds per batch, microseconds:
-    /// `batch_size / python - batch_size / rust`. Target < 20.
+    /// What the Python client adds per batch, microseconds: taking a
+    /// batch that is already assembled and making its arrays
+    /// (`python_ready_us`), less the Rust client taking one and its tensors'
+    /// bytes (`rust_ready_us`). Target < 20.
     pub per_batch_overhead_us: f64,
+    /// Python: median microseconds of `next()` and the arrays of a batch
+    /// already waiting in a queue 32 batches deep.
+    pub python_ready_us: f64,
+    /// Rust: the same for `EpochStream::next` and every tensor's bytes.
+    pub rust_ready_us: f64,
+    /// The same overhead from the epoch rates (`batch_size / python -
+    /// batch_size / rust`): an epoch's noise (10% of 400 µs a batch here)
+    /// swamps it; kept to show that.
+    pub per_batch_from_rates_us: f64,
     /// Whether the Python client's batches were the Rust client's.
     pub streams_identical: bool,
     /// Batches per epoch.
@@ -160,6 +171,25 @@ impl Drop for PyClient {
     }
 }
 
+/// The Rust client's median microseconds to take a batch that is already
+/// assembled (a loader 32 batches ahead, given a second to fill its queue)
+/// and its tensors' bytes: the counterpart of the Python `ready` command.
+fn rust_ready_us(socket: &Path, batch_size: u32, epoch: u64) -> Result<f64> {
+    let cfg = LoaderConfig { seed: SEED, prefetch_batches: 32, ..LoaderConfig::new("ads", batch_size) };
+    let ahead = Loader::connect(socket, cfg)?;
+    let mut it = ahead.epoch(epoch)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let mut costs = Vec::new();
+    for _ in 0..32.min(it.num_batches()) {
+        let t0 = std::time::Instant::now();
+        let b = it.next().ok_or_else(|| anyhow!("the epoch ended early"))??;
+        let bytes: usize = (0..b.layouts().len()).map(|i| b.tensor_bytes(i).len()).sum();
+        std::hint::black_box(bytes);
+        costs.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(crate::report::median(&costs))
+}
+
 /// Runs every scenario; `say` receives one line per step.
 pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(Vec<Scenario>, PythonSummary)> {
     let python_version = check_python(&opts.python)?;
@@ -186,9 +216,8 @@ pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(
         throttle: None,
     };
     std::fs::write(&config, settings.toml())?;
-    let _daemon =
-        NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))
-            .context("starting the node daemon")?;
+    let _daemon = NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))
+        .context("starting the node daemon")?;
     let cfg = LoaderConfig { seed: SEED, ..LoaderConfig::new("ads", opts.batch_size) };
     let loader = Loader::connect(&socket, cfg)?;
     let batches_per_epoch = loader.num_batches(0)?;
@@ -225,6 +254,9 @@ pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(
         runs[3].push(py.epoch("python_copy", e)?);
         runs[4].push(py.epoch("numpy_copy", e)?);
     }
+    say("the cost of taking a ready batch, each client");
+    let py_ready_us = py.ask("ready", 1)?["us"].as_f64().ok_or_else(|| anyhow!("no ready time"))?;
+    let rust_ready_us = rust_ready_us(&socket, opts.batch_size, 1)?;
     let want: Vec<u64> = loader.epoch(1)?.map(|b| b.map(|b| b.checksum())).collect::<Result<_, _>>()?;
     let got: Vec<u64> = serde_json::from_value(py.ask("checksums", 1)?["checksums"].take())?;
     let scenarios: Vec<Scenario> = names.iter().zip(runs).map(|(n, r)| scenario(n, r)).collect();
@@ -235,7 +267,10 @@ pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(
         python_vs_rust: ratio(rate("python"), rate("rust")),
         python_vs_numpy_copy: ratio(rate("python_copy"), rate("numpy_copy")),
         python_copy_vs_rust_copy: ratio(rate("python_copy"), rate("rust_copy")),
-        per_batch_overhead_us: per_batch(rate("python")) - per_batch(rate("rust")),
+        per_batch_overhead_us: py_ready_us - rust_ready_us,
+        python_ready_us: py_ready_us,
+        rust_ready_us,
+        per_batch_from_rates_us: per_batch(rate("python")) - per_batch(rate("rust")),
         streams_identical: got == want,
         batches_per_epoch,
         python_version,

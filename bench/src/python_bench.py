@@ -7,6 +7,8 @@ one JSON line on stdout:
   load_copy E    epoch E's batches copied into RAM as numpy arrays (untimed set-up of numpy_copy)
   numpy_copy E   the batches load_copy kept, each copied into the same staging: no loader can feed faster
   checksums E    epoch E's batch checksums (to compare with the Rust client's)
+  ready E        the binding's own cost: a loader 32 batches ahead is given time to fill its queue, then
+                 each of 32 ready batches is taken (next()) and its arrays made; the median microseconds
 """
 
 import json
@@ -59,6 +61,21 @@ for line in sys.stdin:
                 stage(name, arr)
                 nbytes += arr.nbytes
             rows += len(next(iter(b.values())))
+    elif cmd == "ready":
+        ahead = granary.Loader(socket, dataset, batch_size, seed=seed, prefetch_batches=32)
+        it = ahead.epoch(epoch)
+        time.sleep(1.0)
+        costs = []
+        for _ in range(min(32, len(it))):
+            t0 = time.perf_counter()
+            batch = next(it)
+            for arr in batch.values():
+                nbytes += arr.nbytes
+            costs.append(time.perf_counter() - t0)
+        del it, ahead
+        costs.sort()
+        say(scenario=cmd, epoch=epoch, us=costs[len(costs) // 2] * 1e6)
+        continue
     elif cmd == "checksums":
         say(scenario=cmd, epoch=epoch, checksums=[b.checksum() for b in loader.epoch(epoch)])
         continue

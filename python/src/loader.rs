@@ -90,15 +90,17 @@ impl Epoch {
         let this = slf.get();
         check_pid(py, "epoch iterator", this.made_in)?;
         // The wait for the assembly threads, without the GIL.
-        let (item, state) = py.detach(|| {
+        let (item, next) = py.detach(|| {
             let mut s = lock(&this.stream);
             let item = s.next();
-            (item, s.state())
+            (item, s.position())
         });
         match item {
             None => Ok(None),
             Some(Ok(b)) => {
-                *lock(&this.progress) = state;
+                // The rest of the state was set when the epoch began.
+                let mut p = lock(&this.progress);
+                (p.epoch, p.batch) = (next.epoch, next.batch);
                 Ok(Some(Batch::new(b)))
             }
             Some(Err(e)) => Err(to_py(py, e)),

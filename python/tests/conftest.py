@@ -23,6 +23,35 @@ ROW_GROUP_ROWS = 2_500
 DATA_SEED = 3
 
 
+# A view of the generated files as other dtypes: the first 8 dense features as bf16, f16 and f64,
+# the ids as i32.
+TYPED_VIEW = """
+[[tensor]]
+name = "dense_bf16"
+dtype = "bf16"
+columns = ["f{0..8}"]
+cast = true
+
+[[tensor]]
+name = "dense_f16"
+dtype = "f16"
+columns = ["f{0..8}"]
+cast = true
+
+[[tensor]]
+name = "dense_f64"
+dtype = "f64"
+columns = ["f{0..8}"]
+cast = true
+
+[[tensor]]
+name = "ids32"
+dtype = "i32"
+columns = ["user_id", "item_id"]
+cast = true
+"""
+
+
 def granary_bin():
     b = os.environ.get("GRANARY_BIN")
     if b:
@@ -65,6 +94,9 @@ class Node:
              "--row-group-rows", str(ROW_GROUP_ROWS), "--seed", str(DATA_SEED)],
             check=True, capture_output=True,
         )
+        # The same files as every dtype numpy has and bf16, which it lacks.
+        typed = root / "typed.toml"
+        typed.write_text(TYPED_VIEW)
         config = root / "node.toml"
         config.write_text(
             f'socket = "{self.socket}"\n'
@@ -73,6 +105,10 @@ class Node:
             'name = "ads"\n'
             f'source = "file://{self.data}/"\n'
             f'view = "{self.data / "view.toml"}"\n'
+            "[[dataset]]\n"
+            'name = "typed"\n'
+            f'source = "file://{self.data}/"\n'
+            f'view = "{typed}"\n'
         )
         env = dict(os.environ, GRANARY_LOG=os.environ.get("GRANARY_LOG", "warn"), RUST_BACKTRACE="0")
         with open(self.log, "wb") as out:

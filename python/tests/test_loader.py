@@ -154,7 +154,7 @@ def test_four_ranks_as_four_processes_cover_every_row_exactly_once(node, tmp_pat
 def test_errors_are_granary_exceptions_that_say_what_and_whether_to_retry(node, tmp_path):
     with pytest.raises(granary.UnknownDatasetError) as e:
         granary.Loader(str(node.socket), "nope", 100)
-    assert e.value.served == ["ads"] and e.value.dataset == "nope" and not e.value.retryable
+    assert e.value.served == ["ads", "typed"] and e.value.dataset == "nope" and not e.value.retryable
     assert "nope" in str(e.value) and isinstance(e.value, LookupError)
     with pytest.raises(granary.PlanError) as e:
         loader(node, rank=4, world_size=4)
@@ -229,3 +229,20 @@ def test_other_threads_run_while_a_batch_is_awaited(node):
     assert got == [1000]
     # Held, the GIL would have let this thread run only at the blocked thread's switch points: none.
     assert count > 10_000, count
+
+
+def test_every_dtype_views_right_and_bf16_is_its_uint16_bits(node):
+    typed = granary.Loader(str(node.socket), "typed", 1000, shuffle=False)
+    ads = granary.Loader(str(node.socket), "ads", 1000, shuffle=False)
+    assert {t["name"]: t["dtype"] for t in typed.tensors} == {
+        "dense_bf16": "bf16", "dense_f16": "f16", "dense_f64": "f64", "ids32": "i32"}
+    for t, a in zip(typed.epoch(0), ads.epoch(0)):
+        dense = a["dense"][:, :8]
+        assert t["dense_f64"].dtype == np.float64 and np.array_equal(t["dense_f64"], dense.astype(np.float64))
+        assert t["dense_f16"].dtype == np.float16 and np.array_equal(t["dense_f16"], dense.astype(np.float16))
+        assert t["ids32"].dtype == np.int32 and np.array_equal(t["ids32"], a["ids"].astype(np.int32))
+        # bf16: the top 16 bits of the f32, rounded to nearest even.
+        u = dense.view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        assert t["dense_bf16"].dtype == np.uint16 and np.array_equal(t["dense_bf16"], want)
+        assert t["dense_bf16"].ctypes.data == t.data_ptr("dense_bf16")

@@ -76,3 +76,16 @@ def test_block_shuffled_batches_are_copied_once_unless_asked_to_share(node):
     assert all(ptrs)
     batch = next(b for b in ds.loader.epoch(0) if b.is_view)
     assert gt.to_torch(batch)["dense"].data_ptr() != batch.data_ptr("dense")
+
+
+def test_bf16_comes_as_torch_bfloat16_without_a_copy(node):
+    ds = gt.IterableDataset(str(node.socket), "typed", 1000, shuffle=False)
+    batch = next(iter(ds.loader.epoch(0)))
+    t = gt.to_torch(batch, bf16={"dense_bf16"}, copy_read_only=False)  # unshuffled: a view of the chunk
+    assert t["dense_bf16"].dtype == torch.bfloat16 and t["dense_bf16"].shape == (1000, 8)
+    assert t["dense_bf16"].data_ptr() == batch.data_ptr("dense_bf16")
+    f32 = t["dense_bf16"].float()
+    assert torch.allclose(f32, t["dense_f64"].float(), rtol=1e-2, atol=0)
+    # The dataset finds the bf16 tensors itself.
+    first = next(iter(DataLoader(ds, batch_size=None)))
+    assert first["dense_bf16"].dtype == torch.bfloat16 and first["ids32"].dtype == torch.int32

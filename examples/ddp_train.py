@@ -17,8 +17,10 @@ uninterrupted run's, step for step (``python/tests/test_example.py`` checks it).
 """
 
 import argparse
+import datetime
+import faulthandler
 import os
-import socket as pysocket
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -30,23 +32,18 @@ from torch.utils.data import DataLoader
 from granary.torch import IterableDataset
 
 
-def free_port():
-    s = pysocket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def model():
     torch.manual_seed(0)  # the same initial weights in every process and every run
     return nn.Sequential(nn.Linear(150 + 32, 16), nn.ReLU(), nn.Linear(16, 1))
 
 
-def train(rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def train(rank, args, store):
+    # A process stuck this long prints where every thread is, and exits.
+    faulthandler.dump_traceback_later(args.stuck_after, exit=True)
     torch.set_num_threads(1)  # one thread: the same floating-point sums every run
-    dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
+    # The processes meet through a file (one host): no port to pick and lose in a race.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=args.world_size,
+                            timeout=datetime.timedelta(seconds=args.stuck_after))
     ds = IterableDataset(args.socket, args.dataset, args.batch_size, seed=args.seed)
     net = DDP(model())
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
@@ -102,12 +99,14 @@ def main():
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--stop-after", type=int, default=0, help="stop after the checkpoint at this step")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--stuck-after", type=float, default=600, help="seconds after which a process dumps its stacks and exits")
     args = p.parse_args()
     if (args.resume or args.stop_after) and not args.checkpoint:
         p.error("--resume and --stop-after need --checkpoint")
     if args.stop_after and args.stop_after % args.checkpoint_every:
         p.error("--stop-after must be a multiple of --checkpoint-every")
-    mp.spawn(train, args=(args, free_port()), nprocs=args.world_size, join=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(train, args=(args, os.path.join(tmp, "store")), nprocs=args.world_size, join=True)
 
 
 if __name__ == "__main__":

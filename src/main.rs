@@ -10,11 +10,12 @@
 //! - `granary coordinator --id N --listen ADDR --peers ... --data-dir DIR` — a coordinator voter.
 //! - `granary certs init --out DIR` — the cluster CA and role certificates.
 //! - `granary dataset add|ls|show|placement` — datasets registered with the coordinators.
+//! - `granary view check --source URL --view view.toml` — a view against a source's first file.
 //! - `granary status` — leader, voters, nodes with leases, placement epoch.
 //! - `granary trainer ...` — one trainer rank (used by the demo).
 //!
 //! This file holds only the top-level grammar, the process-wide setup
-//! (TLS provider, tracing) and the dispatch. Each command's arguments and
+//! (TLS provider, tracing), the dispatch and how an error is printed. Each command's arguments and
 //! body live together in [`cli`] (one file per command) or, for the demo,
 //! in [`demo`], so that reading one command never means reading the others.
 
@@ -23,7 +24,7 @@ mod demo;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cli::{bench, certs, chaos, connect, coordinator, dataset, node, stats, status, trainer};
+use cli::{bench, certs, chaos, connect, coordinator, dataset, node, stats, status, trainer, view};
 
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
@@ -48,6 +49,9 @@ enum Command {
     /// Dataset tools.
     #[command(subcommand)]
     Dataset(dataset::DatasetCommand),
+    /// View tools: check a view against a source before deploying it.
+    #[command(subcommand)]
+    View(view::ViewCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -61,7 +65,39 @@ enum Command {
     Trainer(trainer::TrainerArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", error_text(&e, std::env::var_os("GRANARY_BACKTRACE").is_some_and(|v| v == "1")));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error as the user reads it: `error: ` and the message, then each
+/// cause on its own line unless a message before already says it (wrappers
+/// often repeat their cause). The backtrace only with `GRANARY_BACKTRACE=1`:
+/// `RUST_BACKTRACE`, often set for every program, would print thirty frames
+/// under a config error.
+fn error_text(e: &anyhow::Error, backtrace: bool) -> String {
+    let mut out = format!("error: {e}");
+    let mut said = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if said.contains(&text) {
+            continue;
+        }
+        out += &format!("\n  caused by: {text}");
+        said += &text;
+    }
+    if backtrace {
+        out += &format!("\n\nbacktrace:\n{}", e.backtrace());
+    }
+    out
+}
+
+fn run() -> Result<()> {
     // object_store's HTTP client needs a process-wide TLS provider (ring).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
@@ -80,6 +116,7 @@ fn main() -> Result<()> {
         Command::Demo(a) => demo::run(a),
         Command::Node(a) => node::run(&a),
         Command::Dataset(c) => dataset::run(c),
+        Command::View(c) => view::run(c),
         Command::Coordinator(a) => coordinator::run(a),
         Command::Certs(c) => certs::run(c),
         Command::Status(c) => status::run(&c),
@@ -87,5 +124,26 @@ fn main() -> Result<()> {
         Command::Stats(a) => stats::run(&a),
         Command::Chaos(c) => chaos::run(c),
         Command::Trainer(a) => trainer::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+    use anyhow::Context;
+
+    #[test]
+    fn an_error_is_said_once_with_its_new_causes_and_no_backtrace_unless_asked() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)");
+        let e = Err::<(), _>(io).context("reading /etc/granary/node.toml").context("starting the node").unwrap_err();
+        assert_eq!(
+            error_text(&e, false),
+            "error: starting the node\n  caused by: reading /etc/granary/node.toml\n  caused by: No such file or directory (os error 2)"
+        );
+        // A wrapper that repeats its cause's message says it once.
+        let e =
+            anyhow::anyhow!("bad view: tensor \"x\" names no column").context("bad view: tensor \"x\" names no column");
+        assert_eq!(error_text(&e, false), "error: bad view: tensor \"x\" names no column");
+        assert!(error_text(&e, true).contains("backtrace:"));
     }
 }

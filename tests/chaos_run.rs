@@ -6,7 +6,8 @@
 //! node cut off its peers, a node stopped, the leading and a following
 //! voter killed and restarted, a host cut off its peers and the voters
 //! (seed 7), the leading voter (seed 2) and a following one (seed 9) cut
-//! off every process, datagram loss, duplication and reordering on every
+//! off every process, the leading voter (seed 4) and a following one (seed
+//! 5) stopped, datagram loss, duplication and reordering on every
 //! link (node to node, node to voter, voter to voter, the coordinator
 //! client's), a bandwidth cap on them (seed 5, 27 MiB/s), 503s,
 //! slow answers and answers cut short from the store). Every invariant must hold: each rank's batches equal the
@@ -116,6 +117,8 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         "cut_host",
         "isolate_leader",
         "isolate_voter",
+        "stop_leader",
+        "stop_voter",
         "store_error",
         "store_slow",
         "store_short",

@@ -71,7 +71,9 @@ pub struct NodeConfig {
     #[serde(default = "default_ram")]
     pub ram_bytes: u64,
     /// SSD tier capacity, reserved on disk (`fallocate`) when the node
-    /// starts; a filesystem with less free space is refused. Default 64 GiB.
+    /// starts; a filesystem with less free space is refused. A node.toml
+    /// that sets `ssd_dir` must set it too; a config built in code
+    /// defaults to 64 GiB.
     #[serde(default = "default_ssd")]
     pub ssd_bytes: u64,
     /// RAM for guest copies of chunks other nodes own (in a cluster), apart
@@ -241,6 +243,17 @@ impl NodeConfig {
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let mut cfg: NodeConfig = toml::from_str(&text)
             .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        // The tier's space is reserved at start: never a size nobody wrote.
+        let table: toml::Table = toml::from_str(&text)
+            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        if cfg.ssd_dir.is_some() && !table.contains_key("ssd_bytes") {
+            return Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: "ssd_dir is set without ssd_bytes: say how much disk the SSD tier may take (for example \
+                          ssd_bytes = 107374182400, 100 GiB); it is reserved when the node starts"
+                    .into(),
+            });
+        }
         let base = path.parent().unwrap_or(Path::new("."));
         if let Some(c) = &mut cfg.cluster {
             c.certs = base.join(&c.certs);
@@ -288,6 +301,15 @@ mod tests {
     }
 
     const CLUSTER: &str = "[cluster]\ncoordinators = [\"127.0.0.1:7000\"]\ncerts = \"certs\"\nnode_id = 1\nadvertise = \"127.0.0.1:7100\"\n";
+
+    #[test]
+    fn an_ssd_dir_without_ssd_bytes_is_refused_instead_of_reserving_a_default() {
+        let e = load("ssd_dir = \"/var/cache/granary\"\n").unwrap_err().to_string();
+        assert!(e.contains("ssd_dir is set without ssd_bytes") && e.contains("node.toml"), "{e}");
+        let cfg = load("ssd_dir = \"/var/cache/granary\"\nssd_bytes = 1073741824\n").expect("load");
+        assert_eq!(cfg.ssd_bytes, 1 << 30);
+        assert!(load("ram_bytes = 1073741824\n").is_ok(), "no SSD tier, no ssd_bytes needed");
+    }
 
     #[test]
     fn cluster_fabric_is_read_in_milliseconds_and_defaults_the_rest() {

@@ -54,6 +54,15 @@ pub enum FetchError {
         /// The names of the datasets served.
         served: Vec<String>,
     },
+    /// A dataset of the node's config that could not be opened when the
+    /// node started (it serves the others).
+    #[error("dataset {dataset:?} is configured on this node but could not be opened: {reason}")]
+    DatasetFailed {
+        /// The dataset.
+        dataset: String,
+        /// Why, naming file, tensor and column where the cause does.
+        reason: String,
+    },
     /// A request named a dataset version this node does not serve.
     #[error("dataset version {} is not served by this node", .0.to_hex())]
     UnknownVersion(DatasetVersion),
@@ -187,6 +196,7 @@ impl FetchError {
             | FetchError::Plan(_)
             | FetchError::PlanTooLarge { .. } => ErrorKind::BadRequest,
             FetchError::Convert(_)
+            | FetchError::DatasetFailed { .. }
             | FetchError::LoadTooLarge { .. }
             | FetchError::Remote(RemoteError::Parquet { .. })
             | FetchError::Remote(RemoteError::Changed { .. }) => ErrorKind::BadInput,

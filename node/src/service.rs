@@ -104,6 +104,8 @@ struct Inner {
     /// The versions this node's trainers follow (a cluster node holds them
     /// at the coordinator).
     holds: Arc<HoldRegistry>,
+    /// Configured datasets that could not be opened at start, and why.
+    failed: BTreeMap<String, String>,
 }
 
 /// How long a trainer's describe of a pinned version waits for the
@@ -145,14 +147,31 @@ impl Node {
         let remote_counters = Arc::new(RemoteCounters::default());
         let throttle = cfg.throttle.map(|t| Arc::new(Throttle::new(t)));
         let mut opened = Vec::with_capacity(cfg.datasets.len());
+        // A dataset that cannot be opened (a bad view, an unreachable
+        // source) is reported and left out; the others are served. Only a
+        // node that could open none of its datasets refuses to start.
+        let mut failed: Vec<(String, StartError)> = Vec::new();
         for d in &cfg.datasets {
-            let view = d.view()?;
             let dataset_err =
                 |source: OpenError| StartError::Dataset { name: d.name.clone(), source: Box::new(source) };
-            let remote = Remote::open(&d.source, &cfg.remote, throttle.clone(), remote_counters.clone())
-                .map_err(|e| dataset_err(e.into()))?;
-            opened.push((d.name.as_str(), Arc::new(Dataset::open(&d.name, remote, view).await.map_err(dataset_err)?)));
+            let open = async {
+                let view = d.view().map_err(StartError::Config)?;
+                let remote = Remote::open(&d.source, &cfg.remote, throttle.clone(), remote_counters.clone())
+                    .map_err(|e| dataset_err(e.into()))?;
+                Dataset::open(&d.name, remote, view).await.map_err(dataset_err)
+            };
+            match open.await {
+                Ok(ds) => opened.push((d.name.as_str(), Arc::new(ds))),
+                Err(e) => {
+                    tracing::error!(dataset = %d.name, error = %e, "dataset not served: it could not be opened");
+                    failed.push((d.name.clone(), e));
+                }
+            }
         }
+        if opened.is_empty() && !failed.is_empty() {
+            return Err(failed.swap_remove(0).1);
+        }
+        let failed: BTreeMap<String, String> = failed.into_iter().map(|(n, e)| (n, e.to_string())).collect();
         let ssd = cfg.ssd_dir.as_ref().map(|dir| SsdConfig {
             dir: dir.clone(),
             capacity_bytes: cfg.ssd_bytes,
@@ -190,12 +209,18 @@ impl Node {
                 wanted_answered: tokio::sync::watch::Sender::new(0),
                 wanted_gone: Mutex::new(Vec::new()),
                 holds: Arc::new(HoldRegistry::default()),
+                failed,
             }),
         };
         for (name, ds) in opened {
             node.publish(name, ds);
         }
         Ok(node)
+    }
+
+    /// Configured datasets that could not be opened at start, with why.
+    pub fn failed_datasets(&self) -> &BTreeMap<String, String> {
+        &self.inner.failed
     }
 
     /// Describes dataset `name`; a cluster node that has not yet opened the
@@ -336,6 +361,12 @@ impl Node {
                 by_version.get(&v).filter(|d| d.name == name).cloned()
             }
         };
+        if found.is_none()
+            && current.is_none()
+            && let Some(reason) = self.inner.failed.get(name)
+        {
+            return Err(FetchError::DatasetFailed { dataset: name.to_string(), reason: reason.clone() });
+        }
         found.map(|d| d.info()).ok_or_else(|| FetchError::NotServed {
             dataset: name.to_string(),
             version,

@@ -24,7 +24,9 @@ pub struct TensorSpec {
     /// Element type of the tensor.
     pub dtype: DType,
     /// Source columns. A column written `prefix{a..b}` expands to
-    /// `prefixa` .. `prefix(b-1)`.
+    /// `prefixa` .. `prefix(b-1)` (the end is left out); a start written
+    /// with leading zeros pads every name to its width: `f{000..150}` is
+    /// `f000` .. `f149`.
     pub columns: Vec<String>,
     /// Allow converting a column whose Arrow type differs from `dtype`,
     /// with Arrow's cast kernel: an integer that does not fit the target
@@ -192,22 +194,39 @@ fn expand_pattern(tensor: &str, pattern: &str, out: &mut Vec<String>) -> Result<
     let bad = || ViewError::BadPattern { tensor: tensor.to_string(), pattern: pattern.to_string() };
     let close = pattern[open..].find('}').map(|i| i + open).ok_or_else(bad)?;
     let (prefix, body, suffix) = (&pattern[..open], &pattern[open + 1..close], &pattern[close + 1..]);
-    let (a, b) = body.split_once("..").ok_or_else(bad)?;
-    let a: u32 = a.trim().parse().map_err(|_| bad())?;
-    let b: u32 = b.trim().parse().map_err(|_| bad())?;
+    let (a_text, b_text) = body.split_once("..").ok_or_else(bad)?;
+    let (a_text, b_text) = (a_text.trim(), b_text.trim());
+    let a: u32 = a_text.parse().map_err(|_| bad())?;
+    let b: u32 = b_text.parse().map_err(|_| bad())?;
+    // A start written with leading zeros pads every name to its width.
+    let width = if a_text.len() > 1 && a_text.starts_with('0') { a_text.len() } else { 0 };
     if a >= b || suffix.contains('{') {
         return Err(bad());
     }
     if b - a > MAX_PATTERN_COLUMNS {
         return Err(ViewError::TooManyColumns { tensor: tensor.to_string(), pattern: pattern.to_string() });
     }
-    out.extend((a..b).map(|i| format!("{prefix}{i}{suffix}")));
+    out.extend((a..b).map(|i| format!("{prefix}{i:0width$}{suffix}")));
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_leaves_out_its_end_and_pads_when_its_start_does() {
+        let names = |p: &str| {
+            let mut out = Vec::new();
+            expand_pattern("t", p, &mut out).expect("pattern");
+            out
+        };
+        assert_eq!(names("f{0..3}"), ["f0", "f1", "f2"]);
+        assert_eq!(names("f{000..3}"), ["f000", "f001", "f002"]);
+        assert_eq!(names("c{08..11}_x"), ["c08_x", "c09_x", "c10_x"]);
+        assert_eq!(names("f{98..101}"), ["f98", "f99", "f100"]);
+        assert_eq!(names("f{0..150}").len(), 150);
+    }
 
     #[test]
     fn a_pattern_naming_too_many_columns_is_refused() {

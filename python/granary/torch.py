@@ -21,10 +21,12 @@ would be copied through shared memory on its way back; iterating refuses with
 
 Tensors view Granary's memory: ``torch.from_numpy`` on the batch's arrays, so ``t.data_ptr()`` is the
 address of Granary's buffer and the buffer stays alive while any tensor uses it. bf16 tensors come as
-``torch.bfloat16`` (reinterpreted from their uint16 bits, no copy). A batch of the block shuffle
-(``block_batches`` > 0) views the node's chunk memory, which is read-only and shared with every rank on
-the host: an in-place op on it would crash, so by default such batches are copied once
-(``copy_read_only=True``); pass ``False`` to get read-only tensors without a copy.
+``torch.bfloat16`` (reinterpreted from their uint16 bits, no copy). A batch that is one run of one chunk
+(the block shuffle, ``block_batches`` > 0, or an unshuffled plan) views the node's chunk memory, which
+is mapped read-only and shared with every rank on the host. torch has no read-only tensors, and an
+in-place op on such memory kills the process (SIGSEGV), so by default those batches are copied once
+(``copy_read_only=True``). ``copy_read_only=False`` hands out the chunk memory itself: only for code
+that never writes into a batch.
 """
 
 import os
@@ -39,20 +41,19 @@ from .errors import ForkedProcessError
 __all__ = ["IterableDataset", "to_torch"]
 
 
-def to_torch(batch, bf16=(), copy_read_only=True):
+def to_torch(batch, bf16=None, copy_read_only=True):
     """The batch's arrays as a dict of torch tensors that share their memory.
 
-    ``bf16`` names the tensors whose uint16 bits are bf16. A read-only array (a view of the node's
-    chunk memory) is copied unless ``copy_read_only`` is false.
+    ``bf16`` names the tensors whose uint16 bits are bf16 (default: the batch's own ``dtypes``). A
+    read-only array (a view of the node's chunk memory) is copied unless ``copy_read_only`` is false,
+    in which case writing into its tensor kills the process.
     """
+    if bf16 is None:
+        bf16 = {name for name, dtype in batch.dtypes.items() if dtype == "bf16"}
     out = {}
     for name, arr in batch.items():
-        if not arr.flags.writeable:
-            if copy_read_only:
-                arr = arr.copy()
-            else:
-                # torch has no read-only tensors; it warns, and so did we (docs).
-                pass
+        if not arr.flags.writeable and copy_read_only:
+            arr = arr.copy()
         if name in bf16:
             out[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
         else:
@@ -122,6 +123,16 @@ class IterableDataset(torch.utils.data.IterableDataset):
         return self.loader.state_dict()
 
     def load_state_dict(self, state):
-        """Continue from ``state``: the next iteration is its epoch, from its next batch."""
+        """Continue from ``state``: the next iteration is its epoch, from its next batch (or the epoch
+        after, when the state was saved at an epoch's end)."""
         self.loader.load_state_dict(state)
-        self._epoch = int(state["epoch"])
+        epoch = int(state["epoch"])
+        self._epoch = epoch + 1 if int(state["batch"]) >= self.loader.num_batches(epoch) else epoch
+
+    def __reduce__(self):
+        # Spawned DataLoader workers (spawn or forkserver) get the dataset pickled.
+        raise ForkedProcessError(
+            "granary.torch.IterableDataset cannot be sent to another process (a DataLoader worker): "
+            "Granary assembles batches on its own threads in the training process; use "
+            "DataLoader(dataset, batch_size=None, num_workers=0)"
+        )

@@ -8,9 +8,10 @@
 //! never read a buffer the loader has reused.
 //!
 //! An assembled batch's arrays are writable (the buffer is the batch's
-//! alone). A batch that is a view into the node's chunk memory
-//! ([`granary_client::Batch::is_view`], the block shuffle) is shared with
-//! the node and every other rank on the host: its arrays are read-only.
+//! alone). A batch that is one run of one chunk (the block shuffle, or an
+//! unshuffled plan, inside one chunk: [`granary_client::Batch::is_view`])
+//! views the node's chunk memory, mapped read-only and shared with every
+//! rank on the host: its arrays are read-only.
 //!
 //! dtypes: f32 f64 f16 i64 i32 i16 i8 u8 and bool map to numpy's own; bf16,
 //! which numpy lacks, is exposed as uint16 holding the same bits
@@ -117,17 +118,33 @@ impl Batch {
         }
     }
 
-    /// The array of tensor `name`, or `default`.
+    /// The array of tensor `name`, or `default` (for a name that is not a
+    /// tensor's, whatever its type, as a mapping does).
     #[pyo3(signature = (name, default=None))]
-    fn get<'py>(slf: &Bound<'py, Self>, name: &str, default: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
-        match slf.get().index(name) {
+    fn get<'py>(
+        slf: &Bound<'py, Self>,
+        name: &Bound<'py, PyAny>,
+        default: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match name.extract::<String>().ok().and_then(|n| slf.get().index(&n)) {
             Some(i) => array(slf, i),
             None => Ok(default.unwrap_or_else(|| slf.py().None().into_bound(slf.py()))),
         }
     }
 
-    fn __contains__(&self, name: &str) -> bool {
-        self.index(name).is_some()
+    fn __contains__(&self, name: &Bound<'_, PyAny>) -> bool {
+        name.extract::<String>().ok().and_then(|n| self.index(&n)).is_some()
+    }
+
+    /// Each tensor's Granary dtype name (`f32` ... `bool`, and `bf16`,
+    /// whose arrays are uint16).
+    #[getter]
+    fn dtypes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for l in self.inner.layouts() {
+            d.set_item(&l.name, l.dtype.name())?;
+        }
+        Ok(d)
     }
 
     /// Number of tensors.

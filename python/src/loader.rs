@@ -55,7 +55,11 @@ fn state_to_dict<'py>(py: Python<'py>, s: &ResumeState) -> PyResult<Bound<'py, P
 
 /// A dict (as `state_dict` gave it) as a resume state.
 fn state_from_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<ResumeState> {
-    let json: String = py.import("json")?.call_method1("dumps", (d,))?.extract()?;
+    let json: String = py
+        .import("json")?
+        .call_method1("dumps", (d,))
+        .map_err(|e| value_error(py, format!("not a granary resume state (not plain JSON data: {e})")))?
+        .extract()?;
     serde_json::from_str(&json).map_err(|e| value_error(py, format!("not a granary resume state ({e}): {json}")))
 }
 
@@ -63,9 +67,18 @@ fn state_from_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<ResumeState
 /// `Loader.resume`.
 #[pyclass(frozen, module = "granary._granary")]
 pub struct Epoch {
-    stream: Mutex<EpochStream>,
+    /// None once dropped.
+    stream: Mutex<Option<EpochStream>>,
+    /// The resume state where the iterator began; `next` says where it is.
+    base: ResumeState,
+    /// The position of the next batch (readable while `stream` is locked
+    /// by a thread waiting for a batch).
+    next: Mutex<Position>,
     /// The loader's record of where its rank is (updated per batch).
     progress: Arc<Mutex<ResumeState>>,
+    /// The first error, raised again by every later `next()`: an epoch
+    /// that failed never looks like one that ended.
+    failed: Mutex<Option<String>>,
     made_in: u32,
     /// Batches this iterator yields in all.
     len: u64,
@@ -74,8 +87,30 @@ pub struct Epoch {
 impl Epoch {
     fn new(stream: EpochStream, progress: Arc<Mutex<ResumeState>>) -> Self {
         let len = stream.num_batches() - stream.position().batch;
-        *lock(&progress) = stream.state();
-        Self { stream: Mutex::new(stream), progress, made_in: std::process::id(), len }
+        Self {
+            base: stream.state(),
+            next: Mutex::new(stream.position()),
+            stream: Mutex::new(Some(stream)),
+            progress,
+            failed: Mutex::new(None),
+            made_in: std::process::id(),
+            len,
+        }
+    }
+}
+
+impl Drop for Epoch {
+    /// Stopping the stream joins its assembly threads, which may wait on
+    /// the node: that happens on a thread of its own, never while holding
+    /// the GIL. In a forked child the threads do not exist: nothing to
+    /// join, so the stream is forgotten.
+    fn drop(&mut self) {
+        let Some(stream) = self.stream.get_mut().unwrap_or_else(PoisonError::into_inner).take() else { return };
+        if std::process::id() != self.made_in {
+            std::mem::forget(stream);
+        } else if std::thread::Builder::new().name("granary-epoch-drop".into()).spawn(move || drop(stream)).is_err() {
+            // No thread to be had: the stream was dropped with the closure.
+        }
     }
 }
 
@@ -89,21 +124,36 @@ impl Epoch {
         let py = slf.py();
         let this = slf.get();
         check_pid(py, "epoch iterator", this.made_in)?;
-        // The wait for the assembly threads, without the GIL.
-        let (item, next) = py.detach(|| {
-            let mut s = lock(&this.stream);
+        if let Some(first) = lock(&this.failed).clone() {
+            return Err(raise(
+                py,
+                "GranaryError",
+                format!("this epoch stopped after an error ({first}); resume from the loader's state_dict()"),
+                &[],
+            ));
+        }
+        // The wait for the assembly threads, without the GIL. Positions are
+        // updated under the stream's lock, so they only move forward.
+        let item = py.detach(|| {
+            let mut guard = lock(&this.stream);
+            let s = guard.as_mut()?;
             let item = s.next();
-            (item, s.position())
+            if let Some(Ok(_)) = &item {
+                let next = EpochStream::position(s);
+                *lock(&this.next) = next;
+                let mut p = lock(&this.progress);
+                // The rest of the state is the loader's own.
+                (p.epoch, p.batch) = (next.epoch, next.batch);
+            }
+            item
         });
         match item {
             None => Ok(None),
-            Some(Ok(b)) => {
-                // The rest of the state was set when the epoch began.
-                let mut p = lock(&this.progress);
-                (p.epoch, p.batch) = (next.epoch, next.batch);
-                Ok(Some(Batch::new(b)))
+            Some(Ok(b)) => Ok(Some(Batch::new(b))),
+            Some(Err(e)) => {
+                *lock(&this.failed) = Some(e.to_string());
+                Err(to_py(py, e))
             }
-            Some(Err(e)) => Err(to_py(py, e)),
         }
     }
 
@@ -114,14 +164,15 @@ impl Epoch {
 
     /// The resume state at the next batch this iterator yields.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = lock(&self.stream).state();
+        let next = *lock(&self.next);
+        let s = ResumeState { epoch: next.epoch, batch: next.batch, ..self.base.clone() };
         state_to_dict(py, &s)
     }
 
     /// (epoch, index) of the next batch.
     #[getter]
     fn position(&self) -> (u64, u64) {
-        let p = lock(&self.stream).position();
+        let p = *lock(&self.next);
         (p.epoch, p.batch)
     }
 }
@@ -176,10 +227,31 @@ fn shuffle_of(py: Python<'_>, shuffle: bool, window_shards: u32, block_batches: 
     Ok(Shuffle::Windowed { window_shards })
 }
 
+/// Most batches a loader may assemble ahead, and assembly threads: each
+/// costs a batch of memory (and a thread), and a number past these is a
+/// mistake, not a setting.
+const MAX_PREFETCH_BATCHES: usize = 1024;
+const MAX_ASSEMBLY_THREADS: usize = 256;
+
 impl Loader {
     fn connect(py: Python<'_>, socket: PathBuf, cfg: LoaderConfig) -> PyResult<Self> {
         if cfg.batch_size == 0 {
             return Err(value_error(py, "batch_size must be at least 1".into()));
+        }
+        if !(1..=MAX_PREFETCH_BATCHES).contains(&cfg.prefetch_batches) {
+            return Err(value_error(
+                py,
+                format!("prefetch_batches must be 1 to {MAX_PREFETCH_BATCHES}, not {}", cfg.prefetch_batches),
+            ));
+        }
+        if cfg.assembly_threads > MAX_ASSEMBLY_THREADS {
+            return Err(value_error(
+                py,
+                format!(
+                    "assembly_threads must be 0 (chosen from the machine) to {MAX_ASSEMBLY_THREADS}, not {}",
+                    cfg.assembly_threads
+                ),
+            ));
         }
         let path = socket.clone();
         let inner = py.detach(move || granary_client::Loader::connect(&path, cfg)).map_err(|e| to_py(py, e))?;
@@ -249,7 +321,7 @@ impl Loader {
             world_size,
             shuffle: shuffle_of(py, shuffle, window_shards, block_batches)?,
             drop_last,
-            prefetch_batches: prefetch_batches.max(1),
+            prefetch_batches,
             assembly_threads,
             mapping_cache_bytes,
             ..LoaderConfig::new(dataset, batch_size)
@@ -272,12 +344,8 @@ impl Loader {
         mapping_cache_bytes: u64,
     ) -> PyResult<Self> {
         let s = state_from_dict(py, state)?;
-        let cfg = LoaderConfig {
-            prefetch_batches: prefetch_batches.max(1),
-            assembly_threads,
-            mapping_cache_bytes,
-            ..LoaderConfig::resuming(&s)
-        };
+        let cfg =
+            LoaderConfig { prefetch_batches, assembly_threads, mapping_cache_bytes, ..LoaderConfig::resuming(&s) };
         let loader = Self::connect(py, socket, cfg)?;
         loader.check_state(py, &s)?;
         *lock(&loader.progress) = s.clone();
@@ -289,10 +357,7 @@ impl Loader {
     /// loaded state names, for that state's epoch).
     fn epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<Epoch> {
         check_pid(py, "Loader", self.made_in)?;
-        let pending = {
-            let mut p = lock(&self.pending);
-            if p.as_ref().is_some_and(|s| s.epoch == epoch) { p.take() } else { None }
-        };
+        let pending = lock(&self.pending).clone().filter(|s| s.epoch == epoch);
         let inner = &self.inner;
         let stream = py
             .detach(|| match &pending {
@@ -300,6 +365,10 @@ impl Loader {
                 None => inner.epoch(epoch),
             })
             .map_err(|e| to_py(py, e))?;
+        // Used once it worked: a failed start keeps it for the next try.
+        if pending.is_some() {
+            *lock(&self.pending) = None;
+        }
         Ok(Epoch::new(stream, self.progress.clone()))
     }
 
@@ -310,6 +379,7 @@ impl Loader {
         let s = state_from_dict(py, state)?;
         let inner = &self.inner;
         let stream = py.detach(|| inner.resume_from(&s)).map_err(|e| to_py(py, e))?;
+        *lock(&self.pending) = None;
         Ok(Epoch::new(stream, self.progress.clone()))
     }
 

@@ -16,7 +16,7 @@ EXAMPLE = REPO / "examples" / "ddp_train.py"
 
 def run(node, *args):
     cmd = [sys.executable, str(EXAMPLE), "--socket", str(node.socket), "--batch-size", "500", "--epochs", "2",
-           "--checkpoint-every", "5", *args]
+           "--checkpoint-every", "5", "--stuck-after", "120", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -246,3 +246,29 @@ def test_every_dtype_views_right_and_bf16_is_its_uint16_bits(node):
         want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
         assert t["dense_bf16"].dtype == np.uint16 and np.array_equal(t["dense_bf16"], want)
         assert t["dense_bf16"].ctypes.data == t.data_ptr("dense_bf16")
+
+
+def test_settings_past_what_a_loader_can_hold_are_refused(node):
+    for kw in (dict(prefetch_batches=0), dict(prefetch_batches=10**9), dict(assembly_threads=10**5)):
+        with pytest.raises(granary.ConfigError):
+            loader(node, **kw)
+    with pytest.raises(OverflowError):
+        loader(node, prefetch_batches=-1)
+    with pytest.raises(granary.ConfigError, match="plain JSON"):
+        loader(node).load_state_dict({"epoch": object()})
+
+
+def test_the_state_moves_only_with_batches_handed_out(node):
+    ld = loader(node)
+    it = ld.epoch(6)
+    next(it)
+    next(it)
+    at = ld.state_dict()
+    assert (at["epoch"], at["batch"]) == (6, 2)
+    ahead = ld.epoch(7)  # made early (as len() or a prefetching trainer may): the rank is still in epoch 6
+    assert len(ahead) == len(ld) and ld.state_dict() == at
+    assert it.position == (6, 2) and ahead.position == (7, 0)
+    # A batch is a mapping: other keys are simply absent.
+    b = next(it)
+    assert 5 not in b and b.get(5, "none") == "none"
+    assert b.dtypes == {"dense": "f32", "emb": "f32", "ids": "i64", "label": "f32"}

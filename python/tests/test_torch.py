@@ -89,3 +89,18 @@ def test_bf16_comes_as_torch_bfloat16_without_a_copy(node):
     # The dataset finds the bf16 tensors itself.
     first = next(iter(DataLoader(ds, batch_size=None)))
     assert first["dense_bf16"].dtype == torch.bfloat16 and first["ids32"].dtype == torch.int32
+
+
+def test_the_dataset_cannot_be_sent_to_a_spawned_worker_and_a_state_at_an_epochs_end_moves_on(node):
+    import pickle
+
+    ds = gt.IterableDataset(str(node.socket), "ads", 1000)
+    with pytest.raises(granary.ForkedProcessError, match="num_workers=0"):
+        pickle.dumps(ds)
+    for _ in ds:
+        pass
+    state = ds.state_dict()
+    assert (state["epoch"], state["batch"]) == (0, len(ds))
+    again = gt.IterableDataset(str(node.socket), "ads", 1000)
+    again.load_state_dict(state)
+    assert again.epoch == 1

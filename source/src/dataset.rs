@@ -107,15 +107,17 @@ impl Dataset {
         for m in metas {
             let mut f = remote.file(m.location.clone(), m.size).pinned_to(&version_tag(&m));
             let path = m.location.to_string();
+            // Messages name the file as a person finds it again.
+            let shown = f.shown();
             let raw = f.footer_bytes().await?;
-            let md = Arc::new(crate::remote::decode_footer(&path, &raw)?);
+            let md = Arc::new(crate::remote::decode_footer(&shown, &raw)?);
             let metadata = ArrowReaderMetadata::try_new(md, ArrowReaderOptions::new())
-                .map_err(|source| RemoteError::Parquet { path: path.clone(), source })?;
-            let resolved = resolve_view(&view, metadata.schema(), &path)?;
+                .map_err(|source| RemoteError::Parquet { path: shown.clone(), source })?;
+            let resolved = resolve_view(&view, metadata.schema(), &shown)?;
             match &layouts {
                 None => layouts = Some(resolved.layouts.clone()),
                 Some(first) if *first != resolved.layouts => {
-                    return Err(OpenError::Inconsistent { file: path, got: resolved.layouts, want: first.clone() });
+                    return Err(OpenError::Inconsistent { file: shown, got: resolved.layouts, want: first.clone() });
                 }
                 Some(_) => {}
             }
@@ -248,7 +250,7 @@ impl Dataset {
 
     fn changed(&self, index: usize, what: String) -> SourceError {
         SourceError::Remote(RemoteError::Parquet {
-            path: self.files[index].path.to_string(),
+            path: self.remote.shown(&self.files[index].path),
             source: parquet::errors::ParquetError::General(format!(
                 "the file changed since dataset version {} was registered: {what}",
                 self.version
@@ -259,7 +261,7 @@ impl Dataset {
     /// Decodes footer bytes of file `index` and checks them against the
     /// manifest (row groups) and the view (tensor layouts).
     fn check_footer(&self, index: usize, raw: bytes::Bytes) -> Result<Footer, SourceError> {
-        let path = self.files[index].path.to_string();
+        let path = self.remote.shown(&self.files[index].path);
         let entry = &self.manifest.files[index];
         let md = crate::remote::decode_footer(&path, &raw)?;
         let metadata = ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new())

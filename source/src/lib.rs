@@ -12,16 +12,20 @@
 //! - [`schema`] — a view checked against a file's Arrow schema
 //!   ([`resolve_view`], [`Resolved`]).
 //! - [`dataset`] — listing, footers, manifest, version ([`Dataset`]).
+//! - [`check`] — a view checked against a source's first file, for
+//!   `granary view check` ([`check_view`]).
 //! - [`error`] — error types.
 //!
 //! Data flows `remote` (bytes, footers) → `dataset` (manifest, footers kept)
 //! → `schema` (each footer's schema against the view).
 
+pub mod check;
 pub mod dataset;
 pub mod error;
 pub mod remote;
 pub mod schema;
 
+pub use check::{CheckedTensor, ViewCheck, check_view};
 pub use dataset::{Dataset, OpenError};
 pub use error::{RemoteError, SchemaError, SourceError};
 pub use remote::{Remote, RemoteCounters, Throttle, ThrottleConfig};

@@ -164,7 +164,24 @@ impl Remote {
         // object_store's HTTP-based stores build reqwest clients that need a
         // process-wide TLS provider; an embedding program may not set one.
         granary_net::tls::ensure_default_crypto_provider();
-        let parsed = url::Url::parse(url).map_err(|e| open_err(e.to_string()))?;
+        // A plain absolute path is a local folder: `/data/ads` is
+        // `file:///data/ads/` (so both give one dataset version).
+        let local;
+        let url: &str = if url.starts_with('/') {
+            local =
+                url::Url::from_directory_path(url).map_err(|()| open_err("not an absolute path".into()))?.to_string();
+            &local
+        } else {
+            url
+        };
+        let parsed = url::Url::parse(url).map_err(|e| match e {
+            url::ParseError::RelativeUrlWithoutBase => open_err(
+                "neither a URL (file:///abs/path/, s3://bucket/prefix/, gs://bucket/prefix/, https://host/path/) \
+                 nor an absolute path"
+                    .into(),
+            ),
+            e => open_err(e.to_string()),
+        })?;
         // `ca_file` is ours, not object_store's: CA certificates (PEM) that
         // the network stores trust besides the system's, for endpoints with
         // a private CA (an internal MinIO, a WebDAV server).
@@ -274,7 +291,19 @@ impl Remote {
     /// The object's current size and version (one request, no bytes).
     pub async fn head(&self, path: &StorePath) -> Result<ObjectMeta, RemoteError> {
         self.counters.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.store.head(path).await.map_err(|source| RemoteError::Store { path: path.to_string(), error: source })
+        self.store.head(path).await.map_err(|source| RemoteError::Store { path: self.shown(path), error: source })
+    }
+
+    /// `path` as a person finds it again: an absolute path for a local
+    /// source (object_store's paths drop the leading `/`), the whole URL
+    /// (`s3://bucket/key`) for a store. For messages only: manifests keep
+    /// object paths.
+    pub fn shown(&self, path: &StorePath) -> String {
+        match url::Url::parse(&self.url) {
+            Ok(u) if u.scheme() == "file" => format!("/{path}"),
+            Ok(u) => format!("{}/{path}", &u[..url::Position::BeforePath]),
+            Err(_) => path.to_string(),
+        }
     }
 
     /// A Parquet reader over one object of known size.
@@ -352,6 +381,11 @@ impl RemoteFile {
         &self.path
     }
 
+    /// Where the object is, as a person finds it again ([`Remote::shown`]).
+    pub fn shown(&self) -> String {
+        self.remote.shown(&self.path)
+    }
+
     /// Pins every read to the object version a manifest's `version_tag`
     /// names. An ETag goes with each request as `If-Match`; either way an
     /// answer for another version (the store's own ETag, or its
@@ -386,7 +420,7 @@ impl RemoteFile {
 
     fn changed(&self, pin: &Pin, now: Option<String>) -> parquet::errors::ParquetError {
         parquet::errors::ParquetError::External(Box::new(RemoteError::Changed {
-            path: self.path.to_string(),
+            path: self.shown(),
             registered: pin.describe(),
             now,
         }))
@@ -408,7 +442,7 @@ impl RemoteFile {
         if b.len() as u64 != want {
             return Err(parquet::errors::ParquetError::General(format!(
                 "{}: {} bytes returned for bytes {}..{} of a {}-byte object: it changed since it was listed",
-                self.path,
+                self.shown(),
                 b.len(),
                 range.start,
                 range.end,
@@ -419,41 +453,39 @@ impl RemoteFile {
     }
 
     fn store_err(&self, source: object_store::Error) -> parquet::errors::ParquetError {
-        parquet::errors::ParquetError::External(Box::new(RemoteError::Store {
-            path: self.path.to_string(),
-            error: source,
-        }))
+        parquet::errors::ParquetError::External(Box::new(RemoteError::Store { path: self.shown(), error: source }))
     }
 
     /// Reads and decodes the footer.
     pub async fn metadata(&mut self) -> Result<Arc<ParquetMetaData>, RemoteError> {
         let raw = self.footer_bytes().await?;
-        decode_footer(self.path.as_ref(), &raw).map(Arc::new)
+        decode_footer(&self.shown(), &raw).map(Arc::new)
     }
 
     /// The footer as stored: the file's last bytes (metadata, its length,
     /// the `PAR1` magic). One request when it fits the 64 KiB read from the
     /// end, else two.
     pub async fn footer_bytes(&mut self) -> Result<Bytes, RemoteError> {
-        let bad = |path: &StorePath, what: String| RemoteError::Parquet {
-            path: path.to_string(),
+        let shown = self.shown();
+        let bad = |what: String| RemoteError::Parquet {
+            path: shown.clone(),
             source: parquet::errors::ParquetError::General(what),
         };
         if self.size < 12 {
-            return Err(bad(&self.path, format!("{} bytes is too short for a Parquet file", self.size)));
+            return Err(bad(format!("{} bytes is too short for a Parquet file", self.size)));
         }
         let hint = self.size.min(FOOTER_READ_HINT);
         let tail = self
             .get_bytes(self.size - hint..self.size)
             .await
-            .map_err(|source| RemoteError::Parquet { path: self.path.to_string(), source })?;
+            .map_err(|source| RemoteError::Parquet { path: shown.clone(), source })?;
         self.remote.counters.footers.fetch_add(1, Ordering::Relaxed);
-        let need = footer_len(&tail).map_err(|what| bad(&self.path, what))?;
+        let need = footer_len(&tail).map_err(&bad)?;
         if need > self.size - 4 {
-            return Err(bad(&self.path, format!("footer of {need} bytes in a file of {}", self.size)));
+            return Err(bad(format!("footer of {need} bytes in a file of {}", self.size)));
         }
         if need > MAX_FOOTER_LEN {
-            return Err(bad(&self.path, format!("footer of {need} bytes, over the {MAX_FOOTER_LEN} this node reads")));
+            return Err(bad(format!("footer of {need} bytes, over the {MAX_FOOTER_LEN} this node reads")));
         }
         if need <= hint {
             return Ok(tail.slice((hint - need) as usize..));
@@ -461,7 +493,7 @@ impl RemoteFile {
         let head = self
             .get_bytes(self.size - need..self.size - hint)
             .await
-            .map_err(|source| RemoteError::Parquet { path: self.path.to_string(), source })?;
+            .map_err(|source| RemoteError::Parquet { path: shown.clone(), source })?;
         let mut all = Vec::with_capacity(need as usize);
         all.extend_from_slice(&head);
         all.extend_from_slice(&tail);
@@ -551,6 +583,20 @@ mod tests {
             self.last_modified += std::time::Duration::from_secs(secs as u64);
             self
         }
+    }
+
+    #[test]
+    fn a_plain_absolute_path_is_a_local_folder_and_a_relative_one_is_refused_with_the_forms() {
+        let open = |u: &str| Remote::open(u, &BTreeMap::new(), None, Arc::default());
+        let r = open("/data/ads").expect("an absolute path opens");
+        assert_eq!(r.url(), "file:///data/ads/");
+        assert_eq!(
+            granary_proto::manifest::canonical_source(r.url()),
+            granary_proto::manifest::canonical_source(open("file:///data/ads/").expect("url").url()),
+            "one source, one dataset version"
+        );
+        let e = open("data/ads/").unwrap_err().to_string();
+        assert!(e.contains("source data/ads/:") && e.contains("nor an absolute path") && e.contains("file:///"), "{e}");
     }
 
     #[test]

@@ -67,6 +67,53 @@ fn castable(dt: &DataType) -> bool {
     dt.is_numeric() || *dt == DataType::Boolean
 }
 
+/// What may help when the view names `col` and the file has no such
+/// column: the zero-padded column of the same number (a pattern pads when
+/// its start does), the range of the file's columns with the same prefix
+/// (a pattern stops before its end), or the file's first columns.
+fn missing_hint(col: &str, schema: &SchemaRef) -> String {
+    let split = |name: &str| {
+        let digits = name.len() - name.bytes().rev().take_while(u8::is_ascii_digit).count();
+        (name[..digits].to_string(), name[digits..].to_string())
+    };
+    let (prefix, digits) = split(col);
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    if !digits.is_empty() {
+        let number: Option<u64> = digits.parse().ok();
+        let same_prefix: Vec<(&str, u64)> = names
+            .iter()
+            .filter_map(|n| {
+                let (p, d) = split(n);
+                (p == prefix && !d.is_empty()).then(|| d.parse().ok().map(|v| (*n, v))).flatten()
+            })
+            .collect();
+        if let Some((found, _)) = same_prefix.iter().find(|(_, v)| Some(*v) == number) {
+            let end = same_prefix.iter().map(|x| x.1).max().unwrap_or(0) + 1;
+            let width = found.len() - prefix.len();
+            if width > 1 && found.as_bytes()[prefix.len()] == b'0' {
+                let zeros = "0".repeat(width);
+                return format!(
+                    " (the file has {found}: its names are zero-padded; a pattern pads when its start does, as \
+                     in {prefix}{{{zeros}..{end}}})"
+                );
+            }
+            return format!(
+                " (the file has {found}: its names are not zero-padded, so neither may a pattern's start be, as \
+                 in {prefix}{{0..{end}}})"
+            );
+        }
+        if let (Some(lo), Some(hi)) = (same_prefix.iter().map(|x| x.1).min(), same_prefix.iter().map(|x| x.1).max()) {
+            return format!(
+                " (the file's {prefix}N columns run from {prefix}{lo} to {prefix}{hi}; a pattern {prefix}{{a..b}} \
+                 names {prefix}a up to {prefix}(b-1))"
+            );
+        }
+    }
+    let shown: Vec<&str> = names.iter().take(8).copied().collect();
+    let more = if names.len() > shown.len() { format!(", … {} in all", names.len()) } else { String::new() };
+    format!(" (the file's columns: {}{more})", shown.join(", "))
+}
+
 /// Checks `view` against `schema` and works out every tensor's shape.
 pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resolved, SchemaError> {
     let mut layouts = Vec::new();
@@ -82,8 +129,9 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         let mut elem: Option<DataType> = None;
         let mut kind = Kind::Scalar;
         for col in &spec.columns {
-            let (idx, field) =
-                schema.column_with_name(col).ok_or_else(|| err(col, "no such column in the file".into()))?;
+            let (idx, field) = schema
+                .column_with_name(col)
+                .ok_or_else(|| err(col, format!("no such column in the file{}", missing_hint(col, schema))))?;
             if !projection.contains(&idx) {
                 projection.push(idx);
             }
@@ -139,4 +187,39 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
     }
     projection.sort_unstable();
     Ok(Resolved { layouts, projection, tensors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{Field, Schema};
+    use std::sync::Arc;
+
+    fn schema(names: &[&str]) -> SchemaRef {
+        Arc::new(Schema::new(names.iter().map(|n| Field::new(*n, DataType::Float32, false)).collect::<Vec<_>>()))
+    }
+
+    #[test]
+    fn a_missing_column_says_what_the_file_has_instead() {
+        let padded = schema(&["f000", "f001", "f149", "label"]);
+        assert_eq!(
+            missing_hint("f0", &padded),
+            " (the file has f000: its names are zero-padded; a pattern pads when its start does, as in f{000..150})"
+        );
+        let plain = schema(&["f0", "f1", "f149"]);
+        assert_eq!(
+            missing_hint("f00", &plain),
+            " (the file has f0: its names are not zero-padded, so neither may a pattern's start be, as in f{0..150})"
+        );
+        assert_eq!(
+            missing_hint("f150", &plain),
+            " (the file's fN columns run from f0 to f149; a pattern f{a..b} names fa up to f(b-1))"
+        );
+        let other: Vec<String> = (0..10).map(|i| format!("c{i}x")).collect();
+        let other: Vec<&str> = other.iter().map(String::as_str).collect();
+        assert_eq!(
+            missing_hint("label", &schema(&other)),
+            " (the file's columns: c0x, c1x, c2x, c3x, c4x, c5x, c6x, c7x, … 10 in all)"
+        );
+    }
 }

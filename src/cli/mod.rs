@@ -16,6 +16,7 @@
 //!   [`chaos_run`]: `granary chaos run`, real processes under seeded faults;
 //!   [`chaos_hosts`]: `granary chaos hosts`, one fault on hosts made of
 //!   network namespaces.
+//! - [`view`]: `granary view check`, a view against a source before deploying it.
 //! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
 //!   and the benchmarks.
 //!
@@ -53,3 +54,4 @@ pub(crate) mod node;
 pub(crate) mod stats;
 pub(crate) mod status;
 pub(crate) mod trainer;
+pub(crate) mod view;

@@ -1039,6 +1039,19 @@ fn apply(
                 voters_hit.insert(index, v);
             }
         }
+        (Fault::StopVoter { pick, .. }, Edge::Start) => {
+            if let Some(v) = pick_voter(cluster, pick)? {
+                if let Some(p) = cluster.voter_pid(v) {
+                    signal(p, libc::SIGSTOP)?;
+                }
+                voters_hit.insert(index, v);
+            }
+        }
+        (Fault::StopVoter { .. }, Edge::End) => {
+            if let Some(p) = voters_hit.get(&index).and_then(|&v| cluster.voter_pid(v)) {
+                signal(p, libc::SIGCONT)?;
+            }
+        }
         (Fault::KillVoter { .. }, Edge::End) => {
             if let Some(&v) = voters_hit.get(&index)
                 && !cluster.voter_running(v)

@@ -24,8 +24,9 @@ pub struct Target {
     /// Faults start within this time of the first epoch's start.
     pub horizon: Duration,
     /// Process and network fault events per seed at most (at least one);
-    /// one `fill_ssd` or `kill_in_ssd_write`, and one `cut_host` or
-    /// `isolate_voter`/`isolate_leader`, may come on top.
+    /// one `fill_ssd` or `kill_in_ssd_write`, one `cut_host` or
+    /// `isolate_voter`/`isolate_leader`, and one `stop_voter`/`stop_leader`
+    /// may come on top.
     pub max_faults: u32,
 }
 
@@ -137,6 +138,16 @@ pub enum Fault {
         #[serde(serialize_with = "millis")]
         cut: Duration,
     },
+    /// SIGSTOP a coordinator voter (alive but silent), SIGCONT after
+    /// `stopped`: a stopped leader is deposed and wakes up believing it
+    /// leads; a stopped follower falls behind.
+    StopVoter {
+        /// Which voter.
+        pick: VoterPick,
+        /// Time stopped.
+        #[serde(serialize_with = "millis")]
+        stopped: Duration,
+    },
     /// Cut a voter off every other process (voters, nodes, the chaos
     /// client) for `cut`: a leader cut off is deposed, a follower falls
     /// behind and catches up.
@@ -169,6 +180,8 @@ impl Fault {
             Fault::CutHost { .. } => "cut_host",
             Fault::IsolateVoter { pick: VoterPick::Leader, .. } => "isolate_leader",
             Fault::IsolateVoter { pick: VoterPick::Follower, .. } => "isolate_voter",
+            Fault::StopVoter { pick: VoterPick::Leader, .. } => "stop_leader",
+            Fault::StopVoter { pick: VoterPick::Follower, .. } => "stop_voter",
         }
     }
 
@@ -180,7 +193,7 @@ impl Fault {
             | Fault::CorruptSsd { down, .. }
             | Fault::FillSsd { down, .. }
             | Fault::KillInSsdWrite { down, .. } => down,
-            Fault::StopNode { stopped, .. } => stopped,
+            Fault::StopNode { stopped, .. } | Fault::StopVoter { stopped, .. } => stopped,
             Fault::CutPair { cut, .. }
             | Fault::IsolateNode { cut, .. }
             | Fault::CutHost { cut, .. }
@@ -198,7 +211,7 @@ impl Fault {
 
     /// Whether it takes a voter out (killed or cut off).
     pub fn voter_out(&self) -> bool {
-        matches!(self, Fault::KillVoter { .. } | Fault::IsolateVoter { .. })
+        matches!(self, Fault::KillVoter { .. } | Fault::IsolateVoter { .. } | Fault::StopVoter { .. })
     }
 
     /// The node it takes down, stops or cuts off, if any.
@@ -272,6 +285,12 @@ impl fmt::Display for Fault {
             }
             Fault::IsolateVoter { pick: VoterPick::Follower, cut } => {
                 write!(f, "cut a following voter off every process for {}", s(cut))
+            }
+            Fault::StopVoter { pick: VoterPick::Leader, stopped } => {
+                write!(f, "stop the leading voter for {}", s(stopped))
+            }
+            Fault::StopVoter { pick: VoterPick::Follower, stopped } => {
+                write!(f, "stop a following voter for {}", s(stopped))
             }
         }
     }
@@ -399,6 +418,17 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
             events.push(e);
         }
     }
+    // A voter stopped (SIGSTOP), from a stream of its own too: in about
+    // one seed of four, when it fits.
+    let mut v = Rng::new(seed_of(&[seed, 0x5354_4f50_564f_5445]));
+    if v.below(4) == 0 && t.voters >= 3 {
+        let at = ms(&mut v, 200, horizon_ms);
+        let pick = if v.below(2) == 0 { VoterPick::Leader } else { VoterPick::Follower };
+        let e = Event { at, fault: Fault::StopVoter { pick, stopped: ms(&mut v, 500, 4000) } };
+        if fits(&events, &e, t) {
+            events.push(e);
+        }
+    }
     events.sort_by_key(|e| e.at);
     let noise = if r.below(2) == 0 {
         Noise::default()
@@ -450,7 +480,7 @@ fn fits(events: &[Event], e: &Event, t: Target) -> bool {
         | Fault::CorruptSsd { node, .. }
         | Fault::FillSsd { node, .. }
         | Fault::KillInSsdWrite { node, .. } => node_fits(node),
-        Fault::KillVoter { .. } => voter_fits(),
+        Fault::KillVoter { .. } | Fault::StopVoter { .. } => voter_fits(),
         Fault::CutPair { .. } | Fault::IsolateNode { .. } => cut_fits(),
         Fault::CutHost { node, .. } => cut_fits() && node_fits(node),
         Fault::IsolateVoter { .. } => cut_fits() && voter_fits(),
@@ -479,7 +509,7 @@ mod tests {
             let ssd =
                 s.events.iter().filter(|e| matches!(e.fault, Fault::FillSsd { .. } | Fault::KillInSsdWrite { .. }));
             assert!(ssd.count() <= 1, "seed {seed}: one SSD fault on top at most");
-            assert!(!s.events.is_empty() && s.events.len() <= 3 + 2, "seed {seed}");
+            assert!(!s.events.is_empty() && s.events.len() <= 3 + 3, "seed {seed}");
             assert!(s.events.windows(2).all(|w| w[0].at <= w[1].at), "seed {seed}: sorted");
             for e in &s.events {
                 *kinds.entry(e.fault.kind()).or_insert(0) += 1;
@@ -513,6 +543,11 @@ mod tests {
         for k in ["isolate_leader", "isolate_voter"] {
             assert!(kinds.get(k).copied().unwrap_or(0) > 60, "{k}: {kinds:?}");
         }
+        // Voters stopped, a stream of their own: one seed in eight each,
+        // less those that do not fit.
+        for k in ["stop_leader", "stop_voter"] {
+            assert!(kinds.get(k).copied().unwrap_or(0) > 100, "{k}: {kinds:?}");
+        }
     }
 
     #[test]
@@ -526,11 +561,12 @@ mod tests {
     }
 
     #[test]
-    fn ci_seeds_cut_a_host_and_a_voter_off() {
+    fn ci_seeds_cut_a_host_and_a_voter_off_and_stop_voters() {
         let kinds = |s: u64| draw(s, T).events.iter().map(|e| e.fault.kind()).collect::<Vec<_>>();
         let ci: Vec<&str> = (2..=10).flat_map(kinds).collect();
         assert!(ci.contains(&"cut_host"), "CI's seeds 2-10 cut no host off: {ci:?}");
         assert!(ci.iter().any(|k| k.starts_with("isolate_") && *k != "isolate_node"), "no voter cut off: {ci:?}");
+        assert!(ci.contains(&"stop_leader") && ci.contains(&"stop_voter"), "no voter stopped: {ci:?}");
     }
 
     #[test]

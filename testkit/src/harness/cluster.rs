@@ -232,6 +232,11 @@ impl LocalCluster {
         self.dir.join(format!("voter-{id}.log"))
     }
 
+    /// The process id of voter `id`, if it runs.
+    pub fn voter_pid(&self, id: u64) -> Option<u32> {
+        self.voters.get((id - 1) as usize).and_then(Option::as_ref).map(CoordinatorProcess::pid)
+    }
+
     /// Whether voter `id` runs (as far as this handle knows).
     pub fn voter_running(&self, id: u64) -> bool {
         self.voters.get((id - 1) as usize).is_some_and(Option::is_some)

@@ -135,6 +135,11 @@ impl CoordinatorProcess {
         self.id
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The last lines of its log.
     pub fn log_tail(&self) -> String {
         log_tail(&self.log)

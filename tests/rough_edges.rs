@@ -1,0 +1,164 @@
+//! Issue 17's rough edges, as a new user meets them: an error is printed
+//! once, with its causes and without a backtrace unless asked (even with
+//! `RUST_BACKTRACE=1`), paths keep their leading `/`; a plain absolute
+//! path is a local source; a view naming columns the file lacks says what
+//! the file has; `ssd_dir` without `ssd_bytes` is refused, not a silent
+//! 64 GiB reservation.
+
+use granary_client::ChunkSource;
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::NodeProcess;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_granary");
+
+/// `granary node --config CONFIG` run to its (failing) end: its stderr.
+fn node_fails(config: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["node", "--config"])
+        .arg(config)
+        .env("RUST_BACKTRACE", "1")
+        .env("GRANARY_LOG", "error")
+        .output()
+        .expect("run granary node");
+    assert!(!out.status.success(), "the node started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn node_toml(socket: &Path, source: &str, view: &Path, extra: &str) -> String {
+    format!(
+        "socket = {socket:?}\nram_bytes = {}\n{extra}\n[[dataset]]\nname = \"ads\"\nsource = \"{source}\"\nview = {view:?}\n",
+        64 << 20
+    )
+}
+
+#[test]
+fn an_error_is_printed_once_with_its_causes_and_no_backtrace() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let missing = tmp.path().join("nope").join("node.toml");
+    let err = node_fails(&missing);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines[0].starts_with("error: ") && lines[0].contains(&*missing.display().to_string()), "{err}");
+    assert!(!err.contains("Caused by") && !err.contains("backtrace") && !err.contains("Error: "), "{err}");
+    let mut seen = std::collections::BTreeSet::new();
+    assert!(lines.iter().all(|l| seen.insert(*l)), "a line repeats:\n{err}");
+    assert!(lines.len() <= 3, "{err}");
+}
+
+#[test]
+fn a_plain_absolute_path_is_a_local_source_and_missing_columns_say_what_the_file_has() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let spec = GenSpec { seed: 4, rows: 2_000, files: 1, row_group_rows: 1_000, ..GenSpec::default() };
+    datagen::generate(&data, &spec, |_| {}).expect("generate");
+    let view = tmp.path().join("view.toml");
+    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let socket = tmp.path().join("node.sock");
+    let config = tmp.path().join("node.toml");
+    // `source = "/abs/path/"`: served like file:///abs/path/.
+    std::fs::write(&config, node_toml(&socket, &format!("{}/", data.display()), &view, "")).expect("config");
+    let node =
+        NodeProcess::spawn(Path::new(BIN), &config, &socket, &tmp.path().join("node.log"), Duration::from_secs(60))
+            .expect("a node with a plain absolute path as its source starts");
+    let info = granary_client::LocalSource::connect(&socket)
+        .expect("connect")
+        .describe("ads", None)
+        .expect("the dataset is served");
+    assert_eq!(info.shards.iter().map(|s| s.rows).sum::<u64>(), 2_000);
+    drop(node);
+
+    // A zero-padded pattern over unpadded names: the error names the file
+    // with its leading slash and says how the names are written.
+    let padded = tmp.path().join("padded.toml");
+    std::fs::write(&padded, datagen::VIEW_TOML.replace("f{0..150}", "f{000..150}")).expect("view");
+    std::fs::write(&config, node_toml(&socket, &format!("file://{}/", data.display()), &padded, "")).expect("config");
+    let err = node_fails(&config);
+    assert!(err.contains(&format!("{}/part-00000.parquet", data.display())), "no absolute file path:\n{err}");
+    assert!(err.contains("column \"f000\"") && err.contains("the file has f0: its names are not zero-padded"), "{err}");
+    assert!(err.contains("f{0..150}"), "{err}");
+
+    // A relative path is neither: the error shows the forms.
+    std::fs::write(&config, node_toml(&socket, "data/", &view, "")).expect("config");
+    let err = node_fails(&config);
+    assert!(err.contains("nor an absolute path") && err.contains("s3://"), "{err}");
+}
+
+#[test]
+fn an_ssd_folder_without_a_size_is_refused_before_anything_is_reserved() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ssd = tmp.path().join("ssd");
+    let config = tmp.path().join("node.toml");
+    let extra = format!("ssd_dir = {ssd:?}");
+    std::fs::write(&config, node_toml(&tmp.path().join("s.sock"), "/nowhere/", &tmp.path().join("v.toml"), &extra))
+        .expect("config");
+    let err = node_fails(&config);
+    assert!(err.contains("ssd_dir is set without ssd_bytes"), "{err}");
+    assert!(!ssd.exists() || std::fs::read_dir(&ssd).expect("ssd").next().is_none(), "something was reserved");
+}
+
+#[test]
+fn view_check_resolves_a_view_against_a_source_with_no_cluster() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let spec = GenSpec { seed: 5, rows: 3_000, files: 2, row_group_rows: 1_000, ..GenSpec::default() };
+    datagen::generate(&data, &spec, |_| {}).expect("generate");
+    let view = tmp.path().join("view.toml");
+    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let check = |view: &Path, json: bool| {
+        let mut c = Command::new(BIN);
+        c.args(["view", "check", "--source"]).arg(&data).arg("--view").arg(view).env("RUST_BACKTRACE", "0");
+        if json {
+            c.arg("--json");
+        }
+        c.output().expect("run granary view check")
+    };
+    let out = check(&view, true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["files"], 2);
+    assert_eq!(v["first_row_groups"], 2);
+    let dense = &v["tensors"][0];
+    assert_eq!((dense["name"].as_str(), dense["dtype"].as_str()), (Some("dense"), Some("f32")));
+    assert_eq!(dense["shape"], serde_json::json!([150]));
+    assert_eq!(dense["columns"].as_array().map(Vec::len), Some(150));
+    assert_eq!(v["row_bytes"], 150 * 4 + 32 * 4 + 2 * 8 + 4);
+    // For people: one line per tensor.
+    let out = check(&view, false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("2 Parquet files") && text.contains("f0 .. f149 (150 columns)"), "{text}");
+    // A view that does not fit: the error, with what the file has.
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, datagen::VIEW_TOML.replace("f{0..150}", "f{1..151}")).expect("view");
+    let out = check(&bad, false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("column \"f150\"") && err.contains("run from f0 to f149"), "{err}");
+}
+
+#[test]
+fn a_node_serves_its_good_datasets_and_says_why_a_bad_one_is_not_served() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let spec = GenSpec { seed: 6, rows: 2_000, files: 1, row_group_rows: 1_000, ..GenSpec::default() };
+    datagen::generate(&data, &spec, |_| {}).expect("generate");
+    let view = tmp.path().join("view.toml");
+    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, datagen::VIEW_TOML.replace("\"label\"", "\"clicked\"")).expect("view");
+    let socket = tmp.path().join("node.sock");
+    let config = tmp.path().join("node.toml");
+    let mut toml = node_toml(&socket, &format!("{}/", data.display()), &view, "");
+    toml += &format!("\n[[dataset]]\nname = \"broken\"\nsource = \"{}/\"\nview = {bad:?}\n", data.display());
+    std::fs::write(&config, toml).expect("config");
+    let log = tmp.path().join("node.log");
+    let _node = NodeProcess::spawn(Path::new(BIN), &config, &socket, &log, Duration::from_secs(60))
+        .expect("one bad dataset does not stop the node");
+    let source = granary_client::LocalSource::connect(&socket).expect("connect");
+    assert!(source.describe("ads", None).is_ok(), "the good dataset is served");
+    let e = source.describe("broken", None).expect_err("the bad one is not").to_string();
+    assert!(e.contains("\"broken\" is configured on this node but could not be opened"), "{e}");
+    assert!(e.contains("column \"clicked\"") && e.contains("no such column"), "{e}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(logged.contains("dataset not served") && logged.contains("broken"), "{logged}");
+}

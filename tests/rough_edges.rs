@@ -27,6 +27,16 @@ fn node_fails(config: &Path) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A generated dataset in `dir/data` and its view in `dir/view.toml`.
+fn dataset(dir: &Path, seed: u64, rows: u64, files: u32) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = dir.join("data");
+    let spec = GenSpec { seed, rows, files, row_group_rows: 1_000, ..GenSpec::default() };
+    datagen::generate(&data, &spec, |_| {}).expect("generate");
+    let view = dir.join("view.toml");
+    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    (data, view)
+}
+
 fn node_toml(socket: &Path, source: &str, view: &Path, extra: &str) -> String {
     format!(
         "socket = {socket:?}\nram_bytes = {}\n{extra}\n[[dataset]]\nname = \"ads\"\nsource = \"{source}\"\nview = {view:?}\n",
@@ -50,11 +60,7 @@ fn an_error_is_printed_once_with_its_causes_and_no_backtrace() {
 #[test]
 fn a_plain_absolute_path_is_a_local_source_and_missing_columns_say_what_the_file_has() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 4, rows: 2_000, files: 1, row_group_rows: 1_000, ..GenSpec::default() };
-    datagen::generate(&data, &spec, |_| {}).expect("generate");
-    let view = tmp.path().join("view.toml");
-    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let (data, view) = dataset(tmp.path(), 4, 2_000, 1);
     let socket = tmp.path().join("node.sock");
     let config = tmp.path().join("node.toml");
     // `source = "/abs/path/"`: served like file:///abs/path/.
@@ -101,11 +107,7 @@ fn an_ssd_folder_without_a_size_is_refused_before_anything_is_reserved() {
 #[test]
 fn view_check_resolves_a_view_against_a_source_with_no_cluster() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 5, rows: 3_000, files: 2, row_group_rows: 1_000, ..GenSpec::default() };
-    datagen::generate(&data, &spec, |_| {}).expect("generate");
-    let view = tmp.path().join("view.toml");
-    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let (data, view) = dataset(tmp.path(), 5, 3_000, 2);
     let check = |view: &Path, json: bool| {
         let mut c = Command::new(BIN);
         c.args(["view", "check", "--source"]).arg(&data).arg("--view").arg(view).env("RUST_BACKTRACE", "0");
@@ -139,11 +141,7 @@ fn view_check_resolves_a_view_against_a_source_with_no_cluster() {
 #[test]
 fn a_node_serves_its_good_datasets_and_says_why_a_bad_one_is_not_served() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 6, rows: 2_000, files: 1, row_group_rows: 1_000, ..GenSpec::default() };
-    datagen::generate(&data, &spec, |_| {}).expect("generate");
-    let view = tmp.path().join("view.toml");
-    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let (data, view) = dataset(tmp.path(), 6, 2_000, 1);
     let bad = tmp.path().join("bad.toml");
     std::fs::write(&bad, datagen::VIEW_TOML.replace("\"label\"", "\"clicked\"")).expect("view");
     let socket = tmp.path().join("node.sock");

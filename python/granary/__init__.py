@@ -24,40 +24,9 @@ from collections.abc import Mapping as _Mapping
 
 from . import errors
 from ._granary import Batch, Epoch, Loader, __version__
-from .errors import (
-    ConfigError,
-    CorruptChunkError,
-    ForkedProcessError,
-    GranaryError,
-    NodeError,
-    NodeUnavailableError,
-    PlanError,
-    PositionPastEndError,
-    ProtocolError,
-    ResumeMismatchError,
-    UnknownDatasetError,
-    VersionGoneError,
-)
+from .errors import *  # noqa: F403 (the exception classes; errors.__all__ names them)
 
 # A batch is a read-only mapping of name to array.
 _Mapping.register(Batch)
 
-__all__ = [
-    "Loader",
-    "Epoch",
-    "Batch",
-    "errors",
-    "GranaryError",
-    "ConfigError",
-    "NodeUnavailableError",
-    "NodeError",
-    "CorruptChunkError",
-    "ProtocolError",
-    "PlanError",
-    "UnknownDatasetError",
-    "VersionGoneError",
-    "ResumeMismatchError",
-    "PositionPastEndError",
-    "ForkedProcessError",
-    "__version__",
-]
+__all__ = ["Loader", "Epoch", "Batch", "errors", "__version__", *errors.__all__]

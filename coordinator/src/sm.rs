@@ -20,7 +20,7 @@
 //! a consistent view and a watch channel that wakes them on every change.
 
 use crate::state::ClusterState;
-use crate::store::{RaftStorageError, StoreError, blocking};
+use crate::store::{RaftStorageError, StoreError, blocking, show};
 use crate::types::{CommandResult, TypeConfig, VoterId};
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -141,6 +141,9 @@ struct SnapshotDir {
     current: Mutex<Option<Meta>>,
     /// The counter part of the next built snapshot's id.
     next_id: AtomicU64,
+    /// The last log id of the snapshot on disk, sent once it is durable: the
+    /// Raft log deletes entries only up to it (see [`LogStore`](crate::store::LogStore)).
+    durable: watch::Sender<Option<LogId<VoterId>>>,
 }
 
 impl SnapshotDir {
@@ -167,6 +170,7 @@ impl SnapshotDir {
         replace_durably(&RealFs, &self.dir, &tmp, &self.path(), bytes)
             .map_err(|(path, source)| StoreError::SnapshotIo { path, source })?;
         *current = Some(meta.clone());
+        self.durable.send_replace(meta.last_log_id);
         Ok(true)
     }
 
@@ -270,14 +274,23 @@ impl StateMachineStore {
             }
             None => (Applied::default(), None, 1),
         };
+        let (durable, _) = watch::channel(current.as_ref().and_then(|m: &Meta| m.last_log_id));
         Ok(Self {
             shared: Arc::new(Shared::new(applied)),
             snapshots: Arc::new(SnapshotDir {
                 dir: dir.to_path_buf(),
                 current: Mutex::new(current),
                 next_id: AtomicU64::new(next_id),
+                durable,
             }),
         })
+    }
+
+    /// The last log id of the snapshot on disk, updated once each new
+    /// snapshot file is durable. Give it to [`LogStore::open`](crate::store::LogStore::open):
+    /// the log must keep every entry after it.
+    pub fn durable_snapshot(&self) -> watch::Receiver<Option<LogId<VoterId>>> {
+        self.snapshots.durable.subscribe()
     }
 
     /// The view of the state shared with readers.
@@ -291,11 +304,6 @@ impl StateMachineStore {
 pub struct SnapshotBuilder {
     shared: Arc<Shared>,
     snapshots: Arc<SnapshotDir>,
-}
-
-/// A log id for messages: `term-node-index`, or `none`.
-fn show(id: Option<&LogId<VoterId>>) -> String {
-    id.map_or_else(|| "none".to_string(), ToString::to_string)
 }
 
 fn snapshot_id(last: Option<&LogId<VoterId>>, counter: u64) -> String {

@@ -8,6 +8,16 @@
 //! committed log id is synced too: openraft 0.9 restarts a former leader
 //! as leader and bounds its linearizable reads by it (see `save_committed`).
 //!
+//! Purging follows the state machine's snapshot file, not openraft's
+//! request alone. openraft 0.9 purges a follower's log the moment it starts
+//! installing a snapshot it received (before the state machine has written
+//! it), so a kill in between left neither the entries nor the snapshot, and
+//! the voter could not restart ("expected index [0, 4), got [None, None)";
+//! CI caught it once). So `purge` records the purge at once but deletes
+//! entries only up to the snapshot already durable ([`DurableSnapshot`]);
+//! an append past a purge the snapshot has not caught up with waits for it;
+//! and opening the log undoes a purge that no durable snapshot covers.
+//!
 //! Every record is serde_json, the same encoding the rest of the coordinator
 //! uses, so a log can be read with standard tools. redb calls block on disk
 //! I/O and fsync, so each one runs on tokio's blocking pool instead of
@@ -25,6 +35,9 @@ use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
 
 /// Log entries by index; values are serde_json of `openraft::Entry<TypeConfig>`.
 const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("logs");
@@ -34,6 +47,15 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE_KEY: &str = "vote";
 const LAST_PURGED_KEY: &str = "last_purged";
 const COMMITTED_KEY: &str = "committed";
+
+/// How long an append waits for a snapshot being installed to reach disk
+/// before it fails (the install writes one small file: milliseconds).
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
+
+/// The last log id of the state machine's snapshot on disk, as
+/// [`StateMachineStore::durable_snapshot`](crate::sm::StateMachineStore::durable_snapshot)
+/// announces it: the log deletes no entry after it.
+pub type DurableSnapshot = watch::Receiver<Option<LogId<VoterId>>>;
 
 /// redb's page cache for the log file. The coordinator's log is small and
 /// read mostly at its tail, so redb's 1 GiB default would only hold memory.
@@ -115,6 +137,35 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// The log lacks entries between the durable snapshot and its first
+    /// entry after it, so the state cannot be rebuilt (never written by
+    /// this code: the file was changed, or came from elsewhere).
+    #[error(
+        "Raft log {path}: entries {from}..{to} are missing after the snapshot up to {from_snapshot}: the log and the snapshot file do not belong together"
+    )]
+    Gap {
+        /// The redb file.
+        path: PathBuf,
+        /// The first missing index.
+        from: u64,
+        /// The first index present after the gap.
+        to: u64,
+        /// The snapshot's last log id.
+        from_snapshot: String,
+    },
+    /// An append waited for a snapshot being installed to reach disk, and it
+    /// did not.
+    #[error(
+        "Raft log {path}: entries after index {index} wait for the snapshot up to it to be on disk, and it was not after {waited:?}"
+    )]
+    SnapshotNotDurable {
+        /// The redb file.
+        path: PathBuf,
+        /// The purged index the snapshot must reach.
+        index: u64,
+        /// How long the append waited.
+        waited: Duration,
+    },
     /// A snapshot decoded but its parts disagree (for example, its metadata
     /// names another last log id than its state), or its format is unknown.
     #[error("snapshot {origin} is invalid: {reason}")]
@@ -140,6 +191,11 @@ where
 struct Inner {
     db: Database,
     path: PathBuf,
+    /// The state machine's durable snapshot: entries after it are kept.
+    snapshots: DurableSnapshot,
+    /// The last purged index plus one (0: nothing purged), so an append
+    /// can tell without a read whether the snapshot must catch up first.
+    purged_next: AtomicU64,
 }
 
 impl Inner {
@@ -211,38 +267,116 @@ impl LogStore {
     /// is an [`StoreError::Open`] naming it rather than a later panic. This
     /// blocks on disk I/O: call it before the runtime starts or from a
     /// blocking context.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    ///
+    /// `snapshots` is the state machine's [`DurableSnapshot`]: a purge this
+    /// file recorded beyond it (a snapshot install cut short) is undone.
+    pub fn open(path: &Path, snapshots: DurableSnapshot) -> Result<Self, StoreError> {
         let open_err = |source| StoreError::Open { path: path.to_path_buf(), source };
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             .set_check_integrity_on_open(true)
             .create(path)
             .map_err(open_err)?;
-        Self::from_db(db, path)
+        Self::from_db(db, path, snapshots)
     }
 
     /// Opens (or creates) the log on any redb storage `backend`; `label`
     /// names it in errors. The crash tests use a backend that keeps only
     /// what was synced.
-    pub fn open_on(backend: impl redb::StorageBackend, label: &Path) -> Result<Self, StoreError> {
+    pub fn open_on(
+        backend: impl redb::StorageBackend,
+        label: &Path,
+        snapshots: DurableSnapshot,
+    ) -> Result<Self, StoreError> {
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             .set_check_integrity_on_open(true)
             .create_with_backend(backend)
             .map_err(|source| StoreError::Open { path: label.to_path_buf(), source })?;
-        Self::from_db(db, label)
+        Self::from_db(db, label, snapshots)
     }
 
-    fn from_db(db: Database, path: &Path) -> Result<Self, StoreError> {
-        let inner = Inner { db, path: path.to_path_buf() };
+    fn from_db(db: Database, path: &Path, snapshots: DurableSnapshot) -> Result<Self, StoreError> {
+        let inner = Inner { db, path: path.to_path_buf(), snapshots, purged_next: AtomicU64::new(0) };
         // Create both tables up front so that read transactions never meet a
-        // missing table.
+        // missing table, and bring the purge back to the durable snapshot.
         let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
         txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
-        txn.open_table(META).map_err(|e| inner.redb(e))?;
+        let purged = Self::reconcile(&inner, &txn)?;
         txn.commit().map_err(|e| inner.redb(e))?;
+        inner.purged_next.store(next_index(purged), Ordering::Release);
         tracing::info!(path = %path.display(), "opened the Raft log");
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Undoes a recorded purge beyond the durable snapshot (openraft purged
+    /// for a snapshot install that a kill cut short: the entries it did not
+    /// delete let the state be rebuilt as it was before), and checks that
+    /// the entries after the snapshot start right after it. Returns the
+    /// last purged log id.
+    fn reconcile(inner: &Inner, txn: &redb::WriteTransaction) -> Result<Option<LogId<VoterId>>, StoreError> {
+        let durable = *inner.snapshots.borrow();
+        let mut meta = txn.open_table(META).map_err(|e| inner.redb(e))?;
+        let mut purged: Option<LogId<VoterId>> = match meta.get(LAST_PURGED_KEY).map_err(|e| inner.redb(e))? {
+            Some(v) => Some(inner.decode("meta", &LAST_PURGED_KEY, v.value())?),
+            None => None,
+        };
+        if next_index(purged) > next_index(durable) {
+            tracing::warn!(
+                path = %inner.path.display(),
+                purged = %show(purged.as_ref()),
+                snapshot = %show(durable.as_ref()),
+                "a snapshot install was cut short: the log's purge goes back to the snapshot on disk"
+            );
+            match durable {
+                Some(d) => {
+                    let bytes = encode("last purged log id", &d)?;
+                    meta.insert(LAST_PURGED_KEY, bytes.as_slice()).map_err(|e| inner.redb(e))?;
+                }
+                None => {
+                    meta.remove(LAST_PURGED_KEY).map_err(|e| inner.redb(e))?;
+                }
+            }
+            purged = durable;
+        }
+        if let Some(d) = durable {
+            let logs = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+            let first_after = match logs.range(d.index.saturating_add(1)..).map_err(|e| inner.redb(e))?.next() {
+                Some(item) => Some(item.map_err(|e| inner.redb(e))?.0.value()),
+                None => None,
+            };
+            let from = d.index.saturating_add(1);
+            if let Some(first) = first_after.filter(|&f| f > from) {
+                return Err(StoreError::Gap {
+                    path: inner.path.clone(),
+                    from,
+                    to: first,
+                    from_snapshot: d.to_string(),
+                });
+            }
+        }
+        Ok(purged)
+    }
+
+    /// Waits until the durable snapshot covers every purged index, so that
+    /// no entry becomes durable after a gap that only a snapshot still being
+    /// written would fill.
+    async fn snapshot_caught_up(&self) -> Result<(), StoreError> {
+        let wanted = self.inner.purged_next.load(Ordering::Acquire);
+        let covers = |d: &Option<LogId<VoterId>>| next_index(*d) >= wanted;
+        let mut snapshots = self.inner.snapshots.clone();
+        if covers(&snapshots.borrow()) {
+            return Ok(());
+        }
+        let index = wanted - 1;
+        tracing::debug!(index, "an append waits for the snapshot being installed to reach disk");
+        let not_durable =
+            || StoreError::SnapshotNotDurable { path: self.inner.path.clone(), index, waited: SNAPSHOT_WAIT };
+        match tokio::time::timeout(SNAPSHOT_WAIT, snapshots.wait_for(covers)).await {
+            Ok(Ok(_)) => Ok(()),
+            // The state machine is gone (shutting down), or the wait timed out.
+            Ok(Err(_)) | Err(_) => Err(not_durable()),
+        }
     }
 
     /// The redb file this store was opened from.
@@ -250,8 +384,16 @@ impl LogStore {
         &self.inner.path
     }
 
-    /// Entries whose index lies in `range`, in order.
+    /// Entries whose index lies in `range`, in order. Purged entries still
+    /// on disk (no durable snapshot covers them yet) are not read.
     fn entries(inner: &Inner, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        let purged_next = inner.purged_next.load(Ordering::Acquire);
+        let range = match range.0 {
+            Bound::Included(s) if s >= purged_next => range,
+            Bound::Excluded(s) if s.checked_add(1).is_none_or(|s| s >= purged_next) => range,
+            _ if purged_next == 0 => range,
+            _ => (Bound::Included(purged_next), range.1),
+        };
         if range_is_empty(&range) {
             return Ok(Vec::new());
         }
@@ -277,9 +419,21 @@ impl LogStore {
             Some(v) => Some(inner.decode("meta", &LAST_PURGED_KEY, v.value())?),
             None => None,
         };
-        let last_log_id = last_entry.map(|e| e.log_id).or(last_purged_log_id);
+        // Entries up to the purge may still be on disk (deleted once a
+        // snapshot covers them): the last log id is never below the purge.
+        let last_log_id = last_entry.map(|e| e.log_id).max(last_purged_log_id);
         Ok(LogState { last_purged_log_id, last_log_id })
     }
+}
+
+/// The index after `id` (0 for none).
+fn next_index(id: Option<LogId<VoterId>>) -> u64 {
+    id.map_or(0, |id| id.index.saturating_add(1))
+}
+
+/// A log id for messages: `term-node-index`, or `none`.
+pub(crate) fn show(id: Option<&LogId<VoterId>>) -> String {
+    id.map_or_else(|| "none".to_string(), ToString::to_string)
 }
 
 /// True when no index can lie in `range` (redb would return nothing for it,
@@ -381,6 +535,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.log_io_completed(Ok(()));
             return Ok(());
         }
+        if let Err(e) = self.snapshot_caught_up().await {
+            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(write_logs_err(e));
+        }
         let inner = self.inner.clone();
         let written = blocking("append log entries", move || {
             let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
@@ -424,22 +582,39 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let bytes = encode("last purged log id", &log_id).map_err(write_logs_err)?;
         let inner = self.inner.clone();
         blocking("purge log", move || {
+            let durable = *inner.snapshots.borrow();
             let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
-            {
+            let purged = {
                 let mut meta = txn.open_table(META).map_err(|e| inner.redb(e))?;
                 let previous: Option<LogId<VoterId>> = match meta.get(LAST_PURGED_KEY).map_err(|e| inner.redb(e))? {
                     Some(v) => Some(inner.decode("meta", &LAST_PURGED_KEY, v.value())?),
                     None => None,
                 };
-                // Purging never moves backwards; an older request is already done.
-                if previous.is_some_and(|p| p >= log_id) {
-                    return Ok(());
+                // Purging never moves backwards; an older request only
+                // deletes what a newer snapshot now covers.
+                if previous < Some(log_id) {
+                    meta.insert(LAST_PURGED_KEY, bytes.as_slice()).map_err(|e| inner.redb(e))?;
                 }
-                meta.insert(LAST_PURGED_KEY, bytes.as_slice()).map_err(|e| inner.redb(e))?;
-                let mut logs = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
-                logs.retain_in(..=log_id.index, |_, _| false).map_err(|e| inner.redb(e))?;
-            }
-            txn.commit().map_err(|e| inner.redb(e))
+                let purged = previous.max(Some(log_id));
+                // Delete only what the snapshot on disk covers: the rest
+                // rebuilds the state if this snapshot never reaches disk.
+                let upto = next_index(purged).min(next_index(durable));
+                if upto > 0 {
+                    let mut logs = txn.open_table(LOGS).map_err(|e| inner.redb(e))?;
+                    logs.retain_in(..upto, |_, _| false).map_err(|e| inner.redb(e))?;
+                }
+                if upto < next_index(purged) {
+                    tracing::debug!(
+                        purged = %show(purged.as_ref()),
+                        snapshot = %show(durable.as_ref()),
+                        "purge recorded; entries after the snapshot on disk are kept until it covers them"
+                    );
+                }
+                purged
+            };
+            txn.commit().map_err(|e| inner.redb(e))?;
+            inner.purged_next.store(next_index(purged), Ordering::Release);
+            Ok(())
         })
         .await
         .map_err(write_logs_err)
@@ -475,6 +650,19 @@ mod tests {
         use openraft::storage::RaftLogStorageExt;
         store.blocking_append(entries).await?;
         Ok(())
+    }
+
+    /// A state machine whose snapshot on disk covers every index these
+    /// tests use, so purges delete at once.
+    fn covered() -> DurableSnapshot {
+        watch::channel(Some(log_id(1, 1000))).1
+    }
+
+    /// The indexes of the entries in the file, purged or not.
+    fn on_disk(store: &LogStore) -> anyhow::Result<Vec<u64>> {
+        let txn = store.inner.db.begin_read()?;
+        let table = txn.open_table(LOGS)?;
+        Ok(table.iter()?.map(|item| item.map(|(k, _)| k.value())).collect::<Result<_, _>>()?)
     }
 
     async fn indexes(store: &mut LogStore) -> anyhow::Result<Vec<u64>> {
@@ -554,9 +742,9 @@ mod tests {
         let disk = PowerCutDisk::default();
         let vote = Vote::new_committed(4, VoterId(3));
         let entries: Vec<_> = (1..=9).map(|i| entry(4, i)).collect();
-        let mut store = LogStore::open_on(disk.clone(), &label)?;
+        let mut store = LogStore::open_on(disk.clone(), &label, covered())?;
         // Reopens what a power cut now would leave.
-        let after_cut = || LogStore::open_on(disk.after_power_cut(), &label);
+        let after_cut = || LogStore::open_on(disk.after_power_cut(), &label, covered());
         store.save_vote(&vote).await?;
         assert_eq!(after_cut()?.read_vote().await?, Some(vote), "the vote");
         append(&mut store, entries[..5].to_vec()).await?;
@@ -574,6 +762,96 @@ mod tests {
         Ok(())
     }
 
+    /// The CI failure of `three_voters_survive_leader_kill_follower_kill_and_full_restart`:
+    /// openraft 0.9 purges a follower's log as soon as it starts installing
+    /// a received snapshot, before the state machine has written it. A kill
+    /// in between left a committed id of 3, no snapshot file and no entries,
+    /// and the voter's restart failed with "expected index: [0, 4), got
+    /// [None, None)". Here the same sequence on a disk that keeps only what
+    /// was synced, then the restart openraft makes (`get_initial_state`):
+    /// the entries are still there, so the state is rebuilt (checked: with
+    /// the purge deleting at once, this fails with that very error).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_install_cut_short_leaves_what_rebuilds_the_state() -> anyhow::Result<()> {
+        use crate::sm::StateMachineStore;
+        use openraft::storage::RaftStateMachine;
+        let dir = tempfile::tempdir()?;
+        let label = std::path::PathBuf::from("power-cut disk");
+        let disk = PowerCutDisk::default();
+        let entries: Vec<_> = (0..=3).map(|i| entry(1, i)).collect();
+        {
+            let sm = StateMachineStore::open(dir.path())?;
+            let mut log = LogStore::open_on(disk.clone(), &label, sm.durable_snapshot())?;
+            append(&mut log, entries.clone()).await?;
+            log.save_committed(Some(log_id(1, 3))).await?;
+            // The leader's snapshot reaches index 10: openraft purges up to it
+            // and hands the snapshot to the state machine, which is killed
+            // before writing it.
+            log.purge(log_id(1, 10)).await?;
+            assert_eq!(log.get_log_state().await?.last_purged_log_id, Some(log_id(1, 10)), "recorded at once");
+        }
+        let mut sm = StateMachineStore::open(dir.path())?;
+        let mut log = LogStore::open_on(disk.after_power_cut(), &label, sm.durable_snapshot())?;
+        assert_eq!(
+            log.get_log_state().await?,
+            LogState { last_purged_log_id: None, last_log_id: Some(log_id(1, 3)) },
+            "the purge no snapshot covers is undone"
+        );
+        assert_eq!(log.try_get_log_entries(..).await?, entries);
+        let state = openraft::StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
+        assert_eq!(state.committed, Some(log_id(1, 3)));
+        assert_eq!(sm.applied_state().await?.0, Some(log_id(1, 3)), "the entries were applied again");
+        Ok(())
+    }
+
+    /// After a purge the snapshot on disk does not cover yet, an append
+    /// waits for it: an entry made durable after a gap that only a snapshot
+    /// still being written fills could not be applied after a kill. Once the
+    /// snapshot is on disk the append goes on, and the next purge deletes
+    /// what it covers. A snapshot that never arrives fails the append
+    /// (after 30 s, on a paused clock here), naming the index.
+    #[tokio::test(start_paused = true)]
+    async fn an_append_past_a_purge_waits_for_the_snapshot_on_disk() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (durable, snapshots) = watch::channel(None);
+        let mut log = LogStore::open(&dir.path().join("raft.redb"), snapshots)?;
+        append(&mut log, (0..=3).map(|i| entry(1, i)).collect()).await?;
+        log.purge(log_id(1, 10)).await?;
+        assert_eq!(indexes(&mut log).await?, Vec::<u64>::new(), "purged entries are not read");
+        assert_eq!(on_disk(&log)?, vec![0, 1, 2, 3], "but not deleted before the snapshot is on disk");
+
+        let mut waiting = log.clone();
+        let after = tokio::spawn(async move { append(&mut waiting, vec![entry(1, 11), entry(1, 12)]).await });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!after.is_finished(), "the append waits for the snapshot");
+        durable.send_replace(Some(log_id(1, 10)));
+        after.await??;
+        log.purge(log_id(1, 10)).await?;
+        assert_eq!(on_disk(&log)?, vec![11, 12]);
+
+        log.purge(log_id(1, 20)).await?;
+        let err = append(&mut log, vec![entry(1, 21)]).await.expect_err("no snapshot reaches index 20");
+        let shown = format!("{err:#}");
+        assert!(shown.contains("index 20") && shown.contains("on disk"), "{shown}");
+        Ok(())
+    }
+
+    /// Entries that do not start right after the snapshot on disk cannot
+    /// rebuild the state: opening says which are missing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gap_after_the_snapshot_is_an_open_error_naming_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("raft.redb");
+        {
+            let mut log = LogStore::open(&path, covered())?;
+            append(&mut log, vec![entry(1, 5), entry(1, 6)]).await?;
+        }
+        let err = LogStore::open(&path, watch::channel(Some(log_id(1, 2))).1).expect_err("a gap");
+        let shown = err.to_string();
+        assert!(shown.contains("entries 3..5 are missing") && shown.contains("raft.redb"), "{shown}");
+        Ok(())
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn vote_entries_and_purge_survive_a_reopen() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
@@ -581,13 +859,13 @@ mod tests {
         let vote = Vote::new_committed(3, VoterId(2));
         let entries: Vec<_> = (1..=6).map(|i| entry(2, i)).collect();
         {
-            let mut store = LogStore::open(&path)?;
+            let mut store = LogStore::open(&path, covered())?;
             store.save_vote(&vote).await?;
             append(&mut store, entries.clone()).await?;
             store.purge(log_id(2, 2)).await?;
             store.save_committed(Some(log_id(2, 5))).await?;
         }
-        let mut store = LogStore::open(&path)?;
+        let mut store = LogStore::open(&path, covered())?;
         assert_eq!(store.read_vote().await?, Some(vote));
         assert_eq!(store.try_get_log_entries(0..100).await?, entries[2..].to_vec());
         assert_eq!(
@@ -602,7 +880,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn truncate_removes_the_tail_and_purge_the_head() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let mut store = LogStore::open(&dir.path().join("raft.redb"))?;
+        let mut store = LogStore::open(&dir.path().join("raft.redb"), covered())?;
         assert_eq!(store.get_log_state().await?, LogState::default());
         append(&mut store, (1..=10).map(|i| entry(1, i)).collect()).await?;
 
@@ -632,7 +910,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_record_that_does_not_decode_is_an_error() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let mut store = LogStore::open(&dir.path().join("raft.redb"))?;
+        let mut store = LogStore::open(&dir.path().join("raft.redb"), covered())?;
         append(&mut store, vec![entry(1, 1)]).await?;
         // Write garbage straight into both tables.
         let txn = store.inner.db.begin_write()?;
@@ -655,7 +933,7 @@ mod tests {
         let path = dir.path().join("raft.redb");
         let garbage: Vec<u8> = (0..64 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         std::fs::write(&path, garbage)?;
-        let err = LogStore::open(&path).expect_err("garbage must not open");
+        let err = LogStore::open(&path, covered()).expect_err("garbage must not open");
         assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
         assert!(err.to_string().contains(&path.display().to_string()), "{err}");
         Ok(())
@@ -666,7 +944,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("raft.redb");
         {
-            let store = LogStore::open(&path)?;
+            let store = LogStore::open(&path, covered())?;
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(append(&mut store.clone(), (1..=50).map(|i| entry(1, i)).collect()))?;
         }
@@ -677,7 +955,7 @@ mod tests {
             *b ^= 0x5a;
         }
         std::fs::write(&path, bytes)?;
-        let err = LogStore::open(&path).expect_err("a damaged file must not open");
+        let err = LogStore::open(&path, covered()).expect_err("a damaged file must not open");
         assert!(err.to_string().contains(&path.display().to_string()), "{err}");
         Ok(())
     }
@@ -690,7 +968,7 @@ mod tests {
         let file = dir.path().join("not-a-dir");
         std::fs::write(&file, b"x")?;
         let path = file.join("raft.redb");
-        let err = LogStore::open(&path).expect_err("no folder to create the file in");
+        let err = LogStore::open(&path, covered()).expect_err("no folder to create the file in");
         assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
         assert!(err.to_string().contains(&path.display().to_string()), "{err}");
         Ok(())

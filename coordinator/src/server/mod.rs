@@ -209,8 +209,8 @@ impl Coordinator {
         }
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(|source| StartError::DataDir { path: cfg.data_dir.clone(), source })?;
-        let log = LogStore::open(&cfg.data_dir.join("raft.redb"))?;
         let sm = StateMachineStore::open(&cfg.data_dir)?;
+        let log = LogStore::open(&cfg.data_dir.join("raft.redb"), sm.durable_snapshot())?;
         let shared = sm.shared();
 
         let server = cfg.identity.server_config(&[ALPN_API, ALPN_RAFT])?;

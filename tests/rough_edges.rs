@@ -146,7 +146,8 @@ fn a_node_serves_its_good_datasets_and_says_why_a_bad_one_is_not_served() {
     std::fs::write(&bad, datagen::VIEW_TOML.replace("\"label\"", "\"clicked\"")).expect("view");
     let socket = tmp.path().join("node.sock");
     let config = tmp.path().join("node.toml");
-    let mut toml = node_toml(&socket, &format!("{}/", data.display()), &view, "");
+    let metrics = granary_testkit::harness::reserve_tcp_port().expect("port");
+    let mut toml = node_toml(&socket, &format!("{}/", data.display()), &view, &format!("metrics = \"{metrics}\""));
     toml += &format!("\n[[dataset]]\nname = \"broken\"\nsource = \"{}/\"\nview = {bad:?}\n", data.display());
     std::fs::write(&config, toml).expect("config");
     let log = tmp.path().join("node.log");
@@ -159,4 +160,11 @@ fn a_node_serves_its_good_datasets_and_says_why_a_bad_one_is_not_served() {
     assert!(e.contains("column \"clicked\"") && e.contains("no such column"), "{e}");
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(logged.contains("dataset not served") && logged.contains("broken"), "{logged}");
+    // And its metrics: served and failed datasets.
+    let mut s = std::net::TcpStream::connect(metrics).expect("metrics endpoint");
+    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.0\r\n\r\n").expect("ask");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).expect("answer");
+    assert!(text.contains("granary_node_dataset_failed{dataset=\"broken\"} 1"), "{text}");
+    assert!(text.contains("granary_node_dataset_served{dataset=\"ads\""), "{text}");
 }

@@ -17,6 +17,8 @@
 //! - [`api`]: the coordinator's API messages.
 //! - [`client`]: a coordinator client that finds the leader and follows
 //!   redirects.
+//! - [`metrics`]: the Prometheus endpoint (`GET /metrics` over HTTP) that
+//!   nodes and voters serve their registries on.
 //!
 //! The control plane speaks JSON (openraft's types are serde types, and these
 //! messages are small and rare); the data plane keeps rkyv.
@@ -27,6 +29,7 @@ pub mod conn;
 pub mod error;
 pub mod frame;
 pub mod identity;
+pub mod metrics;
 pub mod pki;
 pub mod role;
 pub mod tls;

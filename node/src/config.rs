@@ -64,6 +64,10 @@ pub struct NodeConfig {
     /// the node's own group.
     #[serde(default)]
     pub allow_gids: Option<Vec<u32>>,
+    /// Address of the Prometheus endpoint (`GET /metrics`), for example
+    /// `"127.0.0.1:9464"`. Default: none (no endpoint).
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// SSD tier folder. Default: none (RAM tier only).
     #[serde(default)]
     pub ssd_dir: Option<PathBuf>,
@@ -180,6 +184,7 @@ impl Default for NodeConfig {
             socket: None,
             allow_uids: None,
             allow_gids: None,
+            metrics: None,
             ssd_dir: None,
             ram_bytes: default_ram(),
             ssd_bytes: default_ssd(),

@@ -24,6 +24,8 @@
 //! - `holds` — the versions this node's trainers use, held at the coordinator (pure core).
 //! - `prefetch` — the prefetch window along a rank's plan (pure).
 //! - [`error`] — error types.
+//! - [`metrics`] — the Prometheus registry (counters read at scrape time,
+//!   latency histograms).
 //! - [`decide`] — the pure decision cores above, exported for the chaos
 //!   simulation (`granary-chaos`), which runs them on a virtual clock and
 //!   network; not needed to embed a node.
@@ -48,6 +50,7 @@ mod flight;
 mod holds;
 mod load;
 mod membership;
+pub mod metrics;
 mod prefetch;
 mod service;
 mod session;

@@ -82,6 +82,8 @@ struct Inner {
     load_memory_bytes: u64,
     converts: Arc<Semaphore>,
     counters: Counters,
+    /// Latency histograms for the metrics endpoint.
+    timings: crate::metrics::Timings,
     remote: Arc<RemoteCounters>,
     prefetch_bytes: u64,
     max_plan_window_rows: u64,
@@ -199,6 +201,7 @@ impl Node {
                 load_memory_bytes,
                 converts: Arc::new(Semaphore::new(threads)),
                 counters: Counters::default(),
+                timings: Default::default(),
                 remote: remote_counters,
                 prefetch_bytes: cfg.prefetch_bytes,
                 max_plan_window_rows: cfg.max_plan_window_rows,
@@ -293,6 +296,11 @@ impl Node {
         tracing::info!(dataset = %name, %version, "serving a pinned version");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
         Ok(version)
+    }
+
+    /// The latency histograms the metrics endpoint shows.
+    pub(crate) fn timings(&self) -> &crate::metrics::Timings {
+        &self.inner.timings
     }
 
     /// Every (dataset, version) this node serves by version.
@@ -581,7 +589,12 @@ impl Node {
 
     /// The chunk of `shard` in `version`: from RAM, SSD, or one shared load.
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
-        self.chunk_from(version, shard, Asker::Trainer).await
+        let started = std::time::Instant::now();
+        let chunk = self.chunk_from(version, shard, Asker::Trainer).await;
+        if let Ok(ds) = self.dataset(version) {
+            self.inner.timings.chunk_request(&ds.name, started.elapsed());
+        }
+        chunk
     }
 
     /// Prefetch for a later epoch: like [`Node::chunk`], but a guest copy
@@ -875,6 +888,7 @@ impl Node {
                     let c = &self.inner.counters;
                     *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(crate::flight::Asked { addr: owner.addr, epoch: owner.epoch });
+                    let started = std::time::Instant::now();
                     let fetched = tokio::select! {
                         fetched = cluster
                             .link()
@@ -891,6 +905,7 @@ impl Node {
                     };
                     match fetched {
                         Ok(chunk) => {
+                            self.inner.timings.peer_fetch(started.elapsed());
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                             c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                             // A copy of a shard the placement moved here
@@ -971,7 +986,9 @@ impl Node {
         };
         let _memory = self.inner.load_memory.acquire_many(kib).await.map_err(FetchError::ShuttingDown)?;
         let peer = self.footer_from_peer(key.version, key.shard.file);
+        let started = std::time::Instant::now();
         let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts).await?;
+        self.inner.timings.conversion(&ds.name, started.elapsed());
         let c = &self.inner.counters;
         c.conversions.fetch_add(1, Ordering::Relaxed);
         c.converted_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);

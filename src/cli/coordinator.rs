@@ -67,6 +67,10 @@ pub(crate) struct CoordinatorArgs {
     /// before it is collected (coordinator state and nodes' tiers).
     #[arg(long, default_value_t = 24 * 3600)]
     version_retention_s: u64,
+    /// Serve Prometheus metrics (`GET /metrics`) on this TCP address, for
+    /// example 127.0.0.1:9465.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
     /// Print the ready line as JSON.
     #[arg(long)]
     json: bool,
@@ -123,6 +127,14 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     rt.block_on(async move {
         let coordinator = Coordinator::start(cfg).await?;
         let addr = coordinator.local_addr();
+        // Kept alive until the voter stops.
+        let _metrics = match a.metrics {
+            Some(at) => {
+                let registry = std::sync::Arc::new(coordinator.metrics_registry());
+                Some(granary_net::metrics::MetricsServer::bind(at, registry).await?)
+            }
+            None => None,
+        };
         if a.json {
             println!("{}", serde_json::json!({"event": "ready", "id": a.id, "addr": addr.to_string()}));
         } else {

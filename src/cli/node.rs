@@ -48,6 +48,14 @@ pub(crate) fn run(a: &NodeArgs) -> Result<()> {
             }
             None => None,
         };
+        // Kept alive until the daemon stops.
+        let _metrics = match cfg.metrics {
+            Some(addr) => {
+                let registry = std::sync::Arc::new(granary_node::metrics::registry(&node));
+                Some(granary_net::metrics::MetricsServer::bind(addr, registry).await?)
+            }
+            None => None,
+        };
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {

@@ -60,9 +60,11 @@ pub(super) async fn serve_api(
             return Err(e);
         }
     };
+    let kind = req.kind();
     if !req.allowed(role) {
         tracing::warn!(%role, request = req.kind(), "refused: wrong role");
         let resp = failed(FailureKind::Forbidden, format!("a {role} certificate may not send {}", req.kind()));
+        super::metrics::count(&ctx.api_requests, kind, &resp);
         frame::write_frame(&mut send, &resp).await?;
         let _ = send.finish();
         return Ok(());
@@ -86,6 +88,7 @@ pub(super) async fn serve_api(
                 req.kind()
             ),
         );
+        super::metrics::count(&ctx.api_requests, kind, &resp);
         frame::write_frame(&mut send, &resp).await?;
         let _ = send.finish();
         return Ok(());
@@ -103,14 +106,17 @@ pub(super) async fn serve_api(
             FailureKind::Forbidden,
             format!("this certificate is bound to {b} and may not send {} for {node}", req.kind()),
         );
+        super::metrics::count(&ctx.api_requests, kind, &resp);
         frame::write_frame(&mut send, &resp).await?;
         let _ = send.finish();
         return Ok(());
     }
     if let ApiRequest::WatchPlacement { after_revision } = req {
+        ctx.api_requests.get_or_create(&super::metrics::ApiLabels::watch()).inc();
         return watch(ctx, after_revision, send).await;
     }
     let resp = handle(ctx, req).await;
+    super::metrics::count(&ctx.api_requests, kind, &resp);
     frame::write_frame(&mut send, &resp).await?;
     let _ = send.finish();
     Ok(())

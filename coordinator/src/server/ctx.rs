@@ -37,6 +37,8 @@ pub(super) struct Ctx {
     pub(super) role_connections: [AtomicUsize; 4],
     /// Last AppendEntries accepted from a leader.
     pub(super) contact: LeaderContact,
+    /// API requests answered, by kind and result (the metrics endpoint).
+    pub(super) api_requests: super::metrics::ApiRequests,
 }
 
 impl Ctx {

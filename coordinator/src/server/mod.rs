@@ -9,6 +9,7 @@
 //! - `ctx`: what the tasks share, and the role checks the API answers with.
 //! - `watch`: the placement watch stream.
 //! - `api`: one API request per stream, with its role checks.
+//! - `metrics`: the voter's Prometheus registry (uses `ctx`).
 //! - `timers`: the shells that drive the pure [`crate::leases::Leases`] (on
 //!   the leader: expire nodes whose heartbeats stopped) and
 //!   [`crate::election::Watchdog`] (on followers: campaign once the leader
@@ -16,6 +17,7 @@
 
 mod api;
 mod ctx;
+mod metrics;
 mod timers;
 mod watch;
 
@@ -194,6 +196,12 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
+    /// This voter's Prometheus metrics (`granary_coordinator_*`), to serve
+    /// with `granary_net::metrics::MetricsServer`.
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        metrics::registry(&self.ctx)
+    }
+
     /// Opens the folder, binds the endpoint, starts Raft, and (on the
     /// lowest-numbered voter of a pristine group) initializes the group.
     pub async fn start(cfg: CoordinatorConfig) -> Result<Self, StartError> {
@@ -277,6 +285,7 @@ impl Coordinator {
             connections: AtomicUsize::new(0),
             role_connections: Default::default(),
             contact: LeaderContact::default(),
+            api_requests: Default::default(),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));

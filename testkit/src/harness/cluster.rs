@@ -4,7 +4,7 @@
 //! counters).
 
 use super::child::log_tail;
-use super::coordinator::{CoordinatorProcess, VoterSpec, reserve_udp_port};
+use super::coordinator::{CoordinatorProcess, VoterSpec, reserve_tcp_port, reserve_udp_port};
 use super::node::NodeProcess;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
@@ -49,6 +49,9 @@ pub struct LocalClusterSpec {
     pub hold_linger_ms: Option<u64>,
     /// Voters' `--version-retention-s`; None: the default.
     pub version_retention_s: Option<u64>,
+    /// Every voter and node serves Prometheus metrics on a loopback TCP
+    /// port ([`LocalCluster::voter_metrics`], [`LocalCluster::node_metrics`]).
+    pub metrics: bool,
 }
 
 /// A host made of a network namespace (see `granary_chaos::netns`).
@@ -83,6 +86,7 @@ impl Default for LocalClusterSpec {
             hosts: Vec::new(),
             hold_linger_ms: None,
             version_retention_s: None,
+            metrics: false,
         }
     }
 }
@@ -113,6 +117,10 @@ pub struct LocalCluster {
     /// Peer address advertised per node id - 1.
     advertise: Vec<std::net::SocketAddr>,
     nodes: Vec<Option<NodeProcess>>,
+    /// Metrics endpoints of voters (id - 1), then of nodes (id - 1), when
+    /// the spec asks for them.
+    voter_metrics: Vec<std::net::SocketAddr>,
+    node_metrics: Vec<std::net::SocketAddr>,
 }
 
 impl LocalCluster {
@@ -173,7 +181,13 @@ impl LocalCluster {
             })
             .collect::<Result<Vec<_>>>()?;
         let listen = (0..spec.nodes as usize).map(|i| on_host(i, PEER_PORT)).collect::<Result<Vec<_>>>()?;
+        let metrics_ports = |n: u32| -> Result<Vec<std::net::SocketAddr>> {
+            if spec.metrics { (0..n).map(|_| reserve_tcp_port()).collect() } else { Ok(Vec::new()) }
+        };
+        let (voter_metrics, node_metrics) = (metrics_ports(spec.voters)?, metrics_ports(spec.nodes)?);
         Ok(Self {
+            voter_metrics,
+            node_metrics,
             exe: exe.to_path_buf(),
             dir: dir.to_path_buf(),
             certs,
@@ -195,6 +209,16 @@ impl LocalCluster {
         }
         let data = self.data.clone();
         self.add_dataset("ads", &data)
+    }
+
+    /// Voter `id`'s metrics endpoint, if the spec asked for them.
+    pub fn voter_metrics(&self, id: u64) -> Option<std::net::SocketAddr> {
+        self.voter_metrics.get((id as usize).checked_sub(1)?).copied()
+    }
+
+    /// Node `id`'s metrics endpoint, if the spec asked for them.
+    pub fn node_metrics(&self, id: u64) -> Option<std::net::SocketAddr> {
+        self.node_metrics.get((id as usize).checked_sub(1)?).copied()
     }
 
     /// The address voter `id` binds.
@@ -255,6 +279,9 @@ impl LocalCluster {
         }
         if let Some(s) = self.spec.version_retention_s {
             extra.extend(["--version-retention-s".to_string(), s.to_string()]);
+        }
+        if let Some(m) = self.voter_metrics(id) {
+            extra.extend(["--metrics".to_string(), m.to_string()]);
         }
         let netns = self.spec.hosts.get(i).map(|h| h.netns.clone());
         // Others are named by the address they are reached at.
@@ -434,6 +461,9 @@ impl LocalCluster {
             s.loads,
             s.convert_threads
         );
+        if let Some(m) = self.node_metrics(id) {
+            t += &format!("metrics = \"{m}\"\n");
+        }
         if let Some(ssd) = s.ssd_bytes {
             // Blocks of an eighth of the tier (at most the default 64 MiB):
             // small test tiers stay small on disk, where it is reserved.

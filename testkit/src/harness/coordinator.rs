@@ -20,6 +20,20 @@ use std::time::Duration;
 /// port taken ("Address already in use"). Each process walks the range
 /// from its own offset, so parallel test processes rarely meet.
 pub fn reserve_udp_port() -> Result<std::net::SocketAddr> {
+    reserve_port(|port| std::net::UdpSocket::bind(("127.0.0.1", port)).and_then(|s| s.local_addr()))
+        .context("binding a UDP port")
+}
+
+/// A free loopback TCP port, from the same range as [`reserve_udp_port`]
+/// (metrics endpoints).
+pub fn reserve_tcp_port() -> Result<std::net::SocketAddr> {
+    reserve_port(|port| std::net::TcpListener::bind(("127.0.0.1", port)).and_then(|s| s.local_addr()))
+        .context("binding a TCP port")
+}
+
+/// The first port of this process's walk that `bind` can take (then
+/// released), or the kernel's choice (port 0) when every one is taken.
+fn reserve_port(bind: impl Fn(u16) -> std::io::Result<std::net::SocketAddr>) -> std::io::Result<std::net::SocketAddr> {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 20_000;
     const SPAN: u32 = 12_000;
@@ -28,13 +42,11 @@ pub fn reserve_udp_port() -> Result<std::net::SocketAddr> {
     for _ in 0..SPAN {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = (LOW + (offset + n.wrapping_mul(7_919)) % SPAN) as u16;
-        if let Ok(s) = std::net::UdpSocket::bind(("127.0.0.1", port)) {
-            return Ok(s.local_addr()?);
+        if let Ok(addr) = bind(port) {
+            return Ok(addr);
         }
     }
-    // Every port of the range is taken: fall back to the kernel's choice.
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").context("binding a UDP port")?;
-    Ok(s.local_addr()?)
+    bind(0)
 }
 
 /// How to start one coordinator voter.

@@ -1,0 +1,175 @@
+//! The voter's Prometheus metrics, named `granary_coordinator_*`: Raft's
+//! view (term, leader, log, applied and snapshot indexes), the applied
+//! cluster state (placement epoch, datasets, nodes with their leases as the
+//! leader sees them, shards owned), and the API requests answered by kind
+//! and result. Everything but the request counter is read at each scrape.
+//!
+//! openraft 0.9's metrics carry no commit index: the applied index trails
+//! it by the entries waiting to be applied.
+
+use super::ctx::{Ctx, node_statuses};
+use granary_net::api::{ApiResponse, FailureKind};
+use openraft::ServerState;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::Arc;
+
+/// The labels of the API request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ApiLabels {
+    /// The request's kind (`register-node`, `heartbeat`, ...).
+    kind: &'static str,
+    /// `ok`, `not-leader`, or the failure's kind.
+    result: &'static str,
+}
+
+impl ApiLabels {
+    /// A placement watch stream opened.
+    pub(super) fn watch() -> Self {
+        Self { kind: "watch-placement", result: "ok" }
+    }
+}
+
+/// API requests answered, by kind and result.
+pub(super) type ApiRequests = Family<ApiLabels, Counter>;
+
+/// Counts one answered request of `kind`.
+pub(super) fn count(requests: &ApiRequests, kind: &'static str, resp: &ApiResponse) {
+    let result = match resp {
+        ApiResponse::NotLeader { .. } => "not-leader",
+        ApiResponse::Failed { kind, .. } => match kind {
+            FailureKind::Forbidden => "forbidden",
+            FailureKind::NotFound => "not-found",
+            FailureKind::BadRequest => "bad-request",
+            FailureKind::Unavailable => "unavailable",
+            FailureKind::Internal => "internal",
+        },
+        _ => "ok",
+    };
+    requests.get_or_create(&ApiLabels { kind, result }).inc();
+}
+
+/// Every metric of the voter that `ctx` belongs to.
+pub(super) fn registry(ctx: &Arc<Ctx>) -> Registry {
+    let mut r = Registry::with_prefix("granary_coordinator");
+    r.register("api_requests", "API requests answered, by kind and result", ctx.api_requests.clone());
+    r.register_collector(Box::new(VoterCollector { ctx: ctx.clone() }));
+    r
+}
+
+struct VoterCollector {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for VoterCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VoterCollector")
+    }
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: i64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(enc.encode_descriptor(name, help, unit, g.metric_type())?)
+}
+
+/// An optional index as a gauge value (-1: none yet).
+fn index(v: Option<u64>) -> i64 {
+    v.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: u64,
+}
+
+impl Collector for VoterCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let m = self.ctx.raft.metrics().borrow().clone();
+        let leader = m.state == ServerState::Leader;
+        let e = &mut enc;
+        gauge(e, "term", "The current Raft term", None, index(Some(m.current_term)))?;
+        gauge(e, "is_leader", "1 on the leader, 0 elsewhere", None, i64::from(leader))?;
+        gauge(
+            e,
+            "leader",
+            "The leader's voter id as this voter knows it (-1: none)",
+            None,
+            index(m.current_leader.map(|l| l.0)),
+        )?;
+        gauge(e, "last_log_index", "The last index in this voter's log (-1: empty)", None, index(m.last_log_index))?;
+        gauge(
+            e,
+            "applied_index",
+            "The last index applied to the state (-1: none)",
+            None,
+            index(m.last_applied.map(|l| l.index)),
+        )?;
+        gauge(
+            e,
+            "snapshot_index",
+            "The last index the snapshot covers (-1: none)",
+            None,
+            index(m.snapshot.map(|l| l.index)),
+        )?;
+        gauge(
+            e,
+            "purged_index",
+            "The last index purged from the log (-1: none)",
+            None,
+            index(m.purged.map(|l| l.index)),
+        )?;
+        let voters = m.membership_config.membership().nodes().count();
+        gauge(e, "voters", "Voters in the group's membership", None, voters as i64)?;
+        let quorum_ack = m.millis_since_quorum_ack.map_or(-1.0, |ms| ms as f64 / 1000.0);
+        let g = ConstGauge::new(quorum_ack);
+        g.encode(e.encode_descriptor(
+            "quorum_ack_age",
+            "On the leader: time since a quorum last acknowledged it (-1 elsewhere)",
+            Some(&Unit::Seconds),
+            g.metric_type(),
+        )?)?;
+
+        let (epoch, datasets, nodes) = self.ctx.shared.read(|a| {
+            (a.cluster.placement_epoch, a.cluster.datasets.len(), node_statuses(&self.ctx, &a.cluster, leader))
+        });
+        gauge(
+            e,
+            "placement_epoch",
+            "The placement's epoch (moves when nodes join, leave or expire)",
+            None,
+            index(Some(epoch)),
+        )?;
+        gauge(e, "datasets", "Datasets registered", None, datasets as i64)?;
+        let mut live = e.encode_descriptor(
+            "node_live",
+            "1 while the node's lease is live",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for n in &nodes {
+            ConstGauge::new(i64::from(n.live)).encode(live.encode_family(&NodeLabel { node: n.node.0 })?)?;
+        }
+        let mut shards =
+            e.encode_descriptor("node_shards", "Shards each node owns", None, ConstGauge::new(0i64).metric_type())?;
+        for n in &nodes {
+            ConstGauge::new(i64::try_from(n.shards).unwrap_or(i64::MAX))
+                .encode(shards.encode_family(&NodeLabel { node: n.node.0 })?)?;
+        }
+        let mut left = e.encode_descriptor(
+            "node_lease_left",
+            "On the leader: time until each live node's lease runs out",
+            Some(&Unit::Seconds),
+            ConstGauge::new(0.0f64).metric_type(),
+        )?;
+        for n in &nodes {
+            if let Some(ms) = n.lease_left_ms {
+                ConstGauge::new(ms as f64 / 1000.0).encode(left.encode_family(&NodeLabel { node: n.node.0 })?)?;
+            }
+        }
+        Ok(())
+    }
+}

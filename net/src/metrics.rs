@@ -1,0 +1,182 @@
+//! The Prometheus endpoint: `GET /metrics` over plain HTTP/1.1, answering
+//! with a [`Registry`] in the OpenMetrics text format.
+//!
+//! Nodes and voters build their own registries (counters read at scrape
+//! time through collectors, histograms updated where the work happens) and
+//! serve them here on the address their configuration names. The format is
+//! `prometheus-client`'s; the server is hyper's. Scraping reads only memory:
+//! no request can block the node or the coordinator.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// The content type of the OpenMetrics text format.
+pub const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long one connection may take to send its request headers.
+const HEADER_WAIT: Duration = Duration::from_secs(10);
+
+/// The metrics endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot serve metrics on {addr}: {source}")]
+pub struct MetricsError {
+    /// The address asked for.
+    pub addr: SocketAddr,
+    /// Why binding failed.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A running metrics endpoint; stops when dropped or [`stop`](Self::stop)ped.
+#[derive(Debug)]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (port 0 picks a free one) and serves `registry` until
+    /// stopped. Must run inside a tokio runtime.
+    pub async fn bind(addr: SocketAddr, registry: Arc<Registry>) -> Result<Self, MetricsError> {
+        let listener = TcpListener::bind(addr).await.map_err(|source| MetricsError { addr, source })?;
+        let addr = listener.local_addr().map_err(|source| MetricsError { addr, source })?;
+        let task = tokio::spawn(accept_loop(listener, registry));
+        tracing::info!(%addr, "serving Prometheus metrics on http://{addr}/metrics");
+        Ok(Self { addr, task })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops listening (connections being answered are dropped).
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: pause, keep serving.
+                tracing::warn!(error = %e, "accepting a metrics connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let registry = registry.clone();
+                async move { Ok::<_, Infallible>(answer(&req, &registry)) }
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_WAIT);
+            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
+}
+
+/// The answer to one request: the registry for `GET /metrics`, a pointer to
+/// it for `/`, 404 or 405 otherwise.
+fn answer<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        r
+    };
+    let text = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, text, "only GET is served\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => match render(registry) {
+            Ok(body) => reply(StatusCode::OK, CONTENT_TYPE_OPENMETRICS, body),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, text, format!("encoding the metrics failed: {e}\n")),
+        },
+        "/" => reply(StatusCode::OK, text, "Granary: metrics at /metrics\n".into()),
+        other => reply(StatusCode::NOT_FOUND, text, format!("{other}: not found; metrics are at /metrics\n")),
+    }
+}
+
+/// `registry` in the OpenMetrics text format.
+pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(request.as_bytes()).await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn serves_the_registry_at_metrics_and_refuses_the_rest() -> anyhow::Result<()> {
+        let mut registry = Registry::with_prefix("granary_test");
+        let counter = Counter::<u64>::default();
+        registry.register("things", "Things seen", counter.clone());
+        counter.inc_by(3);
+        let server = MetricsServer::bind("127.0.0.1:0".parse()?, Arc::new(registry)).await?;
+        let addr = server.local_addr();
+        let close = "Connection: close\r\n\r\n";
+
+        let ok = get(addr, &format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{close}")).await?;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("application/openmetrics-text"), "{ok}");
+        assert!(ok.contains("# HELP granary_test_things Things seen."), "{ok}");
+        assert!(ok.contains("granary_test_things_total 3"), "{ok}");
+        assert!(ok.trim_end().ends_with("# EOF"), "{ok}");
+
+        let missing = get(addr, &format!("GET /other HTTP/1.1\r\nHost: x\r\n{close}")).await?;
+        assert!(missing.starts_with("HTTP/1.1 404") && missing.contains("/metrics"), "{missing}");
+        let post = get(addr, &format!("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n{close}")).await?;
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        // Garbage is answered (400) or dropped; the server keeps serving.
+        let _ = get(addr, "\x00\x01garbage\r\n\r\n").await;
+        let again = get(addr, &format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{close}")).await?;
+        assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+        server.stop();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_taken_address_is_an_error_naming_it() -> anyhow::Result<()> {
+        let held = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = held.local_addr()?;
+        let err = MetricsServer::bind(addr, Arc::new(Registry::default())).await.expect_err("taken");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! The node's Prometheus metrics ([`registry`]), served by
+//! `granary_net::metrics` on the address `node.toml` names (`metrics`).
+//!
+//! Counters and gauges are the node's own (`granary stats`), read at each
+//! scrape by a collector, so nothing is counted twice. The latency
+//! histograms are observed where the work happens: a trainer's chunk
+//! request (from asking to the chunk in hand), one row group read and
+//! converted, and one chunk fetched from its owner. Histograms of chunk
+//! requests and conversions carry the dataset's name, so their counts are
+//! the per-dataset request and conversion counts.
+
+use crate::Node;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use std::time::Duration;
+
+/// The label of per-dataset metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatasetLabel {
+    /// The dataset's name.
+    pub dataset: String,
+}
+
+/// Chunk requests: 0.1 ms (a RAM hit) to ~6.5 s (a load behind a slow link).
+fn request_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+}
+
+/// Loads and peer fetches: 1 ms to ~65 s.
+fn load_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The latency histograms a node observes (cheap to clone: clones share).
+#[derive(Clone, Debug)]
+pub(crate) struct Timings {
+    chunk_requests: Family<DatasetLabel, Histogram>,
+    conversions: Family<DatasetLabel, Histogram>,
+    peer_fetches: Histogram,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            chunk_requests: Family::new_with_constructor(request_buckets),
+            conversions: Family::new_with_constructor(load_buckets),
+            peer_fetches: load_buckets(),
+        }
+    }
+}
+
+impl Timings {
+    /// One trainer chunk request of `dataset`, answered after `took`.
+    pub(crate) fn chunk_request(&self, dataset: &str, took: Duration) {
+        self.chunk_requests.get_or_create(&DatasetLabel { dataset: dataset.to_string() }).observe(took.as_secs_f64());
+    }
+
+    /// One row group of `dataset` read and converted in `took`.
+    pub(crate) fn conversion(&self, dataset: &str, took: Duration) {
+        self.conversions.get_or_create(&DatasetLabel { dataset: dataset.to_string() }).observe(took.as_secs_f64());
+    }
+
+    /// One chunk fetched from its owner in `took`.
+    pub(crate) fn peer_fetch(&self, took: Duration) {
+        self.peer_fetches.observe(took.as_secs_f64());
+    }
+}
+
+/// Every metric of `node`, named `granary_node_*`.
+pub fn registry(node: &Node) -> Registry {
+    let mut r = Registry::with_prefix("granary_node");
+    let t = node.timings();
+    r.register_with_unit(
+        "chunk_request",
+        "Trainer chunk requests, from asking to the chunk in hand, by dataset",
+        Unit::Seconds,
+        t.chunk_requests.clone(),
+    );
+    r.register_with_unit(
+        "conversion",
+        "Row groups read from remote storage and converted into chunks, by dataset",
+        Unit::Seconds,
+        t.conversions.clone(),
+    );
+    r.register_with_unit(
+        "peer_fetch",
+        "Chunks fetched from the node that owns them",
+        Unit::Seconds,
+        t.peer_fetches.clone(),
+    );
+    r.register_collector(Box::new(NodeCollector { node: node.clone() }));
+    r
+}
+
+/// Reads the node's counters at each scrape.
+struct NodeCollector {
+    node: Node,
+}
+
+impl std::fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeCollector")
+    }
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(enc.encode_descriptor(name, help, unit, c.metric_type())?)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: u64) -> std::fmt::Result {
+    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    g.encode(enc.encode_descriptor(name, help, unit, g.metric_type())?)
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let s = self.node.stats();
+        let bytes = Some(&Unit::Bytes);
+        let e = &mut enc;
+        counter(e, "remote_read", "Bytes read from remote storage (footers and row groups)", bytes, s.remote_bytes)?;
+        counter(e, "remote_requests", "Requests made to remote storage", None, s.remote_requests)?;
+        counter(e, "remote_footers", "Parquet footers read from remote storage", None, s.remote_footers)?;
+        counter(e, "peer_footers", "Parquet footers received from the peer that reads them", None, s.peer_footers)?;
+        counter(e, "conversions", "Shards converted", None, s.conversions)?;
+        counter(e, "converted", "Converted bytes produced", bytes, s.converted_bytes)?;
+        counter(e, "ram_hits", "Chunk requests answered from the RAM tier", None, s.ram_hits)?;
+        counter(e, "ssd_hits", "Chunk requests answered from the SSD tier", None, s.ssd_hits)?;
+        counter(
+            e,
+            "guest_hits",
+            "Chunk requests answered from guest copies of other nodes' shards",
+            None,
+            s.guest_hits,
+        )?;
+        counter(e, "misses", "Chunk requests that started a load (a peer fetch or a conversion)", None, s.misses)?;
+        counter(e, "joined", "Chunk requests that waited for a load already under way", None, s.joined)?;
+        counter(
+            e,
+            "corrupt_entries",
+            "SSD entries that failed validation and were read again",
+            None,
+            s.corrupt_entries,
+        )?;
+        counter(e, "prefetched", "Chunks prefetched ahead of a request", None, s.prefetched)?;
+        counter(e, "peer_fetched", "Chunks fetched from their owner over the peer fabric", None, s.peer_fetched)?;
+        counter(e, "peer_fetched", "Bytes of chunks fetched from their owner", bytes, s.peer_fetched_bytes)?;
+        counter(e, "peer_failures", "Peer fetches that failed", None, s.peer_failures)?;
+        counter(e, "peer_served", "Chunk requests from other nodes answered", None, s.peer_served)?;
+        counter(
+            e,
+            "peer_refused",
+            "Peer requests refused: the placement gives the shard to another node",
+            None,
+            s.peer_refused,
+        )?;
+        gauge(e, "chunk_memory", "Bytes of chunks held in memory files", bytes, s.chunk_memory_bytes)?;
+        gauge(e, "guest", "Bytes of guest copies held", bytes, s.guest_bytes)?;
+        gauge(
+            e,
+            "loads_in_flight",
+            "Loads under way: reading and converting, fetching, or queued",
+            None,
+            s.loads_in_flight,
+        )?;
+
+        let served = self.node.served_versions();
+        let current: std::collections::BTreeSet<String> = served.iter().map(|(n, _)| n.clone()).collect();
+        let g = ConstGauge::new(1i64);
+        let mut family = enc.encode_descriptor(
+            "dataset_served",
+            "Datasets this node serves (1 per dataset and version)",
+            None,
+            g.metric_type(),
+        )?;
+        for (name, version) in &served {
+            #[derive(EncodeLabelSet, Debug, Clone, Hash, PartialEq, Eq)]
+            struct Served {
+                dataset: String,
+                version: String,
+            }
+            g.encode(family.encode_family(&Served { dataset: name.clone(), version: version.to_string() })?)?;
+        }
+        let failed = self.node.failed_datasets();
+        let mut family = enc.encode_descriptor(
+            "dataset_failed",
+            "Configured datasets this node could not open (the reason is in its log)",
+            None,
+            g.metric_type(),
+        )?;
+        for name in failed.keys().filter(|n| !current.contains(*n)) {
+            g.encode(family.encode_family(&DatasetLabel { dataset: name.clone() })?)?;
+        }
+        Ok(())
+    }
+}

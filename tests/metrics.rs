@@ -1,0 +1,154 @@
+//! Metrics: a coordinator voter and two nodes serve Prometheus metrics
+//! while a trainer reads, and Debian's real `prometheus` server scrapes
+//! them; its query API then shows the counters that moved.
+
+use granary_client::{ChunkSource, LocalSource};
+use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::{LocalCluster, LocalClusterSpec, reserve_tcp_port};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_granary");
+
+/// The body of `GET path` at `addr` (HTTP/1.0: no chunked answer).
+fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("no HTTP answer: {out}"))?;
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+/// The value of the sample `name` (whole line prefix, labels included).
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.split_whitespace().next()?.parse().ok())
+}
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Percent-encodes a PromQL query for a URL.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The first value of `query` at the Prometheus server at `addr`, if any.
+fn query(addr: SocketAddr, q: &str) -> anyhow::Result<Option<f64>> {
+    let (status, body) = get(addr, &format!("/api/v1/query?query={}", encode(q)))?;
+    anyhow::ensure!(status == 200, "query {q}: HTTP {status}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(v["data"]["result"][0]["value"][1].as_str().and_then(|s| s.parse().ok()))
+}
+
+#[test]
+fn a_real_prometheus_scrapes_a_node_and_a_coordinator() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("data");
+    let spec = GenSpec { seed: 3, rows: 6_000, files: 2, row_group_rows: 1_000, ..GenSpec::default() };
+    datagen::generate(&data, &spec, |_| {})?;
+    let cluster_spec = LocalClusterSpec { nodes: 2, prefetch_bytes: 0, metrics: true, ..LocalClusterSpec::default() };
+    let c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, cluster_spec)?;
+    let src = LocalSource::connect(c.socket(1))?;
+    let info = src.describe("ads", None)?;
+    for s in &info.shards {
+        src.fetch(info.version, s.shard)?;
+    }
+    let node = c.node_metrics(1).expect("metrics asked for");
+    let voter = c.voter_metrics(1).expect("metrics asked for");
+
+    // The endpoints themselves.
+    let (status, text) = get(node, "/metrics")?;
+    assert_eq!(status, 200, "{text}");
+    let fetched = info.shards.len() as f64;
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    let asked = sample(&text, "granary_node_chunk_request_seconds_count{dataset=\"ads\"}");
+    assert_eq!(asked, Some(fetched), "one timed request per fetch:\n{text}");
+    let hits_and_loads = ["ram_hits", "misses", "joined", "guest_hits"]
+        .iter()
+        .filter_map(|n| sample(&text, &format!("granary_node_{n}_total")))
+        .sum::<f64>();
+    assert!(hits_and_loads >= fetched, "every request counted as a hit or a load:\n{text}");
+    assert!(
+        text.contains(&format!("granary_node_dataset_served{{dataset=\"ads\",version=\"{}\"}} 1", info.version)),
+        "{text}"
+    );
+    let (status, text) = get(voter, "/metrics")?;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(sample(&text, "granary_coordinator_is_leader"), Some(1.0), "{text}");
+    assert!(sample(&text, "granary_coordinator_term").is_some_and(|t| t >= 1.0), "{text}");
+    assert_eq!(sample(&text, "granary_coordinator_node_live{node=\"1\"}"), Some(1.0), "{text}");
+    assert!(sample(&text, "granary_coordinator_node_lease_left_seconds{node=\"2\"}").is_some(), "{text}");
+    let registered = sample(&text, "granary_coordinator_api_requests_total{kind=\"register-node\",result=\"ok\"}");
+    assert!(registered.is_some_and(|n| n >= 2.0), "{text}");
+    assert_eq!(get(node, "/nothing")?.0, 404);
+
+    // A real Prometheus server scrapes both.
+    let Some(prometheus) =
+        ["/usr/bin/prometheus", "/usr/local/bin/prometheus"].into_iter().find(|p| Path::new(p).exists())
+    else {
+        granary_testkit::skip::skipped(
+            "the prometheus server is not installed (Debian package prometheus): its scrape is not checked",
+        );
+        return Ok(());
+    };
+    let web = reserve_tcp_port()?;
+    let config = tmp.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: node\n    static_configs:\n      - targets: ['{node}']\n  - job_name: coordinator\n    static_configs:\n      - targets: ['{voter}']\n"
+        ),
+    )?;
+    let log = std::fs::File::create(tmp.path().join("prometheus.log"))?;
+    let _server = Prometheus(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", tmp.path().join("tsdb").display()))
+            .arg(format!("--web.listen-address={web}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let wanted = [
+        ("granary_node_conversions_total", 1.0),
+        ("sum(granary_node_chunk_request_seconds_count{dataset=\"ads\"})", fetched),
+        ("granary_coordinator_is_leader", 1.0),
+        ("sum(granary_coordinator_api_requests_total{kind=\"heartbeat\"})", 1.0),
+        ("min(up)", 1.0),
+    ];
+    for (q, at_least) in wanted {
+        loop {
+            let got = query(web, q).ok().flatten();
+            if got.is_some_and(|v| v >= at_least) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(tmp.path().join("prometheus.log")).unwrap_or_default();
+                let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+                anyhow::bail!(
+                    "prometheus: {q} = {got:?}, wanted at least {at_least} within 60 s; its log ends:\n{tail}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    Ok(())
+}

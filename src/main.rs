@@ -29,8 +29,22 @@ use cli::{bench, certs, chaos, connect, coordinator, dataset, node, stats, statu
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
 struct Cli {
+    /// How log lines go to stderr: `text`, or `json` (one object per line,
+    /// with the fields of the spans it is in: dataset, version, shard, peer)
+    /// for log shippers. Which lines: GRANARY_LOG, in RUST_LOG's syntax.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "GRANARY_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -109,9 +123,12 @@ fn run() -> Result<()> {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GRANARY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Colours only on a terminal: daemons usually log to files.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().with_current_span(false).with_span_list(true).init(),
+        // Colours only on a terminal: daemons usually log to files.
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
     match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Node(a) => node::run(&a),

@@ -168,3 +168,52 @@ fn a_node_serves_its_good_datasets_and_says_why_a_bad_one_is_not_served() {
     assert!(text.contains("granary_node_dataset_failed{dataset=\"broken\"} 1"), "{text}");
     assert!(text.contains("granary_node_dataset_served{dataset=\"ads\""), "{text}");
 }
+
+/// `--log-format json`: every line the node writes is one JSON object, and
+/// a load's lines carry the dataset, version and shard of the span they
+/// are in (the spans GRANARY_LOG lets through, RUST_LOG's syntax).
+#[test]
+fn json_logs_carry_each_loads_dataset_version_and_shard() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (data, view) = dataset(tmp.path(), 4, 2_000, 1);
+    let socket = tmp.path().join("node.sock");
+    let config = tmp.path().join("node.toml");
+    std::fs::write(&config, node_toml(&socket, &format!("{}/", data.display()), &view, "")).expect("config");
+    let log = tmp.path().join("node.log");
+    let mut node = std::process::Command::new(BIN)
+        .args(["--log-format", "json", "node", "--config"])
+        .arg(&config)
+        .env("GRANARY_LOG", "info,granary_node::service=debug")
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start the node");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let source = loop {
+        if let Ok(s) = granary_client::LocalSource::connect(&socket) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the node did not serve");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let info = source.describe("ads", None).expect("describe");
+    for s in &info.shards {
+        source.fetch(info.version, s.shard).expect("fetch");
+    }
+    let _ = node.kill();
+    let _ = node.wait();
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let converted: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["fields"]["message"] == "shard converted").collect();
+    assert_eq!(converted.len(), info.shards.len(), "{text}");
+    for line in converted {
+        let load = line["spans"].as_array().and_then(|s| s.iter().find(|s| s["name"] == "load")).expect("a load span");
+        assert_eq!(load["dataset"], "ads", "{line}");
+        assert_eq!(load["version"], info.version.to_string(), "{line}");
+        assert!(load["shard"].as_str().is_some_and(|s| !s.is_empty()), "{line}");
+    }
+}

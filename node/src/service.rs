@@ -19,6 +19,7 @@
 //! the last shard the trainer asked for; after the epoch's own shards come
 //! the next epochs'.
 
+use tracing::Instrument;
 use crate::config::NodeConfig;
 use crate::dataset::{Dataset, OpenError};
 use crate::error::FetchError;
@@ -483,7 +484,9 @@ impl Node {
         epoch: u64,
     ) -> Shared {
         self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        self.chunk_from(version, shard, Asker::Peer { addr: requester, epoch }).await
+        self.chunk_from(version, shard, Asker::Peer { addr: requester, epoch })
+            .instrument(tracing::info_span!("serve_peer", peer = %requester, version = %version, shard = %shard))
+            .await
     }
 
     /// A handoff ([`granary_proto::peer::PeerRequest::HandOver`]): the
@@ -700,7 +703,13 @@ impl Node {
                         );
                         let node = self.clone();
                         let forward = asker.forwards();
-                        tokio::spawn(async move { node.load_and_publish(key, tx, forward, wanted_now, asking).await });
+                        // Every line the load logs carries its dataset, version and shard.
+                        let dataset = self.dataset(version).map(|d| d.name.clone()).unwrap_or_default();
+                        let span = tracing::info_span!("load", dataset = %dataset, version = %version, shard = %shard);
+                        tokio::spawn(
+                            async move { node.load_and_publish(key, tx, forward, wanted_now, asking).await }
+                                .instrument(span),
+                        );
                         rx
                     }
                 }
@@ -889,10 +898,12 @@ impl Node {
                     *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(crate::flight::Asked { addr: owner.addr, epoch: owner.epoch });
                     let started = std::time::Instant::now();
+                    let span = tracing::info_span!("peer_fetch", peer = %owner.node, addr = %owner.addr);
                     let fetched = tokio::select! {
                         fetched = cluster
                             .link()
-                            .fetch(owner.addr, owner.epoch, key.version, key.shard, expected_len as u64, within) =>
+                            .fetch(owner.addr, owner.epoch, key.version, key.shard, expected_len as u64, within)
+                            .instrument(span) =>
                             Some(fetched),
                         () = asking.read_here.notified() => None,
                     };
@@ -987,7 +998,9 @@ impl Node {
         let _memory = self.inner.load_memory.acquire_many(kib).await.map_err(FetchError::ShuttingDown)?;
         let peer = self.footer_from_peer(key.version, key.shard.file);
         let started = std::time::Instant::now();
-        let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts).await?;
+        let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts)
+            .instrument(tracing::debug_span!("convert"))
+            .await?;
         self.inner.timings.conversion(&ds.name, started.elapsed());
         let c = &self.inner.counters;
         c.conversions.fetch_add(1, Ordering::Relaxed);

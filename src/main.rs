@@ -7,6 +7,7 @@
 //! - `granary bench placement` — the placement function at cluster scale.
 //! - `granary bench failover` — leader kills in a coordinator group of real processes.
 //! - `granary stats --socket PATH` — a node's counters.
+//! - `granary doctor --socket PATH` — which stage bounds a running job, and the setting that helps.
 //! - `granary coordinator --id N --listen ADDR --peers ... --data-dir DIR` — a coordinator voter.
 //! - `granary certs init --out DIR` — the cluster CA and role certificates.
 //! - `granary dataset add|ls|show|placement` — datasets registered with the coordinators.
@@ -24,7 +25,7 @@ mod demo;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cli::{bench, certs, chaos, connect, coordinator, dataset, node, stats, status, trainer, view};
+use cli::{bench, certs, chaos, connect, coordinator, dataset, doctor, node, stats, status, trainer, view};
 
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
@@ -71,6 +72,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Print a node's counters.
     Stats(stats::StatsArgs),
+    /// Measure a running job for a few seconds and name the stage that bounds it.
+    Doctor(doctor::DoctorArgs),
     /// Chaos testing: the deterministic simulation of the fabric's races.
     #[command(subcommand)]
     Chaos(chaos::ChaosCommand),
@@ -139,6 +142,7 @@ fn run() -> Result<()> {
         Command::Status(c) => status::run(&c),
         Command::Bench(c) => bench::run(c),
         Command::Stats(a) => stats::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
         Command::Chaos(c) => chaos::run(c),
         Command::Trainer(a) => trainer::run(a),
     }

@@ -34,6 +34,7 @@
 
 mod assemble;
 pub mod batch;
+mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;

@@ -32,6 +32,7 @@
 
 use crate::assemble::{Runs, assemble};
 use crate::batch::{Batch, Storage};
+use crate::clock::RankClock;
 use crate::error::{ClientError, ProducerError, ProtocolError};
 use crate::hostbuf::{BufferPool, HostBuf, HostMemory, pack};
 use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
@@ -45,6 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 /// What a rank asks for.
 #[derive(Clone, Debug)]
@@ -169,6 +171,8 @@ pub struct Loader {
     /// large (megabytes), and one the allocator gives back to the kernel
     /// costs a page fault and a cleared page per 4 KiB when allocated again.
     pool: Arc<BufferPool>,
+    /// Where this rank's time goes (`granary doctor`).
+    clock: Arc<RankClock>,
 }
 
 impl Loader {
@@ -188,7 +192,16 @@ impl Loader {
         // Buffers in use at once: the queue (finished or being assembled),
         // the batch the consumer waits on, the consumer's, and the walker's.
         let pool = Arc::new(BufferPool::new(cfg.prefetch_batches.max(1) + cfg.threads() + 2, cfg.host_memory.clone()));
-        Ok(Self { source, info: Arc::new(info), layouts, cfg, pool })
+        let clock = Arc::new(RankClock::new(cfg.threads()));
+        Ok(Self { source, info: Arc::new(info), layouts, cfg, pool, clock })
+    }
+
+    /// Where this rank's time went since the loader was made: waiting in
+    /// `next()`, the trainer's own steps between calls, waiting for chunks,
+    /// assembling. The node gets them too, about twice a second, for
+    /// `granary doctor` (`granary_proto::doctor::diagnose` reads them).
+    pub fn times(&self) -> granary_proto::doctor::RankTimes {
+        self.clock.times()
     }
 
     /// The dataset as the source described it.
@@ -275,6 +288,7 @@ impl Loader {
             epoch: pos.epoch,
             stop: stop.clone(),
             pool: self.pool.clone(),
+            clock: self.clock.clone(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("granary-loader-r{}", self.cfg.rank))
@@ -287,6 +301,10 @@ impl Loader {
             total,
             stop,
             handle: Some(handle),
+            clock: self.clock.clone(),
+            source: self.source.clone(),
+            dataset: self.info.name.clone(),
+            world: self.cfg.world_size,
         })
     }
 }
@@ -300,9 +318,28 @@ pub struct EpochStream {
     total: u64,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
+    clock: Arc<RankClock>,
+    /// Where the clocks are reported, and as which rank.
+    source: Arc<dyn ChunkSource>,
+    dataset: String,
+    world: u32,
 }
 
 impl EpochStream {
+    /// Reports the clocks to the source (best effort: the next fetch
+    /// surfaces a broken connection).
+    fn report(&self) {
+        let report = granary_proto::doctor::RankReport {
+            dataset: self.dataset.clone(),
+            rank: self.resume.rank,
+            world: self.world,
+            times: self.clock.times(),
+        };
+        if let Err(e) = self.source.report(&report) {
+            tracing::debug!(error = %e, "reporting the loader's clocks failed");
+        }
+    }
+
     /// The position of the next batch this stream yields.
     pub fn position(&self) -> Position {
         self.next
@@ -328,11 +365,16 @@ impl Iterator for EpochStream {
             return None;
         }
         let rx = self.rx.as_ref()?;
+        let asked = Instant::now();
+        self.clock.asked(asked);
         let next = match rx.recv() {
             Ok(Slot::Ready(result)) => Ok(result),
             Ok(Slot::Assembling(done)) => done.recv(),
             Err(e) => Err(e),
         };
+        if self.clock.returned(asked, matches!(next, Ok(Ok(_)))) {
+            self.report();
+        }
         match next {
             Ok(Ok(batch)) => {
                 self.next.batch += 1;
@@ -395,6 +437,7 @@ struct Walker {
     stop: Arc<AtomicBool>,
     /// Assembled batches' buffers come back here when dropped.
     pool: Arc<BufferPool>,
+    clock: Arc<RankClock>,
 }
 
 impl Walker {
@@ -410,13 +453,14 @@ impl Walker {
             let (job_tx, job_rx) = sync_channel::<Job>(threads);
             let job_rx = Arc::new(Mutex::new(job_rx));
             let layouts = self.layouts.clone();
+            let clock = self.clock.clone();
             let rank = self.cursor.params().rank;
             std::thread::scope(|scope| {
                 for k in 0..threads {
-                    let (job_rx, layouts) = (job_rx.clone(), &layouts);
+                    let (job_rx, layouts, clock) = (job_rx.clone(), &layouts, &clock);
                     let spawned = std::thread::Builder::new()
                         .name(format!("granary-asm-r{rank}-{k}"))
-                        .spawn_scoped(scope, move || assembler(&job_rx, layouts));
+                        .spawn_scoped(scope, move || assembler(&job_rx, layouts, clock));
                     if let Err(e) = spawned {
                         return Err(ClientError::Io(e));
                     }
@@ -462,7 +506,9 @@ impl Walker {
                 (_, None) => {
                     let chunks: Vec<Chunk> = held.iter().map(|(_, c)| c.clone()).collect();
                     let (mut buf, placements) = self.buffer(rows.len())?;
+                    let started = Instant::now();
                     assemble(&runs, &chunks, &self.layouts, &placements, buf.as_mut_slice());
+                    self.clock.assembly(started.elapsed());
                     Slot::Ready(Ok(owned_batch(position, rows.len(), &self.layouts, buf, placements, &self.pool)))
                 }
                 (_, Some(jobs)) => {
@@ -499,7 +545,10 @@ impl Walker {
     /// Fetches a chunk and checks it matches the description the plan used.
     fn fetch(&self, shard_index: u32) -> Result<Chunk, ClientError> {
         let entry = self.info.shards[shard_index as usize];
-        let chunk = self.source.fetch(self.info.version, entry.shard)?;
+        let started = Instant::now();
+        let chunk = self.source.fetch(self.info.version, entry.shard);
+        self.clock.chunk_wait(started.elapsed());
+        let chunk = chunk?;
         let h = chunk.header();
         let layout_matches = h.tensors.len() == self.layouts.len()
             && h.tensors
@@ -533,7 +582,7 @@ fn owned_batch(
 }
 
 /// An assembler thread: takes jobs until the walker is done.
-fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
+fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>, clock: &RankClock) {
     loop {
         // The lock is held only while waiting for the next job (never while
         // assembling), so it cannot be poisoned; if it were, stop.
@@ -547,9 +596,11 @@ fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>) {
         let Job { position, runs, chunks, mut buf, placements, recycle, done } = job;
         // A panic in the kernels (a chunk inconsistent with the plan that
         // validation missed) becomes this batch's error, not a dead thread.
+        let started = Instant::now();
         let assembled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             assemble(&runs, &chunks, layouts, &placements, buf.as_mut_slice())
         }));
+        clock.assembly(started.elapsed());
         drop(chunks);
         let result = match assembled {
             Ok(()) => Ok(owned_batch(position, runs.rows(), layouts, buf, placements, &recycle)),

@@ -167,12 +167,38 @@ impl LocalSource {
         }
     }
 
+    /// The node's stage clocks and its ranks' last reports (`granary doctor`).
+    pub fn doctor(&self) -> Result<granary_proto::doctor::DoctorSnapshot, ClientError> {
+        match self.call(&LocalRequest::Doctor)?.0 {
+            LocalResponse::Doctor(s) => Ok(s),
+            other => Err(unexpected("Doctor", &other)),
+        }
+    }
+
     /// Sends one request and reads its reply (and any attached descriptor).
     fn call(&self, req: &LocalRequest) -> Result<(LocalResponse, Option<OwnedFd>), ClientError> {
-        let body = wire::encode(req);
         // A poisoned lock only means another thread panicked mid-call; the
         // stream may hold half a frame, so refuse rather than desynchronise.
-        let mut guard = self.stream.lock().map_err(|_| ProtocolError::Poisoned)?;
+        let guard = self.stream.lock().map_err(|_| ProtocolError::Poisoned)?;
+        self.exchange(guard, req)
+    }
+
+    /// [`Self::call`] if the connection is free now; `None` (nothing sent)
+    /// while another thread's request is under way.
+    fn try_call(&self, req: &LocalRequest) -> Result<Option<(LocalResponse, Option<OwnedFd>)>, ClientError> {
+        match self.stream.try_lock() {
+            Ok(guard) => self.exchange(guard, req).map(Some),
+            Err(std::sync::TryLockError::WouldBlock) => Ok(None),
+            Err(std::sync::TryLockError::Poisoned(_)) => Err(ProtocolError::Poisoned.into()),
+        }
+    }
+
+    fn exchange(
+        &self,
+        mut guard: std::sync::MutexGuard<'_, Option<UnixStream>>,
+        req: &LocalRequest,
+    ) -> Result<(LocalResponse, Option<OwnedFd>), ClientError> {
+        let body = wire::encode(req);
         let Some(stream) = guard.as_mut() else {
             return Err(ProtocolError::OutOfStep { path: self.path.clone() }.into());
         };
@@ -213,6 +239,8 @@ fn unexpected(asked: &'static str, resp: &LocalResponse) -> ClientError {
         LocalResponse::Chunk { .. } => "Chunk",
         LocalResponse::Stats(_) => "Stats",
         LocalResponse::Touched => "Touched",
+        LocalResponse::Reported => "Reported",
+        LocalResponse::Doctor(_) => "Doctor",
         LocalResponse::NotServed { .. } => "NotServed",
         LocalResponse::Failed { .. } => "Failed",
     };
@@ -328,6 +356,14 @@ impl Drop for MappedChunk {
 }
 
 impl ChunkSource for LocalSource {
+    fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<(), ClientError> {
+        // Never wait behind a chunk fetch: a busy connection skips this report.
+        match self.try_call(&LocalRequest::Report(report.clone()))? {
+            None | Some((LocalResponse::Reported, _)) => Ok(()),
+            Some((other, _)) => Err(unexpected("Reported", &other)),
+        }
+    }
+
     fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {
         match self.call(&LocalRequest::Describe { dataset: dataset.to_string(), version })?.0 {
             LocalResponse::Described(info) if info.name != dataset => {

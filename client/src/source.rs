@@ -101,6 +101,13 @@ pub trait ChunkSource: Send + Sync {
 
     /// Returns chunk `shard` of `version`, validated.
     fn fetch(&self, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError>;
+
+    /// Hands a rank's loader clocks to the node (for `granary doctor`),
+    /// without waiting behind another request. Sources that keep no
+    /// reports ignore it.
+    fn report(&self, _report: &granary_proto::doctor::RankReport) -> Result<(), ClientError> {
+        Ok(())
+    }
 }
 
 /// Converted chunks held in this process.

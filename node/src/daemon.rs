@@ -218,6 +218,11 @@ async fn connection(
                 session.touch(shard);
                 send(&stream, &LocalResponse::Touched, None).await?;
             }
+            LocalRequest::Report(report) => {
+                node.report(report);
+                send(&stream, &LocalResponse::Reported, None).await?;
+            }
+            LocalRequest::Doctor => send(&stream, &LocalResponse::Doctor(node.doctor_snapshot()), None).await?,
         }
     }
 }

@@ -60,6 +60,11 @@ impl EmbeddedNode {
 }
 
 impl ChunkSource for EmbeddedNode {
+    fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<(), ClientError> {
+        self.node.report(report.clone());
+        Ok(())
+    }
+
     fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {
         self.node.describe(dataset, version).map_err(|e| match e {
             FetchError::NotServed { dataset, version: Some(version), current: Some(current), .. } => {

@@ -57,7 +57,9 @@ pub(crate) async fn read_and_convert(
     footer_from_peer: Option<BoxFuture<'static, Result<bytes::Bytes, String>>>,
     _load_permit: tokio::sync::SemaphorePermit<'_>,
     converts: &Arc<Semaphore>,
+    clock: &crate::metrics::StageClock,
 ) -> Result<SealedChunk, FetchError> {
+    let started = std::time::Instant::now();
     let (file, rg) = ds.locate(key.shard)?;
     let footer = ds.footer_via(key.shard.file as usize, footer_from_peer).await?;
     let path = file.path.to_string();
@@ -90,7 +92,9 @@ pub(crate) async fn read_and_convert(
         .map_err(|source| FetchError::Layout { shard: key.shard, source })?;
     let resolved = footer.resolved.clone();
     let schema = footer.metadata.schema().clone();
+    let read = started.elapsed();
     let permit = converts.clone().acquire_owned().await.map_err(FetchError::ShuttingDown)?;
+    let waited = started.elapsed() - read;
     let shard = key.shard;
     let chunk = tokio::task::spawn_blocking(move || {
         let _permit = permit;
@@ -129,6 +133,7 @@ pub(crate) async fn read_and_convert(
     })
     .await
     .map_err(|source| FetchError::Task { what: "converting", source })??;
+    clock.load(read, waited, started.elapsed().saturating_sub(read + waited));
     Ok(chunk)
 }
 

@@ -10,6 +10,7 @@
 //! the per-dataset request and conversion counts.
 
 use crate::Node;
+use granary_proto::doctor::{NodeStages, RankReport, RankTimes};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -17,7 +18,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The label of per-dataset metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -68,6 +72,108 @@ impl Timings {
     /// One chunk fetched from its owner in `took`.
     pub(crate) fn peer_fetch(&self, took: Duration) {
         self.peer_fetches.observe(took.as_secs_f64());
+    }
+}
+
+/// The node's stage clocks for `granary doctor` (cumulative nanoseconds)
+/// and its ranks' last reports.
+#[derive(Debug)]
+pub(crate) struct StageClock {
+    started: Instant,
+    remote_read_ns: AtomicU64,
+    convert_wait_ns: AtomicU64,
+    convert_ns: AtomicU64,
+    peer_fetch_ns: AtomicU64,
+    loads: AtomicU64,
+    chunk_requests: AtomicU64,
+    chunk_request_ns: AtomicU64,
+    /// The last report of each rank, and when it came.
+    ranks: Mutex<HashMap<RankKey, (Instant, RankTimes)>>,
+}
+
+/// A rank: its dataset, rank and world size.
+type RankKey = (String, u32, u32);
+
+/// A rank silent this long is left out of the doctor's snapshot.
+const RANK_SILENT: Duration = Duration::from_secs(60);
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Default for StageClock {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            remote_read_ns: AtomicU64::new(0),
+            convert_wait_ns: AtomicU64::new(0),
+            convert_ns: AtomicU64::new(0),
+            peer_fetch_ns: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            chunk_requests: AtomicU64::new(0),
+            chunk_request_ns: AtomicU64::new(0),
+            ranks: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl StageClock {
+    /// One load's stages: reading from remote storage, waiting for a
+    /// converter thread, converting.
+    pub(crate) fn load(&self, read: Duration, wait: Duration, convert: Duration) {
+        self.remote_read_ns.fetch_add(nanos(read), Ordering::Relaxed);
+        self.convert_wait_ns.fetch_add(nanos(wait), Ordering::Relaxed);
+        self.convert_ns.fetch_add(nanos(convert), Ordering::Relaxed);
+        self.loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One peer fetch (answered or not).
+    pub(crate) fn peer_fetch(&self, took: Duration) {
+        self.peer_fetch_ns.fetch_add(nanos(took), Ordering::Relaxed);
+    }
+
+    /// One trainer chunk request.
+    pub(crate) fn chunk_request(&self, took: Duration) {
+        self.chunk_requests.fetch_add(1, Ordering::Relaxed);
+        self.chunk_request_ns.fetch_add(nanos(took), Ordering::Relaxed);
+    }
+
+    /// Keeps a rank's report.
+    pub(crate) fn report(&self, r: RankReport) {
+        let mut ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        ranks.retain(|_, (at, _)| now.duration_since(*at) < RANK_SILENT);
+        ranks.insert((r.dataset, r.rank, r.world), (now, r.times));
+    }
+
+    /// Nanoseconds since the node started, the clocks and the ranks heard
+    /// from within the last minute (by dataset, then rank).
+    pub(crate) fn read(&self) -> (u64, NodeStages, Vec<RankReport>) {
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let stages = NodeStages {
+            remote_read_ns: ld(&self.remote_read_ns),
+            convert_wait_ns: ld(&self.convert_wait_ns),
+            convert_ns: ld(&self.convert_ns),
+            peer_fetch_ns: ld(&self.peer_fetch_ns),
+            loads: ld(&self.loads),
+            remote_bytes: 0,
+            chunk_requests: ld(&self.chunk_requests),
+            chunk_request_ns: ld(&self.chunk_request_ns),
+        };
+        let now = Instant::now();
+        let ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<RankReport> = ranks
+            .iter()
+            .filter(|(_, (at, _))| now.duration_since(*at) < RANK_SILENT)
+            .map(|((dataset, rank, world), (_, times))| RankReport {
+                dataset: dataset.clone(),
+                rank: *rank,
+                world: *world,
+                times: *times,
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.dataset, a.rank).cmp(&(&b.dataset, b.rank)));
+        (nanos(now.duration_since(self.started)), stages, out)
     }
 }
 

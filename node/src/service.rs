@@ -19,7 +19,6 @@
 //! the last shard the trainer asked for; after the epoch's own shards come
 //! the next epochs'.
 
-use tracing::Instrument;
 use crate::config::NodeConfig;
 use crate::dataset::{Dataset, OpenError};
 use crate::error::FetchError;
@@ -40,6 +39,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, watch};
+use tracing::Instrument;
 
 /// Epochs after the current one whose shards a rank's prefetch may fetch,
 /// budget permitting.
@@ -85,6 +85,10 @@ struct Inner {
     counters: Counters,
     /// Latency histograms for the metrics endpoint.
     timings: crate::metrics::Timings,
+    /// Stage clocks and rank reports for `granary doctor`.
+    stages: crate::metrics::StageClock,
+    /// The settings `granary doctor` names.
+    settings: granary_proto::doctor::NodeSettings,
     remote: Arc<RemoteCounters>,
     prefetch_bytes: u64,
     max_plan_window_rows: u64,
@@ -203,6 +207,14 @@ impl Node {
                 converts: Arc::new(Semaphore::new(threads)),
                 counters: Counters::default(),
                 timings: Default::default(),
+                stages: Default::default(),
+                settings: granary_proto::doctor::NodeSettings {
+                    max_concurrent_loads: u32::try_from(cfg.max_concurrent_loads.max(1)).unwrap_or(u32::MAX),
+                    convert_threads: u32::try_from(threads).unwrap_or(u32::MAX),
+                    cores: std::thread::available_parallelism()
+                        .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)),
+                    prefetch_bytes: cfg.prefetch_bytes,
+                },
                 remote: remote_counters,
                 prefetch_bytes: cfg.prefetch_bytes,
                 max_plan_window_rows: cfg.max_plan_window_rows,
@@ -297,6 +309,19 @@ impl Node {
         tracing::info!(dataset = %name, %version, "serving a pinned version");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
         Ok(version)
+    }
+
+    /// Keeps a rank's loader clocks for `granary doctor`.
+    pub fn report(&self, report: granary_proto::doctor::RankReport) {
+        self.inner.stages.report(report);
+    }
+
+    /// What `granary doctor` reads: the stage clocks, the settings and the
+    /// ranks' last reports.
+    pub fn doctor_snapshot(&self) -> granary_proto::doctor::DoctorSnapshot {
+        let (at_ns, mut stages, ranks) = self.inner.stages.read();
+        stages.remote_bytes = self.inner.remote.bytes.load(Ordering::Relaxed);
+        granary_proto::doctor::DoctorSnapshot { at_ns, stages, settings: self.inner.settings, ranks }
     }
 
     /// The latency histograms the metrics endpoint shows.
@@ -594,8 +619,10 @@ impl Node {
     pub async fn chunk(&self, version: DatasetVersion, shard: ShardId) -> Shared {
         let started = std::time::Instant::now();
         let chunk = self.chunk_from(version, shard, Asker::Trainer).await;
+        let took = started.elapsed();
+        self.inner.stages.chunk_request(took);
         if let Ok(ds) = self.dataset(version) {
-            self.inner.timings.chunk_request(&ds.name, started.elapsed());
+            self.inner.timings.chunk_request(&ds.name, took);
         }
         chunk
     }
@@ -908,6 +935,7 @@ impl Node {
                         () = asking.read_here.notified() => None,
                     };
                     *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    self.inner.stages.peer_fetch(started.elapsed());
                     let Some(fetched) = fetched else {
                         tracing::info!(shard = %key.shard, owner = %owner.node,
                             "a newer placement names this node the owner (its own, or a peer's that asks it) while asking the owner an older one named; reading it here");
@@ -998,7 +1026,7 @@ impl Node {
         let _memory = self.inner.load_memory.acquire_many(kib).await.map_err(FetchError::ShuttingDown)?;
         let peer = self.footer_from_peer(key.version, key.shard.file);
         let started = std::time::Instant::now();
-        let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts)
+        let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts, &self.inner.stages)
             .instrument(tracing::debug_span!("convert"))
             .await?;
         self.inner.timings.conversion(&ds.name, started.elapsed());

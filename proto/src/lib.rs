@@ -16,6 +16,8 @@
 //! - [`frame`] — the length-prefixed frame every stream carries, with its
 //!   cap checked before allocation ([`frame::FrameDecoder`], sans-I/O).
 //! - [`wire`] — messages between a trainer and its local node.
+//! - [`doctor`] — where a job's time goes and which stage bounds it
+//!   ([`doctor::diagnose`], pure), from the clocks ranks and nodes keep.
 //! - [`peer`] — messages between nodes (chunk fetches from a shard's owner).
 //! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
 //!   would change every sample order ever published.
@@ -30,6 +32,7 @@
 
 pub mod aligned;
 pub mod chunk;
+pub mod doctor;
 pub mod dtype;
 pub mod frame;
 pub mod ids;

@@ -61,6 +61,11 @@ mod request_def {
             /// Shard.
             shard: ShardId,
         },
+        /// A rank's loader clocks, for `granary doctor` (sent every half
+        /// second or so while it reads).
+        Report(crate::doctor::RankReport),
+        /// The node's stage clocks and its ranks' last reports.
+        Doctor,
     }
 }
 
@@ -173,6 +178,10 @@ mod response_def {
         Stats(NodeStats),
         /// Reply to `Touch`.
         Touched,
+        /// Reply to `Report`.
+        Reported,
+        /// Reply to `Doctor`.
+        Doctor(crate::doctor::DoctorSnapshot),
         /// Reply to `Describe`: the dataset, or the version asked for, is
         /// not served here.
         NotServed {

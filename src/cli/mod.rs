@@ -11,6 +11,7 @@
 //! - [`connect`]: how the one-shot cluster commands (`dataset`, `status`) reach
 //!   the coordinators.
 //! - [`stats`]: `granary stats`, one node's counters.
+//! - [`doctor`]: `granary doctor`, which stage bounds a running job.
 //! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
 //! - [`chaos`]: `granary chaos sim`, the deterministic simulation, and
 //!   [`chaos_run`]: `granary chaos run`, real processes under seeded faults;
@@ -50,6 +51,7 @@ pub(crate) mod chaos_run;
 pub(crate) mod connect;
 pub(crate) mod coordinator;
 pub(crate) mod dataset;
+pub(crate) mod doctor;
 pub(crate) mod node;
 pub(crate) mod stats;
 pub(crate) mod status;

@@ -53,6 +53,7 @@ impl Cluster {
                 id,
                 addr: reserve_udp_port().expect("port"),
                 data_dir: tmp.path().join(format!("voter-{id}")),
+                name: None,
             })
             .collect();
         let voters = specs.iter().map(|_| None).collect();
@@ -168,6 +169,28 @@ fn dataset_names(c: &Cluster) -> Vec<(String, String)> {
         .iter()
         .map(|d| (d["name"].as_str().expect("name").to_string(), d["version"].as_str().expect("version").to_string()))
         .collect()
+}
+
+/// Voters named by host names (as Kubernetes services name them), not IP
+/// addresses: each resolves the others' names when it dials, so the group
+/// elects a leader, and again after the leader is killed.
+#[test]
+fn voters_named_by_host_names_elect_and_fail_over() {
+    let mut c = Cluster::new(3, 3000);
+    for v in &mut c.specs {
+        v.name = Some(format!("localhost:{}", v.addr.port()));
+    }
+    for id in 1..=3 {
+        c.start(id);
+    }
+    let first = c.wait_leader(None);
+    let status = c.status();
+    let named: Vec<&str> =
+        status["voters"].as_array().expect("voters").iter().filter_map(|v| v["addr"].as_str()).collect();
+    assert!(named.iter().all(|a| a.starts_with("localhost:")), "the membership keeps the names: {status}");
+    c.kill(first);
+    let second = c.wait_leader(Some(first));
+    assert_ne!(first, second);
 }
 
 #[test]

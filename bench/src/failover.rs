@@ -172,7 +172,14 @@ pub fn run(
         tls::issue_bound(&certs, tls::Role::Coordinator, &format!("coordinator-{id}"), Some(id))?;
     }
     let specs = (1..=opts.voters)
-        .map(|id| Ok(VoterSpec { id, addr: reserve_udp_port()?, data_dir: tmp.path().join(format!("voter-{id}")) }))
+        .map(|id| {
+            Ok(VoterSpec {
+                id,
+                addr: reserve_udp_port()?,
+                data_dir: tmp.path().join(format!("voter-{id}")),
+                name: None,
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     let extra = vec![
         "--election-timeout-ms".into(),

@@ -57,15 +57,16 @@ pub enum LinkError {
         /// Why no connection was made (names the address).
         error: DialError,
     },
-    /// The voter's address in the membership does not parse.
-    #[error("{voter}: bad address {addr:?}: {error}")]
+    /// The voter's address in the membership is neither an IP address
+    /// with a port nor a host name that resolves.
+    #[error("{voter}: bad address {addr:?}: {reason}")]
     BadAddress {
         /// The voter.
         voter: VoterId,
         /// The address as the membership holds it.
         addr: String,
-        /// The parser's reason.
-        error: std::net::AddrParseError,
+        /// Why it does not parse or resolve.
+        reason: String,
     },
     /// The RPC failed on an open connection.
     #[error("{voter} at {addr}: {error}")]
@@ -82,8 +83,8 @@ pub enum LinkError {
     Timeout {
         /// The voter.
         voter: VoterId,
-        /// Its address.
-        addr: SocketAddr,
+        /// Its address, as the membership holds it.
+        addr: String,
         /// The time to live.
         ttl: Duration,
     },
@@ -140,6 +141,8 @@ pub fn voter_verdict(bound: Option<u64>, claimed: VoterId, allow_unbound: bool) 
 pub struct QuicNetwork {
     conns: Arc<Connections>,
     allow_unbound: bool,
+    /// Whether the endpoint dials IPv4 (a name is resolved to that family).
+    ipv4: bool,
 }
 
 impl QuicNetwork {
@@ -152,7 +155,12 @@ impl QuicNetwork {
         connect_timeout: Duration,
         allow_unbound: bool,
     ) -> Self {
-        Self { conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)), allow_unbound }
+        let ipv4 = endpoint.local_addr().map_or(true, |a| a.is_ipv4());
+        Self {
+            conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)),
+            allow_unbound,
+            ipv4,
+        }
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, DialError> {
@@ -182,9 +190,8 @@ pub struct PeerLink {
 impl PeerLink {
     async fn rpc(&self, rpc: &RaftRpc, ttl: Duration) -> Result<RaftReply, LinkError> {
         let voter = self.target;
-        let addr: SocketAddr =
-            self.addr.parse().map_err(|error| LinkError::BadAddress { voter, addr: self.addr.clone(), error })?;
         let exchange = async {
+            let addr = self.resolve().await?;
             let conn = self.net.connection(addr).await.map_err(|error| LinkError::Dial { voter, error })?;
             let bound = granary_net::tls::peer_voter_id(&conn).map_err(|e| LinkError::Identity {
                 voter,
@@ -200,7 +207,30 @@ impl PeerLink {
                 LinkError::Call { voter, addr, error }
             })
         };
-        tokio::time::timeout(ttl, exchange).await.map_err(|_| LinkError::Timeout { voter, addr, ttl })?
+        tokio::time::timeout(ttl, exchange).await.map_err(|_| LinkError::Timeout {
+            voter,
+            addr: self.addr.clone(),
+            ttl,
+        })?
+    }
+
+    /// The voter's address: an IP address as is, a host name (a Kubernetes
+    /// service, say) resolved at every dial, so a voter that comes back
+    /// at a new address under the same name is found there.
+    async fn resolve(&self) -> Result<SocketAddr, LinkError> {
+        if let Ok(addr) = self.addr.parse::<SocketAddr>() {
+            return Ok(addr);
+        }
+        let bad = |reason: String| LinkError::BadAddress { voter: self.target, addr: self.addr.clone(), reason };
+        let found: Vec<SocketAddr> =
+            tokio::net::lookup_host(self.addr.as_str()).await.map_err(|e| bad(e.to_string()))?.collect();
+        // The endpoint's family first (an IPv4 socket cannot reach ::1).
+        found
+            .iter()
+            .find(|a| a.is_ipv4() == self.net.ipv4)
+            .or(found.first())
+            .copied()
+            .ok_or_else(|| bad("the name resolves to no address".into()))
     }
 }
 

@@ -76,13 +76,32 @@ pub(crate) struct CoordinatorArgs {
     json: bool,
 }
 
+/// Checks `HOST:PORT`: an IP address with a port, or a host name (resolved
+/// when a voter dials it, so a Kubernetes service name works) with a port.
+fn check_host_port(addr: &str) -> Result<()> {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let (host, port) = addr.rsplit_once(':').context("expected HOST:PORT")?;
+    port.parse::<u16>().with_context(|| format!("port {port:?} is not a number from 0 to 65535"))?;
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    if !name_ok {
+        bail!("{host:?} is neither an IP address nor a host name");
+    }
+    Ok(())
+}
+
 /// Parses `--peers` (`ID=HOST:PORT` entries) and checks the group's size.
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<VoterId, String>> {
     let mut out = BTreeMap::new();
     for p in peers {
         let (id, addr) = p.split_once('=').with_context(|| format!("--peers entry {p:?}: expected ID=HOST:PORT"))?;
         let id: u64 = id.trim().parse().with_context(|| format!("--peers entry {p:?}: id is not a number"))?;
-        addr.trim().parse::<SocketAddr>().with_context(|| format!("--peers entry {p:?}: bad address"))?;
+        check_host_port(addr.trim()).with_context(|| format!("--peers entry {p:?}: bad address"))?;
         if out.insert(VoterId(id), addr.trim().to_string()).is_some() {
             bail!("--peers lists voter {id} twice");
         }

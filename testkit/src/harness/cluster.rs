@@ -177,7 +177,7 @@ impl LocalCluster {
         let voter_specs = (1..=spec.voters as u64)
             .map(|id| {
                 let addr = on_host((id - 1) as usize, VOTER_PORT)?;
-                Ok(VoterSpec { id, addr, data_dir: dir.join(format!("voter-{id}")) })
+                Ok(VoterSpec { id, addr, data_dir: dir.join(format!("voter-{id}")), name: None })
             })
             .collect::<Result<Vec<_>>>()?;
         let listen = (0..spec.nodes as usize).map(|i| on_host(i, PEER_PORT)).collect::<Result<Vec<_>>>()?;

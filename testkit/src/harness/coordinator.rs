@@ -58,6 +58,16 @@ pub struct VoterSpec {
     pub addr: std::net::SocketAddr,
     /// Its data folder.
     pub data_dir: PathBuf,
+    /// The `HOST:PORT` name its peers dial (resolved at every dial)
+    /// instead of `addr`; None: `addr`.
+    pub name: Option<String>,
+}
+
+impl VoterSpec {
+    /// How the group's `--peers` names it.
+    pub fn reached_at(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.addr.to_string())
+    }
 }
 
 /// A coordinator voter child process.
@@ -96,7 +106,7 @@ impl CoordinatorProcess {
         log: &Path,
         timeout: Duration,
     ) -> Result<Self> {
-        let peers = voters.iter().map(|v| format!("{}={}", v.id, v.addr)).collect::<Vec<_>>().join(",");
+        let peers = voters.iter().map(|v| format!("{}={}", v.id, v.reached_at())).collect::<Vec<_>>().join(",");
         // Appended, so a restarted voter's log follows its previous life's.
         let out = std::fs::OpenOptions::new()
             .create(true)

@@ -30,10 +30,18 @@ use cli::{bench, certs, chaos, connect, coordinator, dataset, doctor, node, stat
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
 struct Cli {
-    /// How log lines go to stderr: `text`, or `json` (one object per line,
-    /// with the fields of the spans it is in: dataset, version, shard, peer)
-    /// for log shippers. Which lines: GRANARY_LOG, in RUST_LOG's syntax.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "GRANARY_LOG_FORMAT")]
+    /// Log lines on stderr as `text` or `json` (one object per line with its
+    /// spans' fields, for log shippers); GRANARY_LOG picks which lines, in
+    /// RUST_LOG's syntax.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "GRANARY_LOG_FORMAT",
+        hide_possible_values = true,
+        display_order = 900
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,

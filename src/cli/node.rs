@@ -13,6 +13,57 @@ pub(crate) struct NodeArgs {
     /// Path of node.toml.
     #[arg(long)]
     config: PathBuf,
+    /// Check the configuration (its datasets' views and, in a cluster, the
+    /// node's certificate and role), print what it sets up, and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// `--check`: what a start would refuse, refused now, without starting.
+fn check(path: &std::path::Path, cfg: &granary_node::NodeConfig) -> Result<()> {
+    for d in &cfg.datasets {
+        d.view().with_context(|| format!("{}: dataset {:?}", path.display(), d.name))?;
+    }
+    let mut lines = vec![format!("{}: ok", path.display())];
+    let socket = match &cfg.socket {
+        Some(s) => s.display().to_string(),
+        None => "the default socket".to_string(),
+    };
+    lines.push(format!("  trainers connect to {socket}"));
+    let ssd = match &cfg.ssd_dir {
+        Some(dir) => format!("an SSD tier of {} in {}", gib(cfg.ssd_bytes), dir.display()),
+        None => "no SSD tier".to_string(),
+    };
+    lines.push(format!("  a RAM tier of {}, {ssd}", gib(cfg.ram_bytes)));
+    lines.push(format!("  {} dataset(s) of its own", cfg.datasets.len()));
+    if let Some(c) = &cfg.cluster {
+        let identity = granary_net::tls::Identity::load(&c.certs, &c.cert_name).with_context(|| {
+            format!("{}: [cluster] certificate {:?} in {}", path.display(), c.cert_name, c.certs.display())
+        })?;
+        if identity.role() != granary_net::tls::Role::Node {
+            anyhow::bail!(
+                "{}: certificate {:?} is a {} certificate, not a node's",
+                path.display(),
+                c.cert_name,
+                identity.role()
+            );
+        }
+        lines.push(format!(
+            "  node {} in the cluster of {}, peers reach it at {}",
+            c.node_id,
+            c.coordinators.join(", "),
+            c.advertise
+        ));
+    }
+    if let Some(m) = cfg.metrics {
+        lines.push(format!("  metrics on http://{m}/metrics"));
+    }
+    println!("{}", lines.join("\n"));
+    Ok(())
 }
 
 /// Caps glibc's malloc arenas for the daemon. Its many short-lived decode
@@ -31,8 +82,11 @@ fn limit_malloc_arenas() {
 
 /// Runs the daemon until SIGTERM or ctrl-c.
 pub(crate) fn run(a: &NodeArgs) -> Result<()> {
-    limit_malloc_arenas();
     let cfg = granary_node::NodeConfig::load(&a.config)?;
+    if a.check {
+        return check(&a.config, &cfg);
+    }
+    limit_malloc_arenas();
     let socket = match cfg.socket.clone() {
         Some(s) => s,
         None => granary_node::access::default_socket().map_err(|e| anyhow::anyhow!("{}: {e}", a.config.display()))?,

@@ -1,0 +1,221 @@
+//! The deployment files in deploy/ cannot drift from the binary: every
+//! `granary` command line in them (Kubernetes manifests, systemd units) uses
+//! only subcommands and flags that `granary <subcommand> --help` lists, the
+//! manifests parse as YAML, their node.toml templates and the example
+//! node.toml pass `granary node --check` once filled in, the ports agree,
+//! and the image builds with a toolchain the workspace accepts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use yaml_rust2::{Yaml, YamlLoader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_granary");
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every document of every manifest.
+fn manifests() -> Vec<(PathBuf, Yaml)> {
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(deploy().join("k8s")).expect("deploy/k8s").map(|e| e.expect("entry").path()).collect();
+    files.sort();
+    for f in files {
+        let docs = YamlLoader::load_from_str(&read(&f)).unwrap_or_else(|e| panic!("{}: not YAML: {e}", f.display()));
+        assert!(!docs.is_empty(), "{}: no documents", f.display());
+        out.extend(docs.into_iter().map(|d| (f.clone(), d)));
+    }
+    out
+}
+
+/// The containers of a workload document.
+fn containers(doc: &Yaml) -> Vec<&Yaml> {
+    doc["spec"]["template"]["spec"]["containers"].as_vec().map(|v| v.iter().collect()).unwrap_or_default()
+}
+
+/// `granary` command lines in `text` (a shell line, or an ExecStart), as
+/// (subcommand, flags).
+fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
+    let tokens: Vec<String> =
+        text.split_whitespace().map(|t| t.trim_matches(|c| c == '"' || c == '\'').to_string()).collect();
+    let mut out = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if (t == "granary" || t.ends_with("/granary")) && i + 1 < tokens.len() && !tokens[i + 1].starts_with('-') {
+            let flags = tokens[i + 2..]
+                .iter()
+                .take_while(|t| !t.contains("&&") && *t != ";")
+                .filter(|t| t.starts_with("--"))
+                .map(|t| t.split('=').next().unwrap_or(t).to_string())
+                .collect();
+            out.push((tokens[i + 1].clone(), flags));
+        }
+    }
+    out
+}
+
+fn help(sub: &str) -> String {
+    let out = Command::new(BIN).args([sub, "--help"]).output().expect("run granary");
+    assert!(out.status.success(), "granary {sub} --help: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn assert_known(origin: &str, sub: &str, flags: &[String]) {
+    let text = help(sub);
+    for f in flags {
+        assert!(
+            text.contains(&format!("{f} ")) || text.contains(&format!("{f}\n")),
+            "{origin}: granary {sub} has no {f}"
+        );
+    }
+}
+
+#[test]
+fn every_command_line_in_deploy_uses_flags_the_binary_has() {
+    let mut seen = 0;
+    for (file, doc) in manifests() {
+        for c in containers(&doc) {
+            let mut line = String::new();
+            for part in [&c["command"], &c["args"]] {
+                for item in part.as_vec().into_iter().flatten() {
+                    line += item.as_str().unwrap_or_default();
+                    line.push(' ');
+                }
+            }
+            for (sub, flags) in invocations(&line) {
+                assert_known(&file.display().to_string(), &sub, &flags);
+                seen += 1;
+            }
+        }
+    }
+    for unit in ["granary-coordinator.service", "granary-node.service"] {
+        let path = deploy().join("systemd").join(unit);
+        for line in read(&path).lines().filter(|l| l.starts_with("ExecStart")) {
+            let (_, cmd) = line.split_once('=').expect("ExecStart=...");
+            for (sub, flags) in invocations(cmd) {
+                assert_known(&path.display().to_string(), &sub, &flags);
+                seen += 1;
+            }
+        }
+    }
+    // Voter and node in Kubernetes, voter, node check and node in systemd.
+    assert!(seen >= 5, "found {seen} granary command lines");
+}
+
+/// `templ` with its placeholders filled in and its certificate folder
+/// pointing at `certs`, checked by `granary node --check`.
+fn node_check(origin: &str, templ: &str, certs: &Path, dir: &Path) {
+    let mut text = templ.replace("@NODE_ID@", "1").replace("@HOST_IP@", "10.1.2.3");
+    let line = text.lines().find(|l| l.trim_start().starts_with("certs =")).map(str::to_string);
+    if let Some(line) = line {
+        text = text.replace(&line, &format!("certs = {certs:?}"));
+    }
+    let path = dir.join("node.toml");
+    std::fs::write(&path, &text).expect("write");
+    let out = Command::new(BIN).args(["node", "--check", "--config"]).arg(&path).output().expect("run granary");
+    assert!(
+        out.status.success(),
+        "{origin} does not pass granary node --check:\n{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(": ok") && said.contains("node 1 in the cluster"), "{said}");
+}
+
+#[test]
+fn the_node_configurations_pass_the_nodes_own_check() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args(["certs", "init", "--nodes", "1", "--out"])
+        .arg(tmp.path().join("certs"))
+        .output()
+        .expect("certs init");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let certs = tmp.path().join("certs").join("hosts");
+    let mut checked = 0;
+    for (file, doc) in manifests() {
+        if doc["kind"].as_str() == Some("ConfigMap")
+            && let Some(templ) = doc["data"]["node.toml.in"].as_str()
+        {
+            node_check(&file.display().to_string(), templ, &certs, tmp.path());
+            checked += 1;
+        }
+    }
+    let example = deploy().join("systemd").join("node.toml");
+    node_check(&example.display().to_string(), &read(&example), &certs, tmp.path());
+    assert_eq!(checked, 1, "the DaemonSet's node.toml template");
+
+    // And a template a node would refuse fails the check, naming the file.
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, "ram_bytes = 1\nssd_dir = \"/x\"\n").expect("write");
+    let out = Command::new(BIN).args(["node", "--check", "--config"]).arg(&bad).output().expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.toml"));
+}
+
+#[test]
+fn ports_annotations_and_the_environment_file_agree() {
+    for (file, doc) in manifests() {
+        let Some(port) = doc["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"].as_str() else {
+            continue;
+        };
+        let c = containers(&doc)[0];
+        let declared: Vec<i64> =
+            c["ports"].as_vec().into_iter().flatten().filter_map(|p| p["containerPort"].as_i64()).collect();
+        assert!(
+            declared.contains(&port.parse().expect("port")),
+            "{}: metrics port {port} not declared",
+            file.display()
+        );
+        let mut line = String::new();
+        for item in c["command"].as_vec().into_iter().flatten() {
+            line += item.as_str().unwrap_or_default();
+        }
+        let templ = manifests()
+            .into_iter()
+            .filter_map(|(_, d)| d["data"]["node.toml.in"].as_str().map(str::to_string))
+            .collect::<String>();
+        assert!(
+            line.contains(&format!("--metrics 0.0.0.0:{port}"))
+                || templ.contains(&format!("metrics = \"0.0.0.0:{port}\"")),
+            "{}: the scrape annotation names port {port}, which nothing serves",
+            file.display()
+        );
+    }
+    let unit = read(&deploy().join("systemd").join("granary-coordinator.service"));
+    let env = read(&deploy().join("systemd").join("coordinator.env"));
+    for var in ["GRANARY_ID", "GRANARY_PEERS"] {
+        assert!(unit.contains(&format!("${{{var}}}")), "the unit uses {var}");
+        assert!(env.lines().any(|l| l.starts_with(&format!("{var}="))), "coordinator.env sets {var}");
+    }
+}
+
+#[test]
+fn the_image_builds_with_a_toolchain_the_workspace_accepts() {
+    let file = read(&deploy().join("Containerfile"));
+    let from = file.lines().find(|l| l.starts_with("FROM rust:")).expect("a Rust build stage");
+    let image: Vec<u32> = from["FROM rust:".len()..]
+        .split('-')
+        .next()
+        .expect("version")
+        .split('.')
+        .map(|n| n.parse().expect("number"))
+        .collect();
+    let manifest = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    let wanted = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .expect("rust-version")
+        .trim_matches('"')
+        .split('.')
+        .map(|n| n.parse::<u32>().expect("number"))
+        .collect::<Vec<_>>();
+    assert!(image >= wanted, "the image's Rust {image:?} is older than the workspace's rust-version {wanted:?}");
+    assert!(file.contains("--bin granary") && file.contains("ENTRYPOINT [\"/usr/local/bin/granary\"]"));
+    let ignore = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".dockerignore"));
+    assert!(ignore.lines().any(|l| l.trim() == "target"), "target/ stays out of the build context");
+}

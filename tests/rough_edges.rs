@@ -217,3 +217,67 @@ fn json_logs_carry_each_loads_dataset_version_and_shard() {
         assert!(load["shard"].as_str().is_some_and(|s| !s.is_empty()), "{line}");
     }
 }
+
+/// Every tensor byte of one batch, hashed.
+fn digest(b: &granary_client::Batch) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for i in 0..b.layouts().len() {
+        h.update(b.tensor_bytes(i));
+    }
+    h.digest()
+}
+
+/// A trainer whose node is killed and started again mid-epoch goes on: its
+/// connection reconnects, announces its plan again and repeats the fetch,
+/// and the epoch's batches are those of an epoch without the restart. A
+/// node that does not come back within the reconnect time is an error
+/// naming its socket.
+#[test]
+fn a_trainer_reads_on_through_a_node_restart() {
+    use granary_client::{ClientError, Loader, LoaderConfig};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (data, view) = dataset(tmp.path(), 8, 6_000, 2);
+    let socket = tmp.path().join("node.sock");
+    let config = tmp.path().join("node.toml");
+    std::fs::write(&config, node_toml(&socket, &format!("{}/", data.display()), &view, "")).expect("config");
+    let spawn = |log: &str| {
+        NodeProcess::spawn(Path::new(BIN), &config, &socket, &tmp.path().join(log), Duration::from_secs(60))
+            .expect("node")
+    };
+    let node = spawn("node-1.log");
+    // No chunks kept mapped by the trainer: every batch asks the node.
+    let cfg = LoaderConfig { seed: 5, mapping_cache_bytes: 0, prefetch_batches: 1, ..LoaderConfig::new("ads", 250) };
+    let reference: Vec<u64> = Loader::connect(&socket, cfg.clone())
+        .expect("loader")
+        .epoch(0)
+        .expect("epoch")
+        .map(|b| digest(&b.expect("batch")))
+        .collect();
+    assert_eq!(reference.len(), 24);
+
+    let loader = Loader::connect(&socket, cfg.clone()).expect("loader");
+    let mut epoch = loader.epoch(0).expect("epoch");
+    let mut got: Vec<u64> = epoch.by_ref().take(5).map(|b| digest(&b.expect("batch"))).collect();
+    node.stop();
+    let node = std::thread::scope(|scope| {
+        let restarted = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(800));
+            spawn("node-2.log")
+        });
+        got.extend(epoch.map(|b| digest(&b.expect("the epoch goes on after the node restarts"))));
+        restarted.join().expect("restart")
+    });
+    assert_eq!(got, reference, "the same batches as without the restart");
+    let logged = std::fs::read_to_string(tmp.path().join("node-2.log")).expect("log");
+    assert!(logged.contains("serving dataset"), "the node did restart:\n{logged}");
+
+    // Gone for good: the error names the socket and says how long it waited.
+    let short = LoaderConfig { reconnect: Duration::from_millis(600), ..cfg };
+    let loader = Loader::connect(&socket, short).expect("loader");
+    let mut epoch = loader.epoch(0).expect("epoch");
+    epoch.next().expect("a batch").expect("batch");
+    node.stop();
+    let err = epoch.find_map(Result::err).expect("the epoch fails once the node is gone");
+    assert!(matches!(err, ClientError::NodeGone { .. }), "{err}");
+    assert!(err.to_string().contains(&socket.display().to_string()) && err.is_retryable(), "{err}");
+}

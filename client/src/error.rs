@@ -23,6 +23,17 @@ pub enum ClientError {
     /// The connection to the node failed mid-request; the node may be gone.
     #[error("connection to the node failed: {0}")]
     Io(#[from] std::io::Error),
+    /// The node closed the connection and did not take a new one within
+    /// the reconnect time ([`crate::LocalSource::reconnect_within`]).
+    #[error("the node at {path} went away and did not come back within {waited:?}: {source}")]
+    NodeGone {
+        /// Socket path.
+        path: PathBuf,
+        /// How long this client kept reconnecting.
+        waited: std::time::Duration,
+        /// The last reason a connection failed.
+        source: std::io::Error,
+    },
     /// The node answered with something this client does not understand,
     /// or something that contradicts what it said before.
     #[error("protocol error from the node: {0}")]
@@ -306,7 +317,7 @@ impl ClientError {
     /// producer, the GPU.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Connect { .. } | ClientError::Io(_) => true,
+            ClientError::Connect { .. } | ClientError::Io(_) | ClientError::NodeGone { .. } => true,
             ClientError::Node { kind, .. } => *kind == ErrorKind::Unavailable,
             ClientError::Chunk { .. }
             | ClientError::Protocol(_)

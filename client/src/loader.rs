@@ -87,6 +87,10 @@ pub struct LoaderConfig {
     /// page-locked, and the feed copies assembled batches to the device
     /// straight from it.
     pub host_memory: HostMemory,
+    /// How long [`Loader::connect`]'s connection keeps reconnecting to a
+    /// node that restarts, before the epoch fails with
+    /// [`ClientError::NodeGone`]; zero fails at once. Default 30 s.
+    pub reconnect: std::time::Duration,
 }
 
 /// The assembly threads a rank gets by default: the machine's cores shared
@@ -124,6 +128,7 @@ impl LoaderConfig {
             assembly_threads: 0,
             mapping_cache_bytes: DEFAULT_MAPPING_CACHE_BYTES,
             host_memory: HostMemory::Heap,
+            reconnect: crate::local::DEFAULT_RECONNECT,
         }
     }
 
@@ -179,7 +184,8 @@ impl Loader {
     /// A loader reading from the node whose socket is at `socket`, keeping
     /// `cfg.mapping_cache_bytes` of chunk mappings.
     pub fn connect(socket: impl AsRef<Path>, cfg: LoaderConfig) -> Result<Self, ClientError> {
-        let source = LocalSource::connect(socket)?.mapping_cache(cfg.mapping_cache_bytes);
+        let source =
+            LocalSource::connect(socket)?.mapping_cache(cfg.mapping_cache_bytes).reconnect_within(cfg.reconnect);
         Self::new(Arc::new(source), cfg)
     }
 

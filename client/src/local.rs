@@ -34,6 +34,7 @@ use std::mem::MaybeUninit;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Default budget of kept chunk mappings.
 pub const DEFAULT_MAPPING_CACHE_BYTES: u64 = 1 << 30;
@@ -57,6 +58,31 @@ pub struct LocalSource {
     /// The driver refused a registration: stop asking.
     #[cfg(feature = "cuda")]
     page_lock_refused: std::sync::atomic::AtomicBool,
+    /// How long to keep reconnecting to a node that closed the connection
+    /// (it restarts) before giving up; zero: never reconnect.
+    reconnect: Duration,
+    /// The last plan announced, announced again on a new connection (the
+    /// node keeps a trainer's plan per connection, to prefetch along it).
+    last_follow: Mutex<Option<(DatasetVersion, PlanParams)>>,
+}
+
+/// How long a [`LocalSource`] keeps reconnecting to a node that went away,
+/// by default: a node restart (its SSD tier reopened, its datasets opened
+/// again) takes seconds.
+pub const DEFAULT_RECONNECT: Duration = Duration::from_secs(30);
+
+/// True when `e` means the connection is gone (the node exited or
+/// restarted), not that the node answered with an error.
+fn connection_lost(e: &ClientError) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        ClientError::Io(io) => matches!(
+            io.kind(),
+            K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof | K::NotConnected
+        ),
+        ClientError::Protocol(ProtocolError::OutOfStep { .. }) => true,
+        _ => false,
+    }
 }
 
 /// The largest chunk mapped when its dataset was not described through
@@ -120,7 +146,18 @@ impl LocalSource {
             page_lock: None,
             #[cfg(feature = "cuda")]
             page_lock_refused: std::sync::atomic::AtomicBool::new(false),
+            reconnect: DEFAULT_RECONNECT,
+            last_follow: Mutex::new(None),
         })
+    }
+
+    /// Keeps reconnecting for up to `within` when the node closes the
+    /// connection (it was restarted), then repeats the request; zero turns
+    /// reconnecting off (the error comes at once). Default
+    /// [`DEFAULT_RECONNECT`].
+    pub fn reconnect_within(mut self, within: Duration) -> Self {
+        self.reconnect = within;
+        self
     }
 
     /// Registers every chunk this source maps with `ctx` as page-locked,
@@ -176,26 +213,85 @@ impl LocalSource {
     }
 
     /// Sends one request and reads its reply (and any attached descriptor).
+    /// When the connection is gone (the node restarted), reconnects for up
+    /// to the reconnect time, announces the last plan again and repeats
+    /// the request (every request may be repeated: none changes the node's
+    /// state beyond the connection's own).
     fn call(&self, req: &LocalRequest) -> Result<(LocalResponse, Option<OwnedFd>), ClientError> {
         // A poisoned lock only means another thread panicked mid-call; the
         // stream may hold half a frame, so refuse rather than desynchronise.
-        let guard = self.stream.lock().map_err(|_| ProtocolError::Poisoned)?;
-        self.exchange(guard, req)
+        let mut guard = self.stream.lock().map_err(|_| ProtocolError::Poisoned)?;
+        match self.exchange_on(&mut guard, req) {
+            Err(e) if !self.reconnect.is_zero() && connection_lost(&e) => {
+                self.reconnect_on(&mut guard, e)?;
+                self.exchange_on(&mut guard, req)
+            }
+            answered => answered,
+        }
+    }
+
+    /// Connects again (after `lost`), retrying with growing pauses until
+    /// the reconnect time is spent, and announces the last plan on the new
+    /// connection.
+    fn reconnect_on(
+        &self,
+        guard: &mut std::sync::MutexGuard<'_, Option<UnixStream>>,
+        lost: ClientError,
+    ) -> Result<(), ClientError> {
+        **guard = None;
+        tracing::warn!(path = %self.path.display(), error = %lost, "the node closed the connection; reconnecting");
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        let mut last = match lost {
+            ClientError::Io(e) => e,
+            other => std::io::Error::other(other.to_string()),
+        };
+        loop {
+            if started.elapsed() >= self.reconnect {
+                return Err(ClientError::NodeGone { path: self.path.clone(), waited: self.reconnect, source: last });
+            }
+            std::thread::sleep(pause.min(self.reconnect.saturating_sub(started.elapsed())));
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let stream = match UnixStream::connect(&self.path) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            **guard = Some(stream);
+            let follow = *self.last_follow.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((version, params)) = follow {
+                match self.exchange_on(guard, &LocalRequest::Follow { version, params }) {
+                    Ok((LocalResponse::Following, _)) => {}
+                    Ok((other, _)) => return Err(unexpected("Follow", &other)),
+                    Err(e) if connection_lost(&e) => {
+                        last = std::io::Error::other(e.to_string());
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            tracing::warn!(path = %self.path.display(), after = ?started.elapsed(), "reconnected to the node");
+            return Ok(());
+        }
     }
 
     /// [`Self::call`] if the connection is free now; `None` (nothing sent)
     /// while another thread's request is under way.
     fn try_call(&self, req: &LocalRequest) -> Result<Option<(LocalResponse, Option<OwnedFd>)>, ClientError> {
         match self.stream.try_lock() {
-            Ok(guard) => self.exchange(guard, req).map(Some),
+            Ok(mut guard) => self.exchange_on(&mut guard, req).map(Some),
             Err(std::sync::TryLockError::WouldBlock) => Ok(None),
             Err(std::sync::TryLockError::Poisoned(_)) => Err(ProtocolError::Poisoned.into()),
         }
     }
 
-    fn exchange(
+    /// One request and its reply on the connection `guard` holds; an
+    /// error before the reply was read whole drops the connection.
+    fn exchange_on(
         &self,
-        mut guard: std::sync::MutexGuard<'_, Option<UnixStream>>,
+        guard: &mut std::sync::MutexGuard<'_, Option<UnixStream>>,
         req: &LocalRequest,
     ) -> Result<(LocalResponse, Option<OwnedFd>), ClientError> {
         let body = wire::encode(req);
@@ -218,11 +314,10 @@ impl LocalSource {
         let (reply, fd) = match exchange {
             Ok(r) => r,
             Err(e) => {
-                *guard = None;
+                **guard = None;
                 return Err(e);
             }
         };
-        drop(guard);
         let resp = wire::decode::<LocalResponse>(&reply).map_err(ProtocolError::Decode)?;
         if let LocalResponse::Failed { kind, message } = resp {
             return Err(ClientError::Node { kind, message });
@@ -403,7 +498,10 @@ impl ChunkSource for LocalSource {
 
     fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
         match self.call(&LocalRequest::Follow { version, params: *params })?.0 {
-            LocalResponse::Following => Ok(()),
+            LocalResponse::Following => {
+                *self.last_follow.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, *params));
+                Ok(())
+            }
             other => Err(unexpected("Follow", &other)),
         }
     }

@@ -82,6 +82,7 @@ class Loader:
         prefetch_batches: int = 2,
         assembly_threads: int = 0,
         mapping_cache_bytes: int = 1 << 30,
+        reconnect_seconds: float = 30.0,
     ) -> None: ...
     @staticmethod
     def resuming(
@@ -91,6 +92,7 @@ class Loader:
         prefetch_batches: int = 2,
         assembly_threads: int = 0,
         mapping_cache_bytes: int = 1 << 30,
+        reconnect_seconds: float = 30.0,
     ) -> "Loader":
         """A loader reading what ``state`` was saved from, positioned at it."""
     def epoch(self, epoch: int) -> Epoch:

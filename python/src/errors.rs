@@ -12,7 +12,7 @@ use pyo3::types::{PyBool, PyList};
 /// The `granary.errors` class for `e`.
 fn class_of(e: &ClientError) -> &'static str {
     match e {
-        ClientError::Connect { .. } | ClientError::Io(_) => "NodeUnavailableError",
+        ClientError::Connect { .. } | ClientError::Io(_) | ClientError::NodeGone { .. } => "NodeUnavailableError",
         ClientError::Node { .. } => "NodeError",
         ClientError::Chunk { .. } => "CorruptChunkError",
         ClientError::Protocol(_) => "ProtocolError",

@@ -193,6 +193,9 @@ impl Epoch {
 ///     prefetch_batches: batches assembled ahead of the consumer (one batch of memory each).
 ///     assembly_threads: threads that assemble batches (0: the cores / LOCAL_WORLD_SIZE, 1 to 8).
 ///     mapping_cache_bytes: chunk mappings kept for later epochs (default 1 GiB).
+///     reconnect_seconds: how long to keep reconnecting to a node that
+///         restarts before the epoch raises NodeUnavailableError (default 30;
+///         0 raises at once).
 ///
 /// ``loader.epoch(e)`` iterates epoch ``e``'s batches (with the GIL released while waiting);
 /// ``len(loader)`` is batches per epoch; ``loader.state_dict()`` is the whole resume state as a
@@ -281,13 +284,21 @@ impl Loader {
     }
 }
 
+/// `reconnect_seconds` as a duration: 0 to a day.
+fn reconnect_of(py: Python<'_>, seconds: f64) -> PyResult<std::time::Duration> {
+    if !(0.0..=86_400.0).contains(&seconds) {
+        return Err(value_error(py, format!("reconnect_seconds must be from 0 to 86400, not {seconds}")));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 #[pymethods]
 impl Loader {
     #[new]
     #[pyo3(signature = (
         socket, dataset, batch_size, *, seed=0, rank=0, world_size=1, shuffle=true, window_shards=4,
         block_batches=0, drop_last=false, version=None, prefetch_batches=2, assembly_threads=0,
-        mapping_cache_bytes=1073741824
+        mapping_cache_bytes=1073741824, reconnect_seconds=30.0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -306,7 +317,9 @@ impl Loader {
         prefetch_batches: usize,
         assembly_threads: usize,
         mapping_cache_bytes: u64,
+        reconnect_seconds: f64,
     ) -> PyResult<Self> {
+        let reconnect = reconnect_of(py, reconnect_seconds)?;
         let version =
             match version {
                 None => None,
@@ -324,6 +337,7 @@ impl Loader {
             prefetch_batches,
             assembly_threads,
             mapping_cache_bytes,
+            reconnect,
             ..LoaderConfig::new(dataset, batch_size)
         };
         Self::connect(py, socket, cfg)
@@ -334,7 +348,7 @@ impl Loader {
     /// `epoch(state["epoch"])` continues at exactly the next batch.
     #[staticmethod]
     #[pyo3(signature = (socket, state, *, prefetch_batches=2, assembly_threads=0,
-        mapping_cache_bytes=1073741824))]
+        mapping_cache_bytes=1073741824, reconnect_seconds=30.0))]
     fn resuming(
         py: Python<'_>,
         socket: PathBuf,
@@ -342,10 +356,17 @@ impl Loader {
         prefetch_batches: usize,
         assembly_threads: usize,
         mapping_cache_bytes: u64,
+        reconnect_seconds: f64,
     ) -> PyResult<Self> {
         let s = state_from_dict(py, state)?;
-        let cfg =
-            LoaderConfig { prefetch_batches, assembly_threads, mapping_cache_bytes, ..LoaderConfig::resuming(&s) };
+        let reconnect = reconnect_of(py, reconnect_seconds)?;
+        let cfg = LoaderConfig {
+            prefetch_batches,
+            assembly_threads,
+            mapping_cache_bytes,
+            reconnect,
+            ..LoaderConfig::resuming(&s)
+        };
         let loader = Self::connect(py, socket, cfg)?;
         loader.check_state(py, &s)?;
         *lock(&loader.progress) = s.clone();

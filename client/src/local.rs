@@ -64,6 +64,10 @@ pub struct LocalSource {
     /// The last plan announced, announced again on a new connection (the
     /// node keeps a trainer's plan per connection, to prefetch along it).
     last_follow: Mutex<Option<(DatasetVersion, PlanParams)>>,
+    /// A reply this client could not read left the connection out of step:
+    /// it is not used again, nor replaced (the next reply would be no
+    /// better understood).
+    out_of_step: std::sync::atomic::AtomicBool,
 }
 
 /// How long a [`LocalSource`] keeps reconnecting to a node that went away,
@@ -80,7 +84,6 @@ fn connection_lost(e: &ClientError) -> bool {
             io.kind(),
             K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof | K::NotConnected
         ),
-        ClientError::Protocol(ProtocolError::OutOfStep { .. }) => true,
         _ => false,
     }
 }
@@ -148,6 +151,7 @@ impl LocalSource {
             page_lock_refused: std::sync::atomic::AtomicBool::new(false),
             reconnect: DEFAULT_RECONNECT,
             last_follow: Mutex::new(None),
+            out_of_step: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -296,7 +300,14 @@ impl LocalSource {
     ) -> Result<(LocalResponse, Option<OwnedFd>), ClientError> {
         let body = wire::encode(req);
         let Some(stream) = guard.as_mut() else {
-            return Err(ProtocolError::OutOfStep { path: self.path.clone() }.into());
+            if self.out_of_step.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(ProtocolError::OutOfStep { path: self.path.clone() }.into());
+            }
+            // Lost before (another thread's request saw it go).
+            return Err(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the connection to the node was lost",
+            )));
         };
         let frame =
             frame::encode(&body, MAX_FRAME_LEN).map_err(|error| ProtocolError::Frame { what: "request", error })?;
@@ -314,6 +325,9 @@ impl LocalSource {
         let (reply, fd) = match exchange {
             Ok(r) => r,
             Err(e) => {
+                if !connection_lost(&e) {
+                    self.out_of_step.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 **guard = None;
                 return Err(e);
             }

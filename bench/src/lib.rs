@@ -17,6 +17,7 @@
 //! - [`failover`] — `granary bench failover`: leader kills in a coordinator
 //!   group of real processes; election and commit times; durability.
 //! - [`report`] — conditions (commit, cores, flags) and output.
+//! - [`plot`] — `--plot out.svg`: rows/s per epoch per scenario, the ceiling dashed.
 
 pub mod cluster;
 pub mod consume;
@@ -24,5 +25,6 @@ pub mod failover;
 pub mod local;
 pub mod local_ranks;
 pub mod placement;
+pub mod plot;
 pub mod python;
 pub mod report;

@@ -75,6 +75,10 @@ pub(crate) enum BenchCommand {
 /// Options of `granary bench local`.
 #[derive(Args)]
 pub(crate) struct LocalArgs {
+    /// Also draw rows/s per epoch per scenario, the ceiling dashed, as an
+    /// SVG file here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Rows in the generated dataset.
     #[arg(long, default_value_t = 500_000)]
     rows: u64,
@@ -146,6 +150,10 @@ pub(crate) struct PythonArgs {
 /// Options of `granary bench cluster`.
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
+    /// Also draw rows/s per rank per epoch per cluster size, one node
+    /// serving as many ranks dashed, as an SVG file here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Rows in the generated dataset.
     #[arg(long, default_value_t = 400_000)]
     rows: u64,
@@ -217,6 +225,9 @@ fn bench_cluster(a: ClusterArgs) -> Result<()> {
             eprintln!("· {line}");
         }
     })?;
+    if let Some(path) = &a.plot {
+        write_plot(path, &granary_bench::plot::cluster_svg(&r, opts.rows)?, json)?;
+    }
     if json {
         for s in &r.nodes {
             println!("{}", serde_json::to_string(s)?);
@@ -295,6 +306,9 @@ fn bench_local(a: LocalArgs) -> Result<()> {
     };
     let exe = std::env::current_exe()?;
     let json = a.json;
+    if a.ranks > 1 && a.plot.is_some() {
+        anyhow::bail!("--plot draws the one-rank scenarios epoch by epoch; run it without --ranks");
+    }
     if a.ranks > 1 {
         let s = granary_bench::local_ranks::run(&exe, &opts, a.ranks, |line| {
             if !json {
@@ -324,6 +338,9 @@ fn bench_local(a: LocalArgs) -> Result<()> {
             eprintln!("· {line}");
         }
     })?;
+    if let Some(path) = &a.plot {
+        write_plot(path, &granary_bench::plot::local_svg(&scenarios)?, json)?;
+    }
     if json {
         for s in &scenarios {
             println!("{}", serde_json::to_string(s)?);
@@ -365,6 +382,15 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         opts.batch_size,
         summary.assembly_threads
     );
+    Ok(())
+}
+
+/// Writes a chart, and says where on stderr (stdout stays the results).
+fn write_plot(path: &std::path::Path, svg: &str, json: bool) -> Result<()> {
+    std::fs::write(path, svg).with_context(|| format!("writing the plot to {}", path.display()))?;
+    if !json {
+        eprintln!("· plot written to {}", path.display());
+    }
     Ok(())
 }
 

@@ -10,7 +10,8 @@
 //! 5) stopped, datagram loss, duplication and reordering on every
 //! link (node to node, node to voter, voter to voter, the coordinator
 //! client's), a bandwidth cap on them (seed 5, 27 MiB/s), 503s,
-//! slow answers and answers cut short from the store). Every invariant must hold: each rank's batches equal the
+//! slow answers, answers cut short and bodies that stall halfway from the
+//! store). Every invariant must hold: each rank's batches equal the
 //! fault-free single-node reference, remote reads stay within what the
 //! schedule allows, the coordinator client's registrations and listings
 //! are linearizable, no node's memory goes over its budget (RAM tier and
@@ -122,6 +123,7 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         "store_error",
         "store_slow",
         "store_short",
+        "store_stall",
         "corrupt_ssd",
         "fill_ssd",
         "kill_in_ssd_write",

@@ -159,10 +159,16 @@ fn print_seed(r: &SeedReport) {
     };
     let noise = noise + &cap;
     let st = r.store;
-    let store = if st.errors + st.slowed + st.shortened > 0 {
+    let store = if st.errors + st.slowed + st.shortened + st.stalled > 0 {
         format!(
-            "; store: {} of {} GETs answered 503, {} held back {} ms, {} cut short",
-            st.errors, st.gets, st.slowed, r.schedule.store.slow_ms, st.shortened
+            "; store: {} of {} GETs answered 503, {} held back {} ms, {} cut short, {} stalled {} ms halfway",
+            st.errors,
+            st.gets,
+            st.slowed,
+            r.schedule.store.slow_ms,
+            st.shortened,
+            st.stalled,
+            r.schedule.store.stall_ms
         )
     } else {
         String::new()

@@ -640,6 +640,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         ("store_error", store_counts.errors),
         ("store_slow", store_counts.slowed),
         ("store_short", store_counts.shortened),
+        ("store_stall", store_counts.stalled),
     ] {
         if n > 0 {
             by_fault.insert(kind.to_string(), n);

@@ -1,7 +1,9 @@
 //! A fault-injecting S3 store on loopback: s3s-fs serving a folder, behind
 //! a layer that answers some GET requests with a 503 (`SlowDown`), holds
-//! some back before answering, and cuts some answers short (the headers
-//! promise the whole range, the connection ends halfway: a short read).
+//! some back before answering, cuts some answers short (the headers
+//! promise the whole range, the connection ends halfway: a short read) and
+//! stalls some in the middle of the body (half is sent, then nothing for a
+//! while, then the rest, on the same connection).
 //!
 //! The fate of the n-th GET after [`FaultStore::set_faults`] is a pure
 //! function of (seed, n) ([`fate`]); which node's request is the n-th is the
@@ -14,6 +16,7 @@ use bytes::Bytes;
 use granary_proto::rng::seed_of;
 use http_body_util::BodyExt;
 use serde::Serialize;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,12 +34,16 @@ pub struct StoreFaults {
     pub slow_ms: u64,
     /// Send half the body, then end the connection.
     pub short: f64,
+    /// Send half the body, wait `stall_ms`, then send the rest.
+    pub stall: f64,
+    /// How long a stalled body waits halfway.
+    pub stall_ms: u64,
 }
 
 impl StoreFaults {
     /// Whether any fault may happen.
     pub fn any(&self) -> bool {
-        self.error + self.slow + self.short > 0.0
+        self.error + self.slow + self.short + self.stall > 0.0
     }
 }
 
@@ -51,6 +58,8 @@ pub enum Fate {
     Slow(Duration),
     /// Half the body, then the connection ends.
     Short,
+    /// Half the body, a pause, then the rest.
+    Stall(Duration),
 }
 
 /// The fate of GET number `index` under `faults` and `seed`.
@@ -62,6 +71,8 @@ pub fn fate(seed: u64, index: u64, faults: &StoreFaults) -> Fate {
         Fate::Slow(Duration::from_millis(faults.slow_ms))
     } else if x < faults.error + faults.slow + faults.short {
         Fate::Short
+    } else if x < faults.error + faults.slow + faults.short + faults.stall {
+        Fate::Stall(Duration::from_millis(faults.stall_ms))
     } else {
         Fate::Pass
     }
@@ -80,6 +91,8 @@ pub struct StoreCounts {
     pub shortened: u64,
     /// Body bytes sent in answers that were cut short.
     pub wasted_bytes: u64,
+    /// Stalled halfway.
+    pub stalled: u64,
 }
 
 #[derive(Default)]
@@ -89,6 +102,7 @@ struct Counters {
     slowed: AtomicU64,
     shortened: AtomicU64,
     wasted_bytes: AtomicU64,
+    stalled: AtomicU64,
 }
 
 struct Shared {
@@ -173,6 +187,7 @@ impl FaultStore {
             slowed: c.slowed.load(Ordering::Relaxed),
             shortened: c.shortened.load(Ordering::Relaxed),
             wasted_bytes: c.wasted_bytes.load(Ordering::Relaxed),
+            stalled: c.stalled.load(Ordering::Relaxed),
         }
     }
 }
@@ -236,8 +251,53 @@ async fn serve(
             let cut: s3s::stream::DynByteStream = Box::pin(CutShort { half: Some(half) });
             Ok(hyper::Response::from_parts(parts, s3s::Body::from(cut)))
         }
+        Fate::Stall(d) => {
+            let resp = service.call(req).await?;
+            if !resp.status().is_success() {
+                return Ok(resp);
+            }
+            let (parts, body) = resp.into_parts();
+            let bytes: Bytes = body.collect().await.map_err(s3s::HttpError::new)?.to_bytes();
+            shared.counters.stalled.fetch_add(1, Ordering::Relaxed);
+            let at = bytes.len() / 2;
+            let stalled: s3s::stream::DynByteStream = Box::pin(Stalled {
+                first: Some(bytes.slice(..at)),
+                pause: Box::pin(tokio::time::sleep(d)),
+                rest: Some(bytes.slice(at..)),
+            });
+            Ok(hyper::Response::from_parts(parts, s3s::Body::from(stalled)))
+        }
     }
 }
+
+/// A body that yields its first half, waits, then yields the rest.
+struct Stalled {
+    first: Option<Bytes>,
+    pause: std::pin::Pin<Box<tokio::time::Sleep>>,
+    rest: Option<Bytes>,
+}
+
+impl futures::Stream for Stalled {
+    type Item = Result<Bytes, s3s::StdError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if let Some(first) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(first)));
+        }
+        if self.rest.is_none() {
+            return std::task::Poll::Ready(None);
+        }
+        match self.pause.as_mut().poll(cx) {
+            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(self.rest.take().map(Ok)),
+        }
+    }
+}
+
+impl s3s::stream::ByteStream for Stalled {}
 
 /// A body that yields its half, then an error.
 struct CutShort {
@@ -266,12 +326,19 @@ mod tests {
 
     #[test]
     fn fates_follow_the_rates_and_the_seed() {
-        let f = StoreFaults { error: 0.1, slow: 0.2, slow_ms: 50, short: 0.05 };
+        let f = StoreFaults { error: 0.1, slow: 0.2, slow_ms: 50, short: 0.05, stall: 0.1, stall_ms: 700 };
         let fates: Vec<Fate> = (0..20_000).map(|n| fate(9, n, &f)).collect();
         let share = |want: fn(&Fate) -> bool| fates.iter().filter(|f| want(f)).count() as f64 / 20_000.0;
         assert!((share(|f| *f == Fate::Error) - 0.1).abs() < 0.01);
         assert!((share(|f| matches!(f, Fate::Slow(d) if d.as_millis() == 50)) - 0.2).abs() < 0.015);
         assert!((share(|f| *f == Fate::Short) - 0.05).abs() < 0.01);
+        assert!((share(|f| matches!(f, Fate::Stall(d) if d.as_millis() == 700)) - 0.1).abs() < 0.01);
+        // Without stalls, every other request keeps the fate it had.
+        let before = StoreFaults { stall: 0.0, ..f };
+        assert!((0..20_000).all(|n| match fate(9, n, &f) {
+            Fate::Stall(_) => fate(9, n, &before) == Fate::Pass,
+            other => fate(9, n, &before) == other,
+        }));
         assert_eq!(fates, (0..20_000).map(|n| fate(9, n, &f)).collect::<Vec<_>>());
         assert_ne!(fates, (0..20_000).map(|n| fate(10, n, &f)).collect::<Vec<_>>());
         assert!((0..1000).all(|n| fate(9, n, &StoreFaults::default()) == Fate::Pass));

@@ -311,6 +311,7 @@ impl Loader {
             source: self.source.clone(),
             dataset: self.info.name.clone(),
             world: self.cfg.world_size,
+            reported_end: false,
         })
     }
 }
@@ -329,6 +330,8 @@ pub struct EpochStream {
     source: Arc<dyn ChunkSource>,
     dataset: String,
     world: u32,
+    /// The end of the epoch was reported.
+    reported_end: bool,
 }
 
 impl EpochStream {
@@ -368,6 +371,10 @@ impl Iterator for EpochStream {
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.next.batch >= self.total {
+            // An epoch's last clocks reach the node however short it was.
+            if !std::mem::replace(&mut self.reported_end, true) {
+                self.report();
+            }
             return None;
         }
         let rx = self.rx.as_ref()?;

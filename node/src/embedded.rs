@@ -48,6 +48,13 @@ impl EmbeddedNode {
         Ok(Self { runtime, session: Mutex::new(Session::new(node.clone())), node })
     }
 
+    /// What `granary doctor` reads from a daemon, in-process: the node's
+    /// stage clocks and the clocks its loaders reported. Two snapshots a
+    /// few seconds apart go to `granary_proto::doctor::diagnose`.
+    pub fn doctor_snapshot(&self) -> granary_proto::doctor::DoctorSnapshot {
+        self.node.doctor_snapshot()
+    }
+
     /// The node.
     pub fn node(&self) -> &Node {
         &self.node

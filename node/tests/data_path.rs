@@ -88,3 +88,26 @@ fn every_batch_value_matches_the_generator() {
     let stats = node.node().stats();
     assert_eq!(stats.conversions, info.shards.len() as u64, "each shard converted exactly once");
 }
+
+/// `granary doctor` in-process: a loader over an embedded node reports its
+/// clocks to it, and two snapshots around an epoch give a verdict about
+/// that rank (here it reads as fast as it can, so it waits on Granary).
+#[test]
+fn the_doctor_reads_an_embedded_node_and_its_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GenSpec { rows: 2_500, files: 2, row_group_rows: 500, ..GenSpec::default() };
+    datagen::generate(dir.path(), &spec, |_| {}).unwrap();
+    let node = Arc::new(EmbeddedNode::start(&node_config(dir.path()), 2).unwrap());
+    let loader = Loader::new(node.clone(), LoaderConfig::new("ads", 64)).unwrap();
+    let before = node.doctor_snapshot();
+    let batches = loader.epoch(0).unwrap().map(|b| b.unwrap()).count() as u64;
+    let after = node.doctor_snapshot();
+    assert_eq!(loader.times().batches, batches);
+    assert_eq!(after.ranks.len(), 1, "the epoch's end reported the rank's clocks");
+    assert_eq!(after.ranks[0].times.batches, batches);
+    assert!(after.stages.loads >= 5 && after.stages.chunk_requests >= 5, "{:?}", after.stages);
+    let d = granary_proto::doctor::diagnose(&before, &after);
+    assert_ne!(d.stage, granary_proto::doctor::Stage::Idle, "{d:?}");
+    assert_ne!(d.stage, granary_proto::doctor::Stage::Trainer, "a loop that only reads waits on Granary: {d:?}");
+    assert_eq!(d.ranks[0].rank, 0);
+}

@@ -100,7 +100,11 @@ fn the_doctor_reads_an_embedded_node_and_its_loader() {
     let node = Arc::new(EmbeddedNode::start(&node_config(dir.path()), 2).unwrap());
     let loader = Loader::new(node.clone(), LoaderConfig::new("ads", 64)).unwrap();
     let before = node.doctor_snapshot();
-    let batches = loader.epoch(0).unwrap().map(|b| b.unwrap()).count() as u64;
+    let mut batches = 0u64;
+    for b in loader.epoch(0).unwrap() {
+        b.unwrap();
+        batches += 1;
+    }
     let after = node.doctor_snapshot();
     assert_eq!(loader.times().batches, batches);
     assert_eq!(after.ranks.len(), 1, "the epoch's end reported the rank's clocks");

@@ -89,6 +89,7 @@ fn a_real_prometheus_scrapes_a_node_and_a_coordinator() -> anyhow::Result<()> {
         text.contains(&format!("granary_node_dataset_served{{dataset=\"ads\",version=\"{}\"}} 1", info.version)),
         "{text}"
     );
+    assert!(sample(&text, "granary_node_prefetch_in_flight").is_some(), "{text}");
     let (status, text) = get(voter, "/metrics")?;
     assert_eq!(status, 200, "{text}");
     assert_eq!(sample(&text, "granary_coordinator_is_leader"), Some(1.0), "{text}");

@@ -274,6 +274,8 @@ impl Collector for NodeCollector {
             None,
             s.loads_in_flight,
         )?;
+        let depth = self.node.prefetch_in_flight();
+        gauge(e, "prefetch_in_flight", "Prefetch loads under way along the ranks' plans", None, depth)?;
 
         let served = self.node.served_versions();
         let current: std::collections::BTreeSet<String> = served.iter().map(|(n, _)| n.clone()).collect();

@@ -58,6 +58,8 @@ struct Counters {
     joined: AtomicU64,
     corrupt: AtomicU64,
     prefetched: AtomicU64,
+    /// Prefetch loads started and not yet finished (a gauge).
+    prefetching: AtomicU64,
     peer_fetched: AtomicU64,
     peer_fetched_bytes: AtomicU64,
     peer_failures: AtomicU64,
@@ -309,6 +311,12 @@ impl Node {
         tracing::info!(dataset = %name, %version, "serving a pinned version");
         self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
         Ok(version)
+    }
+
+    /// Prefetch loads under way: the depth of the prefetch along the
+    /// ranks' plans (a gauge for the metrics endpoint).
+    pub(crate) fn prefetch_in_flight(&self) -> u64 {
+        self.inner.counters.prefetching.load(Ordering::Relaxed)
     }
 
     /// Keeps a rank's loader clocks for `granary doctor`.
@@ -1147,12 +1155,12 @@ impl Follower {
             let node = self.node.clone();
             let version = self.version;
             node.inner.counters.prefetched.fetch_add(1, Ordering::Relaxed);
+            node.inner.counters.prefetching.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let _ = if issue.later {
-                    node.chunk_ahead(version, issue.shard).await
-                } else {
-                    node.chunk(version, issue.shard).await
-                };
+                // Not a trainer's request: not timed as one.
+                let asker = if issue.later { Asker::Ahead } else { Asker::Trainer };
+                let _ = node.chunk_from(version, issue.shard, asker).await;
+                node.inner.counters.prefetching.fetch_sub(1, Ordering::Relaxed);
             });
         }
     }

@@ -443,3 +443,47 @@ fn a_job_pinned_to_an_older_version_reads_it_once_per_cluster_until_it_is_collec
         }
     }
 }
+
+/// A trainer whose cluster node is killed and started again mid-epoch
+/// reads on: its connection comes back as soon as the node takes
+/// connections, and waits (within the reconnect time) until the node has
+/// the coordinator's placement again and takes the rank's plan; the epoch
+/// is byte for byte the epoch without the restart.
+#[test]
+fn a_trainer_reads_on_through_its_cluster_nodes_restart() {
+    use granary_client::{Loader, LoaderConfig};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = dataset(tmp.path());
+    let spec = LocalClusterSpec { nodes: 1, prefetch_bytes: 0, ..LocalClusterSpec::default() };
+    let mut c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let cfg = LoaderConfig { seed: 4, mapping_cache_bytes: 0, prefetch_batches: 1, ..LoaderConfig::new("ads", 500) };
+    let digest = |b: &granary_client::Batch| {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for i in 0..b.layouts().len() {
+            h.update(b.tensor_bytes(i));
+        }
+        h.digest()
+    };
+    let reference: Vec<u64> = Loader::connect(c.socket(1), cfg.clone())
+        .expect("loader")
+        .epoch(0)
+        .expect("epoch")
+        .map(|b| digest(&b.expect("batch")))
+        .collect();
+    let loader = Loader::connect(c.socket(1), cfg).expect("loader");
+    let mut epoch = loader.epoch(0).expect("epoch");
+    let mut got: Vec<u64> = epoch.by_ref().take(4).map(|b| digest(&b.expect("batch"))).collect();
+    // Killed with most of the epoch to come (48 batches; the loader holds
+    // at most a few ahead), started again while the rank waits.
+    c.kill(1);
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            for b in epoch {
+                got.push(digest(&b.expect("the epoch goes on after its node restarts")));
+            }
+        });
+        c.start_node(1).expect("restart node 1");
+        reader.join().expect("reader");
+    });
+    assert_eq!(got, reference, "the same batches as without the restart");
+}

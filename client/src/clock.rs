@@ -66,7 +66,8 @@ impl RankClock {
     }
 
     /// `next()` asked at `asked` returns a batch (or not) now; true when
-    /// the clocks are due to be reported.
+    /// the clocks are due to be reported (then [`Self::reported`] once they
+    /// were).
     pub(crate) fn returned(&self, asked: Instant, batch: bool) -> bool {
         let now = Instant::now();
         self.waiting_ns.fetch_add(nanos(now.saturating_duration_since(asked)), Ordering::Relaxed);
@@ -75,11 +76,18 @@ impl RankClock {
         }
         let mut marks = self.marks();
         marks.returned = Some(now);
-        if now.saturating_duration_since(marks.reported) >= REPORT_EVERY {
-            marks.reported = now;
-            return true;
-        }
-        false
+        now.saturating_duration_since(marks.reported) >= REPORT_EVERY
+    }
+
+    /// The clocks reached the node now.
+    pub(crate) fn reported(&self) {
+        self.marks().reported = Instant::now();
+    }
+
+    /// An epoch ended: the time until the next one's first `next()`
+    /// (evaluation, a checkpoint) is not the trainer's step.
+    pub(crate) fn epoch_ended(&self) {
+        self.marks().returned = None;
     }
 
     /// The walker waited `took` for a chunk.
@@ -123,6 +131,10 @@ mod tests {
         let t = clock.times();
         assert!(t.training_ns >= 30_000_000, "{t:?}");
         assert_eq!((t.batches, t.assembly_threads), (1, 2));
+        // The time between two epochs is not a step.
+        clock.epoch_ended();
+        clock.asked(Instant::now() + Duration::from_millis(30));
+        assert_eq!(clock.times().training_ns, t.training_ns);
         clock.chunk_wait(Duration::from_millis(5));
         clock.assembly(Duration::from_millis(7));
         let t = clock.times();
@@ -136,6 +148,8 @@ mod tests {
         assert!(!clock.returned(t0, true), "not at once");
         clock.marks().reported = Instant::now() - REPORT_EVERY;
         assert!(clock.returned(Instant::now(), true), "due after half a second");
-        assert!(!clock.returned(Instant::now(), true), "and then not again at once");
+        assert!(clock.returned(Instant::now(), true), "and still due until one was sent");
+        clock.reported();
+        assert!(!clock.returned(Instant::now(), true), "then not again at once");
     }
 }

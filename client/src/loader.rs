@@ -336,7 +336,8 @@ pub struct EpochStream {
 
 impl EpochStream {
     /// Reports the clocks to the source (best effort: the next fetch
-    /// surfaces a broken connection).
+    /// surfaces a broken connection; a busy one is tried again at the next
+    /// batch).
     fn report(&self) {
         let report = granary_proto::doctor::RankReport {
             dataset: self.dataset.clone(),
@@ -344,8 +345,10 @@ impl EpochStream {
             world: self.world,
             times: self.clock.times(),
         };
-        if let Err(e) = self.source.report(&report) {
-            tracing::debug!(error = %e, "reporting the loader's clocks failed");
+        match self.source.report(&report) {
+            Ok(true) => self.clock.reported(),
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "reporting the loader's clocks failed"),
         }
     }
 
@@ -373,6 +376,7 @@ impl Iterator for EpochStream {
         if self.next.batch >= self.total {
             // An epoch's last clocks reach the node however short it was.
             if !std::mem::replace(&mut self.reported_end, true) {
+                self.clock.epoch_ended();
                 self.report();
             }
             return None;

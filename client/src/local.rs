@@ -269,8 +269,13 @@ impl LocalSource {
                 match self.exchange_on(guard, &LocalRequest::Follow { version, params }) {
                     Ok((LocalResponse::Following, _)) => {}
                     Ok((other, _)) => return Err(unexpected("Follow", &other)),
-                    Err(e) if connection_lost(&e) => {
+                    // A cluster node takes connections before the
+                    // coordinator's placement has told it its datasets: it
+                    // does not know the version yet. Not back yet; the
+                    // reconnect time bounds the wait.
+                    Err(e) if connection_lost(&e) || matches!(e, ClientError::Node { .. }) => {
                         last = std::io::Error::other(e.to_string());
+                        **guard = None;
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -365,8 +370,12 @@ fn read_prefix_with_fd(stream: &UnixStream) -> Result<([u8; frame::HEADER_LEN], 
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
         let mut iov = [IoSliceMut::new(&mut prefix[got..])];
-        let r =
-            rustix::net::recvmsg(stream, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC).map_err(std::io::Error::from)?;
+        // A signal (a Python process's SIGCHLD, say) interrupts the wait:
+        // nothing was received, so wait again.
+        let r = match rustix::net::recvmsg(stream, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => r.map_err(std::io::Error::from)?,
+        };
         for msg in cmsg.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = msg {
                 for f in fds {
@@ -465,10 +474,12 @@ impl Drop for MappedChunk {
 }
 
 impl ChunkSource for LocalSource {
-    fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<(), ClientError> {
-        // Never wait behind a chunk fetch: a busy connection skips this report.
+    fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<bool, ClientError> {
+        // Never wait behind a chunk fetch: a busy connection sends nothing
+        // now (the loader tries again at its next batch).
         match self.try_call(&LocalRequest::Report(report.clone()))? {
-            None | Some((LocalResponse::Reported, _)) => Ok(()),
+            None => Ok(false),
+            Some((LocalResponse::Reported, _)) => Ok(true),
             Some((other, _)) => Err(unexpected("Reported", &other)),
         }
     }

@@ -103,10 +103,11 @@ pub trait ChunkSource: Send + Sync {
     fn fetch(&self, version: DatasetVersion, shard: ShardId) -> Result<Chunk, ClientError>;
 
     /// Hands a rank's loader clocks to the node (for `granary doctor`),
-    /// without waiting behind another request. Sources that keep no
-    /// reports ignore it.
-    fn report(&self, _report: &granary_proto::doctor::RankReport) -> Result<(), ClientError> {
-        Ok(())
+    /// without waiting behind another request; false when it could not
+    /// be sent now (the loader tries again at its next batch). Sources
+    /// that keep no reports take it as sent.
+    fn report(&self, _report: &granary_proto::doctor::RankReport) -> Result<bool, ClientError> {
+        Ok(true)
     }
 }
 

@@ -176,7 +176,7 @@ impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
     type Network = PeerLink;
 
     async fn new_client(&mut self, target: VoterId, node: &BasicNode) -> PeerLink {
-        PeerLink { target, addr: node.addr.clone(), net: self.clone() }
+        PeerLink { target, addr: node.addr.clone(), net: self.clone(), resolved: std::sync::Mutex::new(None) }
     }
 }
 
@@ -185,6 +185,9 @@ pub struct PeerLink {
     target: VoterId,
     addr: String,
     net: QuicNetwork,
+    /// The address a host name last resolved to, and whether an RPC to it
+    /// failed since (then the name is resolved again first).
+    resolved: std::sync::Mutex<Option<(SocketAddr, bool)>>,
 }
 
 impl PeerLink {
@@ -207,30 +210,61 @@ impl PeerLink {
                 LinkError::Call { voter, addr, error }
             })
         };
-        tokio::time::timeout(ttl, exchange).await.map_err(|_| LinkError::Timeout {
+        let answered = tokio::time::timeout(ttl, exchange).await.map_err(|_| LinkError::Timeout {
             voter,
             addr: self.addr.clone(),
             ttl,
-        })?
+        });
+        if !matches!(answered, Ok(Ok(_))) {
+            // Resolve the name again before the next RPC.
+            if let Some((_, stale)) = self.resolved().as_mut() {
+                *stale = true;
+            }
+        }
+        answered?
     }
 
-    /// The voter's address: an IP address as is, a host name (a Kubernetes
-    /// service, say) resolved at every dial, so a voter that comes back
-    /// at a new address under the same name is found there.
+    fn resolved(&self) -> std::sync::MutexGuard<'_, Option<(SocketAddr, bool)>> {
+        // An address and a flag: a panic elsewhere cannot leave them torn.
+        self.resolved.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The voter's address: an IP address as is; a host name (a Kubernetes
+    /// service, say) resolved once, and again after an RPC to it failed,
+    /// so a voter that comes back at a new address under the same name is
+    /// found there, while a name server that is down costs nothing as long
+    /// as the last address answers.
     async fn resolve(&self) -> Result<SocketAddr, LinkError> {
         if let Ok(addr) = self.addr.parse::<SocketAddr>() {
             return Ok(addr);
         }
+        let last = *self.resolved();
+        if let Some((addr, false)) = last {
+            return Ok(addr);
+        }
         let bad = |reason: String| LinkError::BadAddress { voter: self.target, addr: self.addr.clone(), reason };
-        let found: Vec<SocketAddr> =
-            tokio::net::lookup_host(self.addr.as_str()).await.map_err(|e| bad(e.to_string()))?.collect();
-        // The endpoint's family first (an IPv4 socket cannot reach ::1).
-        found
-            .iter()
-            .find(|a| a.is_ipv4() == self.net.ipv4)
-            .or(found.first())
-            .copied()
-            .ok_or_else(|| bad("the name resolves to no address".into()))
+        let looked_up = match tokio::net::lookup_host(self.addr.as_str()).await {
+            Ok(found) => {
+                let found: Vec<SocketAddr> = found.collect();
+                // The endpoint's family first (an IPv4 socket cannot reach ::1).
+                found
+                    .iter()
+                    .find(|a| a.is_ipv4() == self.net.ipv4)
+                    .or(found.first())
+                    .copied()
+                    .ok_or_else(|| bad("the name resolves to no address".into()))
+            }
+            Err(e) => Err(bad(e.to_string())),
+        };
+        match (looked_up, last) {
+            (Ok(addr), _) => {
+                *self.resolved() = Some((addr, false));
+                Ok(addr)
+            }
+            // The name server did not answer: the last address may still.
+            (Err(_), Some((addr, _))) => Ok(addr),
+            (Err(e), None) => Err(e),
+        }
     }
 }
 

@@ -67,9 +67,9 @@ impl EmbeddedNode {
 }
 
 impl ChunkSource for EmbeddedNode {
-    fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<(), ClientError> {
+    fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<bool, ClientError> {
         self.node.report(report.clone());
-        Ok(())
+        Ok(true)
     }
 
     fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError> {

@@ -247,7 +247,19 @@ fn pct(share: f64) -> String {
 /// The verdict over the window between `before` and `after` (two snapshots
 /// of the same node, `after` taken later).
 pub fn diagnose(before: &DoctorSnapshot, after: &DoctorSnapshot) -> Diagnosis {
-    let window_ns = after.at_ns.saturating_sub(before.at_ns).max(1);
+    if after.at_ns <= before.at_ns {
+        // The node's clock went back: it restarted between the snapshots,
+        // and its counters with it.
+        return Diagnosis {
+            stage: Stage::Idle,
+            verdict: "the node restarted while it was measured: its clocks started again".to_string(),
+            advice: "measure again".to_string(),
+            window_s: 0.0,
+            ranks: Vec::new(),
+            node: StageLoad::default(),
+        };
+    }
+    let window_ns = after.at_ns - before.at_ns;
     let window = secs(window_ns);
     let d = |f: fn(&NodeStages) -> u64| secs(f(&after.stages).saturating_sub(f(&before.stages)));
     let requests = after.stages.chunk_requests.saturating_sub(before.stages.chunk_requests);
@@ -491,8 +503,10 @@ mod tests {
         let (mut b, a) = window(0.7, 0.05, 0.9, 1, NodeStages::default());
         b.ranks.clear();
         assert_eq!(diagnose(&b, &a).stage, Stage::Assembly);
-        // A node restarted between the snapshots: nothing underflows.
+        // A node restarted between the snapshots: nothing underflows, and
+        // the verdict says so.
         let d = diagnose(&a, &b);
         assert_eq!(d.stage, Stage::Idle);
+        assert!(d.verdict.contains("restarted"), "{}", d.verdict);
     }
 }

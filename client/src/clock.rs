@@ -19,6 +19,16 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// An id no other loader on the host is likely to have: the process, a
+/// count of loaders made in it, and the time, hashed.
+fn loader_id() -> u64 {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let parts = [u64::from(std::process::id()), MADE.fetch_add(1, Ordering::Relaxed), nanos(since_epoch)];
+    let bytes: Vec<u8> = parts.iter().flat_map(|p| p.to_le_bytes()).collect();
+    xxhash_rust::xxh3::xxh3_64(&bytes)
+}
+
 /// The clocks of one rank's loader, shared by its threads.
 #[derive(Debug)]
 pub(crate) struct RankClock {
@@ -28,6 +38,8 @@ pub(crate) struct RankClock {
     chunk_wait_ns: AtomicU64,
     assembly_ns: AtomicU64,
     assembly_threads: u32,
+    /// Tells this loader's reports from another's with the same rank.
+    id: u64,
     /// When the last `next()` returned (training runs from then), and when
     /// the clocks were last reported.
     marks: Mutex<Marks>,
@@ -48,6 +60,7 @@ impl RankClock {
             chunk_wait_ns: AtomicU64::new(0),
             assembly_ns: AtomicU64::new(0),
             assembly_threads: u32::try_from(assembly_threads.max(1)).unwrap_or(u32::MAX),
+            id: loader_id(),
             marks: Mutex::new(Marks { returned: None, reported: Instant::now() }),
         }
     }
@@ -100,6 +113,11 @@ impl RankClock {
         self.assembly_ns.fetch_add(nanos(took), Ordering::Relaxed);
     }
 
+    /// This loader's id in its reports.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The clocks now.
     pub(crate) fn times(&self) -> RankTimes {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -139,6 +157,11 @@ mod tests {
         clock.assembly(Duration::from_millis(7));
         let t = clock.times();
         assert_eq!((t.chunk_wait_ns, t.assembly_ns), (5_000_000, 7_000_000));
+    }
+
+    #[test]
+    fn loaders_have_ids_of_their_own() {
+        assert_ne!(RankClock::new(1).id(), RankClock::new(1).id());
     }
 
     #[test]

@@ -343,6 +343,7 @@ impl EpochStream {
             dataset: self.dataset.clone(),
             rank: self.resume.rank,
             world: self.world,
+            loader: self.clock.id(),
             times: self.clock.times(),
         };
         match self.source.report(&report) {

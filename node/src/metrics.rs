@@ -91,8 +91,8 @@ pub(crate) struct StageClock {
     ranks: Mutex<HashMap<RankKey, (Instant, RankTimes)>>,
 }
 
-/// A rank: its dataset, rank and world size.
-type RankKey = (String, u32, u32);
+/// A rank: its loader, dataset, rank and world size.
+type RankKey = (u64, String, u32, u32);
 
 /// A rank silent this long is left out of the doctor's snapshot.
 const RANK_SILENT: Duration = Duration::from_secs(60);
@@ -143,7 +143,7 @@ impl StageClock {
         let mut ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         ranks.retain(|_, (at, _)| now.duration_since(*at) < RANK_SILENT);
-        ranks.insert((r.dataset, r.rank, r.world), (now, r.times));
+        ranks.insert((r.loader, r.dataset, r.rank, r.world), (now, r.times));
     }
 
     /// Nanoseconds since the node started, the clocks and the ranks heard
@@ -165,10 +165,11 @@ impl StageClock {
         let mut out: Vec<RankReport> = ranks
             .iter()
             .filter(|(_, (at, _))| now.duration_since(*at) < RANK_SILENT)
-            .map(|((dataset, rank, world), (_, times))| RankReport {
+            .map(|((loader, dataset, rank, world), (_, times))| RankReport {
                 dataset: dataset.clone(),
                 rank: *rank,
                 world: *world,
+                loader: *loader,
                 times: *times,
             })
             .collect();

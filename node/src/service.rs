@@ -1131,6 +1131,23 @@ impl Drop for InflightGuard<'_> {
     }
 }
 
+/// One prefetch load in the `prefetching` gauge, for as long as it lives
+/// (a load that panics or is cancelled leaves the gauge too).
+struct Prefetching(Node);
+
+impl Prefetching {
+    fn start(node: Node) -> Self {
+        node.inner.counters.prefetching.fetch_add(1, Ordering::Relaxed);
+        Self(node)
+    }
+}
+
+impl Drop for Prefetching {
+    fn drop(&mut self) {
+        self.0.inner.counters.prefetching.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Prefetch for one rank's plan: the shell of a [`PrefetchWindow`], which
 /// spawns a load for each shard the window issues.
 pub struct Follower {
@@ -1155,12 +1172,12 @@ impl Follower {
             let node = self.node.clone();
             let version = self.version;
             node.inner.counters.prefetched.fetch_add(1, Ordering::Relaxed);
-            node.inner.counters.prefetching.fetch_add(1, Ordering::Relaxed);
+            let counted = Prefetching::start(node.clone());
             tokio::spawn(async move {
+                let _counted = counted;
                 // Not a trainer's request: not timed as one.
                 let asker = if issue.later { Asker::Ahead } else { Asker::Trainer };
                 let _ = node.chunk_from(version, issue.shard, asker).await;
-                node.inner.counters.prefetching.fetch_sub(1, Ordering::Relaxed);
             });
         }
     }

@@ -59,6 +59,9 @@ pub struct RankReport {
     pub rank: u32,
     /// Ranks in its job.
     pub world: u32,
+    /// Which loader: drawn when it is made, so two jobs on one host with
+    /// the same rank and world keep their clocks apart.
+    pub loader: u64,
     /// Its clocks.
     pub times: RankTimes,
 }
@@ -278,7 +281,7 @@ pub fn diagnose(before: &DoctorSnapshot, after: &DoctorSnapshot) -> Diagnosis {
             let b = before
                 .ranks
                 .iter()
-                .find(|b| b.dataset == a.dataset && b.rank == a.rank && b.world == a.world)
+                .find(|b| b.loader == a.loader && b.dataset == a.dataset && b.rank == a.rank && b.world == a.world)
                 .map(|b| b.times)
                 .unwrap_or_default();
             let t = a.times;
@@ -404,7 +407,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn rank(rank: u32, times: RankTimes) -> RankReport {
-        RankReport { dataset: "ads".into(), rank, world: 2, times }
+        RankReport { dataset: "ads".into(), rank, world: 2, loader: 7, times }
     }
 
     fn snapshot(at: u64, stages: NodeStages, ranks: Vec<RankReport>) -> DoctorSnapshot {
@@ -496,6 +499,19 @@ mod tests {
         let d = diagnose(&b, &a);
         assert_eq!(d.stage, Stage::Node, "{d:?}");
         assert!(d.verdict.contains("20.0 ms on average"), "{}", d.verdict);
+    }
+
+    #[test]
+    fn another_loader_with_the_same_rank_is_another_rank() {
+        // A second job's rank 1 (another loader) appears in the window: its
+        // clocks are not taken as the first job's rank 1 going backwards.
+        let (b, mut a) = window(0.6, 0.05, 0.95, 2, NodeStages::default());
+        let mut other = a.ranks[1].clone();
+        other.loader = 8;
+        a.ranks.push(other);
+        let d = diagnose(&b, &a);
+        assert_eq!(d.ranks.len(), 3, "{d:?}");
+        assert!(d.ranks.iter().all(|r| r.batches_per_s > 0.0), "{d:?}");
     }
 
     #[test]

@@ -121,6 +121,33 @@ fn answer<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
     }
 }
 
+/// Encodes one counter's current value from a collector (a value kept
+/// elsewhere, read at scrape time).
+pub fn const_counter(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&prometheus_client::registry::Unit>,
+    value: u64,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric;
+    let c = prometheus_client::metrics::counter::ConstCounter::new(value);
+    c.encode(enc.encode_descriptor(name, help, unit, c.metric_type())?)
+}
+
+/// Encodes one gauge's current value from a collector.
+pub fn const_gauge(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&prometheus_client::registry::Unit>,
+    value: i64,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric;
+    let g = prometheus_client::metrics::gauge::ConstGauge::new(value);
+    g.encode(enc.encode_descriptor(name, help, unit, g.metric_type())?)
+}
+
 /// `registry` in the OpenMetrics text format.
 pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     let mut out = String::new();

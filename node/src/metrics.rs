@@ -13,7 +13,6 @@ use crate::Node;
 use granary_proto::doctor::{NodeStages, RankReport, RankTimes};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -215,14 +214,11 @@ impl std::fmt::Debug for NodeCollector {
     }
 }
 
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(enc.encode_descriptor(name, help, unit, c.metric_type())?)
-}
+use granary_net::metrics::const_counter as counter;
 
+/// A gauge of a count or size the node keeps unsigned.
 fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: u64) -> std::fmt::Result {
-    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
-    g.encode(enc.encode_descriptor(name, help, unit, g.metric_type())?)
+    granary_net::metrics::const_gauge(enc, name, help, unit, i64::try_from(v).unwrap_or(i64::MAX))
 }
 
 impl Collector for NodeCollector {

@@ -71,10 +71,7 @@ impl std::fmt::Debug for VoterCollector {
     }
 }
 
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: i64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(enc.encode_descriptor(name, help, unit, g.metric_type())?)
-}
+use granary_net::metrics::const_gauge as gauge;
 
 /// An optional index as a gauge value (-1: none yet).
 fn index(v: Option<u64>) -> i64 {

@@ -43,7 +43,10 @@ pub(crate) struct SimArgs {
     trace: bool,
     /// With `--seed`, when it fails: cut its schedule down to the fault
     /// episodes the failure needs (each removed in turn while the first
-    /// invariant it broke still breaks) and print them.
+    /// invariant it broke still breaks), then calm the swarm's rates it
+    /// does not need (loss, duplicates, watch lag, slow and corrupt reads,
+    /// latency spreads), and print what is left. With `--trace`, the
+    /// shrunk run's trace follows.
     #[arg(long, requires = "seed")]
     shrink: bool,
     /// One JSON line per seed, then a summary line.
@@ -80,8 +83,9 @@ pub(crate) fn run(c: ChaosCommand) -> Result<()> {
     }
 }
 
-/// `--shrink`: the fault episodes a failing seed needs.
-fn print_shrunk(out: &mut impl Write, seed: u64) -> Result<()> {
+/// `--shrink`: the fault episodes and rates a failing seed needs; with
+/// `trace`, the shrunk run's trace after them.
+fn print_shrunk(out: &mut impl Write, seed: u64, trace: bool) -> Result<()> {
     let Some(s) = sim::shrink(seed) else {
         return Ok(writeln!(out, "  shrink: the seed breaks no invariant")?);
     };
@@ -99,6 +103,21 @@ fn print_shrunk(out: &mut impl Write, seed: u64) -> Result<()> {
         let events: Vec<String> =
             e.iter().map(|(at, f)| format!("at {:.3} s {}", *at as f64 / 1e6, f.describe())).collect();
         writeln!(out, "    {}", events.join("; "))?;
+    }
+    if s.calmed.is_empty() {
+        writeln!(out, "  no rate could be calmed: the failure needs each one the swarm has")?;
+    } else {
+        let calmed: Vec<String> = s.calmed.iter().map(|(c, was)| format!("{} (was {was})", c.name())).collect();
+        writeln!(out, "  calmed with the failure still there: {}", calmed.join(", "))?;
+    }
+    writeln!(out, "  shrunk swarm: {}", s.swarm)?;
+    if trace {
+        writeln!(out, "  the shrunk run's trace:")?;
+        for line in sim::run_shrunk(seed, &s, true).trace.unwrap_or_default() {
+            writeln!(out, "{line}")?;
+        }
+    } else {
+        writeln!(out, "  its trace: granary chaos sim --seed {seed} --shrink --trace")?;
     }
     Ok(())
 }
@@ -118,7 +137,7 @@ fn sim_run(a: &SimArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut last_progress = Instant::now();
     for (i, seed) in (from..from.saturating_add(count)).enumerate() {
-        let o = sim::run(seed, a.trace);
+        let o = sim::run(seed, a.trace && !a.shrink);
         for (k, v) in &o.faults {
             *faults.entry(k).or_default() += v;
         }
@@ -152,7 +171,7 @@ fn sim_run(a: &SimArgs) -> Result<()> {
             }
             writeln!(stdout, "  replay: granary chaos sim --seed {seed} --trace")?;
             if a.shrink {
-                print_shrunk(&mut stdout, seed)?;
+                print_shrunk(&mut stdout, seed, a.trace)?;
             }
         } else if a.seed.is_some() {
             writeln!(

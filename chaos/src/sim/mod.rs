@@ -455,7 +455,8 @@ fn episodes(seed: u64, swarm: &Swarm) -> Vec<Episode> {
     episodes
 }
 
-/// A failing seed's schedule cut down to the fault episodes it needs.
+/// A failing seed's schedule cut down to the fault episodes it needs,
+/// and its swarm's rates calmed where the failure does not need them.
 #[derive(Debug, Clone)]
 pub struct Shrunk {
     /// The invariant the seed breaks, and still breaks with `kept` alone.
@@ -464,15 +465,96 @@ pub struct Shrunk {
     pub kept: Vec<Episode>,
     /// The seed's episodes in all.
     pub of: usize,
+    /// The rates set calm with the failure still there, each with the
+    /// value it had (in the order tried).
+    pub calmed: Vec<(Calm, String)>,
+    /// The swarm the seed still fails with: its own, with `calmed` applied
+    /// and its fault counts those of `kept`.
+    pub swarm: Swarm,
     /// Runs the search took.
     pub runs: u32,
 }
 
+/// One of the swarm's rates that shrinking tries to set calm: no loss, no
+/// duplicates, no watch lag, no slow or corrupt remote reads, latencies
+/// and remote reads that take one time instead of a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Calm {
+    /// `loss_per_mille` to 0.
+    Loss,
+    /// `duplicate_per_mille` to 0.
+    Duplicates,
+    /// `watch_lag_ms` to 0.
+    WatchLag,
+    /// `slow_remote_per_mille` to 0.
+    SlowRemote,
+    /// `corrupt_per_mille` to 0.
+    Corrupt,
+    /// `latency_ms` to its lower bound, always.
+    LatencySpread,
+    /// `remote_ms` to its lower bound, always.
+    RemoteSpread,
+}
+
+impl Calm {
+    /// Every rate, in the order shrinking tries them.
+    pub const ALL: [Calm; 7] = [
+        Calm::Loss,
+        Calm::Duplicates,
+        Calm::WatchLag,
+        Calm::SlowRemote,
+        Calm::Corrupt,
+        Calm::LatencySpread,
+        Calm::RemoteSpread,
+    ];
+
+    /// The rate's name, as `Swarm`'s display says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Calm::Loss => "loss",
+            Calm::Duplicates => "duplicates",
+            Calm::WatchLag => "watch lag",
+            Calm::SlowRemote => "slow remote reads",
+            Calm::Corrupt => "corrupt chunks",
+            Calm::LatencySpread => "latency spread",
+            Calm::RemoteSpread => "remote read spread",
+        }
+    }
+
+    /// `swarm` with this rate calm, and the value it had; `None` if it is
+    /// calm already.
+    pub fn apply(self, swarm: &Swarm) -> Option<(Swarm, String)> {
+        let mut s = swarm.clone();
+        let was = match self {
+            Calm::Loss => calm(&mut s.loss_per_mille, 0).map(|v| format!("{v}‰")),
+            Calm::Duplicates => calm(&mut s.duplicate_per_mille, 0).map(|v| format!("{v}‰")),
+            Calm::WatchLag => calm(&mut s.watch_lag_ms, 0).map(|v| format!("{v} ms")),
+            Calm::SlowRemote => calm(&mut s.slow_remote_per_mille, 0).map(|v| format!("{v}‰")),
+            Calm::Corrupt => calm(&mut s.corrupt_per_mille, 0).map(|v| format!("{v}‰")),
+            Calm::LatencySpread => {
+                let lo = s.latency_ms.0;
+                calm(&mut s.latency_ms.1, lo).map(|v| format!("{lo}-{v} ms"))
+            }
+            Calm::RemoteSpread => {
+                let lo = s.remote_ms.0;
+                calm(&mut s.remote_ms.1, lo).map(|v| format!("{lo}-{v} ms"))
+            }
+        };
+        was.map(|w| (s, w))
+    }
+}
+
+/// Sets `*v` to `to`, giving the old value if it changed.
+fn calm(v: &mut u64, to: u64) -> Option<u64> {
+    (*v != to).then(|| std::mem::replace(v, to))
+}
+
 /// Shrinks `seed`'s schedule: `None` if the seed breaks no invariant,
 /// else the fewest fault episodes (one at a time removed, greedily, while
-/// the first invariant it broke still breaks) with which it still fails.
-/// Every run is the seed's own simulation with fewer faults: as
-/// deterministic as the seed.
+/// the first invariant it broke still breaks) with which it still fails,
+/// then its swarm's rates calmed one at a time the same way. Every run is
+/// the seed's own simulation with fewer faults or calmer rates: as
+/// deterministic as the seed, so the search replays too.
 pub fn shrink(seed: u64) -> Option<Shrunk> {
     let swarm = Swarm::from_seed(seed);
     let all = episodes(seed, &swarm);
@@ -480,11 +562,43 @@ pub fn shrink(seed: u64) -> Option<Shrunk> {
     let invariant = first.violations.first()?.invariant;
     let of = all.len();
     let mut runs = 1;
+    let breaks = |swarm: &Swarm, trial: &[Episode]| {
+        run_schedule(seed, swarm.clone(), flatten(trial), false).violation_counts.contains_key(invariant)
+    };
     let kept = shrink_episodes(all, |trial| {
         runs += 1;
-        run_schedule(seed, swarm.clone(), flatten(trial), false).violation_counts.contains_key(invariant)
+        breaks(&swarm, trial)
     });
-    Some(Shrunk { invariant, kept, of, runs })
+    let (mut swarm, calmed) = calm_rates(swarm, |trial| {
+        runs += 1;
+        breaks(trial, &kept)
+    });
+    // The counts of faults say what is left (they draw no schedule here).
+    let count = |kind: &str| kept.iter().filter(|e| e.first().and_then(|(_, f)| f.kind()) == Some(kind)).count() as u32;
+    (swarm.partitions, swarm.crashes, swarm.stalls, swarm.failovers) =
+        (count("partition"), count("crash"), count("stop"), count("failover"));
+    Some(Shrunk { invariant, kept, of, calmed, swarm, runs })
+}
+
+/// Runs a shrunk seed again: its kept episodes on its calmed swarm (the
+/// run that `shrink`'s last successful trial made), with its trace if asked.
+pub fn run_shrunk(seed: u64, s: &Shrunk, keep_trace: bool) -> Outcome {
+    run_schedule(seed, s.swarm.clone(), flatten(&s.kept), keep_trace)
+}
+
+/// Greedy calming: sets each of the swarm's rates calm, in [`Calm::ALL`]'s
+/// order, where `fails` still holds with it calm. Pure given `fails`.
+fn calm_rates(mut swarm: Swarm, mut fails: impl FnMut(&Swarm) -> bool) -> (Swarm, Vec<(Calm, String)>) {
+    let mut calmed = Vec::new();
+    for c in Calm::ALL {
+        if let Some((trial, was)) = c.apply(&swarm)
+            && fails(&trial)
+        {
+            swarm = trial;
+            calmed.push((c, was));
+        }
+    }
+    (swarm, calmed)
 }
 
 /// Greedy one-at-a-time removal: drops each episode whose removal keeps
@@ -529,6 +643,36 @@ mod tests {
         });
         assert_eq!(kept, vec![episode(1), episode(3)]);
         assert!(runs <= 6 + 2, "one pass and a check: {runs} runs");
+    }
+
+    #[test]
+    fn calming_keeps_exactly_the_rates_the_failure_needs() {
+        // Seed 3's swarm with every rate stirred; it "fails" while loss and
+        // the remote read spread are both kept.
+        let mut stirred = Swarm::from_seed(3);
+        stirred.loss_per_mille = 120;
+        stirred.duplicate_per_mille = 40;
+        stirred.watch_lag_ms = 900;
+        stirred.slow_remote_per_mille = 30;
+        stirred.corrupt_per_mille = 10;
+        stirred.latency_ms = (1, 15);
+        stirred.remote_ms = (50, 300);
+        let mut runs = 0;
+        let (calm, calmed) = calm_rates(stirred.clone(), |s| {
+            runs += 1;
+            s.loss_per_mille > 0 && s.remote_ms.1 > s.remote_ms.0
+        });
+        assert_eq!(runs, Calm::ALL.len(), "one run per rate");
+        let names: Vec<Calm> = calmed.iter().map(|(c, _)| *c).collect();
+        assert_eq!(names, vec![Calm::Duplicates, Calm::WatchLag, Calm::SlowRemote, Calm::Corrupt, Calm::LatencySpread]);
+        assert_eq!(calmed[0].1, "40‰");
+        assert_eq!(calmed[4].1, "1-15 ms");
+        assert_eq!((calm.loss_per_mille, calm.remote_ms), (120, (50, 300)), "what the failure needs is kept");
+        assert_eq!((calm.duplicate_per_mille, calm.watch_lag_ms, calm.latency_ms), (0, 0, (1, 1)));
+        assert_eq!((calm.nodes, calm.shards, calm.epochs), (stirred.nodes, stirred.shards, stirred.epochs));
+        // A rate calm already is not tried again.
+        let (_, again) = calm_rates(calm, |_| true);
+        assert_eq!(again.iter().map(|(c, _)| *c).collect::<Vec<_>>(), vec![Calm::Loss, Calm::RemoteSpread]);
     }
 
     #[test]

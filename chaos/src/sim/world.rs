@@ -253,15 +253,15 @@ impl Fault {
     pub fn describe(&self) -> String {
         let name = |a: &Addr| match a {
             Addr::Coord => "the coordinator".to_string(),
-            Addr::Node(i) => format!("node {}", i + 1),
+            Addr::Node(i) => format!("n{i}"),
         };
         match self {
             Fault::Cut { from, to, .. } => format!("cut {} -> {}", name(from), name(to)),
             Fault::Heal { from, to } => format!("heal {} -> {}", name(from), name(to)),
-            Fault::Crash(i) => format!("kill node {}", i + 1),
-            Fault::Restart(i) => format!("restart node {}", i + 1),
-            Fault::Stop(i) => format!("stop node {}", i + 1),
-            Fault::Continue(i) => format!("continue node {}", i + 1),
+            Fault::Crash(i) => format!("kill n{i}"),
+            Fault::Restart(i) => format!("restart n{i}"),
+            Fault::Stop(i) => format!("stop n{i}"),
+            Fault::Continue(i) => format!("continue n{i}"),
             Fault::LeaderLost => "the coordinator's leader dies".to_string(),
             Fault::Elected => "a new leader is elected".to_string(),
         }

@@ -28,6 +28,13 @@
 //! A node restarting on the full filesystem was refused before a fix (its
 //! write probe wrote two bytes, though its tier's space was reserved).
 //!
+//! Seeds 5, 8 and 10 cut a voter's power (8 the leader's, 5 and 10 a
+//! follower's): every voter of those seeds keeps its log and snapshots on
+//! a FUSE folder of the harness that keeps only what was synced, and after
+//! a SIGKILL the folder loses the rest before the voter starts again on
+//! it. Root and /dev/fuse are needed; without them the cuts are plain
+//! kills, and the test says "skipped" for that part.
+//!
 //! Seeds 6 and 8 also guard a fix: a node killed and restarted while the
 //! store answers 503s. Before it, the node's ranks, started again at once,
 //! were told "unknown dataset ads" before the node had opened the datasets
@@ -101,6 +108,20 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
     } else {
         granary_testkit::skip::skipped(format!("the kill at an SSD write (needs root and strace): {not_injected:?}"));
     }
+    // Seeds 5, 8 and 10 cut a voter's power (8 the leader's): each voter
+    // runs on a FUSE folder that loses what was not synced, and must start
+    // again on what it kept.
+    let voter_fs: Vec<&str> = report("voter_fs").map(|v| v.as_str().unwrap_or("")).collect();
+    let power_cuts: u64 = report("power_cuts").map(|v| v.as_u64().unwrap_or(0)).sum();
+    let power_syncs: u64 = report("power_cut_syncs").map(|v| v.as_u64().unwrap_or(0)).sum();
+    if voter_fs.iter().all(|f| *f == "fuse" || f.contains("no power cut drawn")) {
+        assert!(power_cuts >= 3, "voters' power cut {power_cuts} times: {not_injected:?}\n{stdout}");
+        assert!(power_syncs > 0, "the cut voters' folders saw no sync: {stdout}");
+    } else {
+        granary_testkit::skip::skipped(format!(
+            "the voters' power cuts (needs root and /dev/fuse: {voter_fs:?}); they were plain kills and restarts"
+        ));
+    }
     // Seed 5 caps the peer links (27 MiB/s): the cap held datagrams back.
     let throttled: u64 = report("relay_throttled").map(|v| v.as_u64().unwrap_or(0)).sum();
     assert!(throttled > 0, "the link cap held nothing back: {stdout}");
@@ -127,6 +148,8 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         "corrupt_ssd",
         "fill_ssd",
         "kill_in_ssd_write",
+        "power_cut_leader",
+        "power_cut_voter",
         "link_cap",
     ] {
         assert!(by[kind].as_u64().unwrap_or(0) >= 1, "no {kind} fired: {summary}");

@@ -21,6 +21,7 @@
 //! this file is the shell that runs processes.
 
 pub mod lin;
+pub mod powerfs;
 pub mod schedule;
 pub mod ssdfs;
 pub mod store;
@@ -305,6 +306,17 @@ pub struct SeedReport {
     pub ssd_filled: u64,
     /// Nodes killed at a write into their SSD tier.
     pub ssd_write_kills: u64,
+    /// What the voters' data folders were: `fuse` (folders that lose what
+    /// was not synced when a voter's power is cut), or why not.
+    pub voter_fs: String,
+    /// Voters whose power was cut.
+    pub power_cuts: u64,
+    /// Bytes of the voters' files that held writes not synced when their
+    /// power was cut (each back to its synced image).
+    pub power_cut_unsynced_bytes: u64,
+    /// Syncs the power-cut voters' folders had seen before their cut (the
+    /// log's commits, the vote, snapshots): what the cut kept.
+    pub power_cut_syncs: u64,
     /// Faults that could not be injected as drawn and what was done
     /// instead (a plain kill and restart), with why.
     pub not_injected: Vec<String>,
@@ -406,6 +418,13 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         let front = relay.front(pids.voter(v)).ok_or_else(|| anyhow!("relay has no front for voter {v}"))?;
         cluster.set_voter_advertise(v, front);
     }
+    // A seed that cuts a voter's power runs every voter on a folder that
+    // can lose what was not synced (the leader is picked when it comes).
+    let voter_disks = powerfs::VoterDisks::mount(
+        &dir,
+        &cluster.voter_ids(),
+        schedule.events.iter().any(|e| matches!(e.fault, Fault::PowerCutVoter { .. })),
+    );
     cluster.start_voters()?;
     let ssd_mounts = match ssdfs::tmpfs_available(&dir) {
         Ok(()) => Ok(ssdfs::SsdMounts::mount(&dir, &ids, SSD_BYTES)?),
@@ -454,7 +473,8 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let mut actions = std::collections::VecDeque::from(actions);
 
     let mut obs = Observed { memory_budget: tiers.memory_budget(job), ..Observed::default() };
-    let mut ssd = SsdFaults { mounts: ssd_mounts.as_ref().ok(), fs: "tmpfs".into(), ..SsdFaults::default() };
+    let mut ssd =
+        SsdFaults { mounts: ssd_mounts.as_ref().ok(), fs: "tmpfs".into(), voter_disks, ..SsdFaults::default() };
     if let Err(why) = &ssd_mounts {
         ssd.fs = format!("the work folder's filesystem (no tmpfs: {why})");
     }
@@ -672,6 +692,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         ssd_fs: ssd.fs.clone(),
         ssd_filled: ssd.filled,
         ssd_write_kills: ssd.write_kills,
+        voter_fs: ssd.voter_disks.fs.clone(),
+        power_cuts: ssd.voter_disks.cuts,
+        power_cut_unsynced_bytes: ssd.voter_disks.unsynced_bytes,
+        power_cut_syncs: ssd.voter_disks.syncs,
         not_injected: ssd.not_injected.clone(),
         tiers,
         memory_budget: obs.memory_budget,
@@ -888,6 +912,8 @@ struct SsdFaults<'a> {
     fs: String,
     filled: u64,
     write_kills: u64,
+    /// The voters' folders, for power cuts.
+    voter_disks: powerfs::VoterDisks,
     not_injected: Vec<String>,
     armed: Vec<Arming>,
 }
@@ -1040,6 +1066,27 @@ fn apply(
             if let Some(v) = pick_voter(cluster, pick)? {
                 cluster.kill_voter(v);
                 voters_hit.insert(index, v);
+            }
+        }
+        (Fault::PowerCutVoter { pick, .. }, Edge::Start) => {
+            if let Some(v) = pick_voter(cluster, pick)? {
+                // The kill waits for the process to die: nothing can
+                // write into the folder when its power goes.
+                cluster.kill_voter(v);
+                if let Err(why) = ssd.voter_disks.cut(v) {
+                    ssd.not_injected.push(format!("{} on voter {v}: killed plainly: {why}", fault.kind()));
+                }
+                voters_hit.insert(index, v);
+            }
+        }
+        (Fault::PowerCutVoter { .. }, Edge::End) => {
+            // A voter that does not start again on what its disk kept is
+            // the system's failure, judged like a node's.
+            if let Some(&v) = voters_hit.get(&index)
+                && !cluster.voter_running(v)
+                && let Err(e) = cluster.start_voter(v)
+            {
+                obs.unclean.push(format!("voter {v} did not start again after {}: {e:#}", fault.kind()));
             }
         }
         (Fault::StopVoter { pick, .. }, Edge::Start) => {

@@ -109,6 +109,16 @@ pub enum Fault {
         #[serde(serialize_with = "millis")]
         down: Duration,
     },
+    /// Cut a voter's power: SIGKILL it, and its data folder loses what
+    /// it wrote and did not sync (its log, vote and snapshot as a disk
+    /// would hold them after a power cut); restart it after `down`.
+    PowerCutVoter {
+        /// Which voter.
+        pick: VoterPick,
+        /// Time until the restart.
+        #[serde(serialize_with = "millis")]
+        down: Duration,
+    },
     /// Cut the peer links between two nodes both ways for `cut`.
     CutPair {
         /// One node.
@@ -175,6 +185,8 @@ impl Fault {
             Fault::StopNode { .. } => "stop_node",
             Fault::KillVoter { pick: VoterPick::Leader, .. } => "kill_leader",
             Fault::KillVoter { pick: VoterPick::Follower, .. } => "kill_voter",
+            Fault::PowerCutVoter { pick: VoterPick::Leader, .. } => "power_cut_leader",
+            Fault::PowerCutVoter { pick: VoterPick::Follower, .. } => "power_cut_voter",
             Fault::CutPair { .. } => "cut_pair",
             Fault::IsolateNode { .. } => "isolate_node",
             Fault::CutHost { .. } => "cut_host",
@@ -190,6 +202,7 @@ impl Fault {
         match *self {
             Fault::KillNode { down, .. }
             | Fault::KillVoter { down, .. }
+            | Fault::PowerCutVoter { down, .. }
             | Fault::CorruptSsd { down, .. }
             | Fault::FillSsd { down, .. }
             | Fault::KillInSsdWrite { down, .. } => down,
@@ -211,7 +224,13 @@ impl Fault {
 
     /// Whether it takes a voter out (killed or cut off).
     pub fn voter_out(&self) -> bool {
-        matches!(self, Fault::KillVoter { .. } | Fault::IsolateVoter { .. } | Fault::StopVoter { .. })
+        matches!(
+            self,
+            Fault::KillVoter { .. }
+                | Fault::PowerCutVoter { .. }
+                | Fault::IsolateVoter { .. }
+                | Fault::StopVoter { .. }
+        )
     }
 
     /// The node it takes down, stops or cuts off, if any.
@@ -274,6 +293,12 @@ impl fmt::Display for Fault {
             }
             Fault::KillVoter { pick: VoterPick::Follower, down } => {
                 write!(f, "kill a following voter, restart after {}", s(down))
+            }
+            Fault::PowerCutVoter { pick: VoterPick::Leader, down } => {
+                write!(f, "cut the leading voter's power (unsynced writes lost), restart after {}", s(down))
+            }
+            Fault::PowerCutVoter { pick: VoterPick::Follower, down } => {
+                write!(f, "cut a following voter's power (unsynced writes lost), restart after {}", s(down))
             }
             Fault::CutPair { a, b, cut } => write!(f, "cut nodes {a} and {b} apart for {}", s(cut)),
             Fault::IsolateNode { node, cut } => write!(f, "cut node {node} off its peers for {}", s(cut)),
@@ -429,6 +454,17 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
             events.push(e);
         }
     }
+    // A voter's power cut, from a stream of its own too: in about one
+    // seed of three, when it fits.
+    let mut p = Rng::new(seed_of(&[seed, 0x504f_5745_5243_5554]));
+    if p.below(3) == 0 && t.voters >= 3 {
+        let at = ms(&mut p, 200, horizon_ms);
+        let pick = if p.below(2) == 0 { VoterPick::Leader } else { VoterPick::Follower };
+        let e = Event { at, fault: Fault::PowerCutVoter { pick, down: ms(&mut p, 300, 2500) } };
+        if fits(&events, &e, t) {
+            events.push(e);
+        }
+    }
     events.sort_by_key(|e| e.at);
     let noise = if r.below(2) == 0 {
         Noise::default()
@@ -490,7 +526,7 @@ fn fits(events: &[Event], e: &Event, t: Target) -> bool {
         | Fault::CorruptSsd { node, .. }
         | Fault::FillSsd { node, .. }
         | Fault::KillInSsdWrite { node, .. } => node_fits(node),
-        Fault::KillVoter { .. } | Fault::StopVoter { .. } => voter_fits(),
+        Fault::KillVoter { .. } | Fault::PowerCutVoter { .. } | Fault::StopVoter { .. } => voter_fits(),
         Fault::CutPair { .. } | Fault::IsolateNode { .. } => cut_fits(),
         Fault::CutHost { node, .. } => cut_fits() && node_fits(node),
         Fault::IsolateVoter { .. } => cut_fits() && voter_fits(),
@@ -519,7 +555,7 @@ mod tests {
             let ssd =
                 s.events.iter().filter(|e| matches!(e.fault, Fault::FillSsd { .. } | Fault::KillInSsdWrite { .. }));
             assert!(ssd.count() <= 1, "seed {seed}: one SSD fault on top at most");
-            assert!(!s.events.is_empty() && s.events.len() <= 3 + 3, "seed {seed}");
+            assert!(!s.events.is_empty() && s.events.len() <= 3 + 4, "seed {seed}");
             assert!(s.events.windows(2).all(|w| w[0].at <= w[1].at), "seed {seed}: sorted");
             for e in &s.events {
                 *kinds.entry(e.fault.kind()).or_insert(0) += 1;
@@ -558,6 +594,22 @@ mod tests {
         for k in ["stop_leader", "stop_voter"] {
             assert!(kinds.get(k).copied().unwrap_or(0) > 100, "{k}: {kinds:?}");
         }
+        // Voters' power cuts, a stream of their own: one seed in six
+        // each, less those that do not fit.
+        for k in ["power_cut_leader", "power_cut_voter"] {
+            assert!(kinds.get(k).copied().unwrap_or(0) > 150, "{k}: {kinds:?}");
+        }
+    }
+
+    #[test]
+    fn ci_seeds_cut_the_power_of_a_leading_and_a_following_voter() {
+        let cuts: Vec<(u64, &str)> = (2..=10)
+            .flat_map(|seed| draw(seed, T).events.into_iter().map(move |e| (seed, e.fault.kind())))
+            .filter(|(_, k)| k.starts_with("power_cut"))
+            .collect();
+        eprintln!("power cuts in seeds 2-10: {cuts:?}");
+        assert!(cuts.iter().any(|(_, k)| *k == "power_cut_leader"), "{cuts:?}");
+        assert!(cuts.iter().any(|(_, k)| *k == "power_cut_voter"), "{cuts:?}");
     }
 
     #[test]

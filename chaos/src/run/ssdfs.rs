@@ -119,15 +119,22 @@ fn mount_tmpfs(at: &Path, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// Detaches the SSD filesystems a run stopped by a signal left mounted
-/// under a seed's folder `dir` (`node-*/ssdfs`).
+/// Detaches the filesystems a run stopped by a signal left mounted under
+/// a seed's folder `dir`: `node-*/ssdfs` and the voters' `voter-*`.
 pub fn detach_stale(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
-        if !e.file_name().to_string_lossy().starts_with("node-") {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // A node's SSD tmpfs, or a voter's power-cut folder (a FUSE mount
+        // whose server died with the harness).
+        let mount = if name.starts_with("node-") {
+            e.path().join("ssdfs")
+        } else if name.starts_with("voter-") && !name.ends_with(".log") {
+            e.path()
+        } else {
             continue;
-        }
-        if let Ok(c) = CString::new(e.path().join("ssdfs").as_os_str().as_bytes()) {
+        };
+        if let Ok(c) = CString::new(mount.as_os_str().as_bytes()) {
             // SAFETY: a NUL-terminated path; failing (nothing mounted
             // there) is fine.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };

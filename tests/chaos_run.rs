@@ -117,6 +117,8 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
     if voter_fs.iter().all(|f| *f == "fuse" || f.contains("no power cut drawn")) {
         assert!(power_cuts >= 3, "voters' power cut {power_cuts} times: {not_injected:?}\n{stdout}");
         assert!(power_syncs > 0, "the cut voters' folders saw no sync: {stdout}");
+        let mid_write: u64 = report("power_cuts_mid_write").map(|v| v.as_u64().unwrap_or(0)).sum();
+        assert!(mid_write >= 1, "no power cut came between a write and its sync: {stdout}");
     } else {
         granary_testkit::skip::skipped(format!(
             "the voters' power cuts (needs root and /dev/fuse: {voter_fs:?}); they were plain kills and restarts"

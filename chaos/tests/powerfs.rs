@@ -55,3 +55,35 @@ fn a_cut_keeps_synced_files_and_a_durably_replaced_one_and_loses_the_rest() {
     assert!(m.join("e").exists(), "so is an unlink");
     assert_eq!(std::fs::read(m.join("d.tmp")).expect("read d.tmp"), b"d");
 }
+
+#[test]
+fn a_caught_write_waits_until_let_go_and_a_cut_then_loses_it() {
+    let Some((_dir, mut fs)) = mounted() else { return };
+    let m = fs.mount_point().to_path_buf();
+    std::fs::write(m.join("log"), b"kept").expect("write");
+    std::fs::File::open(m.join("log")).expect("open").sync_all().expect("sync");
+    std::fs::File::open(&m).expect("open folder").sync_all().expect("sync folder");
+    let path = m.join("log");
+    let writer = std::thread::spawn(move || {
+        // Give the trap time to be armed first.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(b" and lost").expect("write");
+        std::time::Instant::now()
+    });
+    assert!(fs.catch_write(std::time::Duration::from_secs(10)), "the write was caught");
+    // The writer waits for its answer while the write is held.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!writer.is_finished(), "the writer waits while its write is held");
+    let released = std::time::Instant::now();
+    fs.let_go();
+    let answered = writer.join().expect("writer");
+    assert!(answered >= released, "answered only once let go");
+    assert_eq!(std::fs::read(m.join("log")).expect("read"), b"kept and lost");
+    let cut = fs.cut().expect("cut");
+    assert!(cut.unsynced_bytes > 0, "{cut:?}");
+    assert_eq!(std::fs::read(m.join("log")).expect("read"), b"kept");
+    // Nothing written: nothing caught, and the trap is off again.
+    assert!(!fs.catch_write(std::time::Duration::from_millis(100)));
+    std::fs::write(m.join("other"), b"x").expect("a write after the trap timed out is answered");
+}

@@ -317,6 +317,9 @@ pub struct SeedReport {
     /// Syncs the power-cut voters' folders had seen before their cut (the
     /// log's commits, the vote, snapshots): what the cut kept.
     pub power_cut_syncs: u64,
+    /// Power cuts that came between a write and its sync (the voter was
+    /// caught in a write whose answer was held back, then killed).
+    pub power_cuts_mid_write: u64,
     /// Faults that could not be injected as drawn and what was done
     /// instead (a plain kill and restart), with why.
     pub not_injected: Vec<String>,
@@ -696,6 +699,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         power_cuts: ssd.voter_disks.cuts,
         power_cut_unsynced_bytes: ssd.voter_disks.unsynced_bytes,
         power_cut_syncs: ssd.voter_disks.syncs,
+        power_cuts_mid_write: ssd.voter_disks.mid_write,
         not_injected: ssd.not_injected.clone(),
         tiers,
         memory_budget: obs.memory_budget,
@@ -726,6 +730,11 @@ pub fn remove_ssd_files(dir: &Path) {
         }
     }
 }
+
+/// How long a power cut waits for the voter's next write to catch it
+/// between the write and its sync (a voter writes at each append: the
+/// coordinator client registers datasets throughout).
+const POWER_CUT_WAIT: Duration = Duration::from_secs(2);
 
 /// How often the nodes' memory is sampled.
 const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(200);
@@ -1070,8 +1079,20 @@ fn apply(
         }
         (Fault::PowerCutVoter { pick, .. }, Edge::Start) => {
             if let Some(v) = pick_voter(cluster, pick)? {
-                // The kill waits for the process to die: nothing can
-                // write into the folder when its power goes.
+                // The cut comes between a write and its sync where one
+                // comes soon: the write is made and its answer held back,
+                // the voter gets SIGKILL, and only then is the write
+                // answered (a process killed inside a FUSE request that
+                // the server holds cannot die until it is answered). The
+                // kill then waits for the process to die: nothing writes
+                // when the power goes.
+                if ssd.voter_disks.catch_write(v, POWER_CUT_WAIT) {
+                    ssd.voter_disks.mid_write += 1;
+                    if let Some(p) = cluster.voter_pid(v) {
+                        signal(p, libc::SIGKILL)?;
+                    }
+                    ssd.voter_disks.let_go(v);
+                }
                 cluster.kill_voter(v);
                 if let Err(why) = ssd.voter_disks.cut(v) {
                     ssd.not_injected.push(format!("{} on voter {v}: killed plainly: {why}", fault.kind()));

@@ -267,8 +267,65 @@ impl Tree {
     }
 }
 
+/// A trap for the next write: once armed, the write that follows is made
+/// (to what the process sees, not synced) and its answer held back, so
+/// the process is caught between a write and the sync that would follow
+/// it, the moment a power cut costs most.
+#[derive(Debug, Default)]
+struct Trap {
+    state: Mutex<TrapState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum TrapState {
+    #[default]
+    Off,
+    Armed,
+    /// A write was made and waits for its answer.
+    Holding,
+}
+
+impl Trap {
+    fn lock(&self) -> MutexGuard<'_, TrapState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called after a write was made: holds its answer while armed.
+    fn after_write(&self) {
+        let mut s = self.lock();
+        if *s != TrapState::Armed {
+            return;
+        }
+        *s = TrapState::Holding;
+        self.changed.notify_all();
+        while *s == TrapState::Holding {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn set(&self, to: TrapState) {
+        *self.lock() = to;
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `within` for a write to be caught.
+    fn caught(&self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        let mut s = self.lock();
+        while *s != TrapState::Holding {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            s = self.changed.wait_timeout(s, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        true
+    }
+}
+
 /// The FUSE side: requests go to the shared tree.
-struct Served(Arc<Mutex<Tree>>);
+struct Served(Arc<Mutex<Tree>>, Arc<Trap>);
 
 impl Served {
     fn tree(&self) -> MutexGuard<'_, Tree> {
@@ -420,7 +477,11 @@ impl Filesystem for Served {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.tree().write(ino.0, offset, data) {
+        let written = self.tree().write(ino.0, offset, data);
+        if written.is_ok() {
+            self.1.after_write();
+        }
+        match written {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
         }
@@ -523,6 +584,7 @@ impl Filesystem for Served {
 pub struct PowerFs {
     mount: PathBuf,
     tree: Arc<Mutex<Tree>>,
+    trap: Arc<Trap>,
     session: Option<fuser::BackgroundSession>,
 }
 
@@ -546,7 +608,12 @@ impl PowerFs {
     /// Mounts an empty filesystem at `mount` (created if missing).
     pub fn mount(mount: &Path) -> Result<Self> {
         std::fs::create_dir_all(mount).with_context(|| format!("creating {}", mount.display()))?;
-        let mut fs = PowerFs { mount: mount.to_path_buf(), tree: Arc::new(Mutex::new(Tree::new())), session: None };
+        let mut fs = PowerFs {
+            mount: mount.to_path_buf(),
+            tree: Arc::new(Mutex::new(Tree::new())),
+            trap: Arc::new(Trap::default()),
+            session: None,
+        };
         fs.attach()?;
         Ok(fs)
     }
@@ -555,13 +622,16 @@ impl PowerFs {
         let mut cfg = fuser::Config::default();
         cfg.mount_options =
             vec![fuser::MountOption::FSName("granary-powerfs".into()), fuser::MountOption::DefaultPermissions];
-        let session = fuser::spawn_mount(Served(self.tree.clone()), &self.mount, &cfg)
+        let session = fuser::spawn_mount(Served(self.tree.clone(), self.trap.clone()), &self.mount, &cfg)
             .with_context(|| format!("mounting a FUSE filesystem at {}", self.mount.display()))?;
         self.session = Some(session);
         Ok(())
     }
 
     fn detach(&mut self) {
+        // A held write is answered first: the session cannot end while
+        // its one thread waits.
+        self.trap.set(TrapState::Off);
         if let Some(s) = self.session.take() {
             // A lazy unmount: a process still holding a file (none should:
             // the voter was killed) cannot hold the cut up.
@@ -573,6 +643,24 @@ impl PowerFs {
     /// Where the filesystem is mounted.
     pub fn mount_point(&self) -> &Path {
         &self.mount
+    }
+
+    /// Catches the next write into the folder (made, not synced, its
+    /// answer held back) within `within`: `true` if one was caught. The
+    /// writer then waits until [`Self::cut`] (kill it first), or
+    /// [`Self::let_go`].
+    pub fn catch_write(&self, within: Duration) -> bool {
+        self.trap.set(TrapState::Armed);
+        let caught = self.trap.caught(within);
+        if !caught {
+            self.trap.set(TrapState::Off);
+        }
+        caught
+    }
+
+    /// Disarms the trap, and answers a held write.
+    pub fn let_go(&self) {
+        self.trap.set(TrapState::Off);
     }
 
     /// The power cut. Call it once the processes using the folder are
@@ -609,6 +697,8 @@ pub struct VoterDisks {
     pub cuts: u64,
     /// Bytes of files holding writes not synced when their power was cut.
     pub unsynced_bytes: u64,
+    /// Cuts that came between a write and its sync (the write caught).
+    pub mid_write: u64,
     /// Syncs (of files and folders) the cut voters' folders had seen: what
     /// a cut kept.
     pub syncs: u64,
@@ -639,6 +729,20 @@ impl VoterDisks {
             }
         }
         out
+    }
+
+    /// Catches voter `v`'s next write into its folder within `within`
+    /// (see [`PowerFs::catch_write`]): `true` if caught; then send the
+    /// voter SIGKILL, [`Self::let_go`], and wait for it to die.
+    pub fn catch_write(&self, v: u64, within: Duration) -> bool {
+        self.by_voter.get(&v).is_some_and(|fs| fs.catch_write(within))
+    }
+
+    /// Answers voter `v`'s held write (after the voter was sent SIGKILL).
+    pub fn let_go(&self, v: u64) {
+        if let Some(fs) = self.by_voter.get(&v) {
+            fs.let_go();
+        }
     }
 
     /// Cuts voter `v`'s power; the voter must be dead already. `Err` says

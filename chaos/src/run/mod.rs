@@ -136,10 +136,21 @@ impl RunConfig {
             convert_threads: 1,
             throttle: Some((self.latency_ms, self.bandwidth)),
             lease_ms: self.lease_ms,
+            // Snapshots every few dozen entries, and a short log behind
+            // them: a seed's few hundred entries make several, and a voter
+            // back from a kill or a power cut is often sent one (the path
+            // where a cut-short install once left a voter that could not
+            // start).
+            snapshot_entries: Some((SNAPSHOT_ENTRIES, KEEP_LOG_ENTRIES)),
             ..LocalClusterSpec::default()
         }
     }
 }
+
+/// Voters snapshot their state every this many log entries in a seed...
+const SNAPSHOT_ENTRIES: u64 = 40;
+/// ...and keep this many entries behind a snapshot.
+const KEEP_LOG_ENTRIES: u64 = 5;
 
 /// Each node's SSD tier.
 const SSD_BYTES: u64 = 96 << 20;
@@ -476,8 +487,15 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let mut actions = std::collections::VecDeque::from(actions);
 
     let mut obs = Observed { memory_budget: tiers.memory_budget(job), ..Observed::default() };
-    let mut ssd =
-        SsdFaults { mounts: ssd_mounts.as_ref().ok(), fs: "tmpfs".into(), voter_disks, ..SsdFaults::default() };
+    let mut ssd = SsdFaults {
+        mounts: ssd_mounts.as_ref().ok(),
+        fs: "tmpfs".into(),
+        filled: 0,
+        write_kills: 0,
+        voter_disks,
+        not_injected: Vec::new(),
+        armed: Vec::new(),
+    };
     if let Err(why) = &ssd_mounts {
         ssd.fs = format!("the work folder's filesystem (no tmpfs: {why})");
     }
@@ -913,7 +931,6 @@ struct Arming {
 }
 
 /// The state of a seed's SSD faults.
-#[derive(Default)]
 struct SsdFaults<'a> {
     /// The nodes' filesystems, if they could be mounted.
     mounts: Option<&'a ssdfs::SsdMounts>,

@@ -546,6 +546,16 @@ impl Filesystem for Served {
         reply.ok();
     }
 
+    // No extended attributes: ENOSYS tells the kernel once (fuser's
+    // defaults say so too, with a warning in the harness's log each time).
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
     fn create(
         &self,
         _req: &Request,
@@ -687,7 +697,7 @@ impl Drop for PowerFs {
 
 /// The voters' data folders of one seed, as power-cut filesystems when
 /// its schedule cuts a voter's power (plain folders otherwise).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct VoterDisks {
     by_voter: BTreeMap<u64, PowerFs>,
     /// What the report says the folders were: `fuse` (power-cut
@@ -710,12 +720,12 @@ impl VoterDisks {
     /// mounted, the folders stay plain and `fs` says why.
     pub fn mount(dir: &Path, voters: &[u64], wanted: bool) -> Self {
         if !wanted {
-            return VoterDisks { fs: "plain folders (no power cut drawn)".into(), ..Self::default() };
+            return Self::plain("plain folders (no power cut drawn)".into());
         }
         if let Err(why) = available(dir) {
-            return VoterDisks { fs: format!("plain folders (no FUSE: {why})"), ..Self::default() };
+            return Self::plain(format!("plain folders (no FUSE: {why})"));
         }
-        let mut out = VoterDisks { fs: "fuse".into(), ..Self::default() };
+        let mut out = Self::plain("fuse".into());
         for &v in voters {
             match PowerFs::mount(&dir.join(format!("voter-{v}"))) {
                 Ok(fs) => {
@@ -729,6 +739,10 @@ impl VoterDisks {
             }
         }
         out
+    }
+
+    fn plain(fs: String) -> Self {
+        VoterDisks { by_voter: BTreeMap::new(), fs, cuts: 0, unsynced_bytes: 0, mid_write: 0, syncs: 0 }
     }
 
     /// Catches voter `v`'s next write into its folder within `within`
@@ -755,6 +769,35 @@ impl VoterDisks {
         self.syncs += r.syncs;
         Ok(r)
     }
+}
+
+impl Drop for VoterDisks {
+    /// Copies what each folder holds to `voter-ID.kept` beside it before it
+    /// goes (the voters have stopped by then): the folders live in memory,
+    /// and a failing seed's logs and snapshots are what shows why.
+    fn drop(&mut self) {
+        for fs in self.by_voter.values() {
+            let kept = fs.mount.with_extension("kept");
+            if let Err(e) = copy_folder(&fs.mount, &kept) {
+                tracing::warn!("keeping {}: {e:#}", fs.mount.display());
+            }
+        }
+    }
+}
+
+/// Copies the files of `from` (and its folders) to `to`.
+fn copy_folder(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let target = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_folder(&e.path(), &target)?;
+        } else {
+            std::fs::copy(e.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 /// `umount -l`, ignoring a folder that is not mounted.

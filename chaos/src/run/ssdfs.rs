@@ -129,7 +129,7 @@ pub fn detach_stale(dir: &Path) {
         // whose server died with the harness).
         let mount = if name.starts_with("node-") {
             e.path().join("ssdfs")
-        } else if name.starts_with("voter-") && !name.ends_with(".log") {
+        } else if name.starts_with("voter-") && !name.ends_with(".log") && !name.ends_with(".kept") {
             e.path()
         } else {
             continue;

@@ -49,6 +49,9 @@ pub struct LocalClusterSpec {
     pub hold_linger_ms: Option<u64>,
     /// Voters' `--version-retention-s`; None: the default.
     pub version_retention_s: Option<u64>,
+    /// Voters' `--snapshot-entries` and `--keep-log-entries`; None: the
+    /// defaults (a snapshot every 1,000 entries).
+    pub snapshot_entries: Option<(u64, u64)>,
     /// Every voter and node serves Prometheus metrics on a loopback TCP
     /// port ([`LocalCluster::voter_metrics`], [`LocalCluster::node_metrics`]).
     pub metrics: bool,
@@ -86,6 +89,7 @@ impl Default for LocalClusterSpec {
             hosts: Vec::new(),
             hold_linger_ms: None,
             version_retention_s: None,
+            snapshot_entries: None,
             metrics: false,
         }
     }
@@ -279,6 +283,10 @@ impl LocalCluster {
         }
         if let Some(s) = self.spec.version_retention_s {
             extra.extend(["--version-retention-s".to_string(), s.to_string()]);
+        }
+        if let Some((every, keep)) = self.spec.snapshot_entries {
+            extra.extend(["--snapshot-entries".to_string(), every.to_string()]);
+            extra.extend(["--keep-log-entries".to_string(), keep.to_string()]);
         }
         if let Some(m) = self.voter_metrics(id) {
             extra.extend(["--metrics".to_string(), m.to_string()]);

@@ -121,6 +121,11 @@ struct Inner {
 /// coordinator's manifest of it.
 const VERSION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a load on a cluster node waits for the placement of its
+/// version when the node knows none yet (it has just joined), at most the
+/// reroute wait.
+const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A running node (cheap to clone).
 #[derive(Clone)]
 pub struct Node {
@@ -833,6 +838,19 @@ impl Node {
         // A peer's request is never forwarded to the owner; but a handoff
         // is asked for whoever waits (its answer never waits on a load that
         // asks a peer, so no cycle can form through it).
+        // A node that has just joined (or restarted) can be asked for a
+        // shard before it knows the version's placement: with no owner to
+        // ask it would read the shard itself, though another node owns and
+        // may hold it (soak seed 4064: a node back from a kill read 17
+        // shards its peers held, its restarted ranks' and prefetch's first
+        // requests). Wait a moment for the placement first.
+        if forward && !cluster.version_placed(key.version, std::time::Duration::ZERO).await {
+            let waited = cluster.version_placed(key.version, PLACEMENT_WAIT.min(config.reroute_wait)).await;
+            if !waited {
+                tracing::warn!(shard = %key.shard,
+                    "no placement of this version known yet; reading the shard here");
+            }
+        }
         let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
         // The load permit the route's final step took.
         let reading;

@@ -1167,3 +1167,33 @@ async fn a_peer_request_queued_while_its_shard_moved_away_is_sent_to_the_new_own
     }
     assert_eq!(node2.stats().conversions, 1, "only the first shard was read");
 }
+
+/// Find 13 (`granary chaos run` soak seed 4064): a node that has just
+/// joined, asked for a shard before it knows the placement of its version,
+/// waits a moment for the placement and fetches the shard from its owner.
+/// It read the shard itself before (a node back from a kill read 17 shards
+/// its peers held, for its restarted ranks' first requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_asked_before_it_knows_the_placement_waits_for_it_and_asks_the_owner() {
+    let f = start().await;
+    let (node2, cluster) = patient_node2(&f).await;
+    let cluster = std::sync::Arc::new(cluster);
+    // Joined, with a placement that does not place this version yet.
+    cluster.apply_placement(1, std::iter::once((NodeId(1), f.addr)).collect(), Default::default());
+    assert!(node2.join_cluster(cluster.clone()));
+    let placing = {
+        let (cluster, version, shard, addr) = (cluster.clone(), f.version, f.shard, f.addr);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let owners = std::iter::once((version, std::iter::once((shard, NodeId(1))).collect())).collect();
+            cluster.apply_placement(2, std::iter::once((NodeId(1), addr)).collect(), owners);
+        })
+    };
+    let chunk = node2.chunk(f.version, f.shard).await.expect("the owner's copy");
+    placing.await.expect("placed");
+    let local = f.node.chunk(f.version, f.shard).await.expect("owner's copy");
+    assert_eq!(chunk.bytes(), local.bytes());
+    let s = node2.stats();
+    // (The file's footer is read here either way: it is not a shard.)
+    assert_eq!((s.peer_fetched, s.conversions), (1, 0), "fetched, not read here: {s:?}");
+}

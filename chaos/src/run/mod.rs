@@ -111,7 +111,9 @@ impl RunConfig {
         self.nodes * self.ranks_per_node
     }
 
-    fn trainer_args(&self) -> Vec<String> {
+    /// What a trainer rank of this job is given besides its socket, rank
+    /// and world.
+    pub fn trainer_args(&self) -> Vec<String> {
         ["--batch-size", &self.batch_size.to_string(), "--seed", "2026", "--prefetch-batches", "2"]
             .map(String::from)
             .into()
@@ -119,7 +121,7 @@ impl RunConfig {
 
     /// The cluster of the reference (`tiers` None: tiers that hold
     /// everything) or of a seed (`tiers`: its RAM tier and guest area).
-    fn spec(&self, nodes: u32, voters: u32, store: &FaultStore, tiers: Option<Tiers>) -> LocalClusterSpec {
+    pub fn spec(&self, nodes: u32, voters: u32, store: &FaultStore, tiers: Option<Tiers>) -> LocalClusterSpec {
         let tiers = tiers.unwrap_or(Tiers { ram_bytes: 512 << 20, guest_bytes: 512 << 20 });
         LocalClusterSpec {
             source: Some(format!("s3://{BUCKET}/{PREFIX}/")),

@@ -202,6 +202,22 @@ impl Cluster {
         self.replace(PlacementMap { epoch, addrs, owners, owner_epochs, former });
     }
 
+    /// Waits until this node knows a placement of `version` (any epoch),
+    /// or `wait` passes. Returns whether it does.
+    pub async fn version_placed(&self, version: DatasetVersion, wait: Duration) -> bool {
+        let mut updates = self.updates.subscribe();
+        let known = |c: &Self| c.map.read().unwrap_or_else(|p| p.into_inner()).owners.contains_key(&version);
+        tokio::time::timeout(wait, async {
+            while !known(self) {
+                if updates.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     /// Waits until the owner of `shard` is no longer `failed` (a newer
     /// placement moved it), or `wait` passes. Returns the new owner (None:
     /// this node owns it now, or the owner is unknown), or `Err` when the

@@ -234,8 +234,13 @@ impl Dataset {
         let file = &self.files[index];
         let entry = &self.manifest.files[index];
         if let Ok(now) = self.remote.head(&file.path).await {
+            // Compared as reads are pinned: a tag made of a modification
+            // time (the listing had no ETags) against the answer's time. An
+            // ETag against it would call every file of such a store changed
+            // whenever a read failed (a store answering 503s was reported
+            // as "the file changed"; tests/outage.rs).
             let tag = version_tag(&now);
-            if now.size != file.size || tag != entry.version_tag {
+            if now.size != file.size || crate::remote::version_differs(&entry.version_tag, &now) {
                 return self.changed(
                     index,
                     format!(

@@ -56,6 +56,22 @@ pub enum RemoteError {
 }
 
 /// `e`'s message followed by each distinct cause's, joined with ": ".
+impl RemoteError {
+    /// A read's error as the Parquet reader returns it: the store's error it
+    /// carries (a 503, a lost connection: worth a retry; the object changed),
+    /// else a decode error naming `path`. A store that failed a read is not
+    /// an unreadable file.
+    pub fn from_read(path: String, e: parquet::errors::ParquetError) -> RemoteError {
+        match e {
+            parquet::errors::ParquetError::External(inner) => match inner.downcast::<RemoteError>() {
+                Ok(remote) => *remote,
+                Err(other) => RemoteError::Parquet { path, source: parquet::errors::ParquetError::External(other) },
+            },
+            e => RemoteError::Parquet { path, source: e },
+        }
+    }
+}
+
 fn with_causes(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut next = e.source();
@@ -97,4 +113,24 @@ pub enum SourceError {
     /// The dataset version has no file of this index.
     #[error("no file {0}")]
     UnknownFile(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_read_is_the_stores_error_and_a_bad_page_a_decode_error() {
+        let store = RemoteError::Store {
+            path: "s3://b/f.parquet".into(),
+            error: object_store::Error::Generic { store: "S3", source: "503 SlowDown".into() },
+        };
+        let wrapped = parquet::errors::ParquetError::External(Box::new(store));
+        let e = RemoteError::from_read("s3://b/f.parquet".into(), wrapped);
+        assert!(matches!(e, RemoteError::Store { .. }), "{e}");
+        assert!(e.to_string().contains("503 SlowDown") && !e.to_string().contains("not a readable"), "{e}");
+        let bad = parquet::errors::ParquetError::General("bad page".into());
+        let e = RemoteError::from_read("s3://b/f.parquet".into(), bad);
+        assert!(matches!(e, RemoteError::Parquet { .. }), "{e}");
+    }
 }

@@ -312,6 +312,14 @@ impl Remote {
     }
 }
 
+/// Whether `meta` is of another object version than `version_tag` (a
+/// manifest's: an ETag, or `mtime:MICROS` where the listing gave none),
+/// compared the way reads are pinned: a tag made of a modification time is
+/// compared with the answer's modification time, not with its ETag.
+pub(crate) fn version_differs(version_tag: &str, meta: &ObjectMeta) -> bool {
+    Pin::parse(version_tag).is_some_and(|p| p.differs(meta))
+}
+
 /// The object version a file's reads are pinned to: the manifest's
 /// version tag, an ETag or, where the store's listing gave none, the
 /// modification time (`mtime:MICROS`).
@@ -475,10 +483,8 @@ impl RemoteFile {
             return Err(bad(format!("{} bytes is too short for a Parquet file", self.size)));
         }
         let hint = self.size.min(FOOTER_READ_HINT);
-        let tail = self
-            .get_bytes(self.size - hint..self.size)
-            .await
-            .map_err(|source| RemoteError::Parquet { path: shown.clone(), source })?;
+        let tail =
+            self.get_bytes(self.size - hint..self.size).await.map_err(|e| RemoteError::from_read(shown.clone(), e))?;
         self.remote.counters.footers.fetch_add(1, Ordering::Relaxed);
         let need = footer_len(&tail).map_err(&bad)?;
         if need > self.size - 4 {
@@ -493,7 +499,7 @@ impl RemoteFile {
         let head = self
             .get_bytes(self.size - need..self.size - hint)
             .await
-            .map_err(|source| RemoteError::Parquet { path: shown.clone(), source })?;
+            .map_err(|e| RemoteError::from_read(shown.clone(), e))?;
         let mut all = Vec::with_capacity(need as usize);
         all.extend_from_slice(&head);
         all.extend_from_slice(&tail);
@@ -614,5 +620,10 @@ mod tests {
         assert!(!mtime.differs(&meta(None, 5)), "5.5 s registered, 5 s answered: the same second");
         assert!(mtime.differs(&meta(None, 6)));
         assert!(mtime.differs(&meta(None, 4)));
+        // A store whose listing had no ETags but whose answers have one:
+        // the time decides, not the ETag.
+        assert!(!version_differs("mtime:5500000", &meta(Some("\"d9fc\""), 5)));
+        assert!(version_differs("mtime:5500000", &meta(Some("\"d9fc\""), 7)));
+        assert!(!version_differs("", &meta(Some("\"d9fc\""), 7)), "no tag registered: nothing to compare");
     }
 }

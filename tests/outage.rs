@@ -51,15 +51,7 @@ impl Outage {
     /// Rank `rank` (on node `rank + 1`), ready for its first epoch.
     fn rank(&self, rank: u32) -> TrainerProcess {
         let socket = self.dir.join(format!("node-{}", rank + 1)).join("node.sock");
-        let mut args = vec![
-            "--socket".to_string(),
-            socket.display().to_string(),
-            "--rank".into(),
-            rank.to_string(),
-            "--world".into(),
-            self.cfg.nodes.to_string(),
-        ];
-        args.extend(self.cfg.trainer_args());
+        let args = self.cfg.rank_args(&socket, rank);
         let log = self.dir.join(format!("rank-{rank}.log"));
         let p = TrainerProcess::spawn_logged(&self.cfg.exe, rank, 1, &args, &log).expect("spawn rank");
         match p.next_event(Duration::from_secs(60)).expect("ready") {

@@ -111,9 +111,22 @@ impl RunConfig {
         self.nodes * self.ranks_per_node
     }
 
-    /// What a trainer rank of this job is given besides its socket, rank
-    /// and world.
-    pub fn trainer_args(&self) -> Vec<String> {
+    /// The arguments of trainer rank `rank` of this job, on the node whose
+    /// trainer socket is `socket`.
+    pub fn rank_args(&self, socket: &Path, rank: u32) -> Vec<String> {
+        let mut a = vec![
+            "--socket".to_string(),
+            socket.display().to_string(),
+            "--rank".into(),
+            rank.to_string(),
+            "--world".into(),
+            self.world().to_string(),
+        ];
+        a.extend(self.trainer_args());
+        a
+    }
+
+    fn trainer_args(&self) -> Vec<String> {
         ["--batch-size", &self.batch_size.to_string(), "--seed", "2026", "--prefetch-batches", "2"]
             .map(String::from)
             .into()
@@ -451,16 +464,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let world = cfg.world();
     let node_of = |rank: u32| u64::from(rank / cfg.ranks_per_node) + 1;
     let spawn_rank = |rank: u32| -> Result<TrainerProcess> {
-        let socket = cluster_socket(&dir, node_of(rank));
-        let mut a = vec![
-            "--socket".to_string(),
-            socket.display().to_string(),
-            "--rank".into(),
-            rank.to_string(),
-            "--world".into(),
-            world.to_string(),
-        ];
-        a.extend(cfg.trainer_args());
+        let a = cfg.rank_args(&cluster_socket(&dir, node_of(rank)), rank);
         let log = dir.join(format!("rank-{rank}.log"));
         TrainerProcess::spawn_logged(&cfg.exe, rank, cfg.ranks_per_node as usize, &a, &log)
     };

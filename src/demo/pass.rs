@@ -13,7 +13,7 @@ use anyhow::{Result, bail};
 use granary_bench::local::DaemonSettings;
 use granary_bench::report::{gbps, ratio};
 use granary_client::LocalSource;
-use granary_testkit::harness::{NodeProcess, TrainerEvent, TrainerProcess};
+use granary_testkit::harness::{NodeProcess, TrainerEvent, TrainerProcess, rank_args};
 use indicatif::{MultiProgress, ProgressBar};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -123,13 +123,8 @@ pub(super) fn pass(
     let stats_conn = LocalSource::connect(&socket)?;
     let mut ranks = Vec::new();
     for r in 0..a.ranks {
-        let mut args = vec![
-            "--socket".to_string(),
-            socket.display().to_string(),
-            "--rank".into(),
-            r.to_string(),
-            "--world".into(),
-            a.ranks.to_string(),
+        let mut args = rank_args(&socket, r, a.ranks);
+        args.extend([
             "--batch-size".into(),
             a.batch_size.to_string(),
             "--seed".into(),
@@ -138,7 +133,7 @@ pub(super) fn pass(
             s.prefetch_batches.to_string(),
             "--assembly-threads".into(),
             s.assembly_threads.to_string(),
-        ];
+        ]);
         if s.ceiling {
             args.push("--ceiling".into());
         }

@@ -114,14 +114,7 @@ impl RunConfig {
     /// The arguments of trainer rank `rank` of this job, on the node whose
     /// trainer socket is `socket`.
     pub fn rank_args(&self, socket: &Path, rank: u32) -> Vec<String> {
-        let mut a = vec![
-            "--socket".to_string(),
-            socket.display().to_string(),
-            "--rank".into(),
-            rank.to_string(),
-            "--world".into(),
-            self.world().to_string(),
-        ];
+        let mut a = granary_testkit::harness::rank_args(socket, rank, self.world());
         a.extend(self.trainer_args());
         a
     }

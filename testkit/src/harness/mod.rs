@@ -18,4 +18,4 @@ pub use cluster::{ClusterCounters, LocalCluster, LocalClusterSpec, NetHost, PEER
 pub use coordinator::{CoordinatorProcess, VoterSpec, reserve_tcp_port, reserve_udp_port};
 pub use memory::{ProcMemory, proc_memory};
 pub use node::NodeProcess;
-pub use trainer::{EpochOutcome, TrainerEvent, TrainerProcess, run_epoch, spawn_ranks};
+pub use trainer::{EpochOutcome, TrainerEvent, TrainerProcess, rank_args, run_epoch, spawn_ranks};

@@ -163,6 +163,19 @@ impl Drop for TrainerProcess {
     }
 }
 
+/// The arguments that place a trainer rank: its node's socket, its rank
+/// and the job's world size (the job's own settings go after them).
+pub fn rank_args(socket: &Path, rank: u32, world: u32) -> Vec<String> {
+    vec![
+        "--socket".to_string(),
+        socket.display().to_string(),
+        "--rank".into(),
+        rank.to_string(),
+        "--world".into(),
+        world.to_string(),
+    ]
+}
+
 /// Starts one trainer per entry of `sockets` (rank i on `sockets[i]`) with
 /// the common `args`, and waits for each to be ready. Returns the ranks and
 /// the batches per epoch.
@@ -170,14 +183,7 @@ pub fn spawn_ranks(exe: &Path, sockets: &[PathBuf], args: &[String]) -> Result<(
     let world = sockets.len();
     let mut ranks = Vec::with_capacity(world);
     for (r, socket) in sockets.iter().enumerate() {
-        let mut a = vec![
-            "--socket".to_string(),
-            socket.display().to_string(),
-            "--rank".into(),
-            r.to_string(),
-            "--world".into(),
-            world.to_string(),
-        ];
+        let mut a = rank_args(socket, r as u32, world as u32);
         a.extend_from_slice(args);
         let local = sockets.iter().filter(|s| *s == socket).count();
         ranks.push(TrainerProcess::spawn(exe, r as u32, local, &a)?);

@@ -835,22 +835,21 @@ impl Node {
             return here(permit().await?).await.map(|c| (c, false));
         };
         let config = cluster.config();
-        // A peer's request is never forwarded to the owner; but a handoff
-        // is asked for whoever waits (its answer never waits on a load that
-        // asks a peer, so no cycle can form through it).
         // A node that has just joined (or restarted) can be asked for a
         // shard before it knows the version's placement: with no owner to
         // ask it would read the shard itself, though another node owns and
-        // may hold it (soak seed 4064: a node back from a kill read 17
-        // shards its peers held, its restarted ranks' and prefetch's first
-        // requests). Wait a moment for the placement first.
-        if forward && !cluster.version_placed(key.version, std::time::Duration::ZERO).await {
-            let waited = cluster.version_placed(key.version, PLACEMENT_WAIT.min(config.reroute_wait)).await;
-            if !waited {
-                tracing::warn!(shard = %key.shard,
-                    "no placement of this version known yet; reading the shard here");
-            }
+        // may hold it (find 13, soak seed 4064: a node back from a kill
+        // read 17 shards its peers held, its restarted ranks' and
+        // prefetch's first requests). Wait a moment for the placement.
+        if forward
+            && !cluster.version_known(key.version)
+            && !cluster.version_placed(key.version, PLACEMENT_WAIT.min(config.reroute_wait)).await
+        {
+            tracing::warn!(shard = %key.shard, "no placement of this version known yet; reading the shard here");
         }
+        // A peer's request is never forwarded to the owner; but a handoff
+        // is asked for whoever waits (its answer never waits on a load that
+        // asks a peer, so no cycle can form through it).
         let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
         // The load permit the route's final step took.
         let reading;

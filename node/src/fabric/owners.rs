@@ -202,13 +202,18 @@ impl Cluster {
         self.replace(PlacementMap { epoch, addrs, owners, owner_epochs, former });
     }
 
-    /// Waits until this node knows a placement of `version` (any epoch),
-    /// or `wait` passes. Returns whether it does.
+    /// Whether this node knows a placement of `version` (any epoch).
+    pub fn version_known(&self, version: DatasetVersion) -> bool {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).owners.contains_key(&version)
+    }
+
+    /// Waits until this node knows a placement of `version`
+    /// ([`Cluster::version_known`]), or `wait` passes. Returns whether it
+    /// does.
     pub async fn version_placed(&self, version: DatasetVersion, wait: Duration) -> bool {
         let mut updates = self.updates.subscribe();
-        let known = |c: &Self| c.map.read().unwrap_or_else(|p| p.into_inner()).owners.contains_key(&version);
         tokio::time::timeout(wait, async {
-            while !known(self) {
+            while !self.version_known(version) {
                 if updates.changed().await.is_err() {
                     return std::future::pending().await;
                 }

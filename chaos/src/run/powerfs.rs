@@ -58,9 +58,8 @@ struct Tree {
     /// Bumped by each cut, so no kernel cache of an earlier mount can
     /// mistake a new inode for an old one.
     generation: u64,
-    /// Syncs seen (file and folder), and cuts made.
+    /// Syncs seen (file and folder).
     syncs: u64,
-    cuts: u64,
     /// Every file's owner: the harness's user and group.
     owner: (u32, u32),
 }
@@ -80,7 +79,6 @@ impl Tree {
             next: 2,
             generation: 0,
             syncs: 0,
-            cuts: 0,
             owner: owner(),
         }
     }
@@ -229,7 +227,6 @@ impl Tree {
     /// The power cut: every node back to its durable image, and what no
     /// durable name reaches from the root dropped.
     fn cut(&mut self) {
-        self.cuts += 1;
         self.generation += 1;
         for node in self.nodes.values_mut() {
             match node {

@@ -25,7 +25,7 @@ mod demo;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cli::{bench, certs, chaos, connect, coordinator, dataset, doctor, node, stats, status, trainer, view};
+use cli::{bench, certs, connect, coordinator, dataset, doctor, node, stats, status, trainer, view};
 
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
@@ -82,9 +82,6 @@ enum Command {
     Stats(stats::StatsArgs),
     /// Measure a running job for a few seconds and name the stage that bounds it.
     Doctor(doctor::DoctorArgs),
-    /// Chaos testing: the deterministic simulation of the fabric's races.
-    #[command(subcommand)]
-    Chaos(chaos::ChaosCommand),
     /// One trainer rank, driven over stdin/stdout (used by the demo).
     #[command(hide = true)]
     Trainer(trainer::TrainerArgs),
@@ -151,7 +148,6 @@ fn run() -> Result<()> {
         Command::Bench(c) => bench::run(c),
         Command::Stats(a) => stats::run(&a),
         Command::Doctor(a) => doctor::run(&a),
-        Command::Chaos(c) => chaos::run(c),
         Command::Trainer(a) => trainer::run(a),
     }
 }

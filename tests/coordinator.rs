@@ -44,9 +44,10 @@ impl Cluster {
         let tmp = tempfile::tempdir().expect("tempdir");
         let root = tmp.path().join("certs");
         let voter_count = voters.to_string();
-        let out = run(&["certs", "init", "--out", root.to_str().expect("utf8"), "--voters", &voter_count]);
+        let out =
+            run(&["certs", "init", "--out", root.to_str().expect("utf8"), "--voters", &voter_count, "--nodes", "1"]);
         assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
-        // Hosts get `hosts/`; the admin identity is the operator's.
+        // Each host gets its own folder of `hosts/`; the admin identity is the operator's.
         let (certs, admin) = (root.join("hosts"), root.join("admin"));
         let specs: Vec<VoterSpec> = (1..=voters)
             .map(|id| VoterSpec {
@@ -101,11 +102,12 @@ impl Cluster {
 
     fn cli(&self, args: &[&str], cert: &str) -> Result<Value, String> {
         let addrs = self.addrs();
-        let dir = if cert == "admin" { &self.admin } else { &self.certs };
+        // Each identity's own folder: the folder alone says who it is.
+        let dir = if cert == "admin" { self.admin.clone() } else { self.certs.join(cert) };
         let out = Command::new(BIN)
             .args(args)
             .args(["--coordinators", &addrs, "--certs", dir.to_str().expect("utf8")])
-            .args(["--cert-name", cert, "--json", "--timeout-ms", "8000"])
+            .args(["--json", "--timeout-ms", "8000"])
             .env("GRANARY_LOG", "error")
             .output()
             .expect("run cli");
@@ -260,18 +262,18 @@ fn node_toml(c: &Cluster, id: u64, data: Option<&Path>) -> PathBuf {
     let coordinators: Vec<String> = c.specs.iter().map(|v| format!("{:?}", v.addr.to_string())).collect();
     // Each node its own certificate, bound to its id.
     let name = format!("node-{id}");
-    if !c.certs.join(format!("{name}.pem")).exists() {
-        let dir = c.certs.to_str().expect("utf8");
-        let out =
-            run(&["certs", "issue", "--dir", dir, "--role", "node", "--name", &name, "--node-id", &id.to_string()]);
+    let folder = c.certs.join(&name);
+    if !folder.exists() {
+        let dir = folder.to_str().expect("utf8");
+        let out = run(&["certs", "issue", "--dir", dir, "--role", "node", "--node-id", &id.to_string()]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
     let mut toml = format!(
-        "socket = {:?}\nram_bytes = {}\nprefetch_bytes = 0\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\ncert_name = \"{name}\"\nnode_id = {id}\nadvertise = \"{}\"\n",
+        "socket = {:?}\nram_bytes = {}\nprefetch_bytes = 0\n\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\nnode_id = {id}\nadvertise = \"{}\"\n",
         dir.join("node.sock"),
         64u64 << 20,
         coordinators.join(", "),
-        c.certs,
+        folder,
         reserve_udp_port().expect("port"),
     );
     if let Some(data) = data {
@@ -410,7 +412,7 @@ fn unauthenticated_and_wrong_role_peers_are_refused() {
 
     // A trainer may read but not add a dataset; neither may a node.
     c.cli(&["status"], "trainer").expect("a trainer may read status");
-    for role in ["trainer", "node"] {
+    for role in ["trainer", "node-1"] {
         let source = format!("file://{}/", data.display());
         let err = c
             .cli(&["dataset", "add", "ads", "--source", &source, "--view", view.to_str().expect("utf8")], role)
@@ -484,6 +486,64 @@ fn a_leader_kill_expires_no_healthy_node() {
     assert_eq!(after["placement_epoch"].as_u64(), Some(epoch), "placement changed: {after}");
 }
 
+/// Issue 29: two daemons given node 2's folder. The second, at another
+/// address, is refused (its log says why) while the first holds the lease:
+/// the incarnation and the placement epoch stop moving. When the first
+/// stops, the second takes the id over once the lease has run out.
+#[test]
+fn a_second_daemon_with_the_same_node_certificate_is_refused() {
+    // A long lease: on a loaded CI machine node 2's heartbeats must not
+    // lapse while the twin knocks.
+    let mut c = Cluster::new(1, 6000);
+    c.start(1);
+    c.wait_leader(None);
+    let first = start_node(&mut c, 2);
+    let before = wait_status(&c, "node 2 live", |s| live_nodes(s) == [2]);
+    let node2 = |s: &Value| -> (u64, String) {
+        let n = &s["nodes"][0];
+        (n["incarnation"].as_u64().expect("incarnation"), n["addr"].as_str().unwrap_or_default().to_string())
+    };
+    let epoch = before["placement_epoch"].as_u64().expect("epoch");
+    // The same folder and id; its own socket and peer address.
+    let dir = c.tmp.path().join("node-2-twin");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let toml = std::fs::read_to_string(c.tmp.path().join("node-2/node.toml")).expect("node-2's config");
+    let (_, addr) = node2(&before);
+    let toml = toml
+        .replace(&format!("{:?}", c.tmp.path().join("node-2/node.sock")), &format!("{:?}", dir.join("node.sock")))
+        .replace(&addr, &reserve_udp_port().expect("port").to_string());
+    std::fs::write(dir.join("node.toml"), &toml).expect("twin config");
+    let log_path = dir.join("node.log");
+    let twin = Command::new(BIN)
+        .args(["node", "--config"])
+        .arg(dir.join("node.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).expect("log"))
+        .spawn()
+        .expect("spawn twin");
+    c.nodes.push(twin);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains("is live at") && log.contains("may not register") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the twin was not refused:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Seconds of the twin retrying (every 0.5 s): nothing moved.
+    std::thread::sleep(Duration::from_secs(4));
+    let after = c.status();
+    assert_eq!(live_nodes(&after), [2], "{after}");
+    assert_eq!(node2(&after), node2(&before), "node 2's incarnation and address: {after}");
+    assert_eq!(after["placement_epoch"].as_u64(), Some(epoch), "the placement flapped: {after}");
+    // The first daemon stops: once its lease runs out the twin registers.
+    let _ = c.nodes[first].kill();
+    let _ = c.nodes[first].wait();
+    let took = wait_status(&c, "the twin registered", |s| live_nodes(s) == [2] && node2(s).1 != addr);
+    assert!(node2(&took).0 > node2(&before).0, "a new incarnation: {took}");
+}
+
 #[test]
 fn an_unusable_data_folder_is_a_clear_error() {
     let c = Cluster::new(1, 3000);
@@ -492,7 +552,9 @@ fn an_unusable_data_folder_is_a_clear_error() {
     let spec = &c.specs[0];
     let out = Command::new(BIN)
         .args(["coordinator", "--id", "1", "--listen", &spec.addr.to_string()])
-        .args(["--data-dir", file.to_str().expect("utf8"), "--certs", c.certs.to_str().expect("utf8")])
+        .args(["--data-dir", file.to_str().expect("utf8")])
+        .arg("--certs")
+        .arg(c.certs.join("coordinator-1"))
         .env("GRANARY_LOG", "error")
         .output()
         .expect("run");
@@ -639,13 +701,17 @@ fn a_restarted_node_serves_its_ssd_tier_without_converting_again() {
     assert_eq!(stats.ssd_hits, kept.len() as u64, "{stats:?}");
 }
 
-/// `certs init --nodes N --voters M` issues `node-1` .. `node-N` and
-/// `coordinator-1` .. `coordinator-M`, each bound to its id, into the
-/// folder hosts are given; the CA key and the admin key are in folders of
-/// their own (issue 15: no host needs them). `certs issue` into the hosts'
-/// folder finds the CA beside it.
+/// `certs init --nodes N --voters M` writes one folder per identity (issue
+/// 29): `hosts/node-ID/` and `hosts/coordinator-ID/` each hold the CA
+/// certificate and that identity's certificate (bound to its id) and key,
+/// nothing else, so a host given its folder holds no key but its own and
+/// can register as no other node and vote as no other voter (what a bound
+/// certificate may do: `coordinator/tests/server.rs`). No unbound `node` or
+/// `coordinator` identity unless `--unbound`; the CA key and the admin key
+/// are in folders of their own (issue 15). `certs issue` makes one more
+/// folder, and refuses to put a second key into one.
 #[test]
-fn certs_init_keeps_the_ca_and_admin_keys_off_the_hosts_folder_and_binds_ids() {
+fn certs_init_writes_one_identity_per_folder_and_binds_ids() {
     use rustls::pki_types::pem::PemObject;
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("certs");
@@ -656,38 +722,72 @@ fn certs_init_keeps_the_ca_and_admin_keys_off_the_hosts_folder_and_binds_ids() {
         let pem = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("a PEM certificate").into_owned()
     };
-    for id in 1..=2u64 {
-        let der = der_of(hosts.join(format!("node-{id}.pem")));
-        assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(id));
+    let names_in = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        names_in(&hosts),
+        ["coordinator-1", "coordinator-2", "coordinator-3", "node-1", "node-2", "trainer"],
+        "one folder per host identity, no unbound node or coordinator"
+    );
+    for name in names_in(&hosts) {
+        let folder = hosts.join(&name);
+        assert_eq!(names_in(&folder), ["ca.pem".to_string(), format!("{name}.key"), format!("{name}.pem")], "{name}");
+        let der = der_of(folder.join(format!("{name}.pem")));
+        match name.split_once('-') {
+            Some(("node", id)) => {
+                assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(id.parse().expect("id")))
+            }
+            Some(("coordinator", id)) => {
+                assert_eq!(granary_net::tls::voter_id_of_cert(&der).expect("readable"), Some(id.parse().expect("id")))
+            }
+            _ => assert_eq!(granary_net::tls::role_of_cert(&der).expect("readable"), granary_net::tls::Role::Trainer),
+        }
+        // The folder alone is a usable identity.
+        let (_, loaded) = granary_net::tls::Identity::load_in(&folder, None, "node").expect("usable");
+        assert_eq!(loaded, name);
     }
-    for id in 1..=3u64 {
-        let der = der_of(hosts.join(format!("coordinator-{id}.pem")));
-        assert_eq!(granary_net::tls::voter_id_of_cert(&der).expect("readable"), Some(id));
+    // No folder made by `certs init` holds more than one private key.
+    for dir in [root.join("ca"), root.join("admin")].into_iter().chain(names_in(&hosts).iter().map(|n| hosts.join(n))) {
+        let keys = names_in(&dir).into_iter().filter(|n| n.ends_with(".key")).count();
+        assert_eq!(keys, 1, "{}", dir.display());
     }
-    assert!(!hosts.join("node-3.pem").exists());
-    // What hosts get holds neither the CA key nor the admin key.
-    let names: Vec<String> = std::fs::read_dir(&hosts)
-        .expect("hosts")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into())
-        .collect();
-    assert!(!names.iter().any(|n| n == "ca.key" || n.starts_with("admin")), "{names:?}");
     assert!(root.join("ca/ca.key").exists() && root.join("admin/admin.key").exists());
     assert!(!root.join("admin/ca.key").exists());
-    // One more node, signed by the CA found beside the hosts' folder.
+    // One more node, into a folder of its own, signed by the CA found two
+    // levels up; named after its folder.
+    let node3 = hosts.join("node-3");
+    let out = run(&["certs", "issue", "--dir", node3.to_str().expect("utf8"), "--role", "node", "--node-id", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(names_in(&node3), ["ca.pem", "node-3.key", "node-3.pem"]);
+    let der = der_of(node3.join("node-3.pem"));
+    assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(3));
+    granary_net::tls::Identity::load(&node3, "node-3").expect("a usable identity, trusted by the hosts' CA");
+    // A second key into a host's folder is refused, naming the folder.
     let out = run(&[
         "certs",
         "issue",
         "--dir",
-        hosts.to_str().expect("utf8"),
+        node3.to_str().expect("utf8"),
         "--role",
         "node",
         "--name",
-        "node-3",
+        "node-4",
         "--node-id",
-        "3",
+        "4",
     ]);
+    assert!(!out.status.success(), "a second identity was written into node-3's folder");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("one identity per folder") && err.contains("node-3"), "{err}");
+    assert_eq!(names_in(&node3), ["ca.pem", "node-3.key", "node-3.pem"]);
+    // The shared, unbound identities only when asked.
+    let asked = tmp.path().join("unbound");
+    let out = run(&["certs", "init", "--out", asked.to_str().expect("utf8"), "--unbound"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let der = der_of(hosts.join("node-3.pem"));
-    assert_eq!(granary_net::tls::node_id_of_cert(&der).expect("readable"), Some(3));
-    granary_net::tls::Identity::load(&hosts, "node-3").expect("a usable identity, trusted by the hosts' CA");
+    assert_eq!(names_in(&asked.join("hosts")), ["coordinator", "node", "trainer"]);
 }

@@ -109,7 +109,7 @@ fn every_command_line_in_deploy_uses_flags_the_binary_has() {
 /// `templ` with its placeholders filled in and its certificate folder
 /// pointing at `certs`, checked by `granary node --check`.
 fn node_check(origin: &str, templ: &str, certs: &Path, dir: &Path) {
-    let mut text = templ.replace("@NODE_ID@", "1").replace("@HOST_IP@", "10.1.2.3");
+    let mut text = templ.replace("@HOST_IP@", "10.1.2.3");
     let line = text.lines().find(|l| l.trim_start().starts_with("certs =")).map(str::to_string);
     if let Some(line) = line {
         text = text.replace(&line, &format!("certs = {certs:?}"));
@@ -135,7 +135,8 @@ fn the_node_configurations_pass_the_nodes_own_check() {
         .output()
         .expect("certs init");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let certs = tmp.path().join("certs").join("hosts");
+    // Node 1's own identity folder, as a host is given it.
+    let certs = tmp.path().join("certs").join("hosts").join("node-1");
     let mut checked = 0;
     for (file, doc) in manifests() {
         if doc["kind"].as_str() == Some("ConfigMap")
@@ -179,12 +180,17 @@ fn ports_annotations_and_the_environment_file_agree() {
             .into_iter()
             .filter_map(|(_, d)| d["data"]["node.toml.in"].as_str().map(str::to_string))
             .collect::<String>();
+        // A voter pod has a network of its own; a node on the host network
+        // serves metrics on the host's address, never every interface.
         assert!(
             line.contains(&format!("--metrics 0.0.0.0:{port}"))
-                || templ.contains(&format!("metrics = \"0.0.0.0:{port}\"")),
+                || templ.contains(&format!("metrics = \"@HOST_IP@:{port}\"")),
             "{}: the scrape annotation names port {port}, which nothing serves",
             file.display()
         );
+        if doc["spec"]["template"]["spec"]["hostNetwork"].as_bool() == Some(true) {
+            assert!(!templ.contains("metrics = \"0.0.0.0"), "{}: metrics on every host interface", file.display());
+        }
     }
     let unit = read(&deploy().join("systemd").join("granary-coordinator.service"));
     let env = read(&deploy().join("systemd").join("coordinator.env"));

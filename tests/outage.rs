@@ -8,7 +8,7 @@
 //! placement they know, and once the voters are back the job reads
 //! exactly the reference again.
 //!
-//! The cluster is `granary chaos run`'s (its job, its fault-injecting S3
+//! The cluster is `granary-chaos run`'s (its job, its fault-injecting S3
 //! store and its reference of every rank's batch checksums), without the
 //! relay: two nodes, one rank each, one epoch.
 

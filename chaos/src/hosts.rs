@@ -1,4 +1,4 @@
-//! `granary chaos hosts`: issue 14's two cost targets on hosts made of
+//! `granary-chaos hosts`: issue 14's two cost targets on hosts made of
 //! network namespaces ([`crate::netns`]), not loopback. Three hosts, each
 //! with a coordinator voter and a node daemon; two trainer ranks per node;
 //! three epochs of a 40-shard dataset whose remote reads go through each
@@ -74,7 +74,7 @@ const RANKS_PER_NODE: u32 = 2;
 const LOADS: usize = 2;
 
 impl HostsConfig {
-    /// The defaults of `granary chaos hosts`: node 3 hit for 6 s from 1.5 s
+    /// The defaults of `granary-chaos hosts`: node 3 hit for 6 s from 1.5 s
     /// into the cold epoch; 40 shards over 1 MiB/s links.
     pub fn new(exe: PathBuf, work: PathBuf, fault: HostFault) -> Self {
         Self {

@@ -28,16 +28,16 @@
 //! client records each call and answer as a [`lincheck::Operation`], and
 //! [`lincheck::check`] says whether the history is linearizable.
 //!
-//! - [`sim`] — `granary chaos sim`: the node's and the coordinator's
+//! - [`sim`] — `granary-chaos sim`: the node's and the coordinator's
 //!   decision cores on a simulated clock and network, one seed per run,
 //!   with the invariants of the fabric checked after every run.
 //!
-//! - [`netns`] and [`hosts`] — `granary chaos hosts`: hosts made of
+//! - [`netns`] and [`hosts`] — `granary-chaos hosts`: hosts made of
 //!   network namespaces on a bridge, and issue 14's two cost targets (a
 //!   node stopped, or its host cut off, in the cold epoch) measured on them
 //!   against the same job without the fault.
 //!
-//! - [`run`] — `granary chaos run`: a real cluster (voters, node daemons,
+//! - [`run`] — `granary-chaos run`: a real cluster (voters, node daemons,
 //!   trainer ranks, a [`relay::RelayHandle`] between the nodes) under a
 //!   seed's fault schedule ([`run::schedule`]), judged by
 //!   [`run::verdict`] against a fault-free single-node reference.

@@ -125,8 +125,8 @@ mod tests {
 
     /// Hosts are made, their links go down and up, and everything is
     /// removed on drop (skipped, saying so, without root). That they reach
-    /// each other is shown by `granary chaos hosts`, whose cluster forms
-    /// across them (`tests/chaos_hosts.rs`).
+    /// each other is shown by `granary-chaos hosts`, whose cluster forms
+    /// across them (`chaos/tests/chaos_hosts.rs`).
     #[test]
     fn hosts_are_made_and_removed() {
         if let Err(e) = Hosts::available() {

@@ -4,7 +4,7 @@
 use granary_chaos::sim;
 
 /// Seeds CI runs on every change (a soak runs many more:
-/// `granary chaos sim --seeds N`).
+/// `granary-chaos sim --seeds N`).
 const CI_SEEDS: std::ops::Range<u64> = 0..300;
 
 #[test]
@@ -16,7 +16,7 @@ fn fixed_seeds_hold_every_invariant() {
         faults += o.faults.values().sum::<u64>();
         if !o.violations.is_empty() {
             failed.push(format!(
-                "seed {seed} ({}): {:?}\n  replay: granary chaos sim --seed {seed} --trace",
+                "seed {seed} ({}): {:?}\n  replay: granary-chaos sim --seed {seed} --trace",
                 o.swarm, o.violations
             ));
         }
@@ -66,7 +66,7 @@ fn a_stop_or_a_partition_costs_at_most_its_length_and_a_lease_and_reads_only_wha
         for seed in 0..20 {
             let c = scenario::run(kind, 6, 1_500, seed, false);
             let name = format!("{kind:?}").to_lowercase();
-            let what = format!("{name} seed {seed}: granary chaos sim --scenario {name} --seed {seed} --trace");
+            let what = format!("{name} seed {seed}: granary-chaos sim --scenario {name} --seed {seed} --trace");
             assert!(c.faulted.violations.is_empty(), "{what}: {:?}", c.faulted.violations);
             assert!(c.unexposed_rereads().is_empty(), "{what}: {:?}", c.unexposed_rereads());
             assert_eq!(c.forbidden_warm_reads(), 0, "{what}");

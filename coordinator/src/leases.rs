@@ -42,6 +42,18 @@ pub struct Expired {
     pub incarnation: u64,
 }
 
+/// A registration refused by [`Leases::refuse_registration`]: the node is
+/// live at another address.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RegistrationRefused {
+    /// The address of the daemon that holds the lease.
+    pub live_addr: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// How long ago its lease was last renewed (zero in a grace).
+    pub since_renewal: Duration,
+}
+
 /// One node's lease as the leader holds it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Clock {
@@ -148,6 +160,35 @@ impl Leases {
     /// It does not recall an expiry already handed out.
     pub fn handle_renewed(&mut self, node: NodeId, incarnation: u64, now: Instant) {
         self.clocks.insert(node, Clock { incarnation, renewed: now, expiring: false });
+    }
+
+    /// Decides a registration of `node` from `addr` while the replicated
+    /// state has `live` (its live incarnation and address, if it is live):
+    /// refused while a daemon at another address holds the node's lease
+    /// (renewed within one lease of `now`, or in its grace), so a second
+    /// daemon given the same certificate cannot take the id over and flap
+    /// the placement. The same address is the same daemon starting again
+    /// (two processes cannot bind one address), and a lease that ran out is
+    /// free to take. Only a leader holds clocks; elsewhere nothing is
+    /// refused (registration goes to the leader).
+    pub fn refuse_registration(
+        &self,
+        node: NodeId,
+        live: Option<(u64, &str)>,
+        addr: &str,
+        now: Instant,
+    ) -> Option<RegistrationRefused> {
+        let (incarnation, live_addr) = live?;
+        if live_addr == addr || self.leading_term.is_none() {
+            return None;
+        }
+        let clock = self.clocks.get(&node).filter(|c| c.incarnation == incarnation)?;
+        let since = now.saturating_duration_since(clock.renewed);
+        (since <= self.lease).then(|| RegistrationRefused {
+            live_addr: live_addr.to_owned(),
+            incarnation,
+            since_renewal: since,
+        })
     }
 
     /// Proposing `expired` failed: hand it out again at a later tick if its
@@ -476,5 +517,42 @@ mod tests {
         // Node 2's expiry was applied: only node 1 is live.
         l.handle_state([(NodeId(1), 7)], t0);
         assert_eq!(l.poll_expired(t0 + 2 * LEASE), [expired(1, 7)]);
+    }
+
+    /// Issue 29: a second daemon with node 2's certificate, at another
+    /// address, is refused while node 2's lease is held, and nothing is
+    /// refused to the daemon that holds it (a restart at its own address),
+    /// once the lease has run out, or on a voter that does not lead.
+    #[test]
+    fn a_second_daemon_is_refused_while_the_live_one_holds_the_lease() {
+        let start = Instant::now();
+        let mut leases = Leases::new(LEASE, start);
+        leases.handle_leadership(Some(1), start);
+        leases.handle_state([(NodeId(2), 7)], start);
+        leases.handle_renewed(NodeId(2), 7, start);
+        let live = Some((7, "10.0.0.2:7100"));
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let refused = leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(2_000)).expect("refused");
+        assert_eq!(
+            refused,
+            RegistrationRefused {
+                live_addr: "10.0.0.2:7100".into(),
+                incarnation: 7,
+                since_renewal: Duration::from_millis(2_000)
+            }
+        );
+        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.2:7100", at(2_000)), None, "same address");
+        assert_eq!(leases.refuse_registration(NodeId(2), None, "10.0.0.9:7100", at(2_000)), None, "not live");
+        assert_eq!(leases.refuse_registration(NodeId(3), Some((8, "a:1")), "b:1", at(2_000)), None, "no clock");
+        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(3_000)).is_some(), "a whole lease");
+        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(3_001)), None, "ran out");
+        // Heartbeats keep it held.
+        leases.handle_renewed(NodeId(2), 7, at(2_900));
+        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(5_000)).is_some());
+        // A new leadership's grace holds it too; a follower refuses nothing.
+        leases.handle_leadership(Some(2), at(10_000));
+        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(12_000)).is_some(), "grace");
+        leases.handle_leadership(None, at(12_000));
+        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(12_000)), None);
     }
 }

@@ -91,6 +91,30 @@ pub enum TlsError {
         /// The name that was given.
         name: String,
     },
+    /// No identity was named and the folder does not hold exactly one.
+    #[error(
+        "{} holds {} identities ({}): name the one to use (cert_name in node.toml, --cert-name on the command line), \
+         or give this host its own folder of `granary certs init` (hosts/NAME/, one identity)",
+        dir.display(), found.len(), if found.is_empty() { "no key file".to_string() } else { found.join(", ") }
+    )]
+    WhichIdentity {
+        /// The folder.
+        dir: PathBuf,
+        /// The identities it holds (stems of its key files).
+        found: Vec<String>,
+    },
+    /// A certificate was to be issued into an identity folder that holds another identity's key.
+    #[error(
+        "{} already holds the key of {}: one identity per folder (the folder a host is given must let it be only \
+         that identity); issue into a folder of its own, such as hosts/NAME/",
+        dir.display(), found.join(", ")
+    )]
+    FolderHoldsIdentity {
+        /// The folder.
+        dir: PathBuf,
+        /// The identities it already holds.
+        found: Vec<String>,
+    },
     /// The bytes are not a DER X.509 certificate.
     #[error("malformed X.509 certificate: {0}")]
     MalformedCertificate(String),

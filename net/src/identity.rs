@@ -22,7 +22,9 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, version::TLS13};
 
 use crate::error::TlsError;
-use crate::pki::{CA_NAME, identity_paths, node_id_of_cert, read_certs, read_key, role_of_cert, voter_id_of_cert};
+use crate::pki::{
+    CA_NAME, identity_name, identity_paths, node_id_of_cert, read_certs, read_key, role_of_cert, voter_id_of_cert,
+};
 use crate::role::Role;
 use crate::transport::transport_config;
 
@@ -82,6 +84,14 @@ impl Identity {
         Self::load_files(&dir.join(format!("{CA_NAME}.pem")), &cert, &key)
     }
 
+    /// Loads the identity `name` of folder `dir`, or when no name is given, `default` if the folder holds it,
+    /// else the folder's one identity ([`crate::pki::identity_name`]): a host given its own folder of `granary
+    /// certs init` names nothing. Returns the identity and the name it was loaded as.
+    pub fn load_in(dir: &Path, name: Option<&str>, default: &str) -> Result<(Self, String), TlsError> {
+        let name = identity_name(dir, name, default)?;
+        Ok((Self::load(dir, &name)?, name))
+    }
+
     /// Loads the CA certificate(s), this party's certificate chain (leaf first) and its private key from the given
     /// PEM files, and checks them: every CA certificate is usable as a trust root, the leaf is signed directly by one
     /// of them (the cluster CA has path length 0), the key belongs to the leaf, and the leaf carries a role.
@@ -117,6 +127,12 @@ impl Identity {
     /// The role this identity's certificate carries.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// The node id this identity's certificate is bound to, if any (`urn:granary:node:<id>`).
+    pub fn bound_node_id(&self) -> Result<Option<u64>, TlsError> {
+        // Indexing is safe: a loaded identity has at least one certificate.
+        node_id_of_cert(&self.chain[0])
     }
 
     /// This identity's certificate chain, leaf first.

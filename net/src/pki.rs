@@ -1,9 +1,14 @@
 //! The offline PKI: the cluster CA and the role certificates it signs, on
 //! disk, and what a certificate says ([`role_of_cert`], [`node_id_of_cert`]).
 //!
-//! A cluster directory holds `ca.pem`/`ca.key` and one `<name>.pem`/
-//! `<name>.key` pair per identity; [`init_cluster`] creates it and [`issue`]
-//! adds to it. Nothing is ever overwritten, and key files are mode 0600.
+//! What `granary certs init` makes ([`init_split`]) is one folder per
+//! identity: `ca/` (the CA's key, kept off the hosts), `admin/`, and under
+//! `hosts/` a folder for each host identity holding the CA certificate and
+//! that identity's `<name>.pem`/`<name>.key`, nothing else, so a host given
+//! its folder can be no other identity. [`issue_from`] adds one more such
+//! folder. [`init_cluster`] makes the all-in-one folder (CA key included)
+//! that tests and single-machine harnesses use. Nothing is ever
+//! overwritten, and key files are mode 0600.
 //!
 //! Every leaf certificate carries the DNS names `granary-<role>` (see
 //! [`Role::server_name`]) and `localhost` and the address 127.0.0.1, and can
@@ -224,44 +229,93 @@ fn create_ca(ca_cert_path: &Path, ca_key_path: &Path) -> Result<Issuer<'static, 
 pub const CA_FOLDER: &str = "ca";
 /// The folder of [`init_split`] that holds the admin identity (the operator's).
 pub const ADMIN_FOLDER: &str = "admin";
-/// The folder of [`init_split`] that hosts use as `--certs`.
+/// The folder of [`init_split`] that holds one folder per host identity (`node-3/`, `coordinator-1/`,
+/// `trainer/`): each host is given its own, as `--certs` or `certs =`.
 pub const HOSTS_FOLDER: &str = "hosts";
 
-/// Creates a cluster's certificates in three folders of `out`, so that no host holds a key it does not need:
-/// `ca/` (the CA's certificate and key: keep it off the hosts; `certs issue --ca` signs with it), `admin/` (the
-/// admin certificate and key with the CA certificate: the operator's), and `hosts/` (the CA certificate, the
-/// coordinator, node and trainer certificates, `node-1`..`node-N` bound to node ids and `coordinator-1`..
-/// `coordinator-M` bound to voter ids: what hosts are given as `--certs`). Refuses if `out/ca/ca.key` or any
-/// file it would write exists. Returns the paths written, the CA first.
-pub fn init_split(out: &Path, nodes: u64, voters: u64) -> Result<Vec<PathBuf>, TlsError> {
+/// What [`init_split`] issues besides the CA and the admin identity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// `node-1` .. `node-N`, each bound to its node id.
+    pub nodes: u64,
+    /// `coordinator-1` .. `coordinator-M`, each bound to its voter id.
+    pub voters: u64,
+    /// Also the shared, unbound `node` and `coordinator` identities (any holder may register as any node, or vote
+    /// as any voter where the coordinators allow unbound certificates): only when asked.
+    pub unbound: bool,
+}
+
+/// Creates a cluster's certificates in `out`, one folder per identity, so that no host holds a key it does not
+/// need: `ca/` (the CA's certificate and key: keep it off the hosts; `certs issue` signs with it), `admin/` (the
+/// admin certificate and key with the CA certificate: the operator's), and in `hosts/` one folder per host
+/// identity, each with the CA certificate and that identity's certificate and key and nothing else: `node-1/` ..
+/// `node-N/` (bound to node ids), `coordinator-1/` .. `coordinator-M/` (bound to voter ids), `trainer/`, and only
+/// with [`SplitPlan::unbound`] the shared `node/` and `coordinator/`. Refuses if `out/ca/ca.key` or any file it
+/// would write exists. Returns the paths written, the CA first.
+pub fn init_split(out: &Path, plan: SplitPlan) -> Result<Vec<PathBuf>, TlsError> {
     let ca = out.join(CA_FOLDER);
     let admin = out.join(ADMIN_FOLDER);
     let hosts = out.join(HOSTS_FOLDER);
     fs::create_dir_all(&ca).map_err(io_err("creating directory", &ca))?;
     let (ca_cert_path, ca_key_path) = identity_paths(&ca, CA_NAME);
-    let mut names: Vec<(Role, String, Option<u64>)> =
-        [Role::Coordinator, Role::Node, Role::Trainer].iter().map(|r| (*r, r.as_str().to_string(), None)).collect();
-    names.extend((1..=nodes).map(|id| (Role::Node, format!("node-{id}"), Some(id))));
-    names.extend((1..=voters).map(|id| (Role::Coordinator, format!("coordinator-{id}"), Some(id))));
+    let mut names: Vec<(Role, String, Option<u64>)> = vec![(Role::Trainer, Role::Trainer.as_str().to_string(), None)];
+    if plan.unbound {
+        names.extend([Role::Coordinator, Role::Node].iter().map(|r| (*r, r.as_str().to_string(), None)));
+    }
+    names.extend((1..=plan.nodes).map(|id| (Role::Node, format!("node-{id}"), Some(id))));
+    names.extend((1..=plan.voters).map(|id| (Role::Coordinator, format!("coordinator-{id}"), Some(id))));
     let mut targets = vec![ca_key_path.clone(), ca_cert_path.clone()];
     let (admin_cert, admin_key) = identity_paths(&admin, Role::Admin.as_str());
-    targets.extend([admin_cert, admin_key, identity_paths(&admin, CA_NAME).0, identity_paths(&hosts, CA_NAME).0]);
+    targets.extend([admin_cert, admin_key, identity_paths(&admin, CA_NAME).0]);
     for (_, name, _) in &names {
-        let (c, k) = identity_paths(&hosts, name);
-        targets.extend([c, k]);
+        let folder = hosts.join(name);
+        let (c, k) = identity_paths(&folder, name);
+        targets.extend([c, k, identity_paths(&folder, CA_NAME).0]);
     }
     refuse_existing(&targets.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     create_ca(&ca_cert_path, &ca_key_path)?;
     let mut written = vec![ca_cert_path, ca_key_path];
     let (c, k) = issue_from(&ca, &admin, Role::Admin, Role::Admin.as_str(), None)?;
     written.extend([admin.join(format!("{CA_NAME}.pem")), c, k]);
-    written.push(hosts.join(format!("{CA_NAME}.pem")));
     for (role, name, id) in names {
-        let (c, k) = issue_from(&ca, &hosts, role, &name, id)?;
-        written.extend([c, k]);
+        let folder = hosts.join(&name);
+        let (c, k) = issue_from(&ca, &folder, role, &name, id)?;
+        written.extend([folder.join(format!("{CA_NAME}.pem")), c, k]);
     }
-    tracing::info!(dir = %out.display(), "created a cluster CA, the admin identity and the hosts' certificates");
+    tracing::info!(dir = %out.display(), "created a cluster CA, the admin identity and one folder per host identity");
     Ok(written)
+}
+
+/// The identities in folder `dir`: the stems of its `*.key` files other than the CA's, sorted.
+pub fn identities_in(dir: &Path) -> Result<Vec<String>, TlsError> {
+    let entries = fs::read_dir(dir).map_err(io_err("listing", dir))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("listing", dir))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".key")) else { continue };
+        if stem != CA_NAME && !stem.is_empty() {
+            names.push(stem.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Which identity of folder `dir` to load: `name` if given; else `default` if the folder holds it (the
+/// all-in-one folder of [`init_cluster`]); else the folder's one identity (a folder of [`init_split`]).
+pub fn identity_name(dir: &Path, name: Option<&str>, default: &str) -> Result<String, TlsError> {
+    if let Some(name) = name {
+        return Ok(name.to_owned());
+    }
+    if identity_paths(dir, default).1.exists() {
+        return Ok(default.to_owned());
+    }
+    let mut found = identities_in(dir)?;
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        _ => Err(TlsError::WhichIdentity { dir: dir.to_owned(), found }),
+    }
 }
 
 /// Issues `dir/{name}.pem` and `dir/{name}.key` for `role`, signed by the CA in `dir/ca.pem` and `dir/ca.key`.
@@ -281,6 +335,8 @@ pub fn issue_bound(dir: &Path, role: Role, name: &str, node_id: Option<u64>) -> 
 
 /// [`issue_bound`] with the CA (`ca.pem`, `ca.key`) in folder `ca` and the new certificate written into `dir`
 /// (created if missing), with a copy of `ca.pem` there when it has none, so `dir` is a whole identity folder.
+/// Refuses a `dir` (other than `ca`) that already holds another identity's key: one key per folder, so that the
+/// folder a host is given lets it be only that identity.
 pub fn issue_from(
     ca: &Path,
     dir: &Path,
@@ -293,6 +349,13 @@ pub fn issue_from(
     }
     check_name(name)?;
     if ca != dir {
+        // An identity folder is what one host is given: it holds one key.
+        if dir.exists() {
+            let others: Vec<String> = identities_in(dir)?.into_iter().filter(|n| n != name).collect();
+            if !others.is_empty() {
+                return Err(TlsError::FolderHoldsIdentity { dir: dir.to_owned(), found: others });
+            }
+        }
         fs::create_dir_all(dir).map_err(io_err("creating directory", dir))?;
         let (ca_pem, _) = identity_paths(ca, CA_NAME);
         let (copy, _) = identity_paths(dir, CA_NAME);

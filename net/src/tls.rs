@@ -11,8 +11,8 @@ pub use crate::identity::{
     server_endpoint,
 };
 pub use crate::pki::{
-    ADMIN_FOLDER, CA_FOLDER, CA_NAME, HOSTS_FOLDER, identity_paths, init_cluster, init_split, issue, issue_bound,
-    issue_from, node_id_of_cert, role_of_cert, voter_id_of_cert,
+    ADMIN_FOLDER, CA_FOLDER, CA_NAME, HOSTS_FOLDER, SplitPlan, identities_in, identity_name, identity_paths,
+    init_cluster, init_split, issue, issue_bound, issue_from, node_id_of_cert, role_of_cert, voter_id_of_cert,
 };
 pub use crate::role::{NODE_URI_PREFIX, ParseRoleError, ROLE_URI_PREFIX, Role, VOTER_URI_PREFIX};
 pub use crate::transport::{

@@ -135,13 +135,16 @@ pub struct NodeConfig {
 pub struct ClusterConfig {
     /// Coordinator addresses (`host:port`); any voter will do.
     pub coordinators: Vec<String>,
-    /// Folder made by `granary certs init` (relative to the config file).
+    /// This node's identity folder of `granary certs init` (`hosts/node-ID/`, relative to the config file).
     pub certs: PathBuf,
-    /// Certificate name in that folder. Default `node`.
-    #[serde(default = "default_cert_name")]
-    pub cert_name: String,
-    /// This node's id, unique in the cluster.
-    pub node_id: u64,
+    /// Certificate name in that folder. Default: `node` if the folder holds it, else the folder's one identity.
+    #[serde(default)]
+    pub cert_name: Option<String>,
+    /// This node's id, unique in the cluster. Default: the id its
+    /// certificate is bound to (`certs init --nodes N`); when both are
+    /// given they must agree.
+    #[serde(default)]
+    pub node_id: Option<u64>,
     /// Address peers reach this node at (`host:port`).
     pub advertise: String,
     /// Address the peer endpoint binds (`host:port`), where it differs
@@ -153,10 +156,6 @@ pub struct ClusterConfig {
     /// is optional (see [`FabricConfig`] for the defaults).
     #[serde(default)]
     pub fabric: FabricConfig,
-}
-
-fn default_cert_name() -> String {
-    "node".into()
 }
 
 fn default_ram() -> u64 {

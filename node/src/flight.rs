@@ -7,7 +7,7 @@
 //! at low priority until something needs it now; a peer's request is never
 //! forwarded. Joining a peer's request to a load that is itself asking a
 //! peer can make loads wait on each other in a cycle until the fetch
-//! deadline, when placements disagree for a moment (`granary chaos sim`
+//! deadline, when placements disagree for a moment (`granary-chaos sim`
 //! seed 136349: three nodes, each loading one shard from the next). So a
 //! peer's request that meets a load of this node asking a peer is
 //! - joined, and the load told to stop asking and read the shard here,
@@ -17,7 +17,7 @@
 //!   asker is that very peer (A asks B on a placement that names B; B's
 //!   load asks A on an older one: A's newer placement names B the owner,
 //!   and B, which may not have learned it yet, is the one to read).
-//!   `granary chaos sim --seed 187788`: refusing there made both read the
+//!   `granary-chaos sim --seed 187788`: refusing there made both read the
 //!   shard once the owner they had both asked before crashed again;
 //! - refused at once when the load asks that very peer on the same or a
 //!   newer placement (A waits on B, which waits on A: the two disagree

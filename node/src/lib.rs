@@ -74,7 +74,7 @@ pub mod decide {
 
 pub use config::NodeConfig;
 pub use embedded::EmbeddedNode;
-pub use membership::JoinError;
+pub use membership::{JoinError, node_identity};
 pub use service::{Follower, Node, PREFETCH_EPOCHS_AHEAD, Shared, StartError};
 pub use session::Session;
 pub use shm::{SealedChunk, live_chunk_bytes};

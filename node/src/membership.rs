@@ -62,18 +62,40 @@ pub(crate) struct Membership {
     tasks: JoinSet<()>,
 }
 
-/// The node identity `cfg` names, or why it cannot be one.
-pub(crate) fn node_identity(cfg: &ClusterConfig) -> Result<Identity, JoinError> {
-    let identity = Identity::load(&cfg.certs, &cfg.cert_name).map_err(|e| JoinError::Identity(e.to_string()))?;
+/// The node identity `cfg` names and the node id it is, or why it cannot be
+/// one: the configured `node_id`, else the id the certificate is bound to;
+/// both given, they must agree (the coordinator would refuse the mismatch
+/// at every registration; the node says so at start instead).
+pub fn node_identity(cfg: &ClusterConfig) -> Result<(Identity, NodeId), JoinError> {
+    let (identity, name) = Identity::load_in(&cfg.certs, cfg.cert_name.as_deref(), Role::Node.as_str())
+        .map_err(|e| JoinError::Identity(e.to_string()))?;
+    let file = || format!("{}/{name}.pem", cfg.certs.display());
     if identity.role() != Role::Node {
         return Err(JoinError::Identity(format!(
-            "{}/{}.pem is a {} certificate; a node needs a node certificate",
-            cfg.certs.display(),
-            cfg.cert_name,
+            "{} is a {} certificate; a node needs a node certificate",
+            file(),
             identity.role()
         )));
     }
-    Ok(identity)
+    let bound = identity.bound_node_id().map_err(|e| JoinError::Identity(format!("{}: {e}", file())))?;
+    let id = match (cfg.node_id, bound) {
+        (Some(given), Some(bound)) if given != bound => {
+            return Err(JoinError::Identity(format!(
+                "node_id = {given}, but {} is bound to node {bound}: a node registers only as the node its \
+                 certificate names",
+                file()
+            )));
+        }
+        (Some(id), _) | (None, Some(id)) => id,
+        (None, None) => {
+            return Err(JoinError::Identity(format!(
+                "{} names no node id and node.toml sets no node_id: give this host its own folder of `granary \
+                 certs init --nodes N` (hosts/node-ID/), or set node_id",
+                file()
+            )));
+        }
+    };
+    Ok((identity, NodeId(id)))
 }
 
 impl Membership {
@@ -83,6 +105,7 @@ impl Membership {
     /// one peer socket, so the voters see one address per node.
     pub(crate) fn start(
         cfg: &ClusterConfig,
+        node: NodeId,
         identity: &Identity,
         endpoint: &quinn::Endpoint,
         ram_bytes: u64,
@@ -106,7 +129,6 @@ impl Membership {
         let (standing_tx, standing) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();
-        let node = NodeId(cfg.node_id);
         let register =
             ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes, registration: 0 };
         tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));

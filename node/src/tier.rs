@@ -174,7 +174,7 @@ impl ChunkTier {
                 // unwritable folder are less specific. An empty one: a
                 // restarted node whose filesystem filled up meanwhile holds
                 // its space already (its files are reserved), and a byte
-                // written here would fail it for nothing (`granary chaos
+                // written here would fail it for nothing (`granary-chaos
                 // run`'s fill_ssd fault).
                 let probe = s.dir.join(".granary-write-probe");
                 std::fs::File::create(&probe).map_err(|e| err(format!("not writable: {e}")))?;

@@ -865,7 +865,7 @@ async fn a_node_whose_owner_stalls_reads_remote_storage_without_waiting_for_plac
 /// A load asking a former owner on an old placement, when a peer asks for
 /// the shard on a newer placement that names this node the owner, stops
 /// asking and reads the shard here, and the peer gets it at once (found by
-/// `granary chaos sim`, seed 136349: such loads closed a wait cycle of
+/// `granary-chaos sim`, seed 136349: such loads closed a wait cycle of
 /// three nodes). The former owner here is alive and slow: it says
 /// "working" every second and never answers, so without the rule the load
 /// and the peer would wait for the fetch deadline (60 s).
@@ -1005,7 +1005,7 @@ fn handed_over_to_node2(f: &Fixture, cluster: &Cluster) {
 
 /// A handoff: a node that a placement made the owner of a shard another
 /// live node held takes that node's copy instead of reading remote storage
-/// (`granary chaos sim --scenario stop` measured the cost without it: a
+/// (`granary-chaos sim --scenario stop` measured the cost without it: a
 /// node back from a stop read again, in warm epochs, shards the others
 /// read while it was away).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1050,7 +1050,7 @@ async fn a_node_asked_for_a_copy_it_does_not_hold_says_so_at_once_and_loads_noth
 
 /// A node asked for a copy it is reading from remote storage right now
 /// hands it over when read, keeping the ask alive with progress frames,
-/// instead of saying it holds none (`granary chaos sim --scenario stop`,
+/// instead of saying it holds none (`granary-chaos sim --scenario stop`,
 /// seed 133: the survivor was reading the shard when the node back from
 /// its stop asked, and both read it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1084,7 +1084,7 @@ async fn a_node_reading_the_shard_hands_it_over_when_read() {
 /// A node whose lease is in doubt (here: known lost) does not read a shard
 /// its placement gives it as the owner: the placement may be stale, the
 /// coordinator may have moved the shard to a node that read it meanwhile
-/// (`granary chaos sim` seed 39650). It waits for its lease and the
+/// (`granary-chaos sim` seed 39650). It waits for its lease and the
 /// placement that comes with it, then asks the owner that placement names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_lease_is_in_doubt_waits_for_it_before_reading_as_owner() {
@@ -1123,7 +1123,7 @@ async fn a_node_whose_lease_is_in_doubt_waits_for_it_before_reading_as_owner() {
 /// A peer's request that waited for a load permit while the placement gave
 /// its shard to another node is answered "not the owner" instead of read
 /// here: the peer asks the new owner, and the shard is not read twice
-/// (`granary chaos hosts --fault stop`: a survivor read, for a peer, a
+/// (`granary-chaos hosts --fault stop`: a survivor read, for a peer, a
 /// shard the node back from its stop had been given again, while that node
 /// read it too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1168,7 +1168,7 @@ async fn a_peer_request_queued_while_its_shard_moved_away_is_sent_to_the_new_own
     assert_eq!(node2.stats().conversions, 1, "only the first shard was read");
 }
 
-/// Find 13 (`granary chaos run` soak seed 4064): a node that has just
+/// Find 13 (`granary-chaos run` soak seed 4064): a node that has just
 /// joined, asked for a shard before it knows the placement of its version,
 /// waits a moment for the placement and fetches the shard from its owner.
 /// It read the shard itself before (a node back from a kill read 17 shards

@@ -16,12 +16,12 @@ pub(crate) struct ConnectArgs {
     /// Coordinator addresses, `HOST:PORT,...` (any voter; requests find the leader).
     #[arg(long, env = "GRANARY_COORDINATORS", value_delimiter = ',', required = true)]
     coordinators: Vec<String>,
-    /// Folder made by `granary certs init`.
+    /// An identity folder of `granary certs init`: `admin/` for dataset changes, any host's for reads.
     #[arg(long, env = "GRANARY_CERTS")]
     certs: PathBuf,
-    /// Certificate name in that folder.
-    #[arg(long, default_value = "admin")]
-    cert_name: String,
+    /// Certificate name in that folder. Default: `admin` if the folder holds it, else the folder's one identity.
+    #[arg(long)]
+    cert_name: Option<String>,
     /// Give up after this many milliseconds.
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
@@ -33,7 +33,7 @@ pub(crate) struct ConnectArgs {
 /// Sends one request and waits for its answer, on a runtime of its own:
 /// these commands make one call and exit.
 pub(crate) fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse> {
-    let identity = Identity::load(&connect.certs, &connect.cert_name)?;
+    let (identity, _) = Identity::load_in(&connect.certs, connect.cert_name.as_deref(), "admin")?;
     let addrs = parse_addrs(&connect.coordinators)?;
     let options = ClientOptions { deadline: Duration::from_millis(connect.timeout_ms), ..Default::default() };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

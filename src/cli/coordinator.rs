@@ -30,12 +30,13 @@ pub(crate) struct CoordinatorArgs {
     /// Folder for the Raft log and snapshots.
     #[arg(long)]
     data_dir: PathBuf,
-    /// Folder made by `granary certs init`.
+    /// This voter's identity folder of `granary certs init` (`hosts/coordinator-ID/`).
     #[arg(long, env = "GRANARY_CERTS")]
     certs: PathBuf,
-    /// Certificate name in that folder.
-    #[arg(long, default_value = "coordinator")]
-    cert_name: String,
+    /// Certificate name in that folder. Default: `coordinator` if the folder holds it, else the folder's one
+    /// identity.
+    #[arg(long)]
+    cert_name: Option<String>,
     /// Node lease: a node whose heartbeats stop this long is expired.
     #[arg(long, default_value_t = 3000)]
     lease_ms: u64,
@@ -128,7 +129,7 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     if a.id == 0 {
         bail!("--id must be a positive integer");
     }
-    let identity = Identity::load(&a.certs, &a.cert_name)?;
+    let (identity, _) = Identity::load_in(&a.certs, a.cert_name.as_deref(), "coordinator")?;
     let mut cfg = CoordinatorConfig::new(VoterId(a.id), a.listen, a.data_dir.clone(), identity);
     cfg.voters = parse_peers(&a.peers)?;
     cfg.lease = Duration::from_millis(a.lease_ms);

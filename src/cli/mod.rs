@@ -13,10 +13,6 @@
 //! - [`stats`]: `granary stats`, one node's counters.
 //! - [`doctor`]: `granary doctor`, which stage bounds a running job.
 //! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
-//! - [`chaos`]: `granary chaos sim`, the deterministic simulation, and
-//!   [`chaos_run`]: `granary chaos run`, real processes under seeded faults;
-//!   [`chaos_hosts`]: `granary chaos hosts`, one fault on hosts made of
-//!   network namespaces.
 //! - [`view`]: `granary view check`, a view against a source before deploying it.
 //! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
 //!   and the benchmarks.
@@ -27,27 +23,6 @@
 
 pub(crate) mod bench;
 pub(crate) mod certs;
-pub(crate) mod chaos;
-pub(crate) mod chaos_hosts;
-
-/// The folder a chaos command works in: `keep` (made if missing), or a
-/// temporary folder named with `prefix`, removed when the guard drops.
-pub(crate) fn work_dir(
-    keep: Option<&std::path::Path>,
-    prefix: &str,
-) -> anyhow::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
-    match keep {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            Ok((dir.to_path_buf(), None))
-        }
-        None => {
-            let tmp = tempfile::Builder::new().prefix(prefix).tempdir()?;
-            Ok((tmp.path().to_path_buf(), Some(tmp)))
-        }
-    }
-}
-pub(crate) mod chaos_run;
 pub(crate) mod connect;
 pub(crate) mod coordinator;
 pub(crate) mod dataset;

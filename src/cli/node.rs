@@ -41,20 +41,11 @@ fn check(path: &std::path::Path, cfg: &granary_node::NodeConfig) -> Result<()> {
     lines.push(format!("  a RAM tier of {}, {ssd}", gib(cfg.ram_bytes)));
     lines.push(format!("  {} dataset(s) of its own", cfg.datasets.len()));
     if let Some(c) = &cfg.cluster {
-        let identity = granary_net::tls::Identity::load(&c.certs, &c.cert_name).with_context(|| {
-            format!("{}: [cluster] certificate {:?} in {}", path.display(), c.cert_name, c.certs.display())
-        })?;
-        if identity.role() != granary_net::tls::Role::Node {
-            anyhow::bail!(
-                "{}: certificate {:?} is a {} certificate, not a node's",
-                path.display(),
-                c.cert_name,
-                identity.role()
-            );
-        }
+        let (_, node_id) = granary_node::node_identity(c)
+            .with_context(|| format!("{}: [cluster] identity in {}", path.display(), c.certs.display()))?;
         lines.push(format!(
             "  node {} in the cluster of {}, peers reach it at {}",
-            c.node_id,
+            node_id.0,
             c.coordinators.join(", "),
             c.advertise
         ));

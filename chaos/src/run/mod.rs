@@ -1,4 +1,4 @@
-//! `granary chaos run`: the real processes under a seeded fault schedule.
+//! `granary-chaos run`: the real processes under a seeded fault schedule.
 //!
 //! A job (a generated dataset, trainer ranks on every node, several epochs)
 //! first runs on one node alone, without faults: its batch digests are the
@@ -80,7 +80,7 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    /// The defaults of `granary chaos run`: 3 voters, 3 nodes with 2 ranks
+    /// The defaults of `granary-chaos run`: 3 voters, 3 nodes with 2 ranks
     /// each, 3 epochs of a 24-shard dataset over 4 MiB/s links.
     pub fn new(exe: PathBuf, work: PathBuf) -> Self {
         Self {

@@ -1,7 +1,7 @@
 //! A filesystem that can lose power: what a process wrote and did not
 //! sync is gone after a cut, what it synced stays.
 //!
-//! A voter's data folder in `granary chaos run` is a FUSE mount served by
+//! A voter's data folder in `granary-chaos run` is a FUSE mount served by
 //! this module from the harness's memory. Each file keeps two images: what
 //! the process sees, and what a disk would hold after a power cut. The
 //! second moves to the first only on a sync:

@@ -1,4 +1,4 @@
-//! A seed's fault schedule for `granary chaos run`: pure, so one seed always
+//! A seed's fault schedule for `granary-chaos run`: pure, so one seed always
 //! names the same faults at the same offsets (the processes' interleaving
 //! around them is the only thing a replay cannot repeat).
 //!

@@ -224,7 +224,7 @@ async fn serve(
         Fate::Error => {
             shared.counters.errors.fetch_add(1, Ordering::Relaxed);
             let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
-                        <Message>Please reduce your request rate (granary chaos store).</Message></Error>";
+                        <Message>Please reduce your request rate (granary-chaos store).</Message></Error>";
             Ok(hyper::Response::builder()
                 .status(503)
                 .header("content-type", "application/xml")
@@ -313,7 +313,7 @@ impl futures::Stream for CutShort {
     ) -> std::task::Poll<Option<Self::Item>> {
         std::task::Poll::Ready(Some(match self.half.take() {
             Some(b) => Ok(b),
-            None => Err("granary chaos store: connection cut short".into()),
+            None => Err("granary-chaos store: connection cut short".into()),
         }))
     }
 }

@@ -1,4 +1,4 @@
-//! `granary chaos sim`: a deterministic simulation of the fabric's races.
+//! `granary-chaos sim`: a deterministic simulation of the fabric's races.
 //!
 //! The node's and the coordinator's decision cores (the fetch route,
 //! single-flight admission, the stall clock and liveness probe, the lease

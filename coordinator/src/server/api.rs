@@ -189,6 +189,31 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             if !is_leader(ctx) {
                 return Err(not_leader(ctx));
             }
+            let live = ctx
+                .shared
+                .read(|a| a.cluster.nodes.get(&node).filter(|r| r.live).map(|r| (r.incarnation, r.addr.clone())));
+            let refused = ctx.leases().refuse_registration(
+                node,
+                live.as_ref().map(|(i, a)| (*i, a.as_str())),
+                &addr,
+                Instant::now(),
+            );
+            if let Some(r) = refused {
+                tracing::warn!(
+                    %node, live_addr = %r.live_addr, incarnation = r.incarnation, refused_addr = %addr,
+                    "refused a second daemon: the node is live at another address"
+                );
+                return Err(failed(
+                    FailureKind::Forbidden,
+                    format!(
+                        "{node} is live at {} (incarnation {}, lease renewed {} ms ago): a second daemon at {addr} \
+                         may not register as it; stop one of them (each host needs its own node id and certificate)",
+                        r.live_addr,
+                        r.incarnation,
+                        r.since_renewal.as_millis()
+                    ),
+                ));
+            }
             match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
                 CommandResult::NodeRegistered { incarnation, placement_epoch } => {
                     ctx.leases().handle_renewed(node, incarnation, Instant::now());

@@ -44,7 +44,6 @@ pub use server::serve;
 use crate::service::Node;
 use granary_net::client::CoordinatorClient;
 use granary_net::tls::{self, ALPN_PEER};
-use granary_proto::NodeId;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -72,7 +71,7 @@ impl ClusterHandle {
         // A config built in code (not loaded from node.toml) is checked here.
         cfg.fabric.validate()?;
         let id_err = |e: tls::TlsError| JoinError::Identity(e.to_string());
-        let identity = crate::membership::node_identity(cfg)?;
+        let (identity, node_id) = crate::membership::node_identity(cfg)?;
         let (key, bind) = match &cfg.listen {
             Some(l) => ("listen", l),
             None => ("advertise", &cfg.advertise),
@@ -83,9 +82,9 @@ impl ClusterHandle {
             .map_err(id_err)?;
         // One socket for everything: peers and voters see this node at one
         // address (what a firewall rule or a fault relay keys on).
-        let membership = Membership::start(cfg, &identity, &endpoint, ram_bytes, ssd_bytes)?;
+        let membership = Membership::start(cfg, node_id, &identity, &endpoint, ram_bytes, ssd_bytes)?;
         let link = PeerLink::new(endpoint.clone(), &identity, &cfg.fabric).map_err(id_err)?;
-        let cluster = Arc::new(Cluster::new(NodeId(cfg.node_id), link, cfg.fabric.clone()));
+        let cluster = Arc::new(Cluster::new(node_id, link, cfg.fabric.clone()));
         node.join_cluster(cluster.clone());
         let mut tasks = tokio::task::JoinSet::new();
         let mut standing = membership.standing();
@@ -114,7 +113,7 @@ impl ClusterHandle {
             Default::default(),
         )?;
         tasks.spawn(holds::report_holds(
-            NodeId(cfg.node_id),
+            node_id,
             node.holds(),
             holds_client,
             membership.standing(),

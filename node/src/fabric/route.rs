@@ -10,7 +10,7 @@
 //! - **The owner is alive but gave no chunk**: it stalled (its connection
 //!   answers, the stream does not) or sent a chunk that failed validation. It keeps its lease, so the placement will not move
 //!   the shard; waiting would only add to the failure. Read remote storage
-//!   now. (`granary chaos sim` found the corrupt case: seed 11438 waited the
+//!   now. (`granary-chaos sim` found the corrupt case: seed 11438 waited the
 //!   whole reroute wait for a live owner's shard to move.)
 //! - **The owner failed otherwise** (unreachable, gone quiet, reset, or
 //!   refused: most often because its placement and this node's disagree
@@ -22,7 +22,7 @@
 //!   to move the shard, then ask the new owner. If the owner answers again
 //!   first (it was cut off, or stopped, and is back: a handshake with it
 //!   completes), ask it again: it keeps its lease and its shards, and the
-//!   placement will never move them. (`granary chaos sim --scenario
+//!   placement will never move them. (`granary-chaos sim --scenario
 //!   partition` measured the cost without it: a node cut off for 6 s spent
 //!   the whole reroute wait on every shard it had asked for, then read them
 //!   all itself.)
@@ -32,7 +32,7 @@
 //!   node whether it holds the chunk ([`Step::AskHeld`]). It answers from
 //!   what it holds, at once, never by loading, so the ask cannot wait on
 //!   anything and joins no wait cycle; a miss, a failure or no answer
-//!   within the handoff wait means reading remote storage. (`granary chaos
+//!   within the handoff wait means reading remote storage. (`granary-chaos
 //!   sim --scenario stop` measured the cost without it: a node back from a
 //!   stop was given shards the survivors had read while it was away, and
 //!   read them again in the warm epochs.)
@@ -44,7 +44,7 @@
 //!   shards to nodes that read them meanwhile. It waits (up to the reroute
 //!   wait) until a heartbeat or a new registration is accepted and the
 //!   placement that came with it is known, then routes again once
-//!   ([`Route::recheck_as_owner`], [`may_read_as_owner`]). (`granary chaos
+//!   ([`Route::recheck_as_owner`], [`may_read_as_owner`]). (`granary-chaos
 //!   sim` seed 39650: a node cut off past its lease learned, after the
 //!   heal, an old placement naming it the owner and read a shard the other
 //!   node had read.)
@@ -122,7 +122,7 @@ pub enum AskFailure {
     /// moment). The route waits for the placement and redials the owner: a
     /// refusing owner answers at once, so it is asked again after the
     /// redial interval, by which time the two placements usually agree (and
-    /// it is often the owner after all: `granary chaos sim --seed 19695`,
+    /// it is often the owner after all: `granary-chaos sim --seed 19695`,
     /// where waiting the whole reroute wait made both nodes read the shard).
     Unavailable(String),
 }

@@ -113,9 +113,17 @@ impl CoordinatorProcess {
             .append(true)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
-        // Its own certificate, bound to its voter id, where one was issued.
+        // Its own certificate, bound to its voter id, where one was issued:
+        // its own folder (`certs init`'s `hosts/coordinator-ID/`), or a file
+        // of an all-in-one folder (`init_cluster`); else the shared one.
         let bound = format!("coordinator-{}", me.id);
-        let cert_name = if certs.join(format!("{bound}.pem")).exists() { bound } else { "coordinator".to_string() };
+        let (certs, cert_name) = if certs.join(&bound).is_dir() {
+            (certs.join(&bound), bound)
+        } else if certs.join(format!("{bound}.pem")).exists() {
+            (certs.to_path_buf(), bound)
+        } else {
+            (certs.to_path_buf(), "coordinator".to_string())
+        };
         let mut child = quiet_errors(&mut super::child::command_in(netns, exe))
             .args(["coordinator", "--json", "--id", &me.id.to_string(), "--listen", &me.addr.to_string()])
             .args(["--cert-name", &cert_name])
@@ -123,7 +131,7 @@ impl CoordinatorProcess {
             .arg("--data-dir")
             .arg(&me.data_dir)
             .arg("--certs")
-            .arg(certs)
+            .arg(&certs)
             .args(extra)
             .env("GRANARY_LOG", std::env::var("GRANARY_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .stdin(Stdio::null())

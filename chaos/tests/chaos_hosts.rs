@@ -1,4 +1,4 @@
-//! `granary chaos hosts`: issue 14's two cost targets on hosts made of
+//! `granary-chaos hosts`: issue 14's two cost targets on hosts made of
 //! network namespaces (three hosts on a bridge, each with a voter and a
 //! node daemon, two ranks per node, 40 shards over 1 MiB/s links): node 3
 //! stopped for 6 s, and host 3's link down for 6 s, from 1.5 s into the
@@ -15,15 +15,25 @@
 use serde_json::Value;
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_granary");
+const BIN: &str = env!("CARGO_BIN_EXE_granary-chaos");
+
+/// The `granary` binary whose processes the run starts: beside this one
+/// (`cargo test --workspace` builds both).
+fn granary() -> std::path::PathBuf {
+    let path = std::path::Path::new(BIN).with_file_name(format!("granary{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.is_file(), "{} is missing: cargo build -p granary (cargo test --workspace builds it)", path.display());
+    path
+}
 
 fn run(fault: &str) -> Option<Value> {
     let out = Command::new(BIN)
-        .args(["chaos", "hosts", "--fault", fault, "--json"])
+        .arg("--granary")
+        .arg(granary())
+        .args(["hosts", "--fault", fault, "--json"])
         .env("GRANARY_LOG", "info,openraft=warn")
         .env("RUST_BACKTRACE", "0")
         .output()
-        .expect("run granary chaos hosts");
+        .expect("run granary-chaos hosts");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("makes network namespaces") || stderr.contains("making hosts of network namespaces") {

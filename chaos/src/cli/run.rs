@@ -1,4 +1,4 @@
-//! `granary chaos run`: the real processes under seeded faults
+//! `granary-chaos run`: the real processes under seeded faults
 //! (`granary_chaos::run`). It prepares the job once (dataset, fault-free
 //! single-node reference), then runs each seed on a fresh cluster. Human
 //! output: one line per seed (its faults, time, remote reads, verdict; a
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// `granary chaos run`.
+/// `granary-chaos run`.
 #[derive(Args)]
 pub(crate) struct RunArgs {
     /// Seeds to run, from `--from`.
@@ -47,14 +47,13 @@ pub(crate) struct RunArgs {
     json: bool,
 }
 
-/// Runs `granary chaos run`.
-pub(crate) fn run(a: &RunArgs) -> Result<()> {
+/// Runs `granary-chaos run`.
+pub(crate) fn run(a: &RunArgs, granary: &std::path::Path) -> Result<()> {
     if a.nodes < 2 || a.ranks_per_node == 0 || a.epochs == 0 {
         bail!("--nodes must be at least 2, --ranks-per-node and --epochs at least 1");
     }
-    let exe = std::env::current_exe()?;
     let (work, _tmp) = super::work_dir(a.keep.as_deref(), "granary-chaos-")?;
-    let mut cfg = RunConfig::new(exe, work.clone());
+    let mut cfg = RunConfig::new(granary.to_path_buf(), work.clone());
     cfg.nodes = a.nodes;
     cfg.ranks_per_node = a.ranks_per_node;
     cfg.epochs = a.epochs;
@@ -198,6 +197,6 @@ fn print_seed(r: &SeedReport) {
     }
     if !r.violations.is_empty() {
         println!("  logs: {}", r.dir.display());
-        println!("  replay: granary chaos run --seed {}", r.seed);
+        println!("  replay: granary-chaos run --seed {}", r.seed);
     }
 }

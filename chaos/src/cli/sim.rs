@@ -1,32 +1,18 @@
-//! `granary chaos sim`: the deterministic simulation of the fabric's races
+//! `granary-chaos sim`: the deterministic simulation of the fabric's races
 //! (`granary_chaos::sim`), over a range of seeds or one seed with its trace;
-//! `granary chaos run` is in `chaos_run`.
+//! `granary-chaos run` is in [`super::run`].
 //! Human output is a progress line, one line per failing seed with its
 //! replay command, and a summary; `--json` gives one JSON line per seed and
 //! a last `summary` line.
 
 use anyhow::{Result, bail};
-use clap::{Args, Subcommand};
+use clap::Args;
 use granary_chaos::sim;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
 
-/// `granary chaos`.
-#[derive(Subcommand)]
-pub(crate) enum ChaosCommand {
-    /// Deterministic simulation of the decision cores under seeded faults.
-    Sim(SimArgs),
-    /// The real processes (voters, nodes, trainer ranks) under a seeded
-    /// schedule of faults, checked against a fault-free reference.
-    Run(super::chaos_run::RunArgs),
-    /// A node stopped, or its host cut off, in the cold epoch, on hosts
-    /// made of network namespaces, against the same job without the fault
-    /// (needs root).
-    Hosts(super::chaos_hosts::HostsArgs),
-}
-
-/// `granary chaos sim`.
+/// `granary-chaos sim`.
 #[derive(Args)]
 pub(crate) struct SimArgs {
     /// Seeds to run, from `--from`.
@@ -74,13 +60,12 @@ pub(crate) enum ScenarioKind {
     Crash,
 }
 
-/// Runs `granary chaos`.
-pub(crate) fn run(c: ChaosCommand) -> Result<()> {
-    match c {
-        ChaosCommand::Sim(a) => sim_run(&a),
-        ChaosCommand::Run(a) => super::chaos_run::run(&a),
-        ChaosCommand::Hosts(a) => super::chaos_hosts::run(&a),
+/// Runs `granary-chaos sim`.
+pub(crate) fn run(a: &SimArgs) -> Result<()> {
+    if let Some(kind) = a.scenario {
+        return scenario_run(a, kind);
     }
+    sim_run(a)
 }
 
 /// `--shrink`: the fault episodes and rates a failing seed needs; with
@@ -117,15 +102,12 @@ fn print_shrunk(out: &mut impl Write, seed: u64, trace: bool) -> Result<()> {
             writeln!(out, "{line}")?;
         }
     } else {
-        writeln!(out, "  its trace: granary chaos sim --seed {seed} --shrink --trace")?;
+        writeln!(out, "  its trace: granary-chaos sim --seed {seed} --shrink --trace")?;
     }
     Ok(())
 }
 
 fn sim_run(a: &SimArgs) -> Result<()> {
-    if let Some(kind) = a.scenario {
-        return scenario_run(a, kind);
-    }
     let (from, count) = match a.seed {
         Some(s) => (s, 1),
         None => (a.from, a.seeds),
@@ -169,7 +151,7 @@ fn sim_run(a: &SimArgs) -> Result<()> {
             for v in &o.violations {
                 writeln!(stdout, "  {} at {:.3} s: {}", v.invariant, v.at as f64 / 1e6, v.detail)?;
             }
-            writeln!(stdout, "  replay: granary chaos sim --seed {seed} --trace")?;
+            writeln!(stdout, "  replay: granary-chaos sim --seed {seed} --trace")?;
             if a.shrink {
                 print_shrunk(&mut stdout, seed, a.trace)?;
             }

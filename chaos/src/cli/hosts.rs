@@ -1,4 +1,4 @@
-//! `granary chaos hosts`: issue 14's two cost targets (a node stopped, or
+//! `granary-chaos hosts`: issue 14's two cost targets (a node stopped, or
 //! its host cut off, for S seconds in the cold epoch) on hosts made of
 //! network namespaces (`granary_chaos::hosts`), each run against the same
 //! job without the fault. Needs root and iproute2. Human output: what runs,
@@ -11,7 +11,7 @@ use granary_chaos::hosts::{self, HostFault, HostsConfig};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `granary chaos hosts`.
+/// `granary-chaos hosts`.
 #[derive(Args)]
 pub(crate) struct HostsArgs {
     /// The fault: `stop` (SIGSTOP, then SIGCONT) or `partition` (the
@@ -45,20 +45,19 @@ enum FaultArg {
     Partition,
 }
 
-/// Runs `granary chaos hosts`.
-pub(crate) fn run(a: &HostsArgs) -> Result<()> {
+/// Runs `granary-chaos hosts`.
+pub(crate) fn run(a: &HostsArgs, granary: &std::path::Path) -> Result<()> {
     if !(a.fault_secs > 0.0 && a.fault_secs < 60.0) || a.runs == 0 || a.bandwidth_mib == 0 {
         bail!("--fault-secs must be between 0 and 60, --runs and --bandwidth-mib at least 1");
     }
     granary_chaos::netns::Hosts::available()
-        .map_err(|e| anyhow::anyhow!("granary chaos hosts makes network namespaces: {e}"))?;
-    let exe = std::env::current_exe()?;
+        .map_err(|e| anyhow::anyhow!("granary-chaos hosts makes network namespaces: {e}"))?;
     let (work, _tmp) = super::work_dir(a.keep.as_deref(), "granary-hosts-")?;
     let fault = match a.fault {
         FaultArg::Stop => HostFault::Stop,
         FaultArg::Partition => HostFault::Partition,
     };
-    let mut cfg = HostsConfig::new(exe, work, fault);
+    let mut cfg = HostsConfig::new(granary.to_path_buf(), work, fault);
     cfg.fault_for = Duration::from_secs_f64(a.fault_secs);
     cfg.bandwidth = a.bandwidth_mib << 20;
     let mut missed_runs = 0;

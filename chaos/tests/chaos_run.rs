@@ -1,4 +1,4 @@
-//! `granary chaos run` on a fixed list of seeds: three voters, three node
+//! `granary-chaos run` on a fixed list of seeds: three voters, three node
 //! daemons behind the seeded relay, each reading a fault-injecting S3
 //! store, six trainer ranks, three epochs, and the faults of seeds 2-10 (a
 //! node killed with its ranks and restarted, one whose SSD chunks were
@@ -44,15 +44,25 @@
 use serde_json::Value;
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_granary");
+const BIN: &str = env!("CARGO_BIN_EXE_granary-chaos");
+
+/// The `granary` binary whose processes the run starts: beside this one
+/// (`cargo test --workspace` builds both).
+fn granary() -> std::path::PathBuf {
+    let path = std::path::Path::new(BIN).with_file_name(format!("granary{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.is_file(), "{} is missing: cargo build -p granary (cargo test --workspace builds it)", path.display());
+    path
+}
 
 #[test]
 fn seeded_faults_on_real_processes_break_no_invariant() {
     let out = Command::new(BIN)
-        .args(["chaos", "run", "--from", "2", "--seeds", "9", "--json"])
+        .arg("--granary")
+        .arg(granary())
+        .args(["run", "--from", "2", "--seeds", "9", "--json"])
         .env("GRANARY_LOG", "info,openraft=warn")
         .output()
-        .expect("run granary chaos run");
+        .expect("run granary-chaos run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "chaos run failed:\n{stdout}\n{stderr}");

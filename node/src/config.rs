@@ -90,11 +90,27 @@ pub struct NodeConfig {
     /// Bytes of chunks prefetched ahead of each rank. Default 256 MiB.
     #[serde(default = "default_prefetch")]
     pub prefetch_bytes: u64,
-    /// The most rows a plan the node builds for a trainer's `Follow` may
-    /// hold at once (one shuffle window; 8 bytes a row): a larger window
-    /// is refused at once, naming both. Default: 16 Mi rows (128 MiB).
-    #[serde(default = "default_plan_window_rows")]
-    pub max_plan_window_rows: u64,
+    /// The most bytes a plan the node builds for a trainer's `Follow` may
+    /// hold at once, for every shuffle (a batch end per batch, the largest
+    /// shuffle window's rows or a block group's permutation, tables per
+    /// shard: `granary_proto::plan_cost`): a plan over it is refused
+    /// before planning starts, naming both. Default: 256 MiB.
+    #[serde(default = "default_plan_bytes")]
+    pub max_plan_bytes: u64,
+    /// Trainer connections the socket holds at once; at the cap the one
+    /// idle the longest is closed to make room (its client reconnects), and
+    /// when every one is inside a request a new one is refused. Default: 1024.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// A trainer connection that sends no request for this long is closed
+    /// (its client reconnects when it next needs the node). Default: 600000
+    /// (10 minutes).
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// A reply a trainer connection does not read within this long closes
+    /// it. Default: 30000.
+    #[serde(default = "default_write_timeout_ms")]
+    pub write_timeout_ms: u64,
     /// Shards read and converted at once. Default: 4.
     #[serde(default = "default_loads")]
     pub max_concurrent_loads: usize,
@@ -170,8 +186,17 @@ fn default_block() -> u64 {
 fn default_prefetch() -> u64 {
     256 << 20
 }
-fn default_plan_window_rows() -> u64 {
-    16 << 20
+fn default_max_connections() -> usize {
+    crate::SocketLimits::default().max_connections
+}
+fn default_idle_timeout_ms() -> u64 {
+    crate::SocketLimits::default().idle_timeout.as_millis() as u64
+}
+fn default_write_timeout_ms() -> u64 {
+    crate::SocketLimits::default().write_timeout.as_millis() as u64
+}
+fn default_plan_bytes() -> u64 {
+    256 << 20
 }
 fn default_loads() -> usize {
     4
@@ -190,7 +215,10 @@ impl Default for NodeConfig {
             guest_bytes: None,
             ssd_block_bytes: default_block(),
             prefetch_bytes: default_prefetch(),
-            max_plan_window_rows: default_plan_window_rows(),
+            max_plan_bytes: default_plan_bytes(),
+            max_connections: default_max_connections(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            write_timeout_ms: default_write_timeout_ms(),
             max_concurrent_loads: default_loads(),
             load_memory_bytes: None,
             convert_threads: None,
@@ -241,6 +269,16 @@ pub enum ConfigError {
 }
 
 impl NodeConfig {
+    /// The local socket's limits from `max_connections`, `idle_timeout_ms`
+    /// and `write_timeout_ms`.
+    pub fn socket_limits(&self) -> crate::SocketLimits {
+        crate::SocketLimits {
+            max_connections: self.max_connections.max(1),
+            idle_timeout: std::time::Duration::from_millis(self.idle_timeout_ms.max(1)),
+            write_timeout: std::time::Duration::from_millis(self.write_timeout_ms.max(1)),
+        }
+    }
+
     /// Reads and parses `path`; relative view paths resolve against its folder.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
@@ -256,6 +294,12 @@ impl NodeConfig {
                 message: "ssd_dir is set without ssd_bytes: say how much disk the SSD tier may take (for example \
                           ssd_bytes = 107374182400, 100 GiB); it is reserved when the node starts"
                     .into(),
+            });
+        }
+        if cfg.max_connections == 0 || cfg.idle_timeout_ms == 0 || cfg.write_timeout_ms == 0 {
+            return Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: "max_connections, idle_timeout_ms and write_timeout_ms must each be at least 1".into(),
             });
         }
         let base = path.parent().unwrap_or(Path::new("."));

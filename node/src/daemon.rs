@@ -10,8 +10,18 @@
 //! sync); the daemon itself keeps serving everyone else, and a failed
 //! accept (say, out of descriptors under a flood of connections) is retried
 //! rather than ending the listener.
+//!
+//! Every resource a connection holds is bounded (issue 29): the node holds
+//! at most `max_connections` (at the cap the longest-idle one is closed to
+//! make room: [`crate::conns`]); a connection that sends no request for
+//! `idle_timeout_ms`, or does not send a whole request within
+//! [`REQUEST_WAIT`] of its header, is closed; a reply not read within
+//! `write_timeout_ms` closes it; each answers one request at a time (so
+//! requests waiting for a version the node does not know yet are bounded
+//! by the connections), and its loader reports take one slot.
 
 use crate::access::{self, LocalAccess};
+use crate::conns::{Admit, ConnId, ConnTable, SocketLimits};
 use crate::error::FetchError;
 use crate::service::Node;
 use crate::session::Session;
@@ -19,10 +29,12 @@ use granary_proto::frame;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
 use rustix::fd::BorrowedFd;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -39,6 +51,14 @@ const MAX_REQUEST_LEN: usize = 64 << 10;
 /// runtime's workers that also keep the lease and serve peers.
 const CONCURRENT_FOLLOWS: usize = 2;
 
+/// How long a connection may take to send the rest of a request once its
+/// header came.
+pub const REQUEST_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a refused connection gets to send its first request and read
+/// the refusal.
+const REFUSAL_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a restarted cluster node keeps a trainer's describe waiting
 /// for the datasets of its first placement before it answers "unknown".
 const FIRST_PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -53,8 +73,10 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> io::Result<()> {
     let listener = bind(path)?;
-    tracing::info!(socket = %path.display(), "serving trainers");
+    let limits = node.socket_limits();
+    tracing::info!(socket = %path.display(), max_connections = limits.max_connections, "serving trainers");
     let follows = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENT_FOLLOWS));
+    let conns = Conns::new(limits);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -78,18 +100,35 @@ pub async fn serve(
                 if let Some((uid, gid)) = cred.filter(|&(u, g)| !allowed.admits(u, g)) {
                     let why = allowed.refusal(uid, gid);
                     tracing::warn!(uid, gid, "a process not on the allow-list connected; refused");
-                    tokio::spawn(refuse(stream, why));
+                    tokio::spawn(refuse(stream, ErrorKind::BadRequest, why));
                     continue;
                 }
                 if cred.is_none() {
                     tracing::warn!("a connection without peer credentials; refused");
                     continue;
                 }
+                let conn = match conns.open() {
+                    Ok(conn) => conn,
+                    Err(open) => {
+                        tracing::warn!(open, "every trainer connection is inside a request; refused one more");
+                        let why = format!(
+                            "the node holds {open} connections, each inside a request (max_connections in \
+                             node.toml); try again"
+                        );
+                        tokio::spawn(refuse(stream, ErrorKind::Unavailable, why));
+                        continue;
+                    }
+                };
                 tokio::spawn(async move {
                     let client = client_name(&stream);
-                    if let Err(e) = connection(node, stream, &client, follows).await {
-                        tracing::debug!(%client, error = %e, "trainer connection ended");
+                    match connection(node, stream, &client, follows, &conn).await {
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                            tracing::warn!(%client, error = %e, "a trainer connection that reads no replies closed");
+                        }
+                        Err(e) => tracing::debug!(%client, error = %e, "trainer connection ended"),
+                        Ok(()) => {}
                     }
+                    conn.closed();
                 });
             }
         }
@@ -109,11 +148,80 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// The shell around [`ConnTable`]: the table, and how to tell each
+/// connection's task to close.
+#[derive(Clone)]
+struct Conns {
+    limits: SocketLimits,
+    table: Arc<Mutex<ConnTable>>,
+    closers: Arc<Mutex<HashMap<ConnId, Arc<tokio::sync::Notify>>>>,
+}
+
+/// One connection's place in [`Conns`].
+struct Conn {
+    id: ConnId,
+    /// Told when the table closes this connection to make room.
+    close: Arc<tokio::sync::Notify>,
+    conns: Conns,
+}
+
+impl Conns {
+    fn new(limits: SocketLimits) -> Self {
+        Self { limits, table: Arc::new(Mutex::new(ConnTable::new(limits.max_connections))), closers: Arc::default() }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, ConnTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn closers(&self) -> std::sync::MutexGuard<'_, HashMap<ConnId, Arc<tokio::sync::Notify>>> {
+        self.closers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a new connection (closing the longest-idle one at the
+    /// cap), or the number of connections, all busy, when there is none.
+    fn open(&self) -> Result<Conn, usize> {
+        let admit = self.table().handle_open(Instant::now());
+        match admit {
+            Admit::Refused { open } => Err(open),
+            Admit::Accepted { id, evict } => {
+                let close = Arc::new(tokio::sync::Notify::new());
+                let mut closers = self.closers();
+                if let Some(evicted) = evict.and_then(|e| closers.remove(&e)) {
+                    tracing::info!(
+                        max_connections = self.limits.max_connections,
+                        "the connection idle the longest closed to make room for a new one"
+                    );
+                    evicted.notify_one();
+                }
+                closers.insert(id, close.clone());
+                Ok(Conn { id, close, conns: self.clone() })
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn busy(&self) {
+        self.conns.table().handle_busy(self.id);
+    }
+
+    fn idle(&self) {
+        self.conns.table().handle_idle(self.id, Instant::now());
+    }
+
+    fn closed(&self) {
+        self.conns.table().handle_closed(self.id);
+        self.conns.closers().remove(&self.id);
+    }
+}
+
 /// Answers a peer that may not use the node with `why` and closes: after
-/// its first request (at most 2 s), so the answer is what it reads rather
-/// than a reset connection; the request itself is never looked at.
-async fn refuse(mut stream: UnixStream, why: String) {
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+/// its first request (at most [`REFUSAL_WAIT`]), so the answer is what it
+/// reads rather than a reset connection; the request itself is never
+/// looked at.
+async fn refuse(mut stream: UnixStream, kind: ErrorKind, why: String) {
+    let _ = tokio::time::timeout(REFUSAL_WAIT, async {
         let mut header = [0u8; frame::HEADER_LEN];
         stream.read_exact(&mut header).await?;
         let len = frame::decode_len(header, MAX_REQUEST_LEN).map_err(io::Error::other)?;
@@ -121,7 +229,7 @@ async fn refuse(mut stream: UnixStream, why: String) {
         stream.read_exact(&mut body).await.map(|_| ())
     })
     .await;
-    let _ = send(&stream, &failed(ErrorKind::BadRequest, why), None).await;
+    let _ = send(&stream, &failed(kind, why), None, REFUSAL_WAIT).await;
 }
 
 /// Names the process at the other end of a trainer connection for logs.
@@ -138,15 +246,31 @@ async fn connection(
     mut stream: UnixStream,
     client: &str,
     follows: std::sync::Arc<tokio::sync::Semaphore>,
+    conn: &Conn,
 ) -> io::Result<()> {
     let mut session = Session::new(node.clone());
+    let limits = conn.conns.limits;
+    let write = limits.write_timeout;
     loop {
+        conn.idle();
         let mut header = [0u8; frame::HEADER_LEN];
-        match stream.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        let read = tokio::select! {
+            read = tokio::time::timeout(limits.idle_timeout, stream.read_exact(&mut header)) => read,
+            _ = conn.close.notified() => {
+                tracing::debug!(%client, "closed to make room for a new connection");
+                return Ok(());
+            }
+        };
+        match read {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                tracing::debug!(%client, idle_ms = limits.idle_timeout.as_millis() as u64, "idle connection closed");
+                return Ok(());
+            }
         }
+        conn.busy();
         let len = match frame::decode_len(header, MAX_REQUEST_LEN) {
             Ok(len) => len,
             Err(e) => {
@@ -157,16 +281,23 @@ async fn connection(
                 tracing::warn!(%client, bytes = len, "oversized request frame; closing the connection");
                 let reply =
                     failed(ErrorKind::BadRequest, format!("request frame of {len} bytes exceeds {MAX_REQUEST_LEN}"));
-                return send(&stream, &reply, None).await;
+                return send(&stream, &reply, None, write).await;
             }
         };
         let mut body = vec![0u8; len];
-        stream.read_exact(&mut body).await?;
+        match tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut body)).await {
+            Ok(read) => read?,
+            Err(_) => {
+                tracing::warn!(%client, bytes = len, "a request not sent whole within 10 s; closing the connection");
+                return Ok(());
+            }
+        };
         let req = match wire::decode::<LocalRequest>(&body) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(%client, error = %e, "malformed request frame; closing the connection");
-                return send(&stream, &failed(ErrorKind::BadRequest, format!("malformed request: {e}")), None).await;
+                let reply = failed(ErrorKind::BadRequest, format!("malformed request: {e}"));
+                return send(&stream, &reply, None, write).await;
             }
         };
         match req {
@@ -178,7 +309,7 @@ async fn connection(
                     }
                     Err(e) => failed(e.kind(), e.to_string()),
                 };
-                send(&stream, &reply, None).await?;
+                send(&stream, &reply, None, write).await?;
             }
             LocalRequest::Follow { version, params } => {
                 let admitted = node.admit_follow(version, &params);
@@ -204,25 +335,27 @@ async fn connection(
                     }
                     Err(e) => failed(e.kind(), e.to_string()),
                 };
-                send(&stream, &reply, None).await?;
+                send(&stream, &reply, None, write).await?;
             }
             LocalRequest::FetchChunk { version, shard } => match session.chunk(version, shard).await {
                 Ok(chunk) => {
                     let reply = LocalResponse::Chunk { len: chunk.len() as u64 };
-                    send(&stream, &reply, Some(chunk.fd())).await?;
+                    send(&stream, &reply, Some(chunk.fd()), write).await?;
                 }
-                Err(e) => send(&stream, &failed(e.kind(), format!("shard {shard}: {e}")), None).await?,
+                Err(e) => send(&stream, &failed(e.kind(), format!("shard {shard}: {e}")), None, write).await?,
             },
-            LocalRequest::Stats => send(&stream, &LocalResponse::Stats(node.stats()), None).await?,
+            LocalRequest::Stats => send(&stream, &LocalResponse::Stats(node.stats()), None, write).await?,
             LocalRequest::Touch { shard, .. } => {
                 session.touch(shard);
-                send(&stream, &LocalResponse::Touched, None).await?;
+                send(&stream, &LocalResponse::Touched, None, write).await?;
             }
             LocalRequest::Report(report) => {
-                node.report(report);
-                send(&stream, &LocalResponse::Reported, None).await?;
+                // One slot per connection: a connection sending many
+                // distinct reports replaces its own.
+                node.report(conn.id, report);
+                send(&stream, &LocalResponse::Reported, None, write).await?;
             }
-            LocalRequest::Doctor => send(&stream, &LocalResponse::Doctor(node.doctor_snapshot()), None).await?,
+            LocalRequest::Doctor => send(&stream, &LocalResponse::Doctor(node.doctor_snapshot()), None, write).await?,
         }
     }
 }
@@ -231,8 +364,26 @@ fn failed(kind: ErrorKind, message: String) -> LocalResponse {
     LocalResponse::Failed { kind, message }
 }
 
+/// Writes one frame, attaching `fd` to its first byte, within `deadline`: a
+/// client that does not read its replies gets a `TimedOut` error (and its
+/// connection closed) instead of holding the task and the reply forever.
+async fn send(
+    stream: &UnixStream,
+    msg: &LocalResponse,
+    fd: Option<BorrowedFd<'_>>,
+    deadline: Duration,
+) -> io::Result<()> {
+    match tokio::time::timeout(deadline, send_frame(stream, msg, fd)).await {
+        Ok(sent) => sent,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the reply was not read within {} ms (write_timeout_ms)", deadline.as_millis()),
+        )),
+    }
+}
+
 /// Writes one frame, attaching `fd` to its first byte.
-async fn send(stream: &UnixStream, msg: &LocalResponse, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+async fn send_frame(stream: &UnixStream, msg: &LocalResponse, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
     let mut body = wire::encode(msg);
     if body.len() > MAX_FRAME_LEN {
         // The client would refuse it as oversized without saying why;

@@ -98,15 +98,19 @@ pub enum FetchError {
         /// The node's budget.
         budget: u64,
     },
-    /// A `Follow` whose shuffle window would make the node hold more rows
-    /// at once than its limit allows.
+    /// A `Follow` whose plan would make the node hold more bytes at once
+    /// than its limit allows.
     #[error(
-        "a shuffle window of up to {rows} rows is over this node's limit of {limit} rows a plan \
-         (max_plan_window_rows in node.toml): use a smaller window_shards"
+        "planning this rank would hold up to {} bytes at once ({} batches of {batch_size} rows, a shuffle window \
+         of {} entries), over this node's limit of {limit} bytes (max_plan_bytes in node.toml): use a larger \
+         batch_size or a smaller window_shards / window_batches",
+        cost.bytes, cost.batches, cost.window_entries
     )]
     PlanTooLarge {
-        /// The most rows one window of the plan holds.
-        rows: u64,
+        /// What the plan would cost ([`granary_proto::plan_cost`]).
+        cost: granary_proto::PlanCost,
+        /// Rows per batch.
+        batch_size: u32,
         /// The node's limit.
         limit: u64,
     },

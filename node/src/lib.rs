@@ -16,6 +16,8 @@
 //! - `session` — one trainer's session: the plan it follows and its requests.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`access`] — who may use that socket, and where it lives.
+//! - `conns` — the socket's connection table (the cap and who makes room),
+//!   a pure core; [`SocketLimits`] are its settings.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
 //! - `membership` — registering with the coordinators, lease renewal, the placement watch.
 //! - [`fabric`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC;
@@ -41,6 +43,7 @@
 // peer fabric, and errors. Everything else is the node's own business.
 pub mod access;
 pub mod config;
+mod conns;
 mod convert;
 pub mod daemon;
 pub mod embedded;
@@ -73,6 +76,7 @@ pub mod decide {
 }
 
 pub use config::NodeConfig;
+pub use conns::SocketLimits;
 pub use embedded::EmbeddedNode;
 pub use membership::{JoinError, node_identity};
 pub use service::{Follower, Node, PREFETCH_EPOCHS_AHEAD, Shared, StartError};

@@ -17,7 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -86,9 +86,15 @@ pub(crate) struct StageClock {
     loads: AtomicU64,
     chunk_requests: AtomicU64,
     chunk_request_ns: AtomicU64,
-    /// The last report of each rank, and when it came.
-    ranks: Mutex<HashMap<RankKey, (Instant, RankTimes)>>,
+    /// The last report in each slot (a trainer connection's), and when it
+    /// came: at most [`MAX_REPORT_SLOTS`].
+    ranks: Mutex<HashMap<u64, (Instant, RankKey, RankTimes)>>,
 }
+
+/// Report slots kept at most: past it the slot heard from the longest ago
+/// is dropped. Live connections hold one each; the rest are connections
+/// gone within the last [`RANK_SILENT`].
+const MAX_REPORT_SLOTS: usize = 4096;
 
 /// A rank: its loader, dataset, rank and world size.
 type RankKey = (u64, String, u32, u32);
@@ -137,12 +143,17 @@ impl StageClock {
         self.chunk_request_ns.fetch_add(nanos(took), Ordering::Relaxed);
     }
 
-    /// Keeps a rank's report.
-    pub(crate) fn report(&self, r: RankReport) {
+    /// Keeps a rank's report in `slot`, replacing the slot's last one.
+    pub(crate) fn report(&self, slot: u64, r: RankReport) {
         let mut ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        ranks.retain(|_, (at, _)| now.duration_since(*at) < RANK_SILENT);
-        ranks.insert((r.loader, r.dataset, r.rank, r.world), (now, r.times));
+        ranks.retain(|_, (at, _, _)| now.duration_since(*at) < RANK_SILENT);
+        ranks.insert(slot, (now, (r.loader, r.dataset, r.rank, r.world), r.times));
+        if ranks.len() > MAX_REPORT_SLOTS
+            && let Some(oldest) = ranks.iter().min_by_key(|(s, (at, _, _))| (*at, **s)).map(|(s, _)| *s)
+        {
+            ranks.remove(&oldest);
+        }
     }
 
     /// Nanoseconds since the node started, the clocks and the ranks heard
@@ -161,15 +172,21 @@ impl StageClock {
         };
         let now = Instant::now();
         let ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<RankReport> = ranks
-            .iter()
-            .filter(|(_, (at, _))| now.duration_since(*at) < RANK_SILENT)
+        // A rank that reconnected reported in two slots: its latest counts.
+        let mut latest: BTreeMap<&RankKey, (Instant, RankTimes)> = BTreeMap::new();
+        for (at, key, times) in ranks.values().filter(|(at, _, _)| now.duration_since(*at) < RANK_SILENT) {
+            if latest.get(key).is_none_or(|(was, _)| at > was) {
+                latest.insert(key, (*at, *times));
+            }
+        }
+        let mut out: Vec<RankReport> = latest
+            .into_iter()
             .map(|((loader, dataset, rank, world), (_, times))| RankReport {
                 dataset: dataset.clone(),
                 rank: *rank,
                 world: *world,
                 loader: *loader,
-                times: *times,
+                times,
             })
             .collect();
         out.sort_by(|a, b| (&a.dataset, a.rank).cmp(&(&b.dataset, b.rank)));

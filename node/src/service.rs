@@ -93,7 +93,8 @@ struct Inner {
     settings: granary_proto::doctor::NodeSettings,
     remote: Arc<RemoteCounters>,
     prefetch_bytes: u64,
-    max_plan_window_rows: u64,
+    max_plan_bytes: u64,
+    socket_limits: crate::SocketLimits,
     /// Set once the node joins a cluster: where non-owned shards come from.
     cluster: std::sync::OnceLock<Arc<Cluster>>,
     /// True once a cluster node has opened every dataset of a placement
@@ -224,7 +225,8 @@ impl Node {
                 },
                 remote: remote_counters,
                 prefetch_bytes: cfg.prefetch_bytes,
-                max_plan_window_rows: cfg.max_plan_window_rows,
+                max_plan_bytes: cfg.max_plan_bytes,
+                socket_limits: cfg.socket_limits(),
                 cluster: std::sync::OnceLock::new(),
                 datasets_known: tokio::sync::watch::Sender::new(false),
                 wanted: Mutex::new(Vec::new()),
@@ -324,9 +326,16 @@ impl Node {
         self.inner.counters.prefetching.load(Ordering::Relaxed)
     }
 
-    /// Keeps a rank's loader clocks for `granary doctor`.
-    pub fn report(&self, report: granary_proto::doctor::RankReport) {
-        self.inner.stages.report(report);
+    /// Keeps a rank's loader clocks for `granary doctor`, in `slot` (a
+    /// trainer connection's: each holds one, so reports cannot pile up).
+    pub fn report(&self, slot: u64, report: granary_proto::doctor::RankReport) {
+        self.inner.stages.report(slot, report);
+    }
+
+    /// The local socket's limits (node.toml's `max_connections`,
+    /// `idle_timeout_ms`, `write_timeout_ms`).
+    pub fn socket_limits(&self) -> crate::SocketLimits {
+        self.inner.socket_limits
     }
 
     /// What `granary doctor` reads: the stage clocks, the settings and the
@@ -1070,15 +1079,15 @@ impl Node {
     }
 
     /// Whether a plan of `params` over `version` fits this node's limit
-    /// (`max_plan_window_rows`): checked before planning takes one of the
-    /// few planning slots, so a huge window is refused at once and never
-    /// holds up other ranks' plans.
+    /// (`max_plan_bytes`, for every shuffle): checked before planning takes
+    /// one of the few planning slots, so a huge plan is refused at once and
+    /// never holds up other ranks' plans.
     pub fn admit_follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), FetchError> {
         let ds = self.dataset(version)?;
-        let rows = granary_proto::window_rows_bound(&ds.manifest.shards(), params);
-        let limit = self.inner.max_plan_window_rows;
-        if rows > limit {
-            return Err(FetchError::PlanTooLarge { rows, limit });
+        let cost = granary_proto::plan_cost(&ds.manifest.shards(), params);
+        let limit = self.inner.max_plan_bytes;
+        if cost.bytes > limit {
+            return Err(FetchError::PlanTooLarge { cost, batch_size: params.batch_size, limit });
         }
         Ok(())
     }

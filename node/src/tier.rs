@@ -13,8 +13,10 @@
 //! overflows. Disk writes happen off the request path.
 //!
 //! Everything read back from disk is validated as a chunk (header and
-//! payload checksum) while it is decoded; a corrupt entry is reported as
-//! [`TierError::Corrupt`], removed, and the caller reads the shard again.
+//! payload checksum) while it is decoded, and must be the chunk of the key
+//! asked for (dataset version and shard in its header); a corrupt or
+//! misplaced entry is reported as [`TierError::Corrupt`], removed, and the
+//! caller reads the shard again.
 
 use crate::shm::SealedChunk;
 use foyer::{
@@ -217,10 +219,30 @@ impl ChunkTier {
     /// Looks a chunk up in RAM, then on SSD.
     pub(crate) async fn get(&self, key: ChunkKey) -> Result<Option<(Arc<SealedChunk>, HitTier)>, TierError> {
         match self.cache.get(&key).await {
-            Ok(Some(e)) => {
-                let tier = if e.source() == Source::Disk { HitTier::Ssd } else { HitTier::Ram };
-                Ok(Some((e.value().0.clone(), tier)))
+            Ok(Some(e)) if e.source() == Source::Disk => {
+                // What the disk gives back must be the chunk asked for, not
+                // only a valid chunk: foyer finds entries by the key's hash,
+                // and a file can be damaged or swapped (issue 29).
+                let chunk = e.value().0.clone();
+                let header = ChunkView::parse(chunk.bytes(), Verify::HeaderOnly).map(|v| {
+                    let h = v.header();
+                    (h.dataset_version, h.shard)
+                });
+                match header {
+                    Ok((version, shard)) if version == key.version && shard == key.shard => {
+                        Ok(Some((chunk, HitTier::Ssd)))
+                    }
+                    found => {
+                        self.cache.remove(&key);
+                        let reason = match found {
+                            Ok((version, shard)) => format!("it holds {shard} of version {version}"),
+                            Err(e) => e.to_string(),
+                        };
+                        Err(TierError::Corrupt { shard: key.shard, reason })
+                    }
+                }
             }
+            Ok(Some(e)) => Ok(Some((e.value().0.clone(), HitTier::Ram))),
             Ok(None) => Ok(None),
             Err(e) => {
                 self.cache.remove(&key);
@@ -460,6 +482,28 @@ mod tests {
         let tier = ChunkTier::open(1, Some(ssd)).await.expect("reopened");
         let (got, from) = tier.get(key(1)).await.expect("read").expect("on disk");
         assert_eq!((got.len() as u64, from), (largest, HitTier::Ssd));
+    }
+
+    /// Issue 29: a valid chunk read back from disk under another shard's
+    /// key (a damaged or swapped file, a hash collision) is refused as
+    /// corrupt, naming what it holds, and removed; before, any valid chunk
+    /// was served as the key's.
+    #[tokio::test]
+    async fn a_disk_entry_holding_another_shard_is_refused_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let block = 1u64 << 20;
+        let ssd = SsdConfig { dir: dir.path().to_path_buf(), capacity_bytes: 4 * block, block_bytes: block };
+        let tier = ChunkTier::open(1, Some(ssd.clone())).await.expect("tier");
+        tier.insert(key(1), chunk_of_len(4096, key(2).shard)).await;
+        tier.insert(key(3), chunk_of_len(4096, key(3).shard)).await;
+        tier.close().await;
+        drop(tier);
+        let tier = ChunkTier::open(1, Some(ssd)).await.expect("reopened");
+        let err = tier.get(key(1)).await.expect_err("misplaced").to_string();
+        assert!(err.contains(&key(1).shard.to_string()) && err.contains(&format!("holds {}", key(2).shard)), "{err}");
+        assert!(tier.get(key(1)).await.expect("read").is_none(), "removed");
+        let (got, from) = tier.get(key(3)).await.expect("read").expect("on disk");
+        assert_eq!((got.len(), from), (4096, HitTier::Ssd));
     }
 
     #[tokio::test]

@@ -1092,16 +1092,19 @@ fn malformed_frames_get_a_bad_request_reply_and_the_daemon_keeps_serving() {
     daemon.stop();
 }
 
-/// Issue 15, bounds: a `Follow` whose shuffle window would make the node
-/// hold more rows than `max_plan_window_rows` is refused at once, naming
-/// both numbers, without taking a planning slot; a rank with a sane window
-/// is planned meanwhile on another connection.
+/// Issues 15 and 29, bounds: a `Follow` whose plan would make the node
+/// hold more than `max_plan_bytes` is refused at once, for every shuffle
+/// (a windowed shuffle with a huge window; the block shuffle with batch 1
+/// and a group of u32::MAX batches, which skipped the bound before issue
+/// 29), naming the numbers and the setting, without taking a planning
+/// slot; a rank with sane parameters is planned meanwhile on another
+/// connection, and the refused connection stays usable.
 #[test]
-fn a_follow_with_a_huge_shuffle_window_is_refused_at_once_and_other_ranks_are_planned() {
+fn a_follow_with_a_huge_plan_is_refused_at_once_for_every_shuffle_and_other_ranks_are_planned() {
     let data = tempfile::tempdir().unwrap();
     let run = tempfile::tempdir().unwrap();
     generate(data.path(), 2, 6_000, 300, "snappy");
-    let cfg = NodeConfig { max_plan_window_rows: 1_000, ..config(data.path(), parse_view(datagen::VIEW_TOML)) };
+    let cfg = NodeConfig { max_plan_bytes: 40_000, ..config(data.path(), parse_view(datagen::VIEW_TOML)) };
     let daemon = Daemon::start(cfg, run.path().join("node.sock"));
     let call = |s: &mut UnixStream, req: &LocalRequest| {
         let body = wire::encode(req);
@@ -1114,23 +1117,32 @@ fn a_follow_with_a_huge_shuffle_window_is_refused_at_once_and_other_ranks_are_pl
     else {
         panic!("describe ads failed");
     };
-    let params = |window_shards| PlanParams {
+    let params = |batch_size, shuffle| PlanParams {
         seed: 1,
         epoch: 0,
         world_size: 1,
         rank: 0,
-        batch_size: 64,
-        shuffle: Shuffle::Windowed { window_shards },
+        batch_size,
+        shuffle,
         drop_last: false,
     };
-    let started = Instant::now();
-    let huge = LocalRequest::Follow { version: info.version, params: params(u32::MAX) };
-    expect_bad_request(call(&mut a, &huge), &["6000 rows", "limit of 1000 rows", "max_plan_window_rows"]);
-    assert!(started.elapsed() < Duration::from_secs(2), "refused at once: {:?}", started.elapsed());
-    let sane = LocalRequest::Follow { version: info.version, params: params(2) };
-    assert!(matches!(call(&mut b, &sane), Some(LocalResponse::Following)));
-    // The refused connection stays usable.
-    assert!(matches!(call(&mut a, &sane), Some(LocalResponse::Following)));
+    let sane =
+        LocalRequest::Follow { version: info.version, params: params(64, Shuffle::Windowed { window_shards: 2 }) };
+    for (huge, numbers) in [
+        (params(64, Shuffle::Windowed { window_shards: u32::MAX }), "94 batches of 64 rows, a shuffle window of 6000"),
+        (params(1, Shuffle::Blocks { window_batches: u32::MAX }), "6000 batches of 1 rows, a shuffle window of 6000"),
+    ] {
+        let started = Instant::now();
+        let huge = LocalRequest::Follow { version: info.version, params: huge };
+        expect_bad_request(call(&mut a, &huge), &[numbers, "limit of 40000 bytes", "max_plan_bytes"]);
+        assert!(started.elapsed() < Duration::from_secs(1), "refused at once: {:?}", started.elapsed());
+        assert!(matches!(call(&mut b, &sane), Some(LocalResponse::Following)));
+        // The refused connection stays usable.
+        assert!(matches!(call(&mut a, &sane), Some(LocalResponse::Following)));
+    }
+    let blocks =
+        LocalRequest::Follow { version: info.version, params: params(64, Shuffle::Blocks { window_batches: 4 }) };
+    assert!(matches!(call(&mut a, &blocks), Some(LocalResponse::Following)), "a sane block plan is planned");
     daemon.assert_alive();
     daemon.stop();
 }
@@ -1405,5 +1417,139 @@ fn a_shard_whose_load_would_take_more_memory_than_the_budget_is_refused_before_i
         other => panic!("stats: {other:?}"),
     }
     daemon.assert_alive();
+    daemon.stop();
+}
+
+/// A config with the socket's limits set (issue 29).
+fn bounded_config(data: &Path, limits: impl FnOnce(&mut NodeConfig)) -> NodeConfig {
+    let mut cfg = config(data, parse_view(datagen::VIEW_TOML));
+    limits(&mut cfg);
+    cfg
+}
+
+fn call(s: &mut UnixStream, req: &LocalRequest) -> Option<LocalResponse> {
+    let body = wire::encode(req);
+    send_raw(s, body.len() as u32, &body);
+    read_reply(s)
+}
+
+/// Issue 29, bounds: a connection that sends many distinct reports (a
+/// new loader id each, as a flood of fake ranks would) holds one report
+/// slot: the doctor sees one rank, not every report ever sent. Before,
+/// every distinct (loader, dataset, rank, world) was kept for a minute.
+#[test]
+fn a_connection_sending_many_distinct_reports_holds_one_report_slot() {
+    use granary_proto::doctor::{RankReport, RankTimes};
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), 1, 600, 300, "snappy");
+    let daemon = Daemon::start(bounded_config(data.path(), |_| {}), run.path().join("node.sock"));
+    let socket = daemon.socket.clone();
+    let reports = 1_000_000u64;
+    within("a million pipelined reports", move || {
+        let mut a = UnixStream::connect(&socket).expect("connect");
+        let mut w = a.try_clone().expect("clone");
+        let writer = std::thread::spawn(move || {
+            for i in 0..reports {
+                let req = LocalRequest::Report(RankReport {
+                    dataset: format!("ads-{}", i % 1000),
+                    rank: (i % 4096) as u32,
+                    world: 4096,
+                    loader: i,
+                    times: RankTimes { batches: i, ..RankTimes::default() },
+                });
+                let body = wire::encode(&req);
+                send_raw(&mut w, body.len() as u32, &body);
+            }
+        });
+        for _ in 0..reports {
+            assert!(matches!(read_reply(&mut a), Some(LocalResponse::Reported)));
+        }
+        writer.join().expect("writer");
+        let Some(LocalResponse::Doctor(snapshot)) = call(&mut a, &LocalRequest::Doctor) else {
+            panic!("no doctor snapshot");
+        };
+        assert_eq!(snapshot.ranks.len(), 1, "one slot per connection");
+        assert_eq!(snapshot.ranks[0].loader, reports - 1, "the slot holds the latest report");
+        assert_eq!(snapshot.ranks[0].times.batches, reports - 1);
+    });
+    daemon.assert_alive();
+    daemon.stop();
+}
+
+/// Issue 29, bounds: with the node at `max_connections`, each held by a
+/// process that sends nothing more, one more trainer still describes and
+/// gets a chunk: the connection idle the longest is closed to make room.
+#[test]
+fn at_the_connection_cap_idle_connections_make_room_and_a_trainer_still_gets_a_chunk() {
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), 2, 600, 300, "snappy");
+    let daemon = Daemon::start(bounded_config(data.path(), |c| c.max_connections = 8), run.path().join("node.sock"));
+    let mut idle: Vec<UnixStream> = (0..8).map(|_| daemon.connect()).collect();
+    // Each answered once, in order: the first is idle the longest.
+    for s in &mut idle {
+        assert!(matches!(call(s, &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
+    }
+    assert_serves_a_fresh_client(&daemon.socket);
+    expect_closed(&mut idle[0]);
+    // The others were not touched.
+    assert!(matches!(call(&mut idle[7], &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
+    daemon.assert_alive();
+    daemon.stop();
+}
+
+/// Issue 29, bounds: a connection that sends no request for
+/// `idle_timeout_ms` is closed; a busy one is not.
+#[test]
+fn an_idle_connection_is_closed_at_the_idle_deadline() {
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), 1, 600, 300, "snappy");
+    let daemon = Daemon::start(bounded_config(data.path(), |c| c.idle_timeout_ms = 400), run.path().join("node.sock"));
+    let (mut quiet, mut busy) = (daemon.connect(), daemon.connect());
+    assert!(matches!(call(&mut quiet, &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(matches!(call(&mut busy, &LocalRequest::Stats), Some(LocalResponse::Stats(_))), "a busy one stays");
+    }
+    expect_closed(&mut quiet);
+    daemon.assert_alive();
+    daemon.stop();
+}
+
+/// Issue 29, bounds: a client that sends requests and never reads the
+/// replies is dropped at the write deadline (its requests stop being read,
+/// its writes then fail); the daemon serves everyone else.
+#[test]
+fn a_client_that_never_reads_its_replies_is_dropped_at_the_write_deadline() {
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), 2, 600, 300, "snappy");
+    let daemon = Daemon::start(bounded_config(data.path(), |c| c.write_timeout_ms = 300), run.path().join("node.sock"));
+    let socket = daemon.socket.clone();
+    let took = within("the write deadline", move || {
+        let s = UnixStream::connect(&socket).expect("connect");
+        s.set_write_timeout(Some(Duration::from_millis(50))).unwrap();
+        let req = wire::encode(&LocalRequest::Describe { dataset: "ads".into(), version: None });
+        let mut frame = (req.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&req);
+        let started = Instant::now();
+        let mut w = &s;
+        loop {
+            match w.write(&frame) {
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {
+                    return started.elapsed();
+                }
+                Err(e) => panic!("unexpected write error: {e}"),
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "still connected after 20 s");
+        }
+    });
+    assert!(took >= Duration::from_millis(300), "dropped before the deadline: {took:?}");
+    daemon.assert_alive();
+    assert_serves_a_fresh_client(&daemon.socket);
     daemon.stop();
 }

@@ -51,6 +51,7 @@ pub use ids::{DatasetVersion, NodeId, PlanKey, ShardId};
 pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
 pub use placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
 pub use plan::{
-    PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_rank, rank_shard_order, window_rows_bound,
+    PlanCost, PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_cost, plan_rank, rank_shard_order,
+    window_rows_bound,
 };
 pub use view::{TensorLayout, TensorSpec, View, ViewError};

@@ -285,6 +285,46 @@ pub fn window_rows_bound(shards: &[ShardRows], params: &PlanParams) -> u64 {
     largest.min(rank_rows)
 }
 
+/// Bytes per shard that planning one rank keeps in tables (the shard
+/// order, the shard list, pending counts, segments and their starts, the
+/// first-seen marks and the shard order it returns), rounded up.
+const PLAN_BYTES_PER_SHARD: u64 = 64;
+
+/// What planning one rank costs in memory, from row counts alone
+/// ([`plan_cost`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PlanCost {
+    /// The rank's batches (a batch end of 8 bytes each).
+    pub batches: u64,
+    /// Entries of the largest shuffle window it materialises (8 bytes
+    /// each): rows with `Windowed` ([`window_rows_bound`]), a group's batch
+    /// permutation with `Blocks`, none with `Off`.
+    pub window_entries: u64,
+    /// The most bytes planning holds at once: both of the above and
+    /// [`PLAN_BYTES_PER_SHARD`] per shard (saturating).
+    pub bytes: u64,
+}
+
+/// The most memory planning one rank holds at once ([`PlanCursor`],
+/// [`rank_shard_order`]), for every shuffle. Cheap (nothing is planned or
+/// allocated; saturating, so absurd parameters give a huge number, never an
+/// overflow), so a node refuses a plan before it spends anything on it: a
+/// `Follow` with batch 1 and a block window of `u32::MAX` over a billion
+/// rows is refused here, not met by a 16 GB allocation.
+pub fn plan_cost(shards: &[ShardRows], params: &PlanParams) -> PlanCost {
+    let total: u64 = shards.iter().map(|s| s.rows).fold(0, u64::saturating_add);
+    let rank_rows = total.div_ceil(u64::from(params.world_size.max(1)));
+    let batches = rank_rows.div_ceil(u64::from(params.batch_size.max(1)));
+    let window_entries = match params.shuffle {
+        Shuffle::Off => 0,
+        Shuffle::Windowed { .. } => window_rows_bound(shards, params),
+        Shuffle::Blocks { window_batches } => batches.min(u64::from(window_batches)),
+    };
+    let per_shard = (shards.len() as u64).saturating_mul(PLAN_BYTES_PER_SHARD);
+    let bytes = batches.saturating_add(window_entries).saturating_mul(8).saturating_add(per_shard);
+    PlanCost { batches, window_entries, bytes }
+}
+
 /// The rows of window `wi` (its `segments`), shuffled as the plan shuffles
 /// them, appended to `rows`.
 fn window_rows(key: PlanKey, params: &PlanParams, wi: usize, segments: &[(u32, u32, u32)], rows: &mut Vec<RowRef>) {
@@ -742,6 +782,28 @@ mod tests {
             }
         }
 
+        /// The plan-memory bound covers, for every shuffle, what planning
+        /// materialises: a batch end per batch, and a window's rows or a
+        /// group's permutation.
+        #[test]
+        fn planning_stays_within_the_plan_cost(rows in prop::collection::vec(0u64..60, 0..16),
+                                 seed in any::<u64>(), w in 1u32..5, b in 1u32..9, window in 0u32..5, groups in 1u32..7) {
+            let s = shards(&rows);
+            for r in 0..w {
+                for p in [params(seed, 1, w, r, b, window, false),
+                          PlanParams { shuffle: Shuffle::Blocks { window_batches: groups }, ..params(seed, 1, w, r, b, 0, false) }] {
+                    let plan = plan_rank(V, &s, &p).unwrap();
+                    let n = plan.num_batches() as u64;
+                    let entries = match p.shuffle {
+                        Shuffle::Off => 0,
+                        Shuffle::Windowed { .. } => window_rows_bound(&s, &p),
+                        Shuffle::Blocks { window_batches } => n.min(u64::from(window_batches)),
+                    };
+                    prop_assert!(8 * (n + entries) <= plan_cost(&s, &p).bytes, "{:?}", p);
+                }
+            }
+        }
+
         #[test]
         fn no_window_holds_more_rows_than_the_bound(rows in prop::collection::vec(0u64..50, 0..16),
                                  seed in any::<u64>(), w in 1u32..5, window in 1u32..4) {
@@ -771,5 +833,32 @@ mod tests {
                 cursor += n as usize;
             }
         }
+    }
+
+    /// Issue 29: a rank's plan over a billion rows with batch 1 and a block
+    /// window of u32::MAX is priced (about 16 GB), not planned: the check
+    /// allocates nothing however large the numbers.
+    #[test]
+    fn the_plan_cost_prices_a_huge_block_plan_without_planning_it() {
+        let s: Vec<ShardRows> =
+            (0..1000u32).map(|i| ShardRows { shard: ShardId { file: i, row_group: 0 }, rows: 1_000_000 }).collect();
+        let p = PlanParams {
+            seed: 1,
+            epoch: 0,
+            world_size: 1,
+            rank: 0,
+            batch_size: 1,
+            shuffle: Shuffle::Blocks { window_batches: u32::MAX },
+            drop_last: false,
+        };
+        assert_eq!(
+            plan_cost(&s, &p),
+            PlanCost { batches: 1_000_000_000, window_entries: 1_000_000_000, bytes: 16 * 1_000_000_000 + 64 * 1000 }
+        );
+        let absurd = vec![ShardRows { shard: ShardId { file: 0, row_group: 0 }, rows: u64::MAX }; 3];
+        assert_eq!(plan_cost(&absurd, &p).bytes, u64::MAX, "saturates");
+        // The same rows in batches of 1,024 with the default window cost little.
+        let small = PlanParams { batch_size: 1024, shuffle: Shuffle::Blocks { window_batches: 64 }, ..p };
+        assert!(plan_cost(&s, &small).bytes < 16 << 20);
     }
 }

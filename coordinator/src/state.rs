@@ -447,6 +447,7 @@ mod tests {
                     size_bytes: 100,
                     version_tag: "t".into(),
                     row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }; 4],
+                    footer_sha256: None,
                 })
                 .collect(),
             tensors: vec![],

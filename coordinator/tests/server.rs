@@ -13,6 +13,7 @@ use granary_proto::NodeId;
 use openraft::Vote;
 use openraft::raft::VoteRequest;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 struct Fixture {
@@ -353,5 +354,80 @@ async fn a_restart_on_the_same_folder_recovers_the_state() {
     let ApiResponse::Status(status) = status else { panic!("{status:?}") };
     assert_eq!(status.nodes.len(), 1);
     assert_eq!(status.nodes[0].node, NodeId(5));
+    f.coordinator.shutdown().await;
+}
+
+/// A UDP socket that sends and never receives: a QUIC client on it sends
+/// its Initials (and their retransmissions) and never answers the server,
+/// leaving each handshake half done there (or, against a Retry, never
+/// proving its address), as a flood of stalled handshakes does.
+#[derive(Debug)]
+struct DeafSocket(Arc<dyn quinn::AsyncUdpSocket>);
+
+impl quinn::AsyncUdpSocket for DeafSocket {
+    fn create_io_poller(self: Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.0.clone().create_io_poller()
+    }
+
+    fn try_send(&self, transmit: &quinn::udp::Transmit) -> std::io::Result<()> {
+        self.0.try_send(transmit)
+    }
+
+    fn poll_recv(
+        &self,
+        _: &mut std::task::Context,
+        _: &mut [std::io::IoSliceMut<'_>],
+        _: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+/// Issue 29: 12,000 handshakes from one host that never get past their
+/// first flight (no certificate is ever shown) hold no connection slot: a
+/// node registers and heartbeats at once. The voter answers an address it
+/// has not validated with a QUIC Retry and keeps nothing; before, each
+/// half-done handshake took one of the 4,096 connection slots for the idle
+/// timeout, and the node was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_from_one_host_do_not_lock_out_a_heartbeat() {
+    let f = start(Duration::from_secs(3)).await;
+    let target = f.coordinator.local_addr();
+    let runtime = quinn::default_runtime().expect("runtime");
+    let socket = std::net::UdpSocket::bind("127.0.0.2:0").expect("flood socket");
+    let deaf = Arc::new(DeafSocket(runtime.wrap_udp_socket(socket).expect("wrap")));
+    let flood_ep = quinn::Endpoint::new_with_abstract_socket(quinn::EndpointConfig::default(), None, deaf, runtime)
+        .expect("flood endpoint");
+    let cfg = f.identity("trainer").client_config(ALPN_API).expect("client config");
+    let flood: Vec<_> = (0..12_000)
+        .map(|_| flood_ep.connect_with(cfg.clone(), target, Role::Coordinator.server_name()).expect("connect"))
+        .collect();
+    // Let the Initials reach the voter.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let options = ClientOptions { deadline: Duration::from_secs(2), ..Default::default() };
+    tls::issue_bound(&f.certs, Role::Node, "node-7", Some(7)).expect("issue");
+    let node = CoordinatorClient::new(&f.identity("node-7"), vec![target], options).expect("client");
+    let started = std::time::Instant::now();
+    let reg = ApiRequest::RegisterNode {
+        node: NodeId(7),
+        addr: "127.0.0.1:7".into(),
+        ram_bytes: 1,
+        ssd_bytes: 0,
+        registration: 1,
+    };
+    let incarnation = match node.call(&reg).await {
+        Ok((_, ApiResponse::Registered { incarnation, .. })) => incarnation,
+        other => panic!("a node could not register during the flood: {other:?}"),
+    };
+    match node.call(&ApiRequest::Heartbeat { node: NodeId(7), incarnation }).await {
+        Ok((_, ApiResponse::HeartbeatAccepted { .. })) => {}
+        other => panic!("a heartbeat failed during the flood: {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    drop(flood);
     f.coordinator.shutdown().await;
 }

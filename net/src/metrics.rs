@@ -5,7 +5,9 @@
 //! time through collectors, histograms updated where the work happens) and
 //! serve them here on the address their configuration names. The format is
 //! `prometheus-client`'s; the server is hyper's. Scraping reads only memory:
-//! no request can block the node or the coordinator.
+//! no request can block the node or the coordinator, and the endpoint holds
+//! at most [`MAX_METRICS_CONNECTIONS`] connections, each for at most two
+//! minutes (issue 29).
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -25,6 +27,15 @@ pub const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; versio
 
 /// How long one connection may take to send its request headers.
 const HEADER_WAIT: Duration = Duration::from_secs(10);
+
+/// Connections answered at once: more are closed as soon as they are
+/// accepted, so a flood of connections holds neither tasks nor memory of
+/// the node or voter behind the endpoint (a scraper connects once).
+pub const MAX_METRICS_CONNECTIONS: usize = 64;
+
+/// How long one connection is kept, requests and idle time together: a
+/// scraper that keeps its connection alive simply connects again.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 
 /// The metrics endpoint could not start.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +84,7 @@ impl Drop for MetricsServer {
 }
 
 async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -83,16 +95,25 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "a metrics connection over the cap closed");
+            drop(stream);
+            continue;
+        };
         let registry = registry.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let registry = registry.clone();
                 async move { Ok::<_, Infallible>(answer(&req, &registry)) }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_WAIT);
-            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
-                tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
+            match tokio::time::timeout(CONNECTION_LIFETIME, http.serve_connection(TokioIo::new(stream), service)).await
+            {
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics connection ended with an error"),
+                Err(_) => tracing::debug!(%peer, "metrics connection closed at its lifetime"),
+                Ok(Ok(())) => {}
             }
         });
     }
@@ -204,6 +225,38 @@ mod tests {
         let addr = held.local_addr()?;
         let err = MetricsServer::bind(addr, Arc::new(Registry::default())).await.expect_err("taken");
         assert!(err.to_string().contains(&addr.to_string()), "{err}");
+        Ok(())
+    }
+
+    /// Issue 29: a flood of idle connections holds at most the cap; those
+    /// over it are closed at once, and a scrape is answered once the flood
+    /// is gone.
+    #[tokio::test]
+    async fn connections_over_the_cap_are_closed_at_once() -> anyhow::Result<()> {
+        let server = MetricsServer::bind("127.0.0.1:0".parse()?, Arc::new(Registry::default())).await?;
+        let addr = server.local_addr();
+        let mut held = Vec::new();
+        for _ in 0..MAX_METRICS_CONNECTIONS {
+            held.push(tokio::net::TcpStream::connect(addr).await?);
+        }
+        // Let the server take them all before the ones over the cap arrive.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..200 {
+            let mut over = tokio::net::TcpStream::connect(addr).await?;
+            let mut b = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_secs(2), over.read(&mut b)).await;
+            assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "a connection over the cap was kept: {read:?}");
+        }
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let ok = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+            if ok.as_deref().is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no scrape after the flood: {ok:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         Ok(())
     }
 }

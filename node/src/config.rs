@@ -121,7 +121,9 @@ pub struct NodeConfig {
     /// one whose estimate alone is over the budget is refused with an
     /// error naming the file, row group and both sizes (before, it could
     /// get the node OOM-killed, and then the next owner). Default: half
-    /// of the machine's memory.
+    /// of the memory left beside the RAM tier and the guest area, where the
+    /// memory is the machine's or, when lower, the node's cgroup limit (a
+    /// container's `memory.max`); at least 256 MiB.
     #[serde(default)]
     pub load_memory_bytes: Option<u64>,
     /// Threads that convert Arrow to chunks. Default: number of cores.

@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use granary_proto::ChunkLayout;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use std::panic::AssertUnwindSafe;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -37,14 +38,64 @@ pub(crate) fn memory_admission(estimate: u64, budget: u64) -> Option<u32> {
     Some(u32::try_from(estimate.div_ceil(1024).max(1)).unwrap_or(u32::MAX))
 }
 
-/// The default budget for loads in progress: half the machine's memory
-/// (`MemTotal` in /proc/meminfo), or 4 GiB where that cannot be read.
-pub(crate) fn default_load_memory() -> u64 {
-    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
+/// The smallest default budget for loads in progress.
+const MIN_LOAD_BUDGET: u64 = 256 << 20;
+
+/// The default budget for loads in progress: half of the memory left
+/// beside the chunk tiers (`tiers_bytes`: the RAM tier and the guest
+/// area), where the memory is the machine's (`mem_total`) or, when lower,
+/// the limit of the node's cgroup (a container's `memory.max`): a node in
+/// a 40 GiB container on a 512 GiB host must not budget 256 GiB. At least
+/// [`MIN_LOAD_BUDGET`]; 4 GiB where the machine's memory is unknown.
+pub(crate) fn load_budget(mem_total: Option<u64>, cgroup_limit: Option<u64>, tiers_bytes: u64) -> u64 {
+    let memory = match (mem_total, cgroup_limit) {
+        (Some(m), Some(c)) => m.min(c),
+        (m, c) => match m.or(c) {
+            Some(x) => x,
+            None => return 4 << 30,
+        },
+    };
+    (memory.saturating_sub(tiers_bytes) / 2).max(MIN_LOAD_BUDGET)
+}
+
+/// [`load_budget`] for this process: `MemTotal` from /proc/meminfo and its
+/// cgroup's memory limit ([`cgroup_memory_limit`]).
+pub(crate) fn default_load_memory(tiers_bytes: u64) -> u64 {
+    let mem_total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
         let line = t.lines().find(|l| l.starts_with("MemTotal:"))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib.saturating_mul(1024))
     });
-    total_kib.map_or(4 << 30, |kib| kib.saturating_mul(1024) / 2)
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|own| {
+        cgroup_memory_limit(&own, |path| std::fs::read_to_string(Path::new("/sys/fs/cgroup").join(path)).ok())
+    });
+    load_budget(mem_total, cgroup, tiers_bytes)
+}
+
+/// The memory limit of the cgroup that `/proc/self/cgroup` (`own`) names,
+/// read through `read` (a path under /sys/fs/cgroup): cgroup v2's
+/// `memory.max` or v1's `memory.limit_in_bytes`, in the process's own
+/// group or, inside a container whose namespace shows it as `/`, at the
+/// mount's root. None when unlimited (`max`, or v1's huge sentinel) or
+/// not readable.
+pub(crate) fn cgroup_memory_limit(own: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    let mut candidates = Vec::new();
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let path = path.trim_start_matches('/');
+        if controllers.is_empty() {
+            candidates.push(format!("{path}/memory.max"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            candidates.push(format!("memory/{path}/memory.limit_in_bytes"));
+        }
+    }
+    candidates.extend(["memory.max".to_string(), "memory/memory.limit_in_bytes".to_string()]);
+    candidates.iter().find_map(|c| {
+        let text = read(c.trim_start_matches('/'))?;
+        let limit = text.trim().parse::<u64>().ok()?;
+        // cgroup v1 writes "unlimited" as a page-rounded i64::MAX.
+        (limit < (1u64 << 62)).then_some(limit)
+    })
 }
 
 /// Reads the row group of `key` and converts it into a sealed chunk, under
@@ -54,7 +105,7 @@ pub(crate) fn default_load_memory() -> u64 {
 pub(crate) async fn read_and_convert(
     ds: &Dataset,
     key: ChunkKey,
-    footer_from_peer: Option<BoxFuture<'static, Result<bytes::Bytes, String>>>,
+    footer_from_peer: Option<(String, BoxFuture<'static, Result<bytes::Bytes, String>>)>,
     _load_permit: tokio::sync::SemaphorePermit<'_>,
     converts: &Arc<Semaphore>,
     clock: &crate::metrics::StageClock,
@@ -186,6 +237,39 @@ mod tests {
         assert_eq!(memory_admission(1, 1 << 30), Some(1), "at least one KiB");
         assert_eq!(memory_admission(1 << 30, 1 << 30), Some(1 << 20));
         assert_eq!(memory_admission((1 << 30) + 1, 1 << 30), None);
-        assert!(default_load_memory() > 0);
+        assert!(default_load_memory(0) >= MIN_LOAD_BUDGET);
+    }
+
+    /// Issue 29: the default load budget is half of what is left beside
+    /// the tiers, of the machine's memory or the cgroup's limit if lower.
+    #[test]
+    fn the_load_budget_follows_the_cgroup_limit_and_leaves_the_tiers_room() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(load_budget(Some(512 * GIB), Some(40 * GIB), 36 * GIB), 2 * GIB, "a 40 GiB container");
+        assert_eq!(load_budget(Some(24 * GIB), None, 5 * GIB), 19 * GIB / 2, "no limit: the machine");
+        assert_eq!(load_budget(Some(24 * GIB), Some(512 * GIB), 0), 12 * GIB, "a limit above the machine");
+        assert_eq!(load_budget(Some(GIB), None, 4 * GIB), MIN_LOAD_BUDGET, "tiers larger than memory");
+        assert_eq!(load_budget(None, None, 0), 4 * GIB);
+        assert_eq!(load_budget(None, Some(8 * GIB), 0), 4 * GIB);
+    }
+
+    #[test]
+    fn the_cgroup_limit_is_read_for_v2_and_v1_in_the_own_group_or_at_the_root() {
+        let files = |entries: &'static [(&'static str, &'static str)]| {
+            move |path: &str| entries.iter().find(|(p, _)| *p == path).map(|(_, t)| t.to_string())
+        };
+        // v2, the process's own group.
+        let own = "0::/kubepods/pod1/c1\n";
+        assert_eq!(cgroup_memory_limit(own, files(&[("kubepods/pod1/c1/memory.max", "536870912\n")])), Some(512 << 20));
+        // v2 unlimited; v2 inside a container namespace (group "/").
+        assert_eq!(cgroup_memory_limit(own, files(&[("kubepods/pod1/c1/memory.max", "max\n")])), None);
+        assert_eq!(cgroup_memory_limit("0::/\n", files(&[("memory.max", "1073741824")])), Some(1 << 30));
+        // v1, with the memory controller on its own line, and its unlimited sentinel.
+        let v1 = "5:devices:/\n4:memory:/process_api/abc\n0::/\n";
+        const LIMIT: &[(&str, &str)] = &[("memory/process_api/abc/memory.limit_in_bytes", "2147483648\n")];
+        assert_eq!(cgroup_memory_limit(v1, files(LIMIT)), Some(2 << 30));
+        const UNLIMITED: &[(&str, &str)] = &[("memory/process_api/abc/memory.limit_in_bytes", "9223372036854771712\n")];
+        assert_eq!(cgroup_memory_limit(v1, files(UNLIMITED)), None);
+        assert_eq!(cgroup_memory_limit(v1, files(&[])), None, "nothing readable");
     }
 }

@@ -195,7 +195,10 @@ impl Node {
         let tier = ChunkTier::open(cfg.ram_bytes, ssd).await?;
         let threads =
             cfg.convert_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
-        let load_memory_bytes = cfg.load_memory_bytes.unwrap_or_else(load::default_load_memory);
+        let guest_bytes = cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4);
+        let load_memory_bytes = cfg
+            .load_memory_bytes
+            .unwrap_or_else(|| load::default_load_memory(cfg.ram_bytes.saturating_add(guest_bytes)));
         let node = Node {
             inner: Arc::new(Inner {
                 datasets: std::sync::RwLock::new(BTreeMap::new()),
@@ -203,7 +206,7 @@ impl Node {
                 remote_options: cfg.remote.clone(),
                 throttle,
                 tier,
-                guests: GuestArea::new(cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4)),
+                guests: GuestArea::new(guest_bytes),
                 inflight: Mutex::new(HashMap::new()),
                 loads: Semaphore::new(cfg.max_concurrent_loads.max(1)),
                 load_memory: Semaphore::new(
@@ -600,18 +603,22 @@ impl Node {
         &self,
         version: DatasetVersion,
         file: u32,
-    ) -> Option<futures::future::BoxFuture<'static, Result<bytes::Bytes, String>>> {
+    ) -> Option<(String, futures::future::BoxFuture<'static, Result<bytes::Bytes, String>>)> {
         let cluster = self.inner.cluster.get()?.clone();
         let owner = cluster.owner(version, ShardId { file, row_group: 0 })?;
         let file_size = self.dataset(version).ok()?.files.get(file as usize)?.size;
         let deadline = cluster.config().fetch_deadline.min(cluster.config().footer_deadline);
-        Some(Box::pin(async move {
-            cluster
-                .link()
-                .fetch_footer(owner.addr, version, file, file_size, deadline)
-                .await
-                .map_err(|e| format!("{}: {e}", owner.node))
-        }))
+        let name = format!("{} at {}", owner.node, owner.addr);
+        Some((
+            name,
+            Box::pin(async move {
+                cluster
+                    .link()
+                    .fetch_footer(owner.addr, version, file, file_size, deadline)
+                    .await
+                    .map_err(|e| format!("{}: {e}", owner.node))
+            }),
+        ))
     }
 
     /// Waits (up to 30 s) for loads in flight to reach the SSD tier, if

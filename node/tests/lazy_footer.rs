@@ -129,7 +129,7 @@ async fn a_peers_footer_is_used_when_it_fits_and_refused_when_it_does_not() {
 
     let (ds, counters) = open();
     let peer = async move { Ok(raw0) }.boxed();
-    let f = ds.footer_via(0, Some(peer)).await.expect("peer footer");
+    let f = ds.footer_via(0, Some(("node-2".into(), peer))).await.expect("peer footer");
     assert_eq!(f.metadata.metadata().num_row_groups(), manifest.files[0].row_groups.len());
     assert_eq!(read(&counters), (0, 1), "no remote read");
 
@@ -137,10 +137,88 @@ async fn a_peers_footer_is_used_when_it_fits_and_refused_when_it_does_not() {
     // other compressed sizes).
     for bad in [bytes::Bytes::from_static(b"garbage, not a footer"), raw1.slice(1..), raw1] {
         let (ds, counters) = open();
-        ds.footer_via(0, Some(async move { Ok(bad) }.boxed())).await.expect("footer from remote storage");
+        ds.footer_via(0, Some(("node-2".into(), async move { Ok(bad) }.boxed())))
+            .await
+            .expect("footer from remote storage");
         assert_eq!(read(&counters), (1, 0), "read from remote storage after refusing the peer's bytes");
     }
     let (ds, counters) = open();
-    ds.footer_via(0, Some(async { Err("peer unreachable".to_string()) }.boxed())).await.expect("footer");
+    ds.footer_via(0, Some(("node-2".into(), async { Err("peer unreachable".to_string()) }.boxed())))
+        .await
+        .expect("footer");
     assert_eq!(read(&counters), (1, 0));
+}
+
+/// Writes `columns` (name, values) as one Parquet file of row groups of
+/// `rows_per_group`, uncompressed, plain, without statistics: two files of
+/// the same columns in another order then have column chunks of the same
+/// sizes, so one's footer passes a check of rows and sizes against the
+/// other's bytes.
+fn write_plain(path: &std::path::Path, columns: &[(&str, Vec<i64>)], rows_per_group: usize) {
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use parquet::file::properties::{EnabledStatistics, WriterProperties};
+    let fields: Vec<Field> = columns.iter().map(|(n, _)| Field::new(*n, DataType::Int64, false)).collect();
+    let arrays: Vec<ArrayRef> =
+        columns.iter().map(|(_, v)| Arc::new(Int64Array::from(v.clone())) as ArrayRef).collect();
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).expect("batch");
+    let props = WriterProperties::builder()
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_max_row_group_row_count(Some(rows_per_group))
+        .build();
+    let file = std::fs::File::create(path).expect("create");
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).expect("writer");
+    w.write(&batch).expect("write");
+    w.close().expect("close");
+}
+
+/// Issue 29: a peer with a valid certificate serves a crafted footer: the
+/// file's own columns with their column chunks swapped (its row groups'
+/// rows and compressed sizes are the registered ones, so the row-group
+/// check passes). Used, it would make this node convert column `y`'s
+/// values as tensor `x`. The manifest's footer SHA-256 refuses it, the
+/// refusal is counted, and the true footer is read from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_footer_with_swapped_column_offsets_is_refused() {
+    use futures::FutureExt;
+    let (data, other) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let x: Vec<i64> = (0..2_000).collect();
+    let y: Vec<i64> = (0..2_000).map(|v| 1_000_000 + v).collect();
+    write_plain(&data.path().join("part-0.parquet"), &[("x", x.clone()), ("y", y.clone())], 500);
+    // The crafted footer: the same data written with the columns in the
+    // other order, so its footer points `x` at the second column chunk.
+    write_plain(&other.path().join("part-0.parquet"), &[("y", y), ("x", x)], 500);
+    let view: granary_proto::View = toml::from_str(
+        "[[tensor]]\nname = \"x\"\ndtype = \"i64\"\ncolumns = [\"x\"]\n\n[[tensor]]\nname = \"y\"\ndtype = \"i64\"\ncolumns = [\"y\"]\n",
+    )
+    .expect("view");
+    let open = |dir: &std::path::Path| {
+        let counters = Arc::new(RemoteCounters::default());
+        let remote = Remote::open(&format!("file://{}", dir.display()), &BTreeMap::new(), None, counters.clone())
+            .expect("remote");
+        (remote, counters)
+    };
+    let manifest = Dataset::open("xy", open(data.path()).0, view.clone()).await.expect("open").manifest;
+    let crafted = Dataset::open("xy", open(other.path()).0, view.clone()).await.expect("open crafted");
+    // What the old check compared is equal: the crafted footer passed it.
+    assert_eq!(crafted.manifest.files[0].row_groups, manifest.files[0].row_groups);
+    assert_eq!(crafted.manifest.files[0].size_bytes, manifest.files[0].size_bytes);
+    let crafted_raw = crafted.footer(0).await.expect("footer").raw.clone();
+    assert_ne!(Some(granary_source::dataset::footer_sha256(&crafted_raw)), manifest.files[0].footer_sha256);
+
+    let (remote, counters) = open(data.path());
+    let ds = Dataset::from_manifest("xy", remote, view, manifest.clone()).expect("dataset");
+    let footer = ds
+        .footer_via(0, Some(("node-2 at 10.0.0.2:7100".into(), async move { Ok(crafted_raw) }.boxed())))
+        .await
+        .expect("the true footer, from the store");
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(counters.peer_footers_refused.load(Relaxed), 1, "the crafted footer was refused");
+    assert_eq!((counters.footers.load(Relaxed), counters.peer_footers.load(Relaxed)), (1, 0));
+    assert_eq!(
+        Some(granary_source::dataset::footer_sha256(&footer.raw)),
+        manifest.files[0].footer_sha256,
+        "the footer used is the one registered"
+    );
 }

@@ -35,6 +35,15 @@ pub struct FileEntry {
     pub version_tag: String,
     /// Row groups in file order.
     pub row_groups: Vec<RowGroupEntry>,
+    /// SHA-256 of the file's footer as registered (lowercase hex): a footer
+    /// from a peer, or read again from the store, is used only if it
+    /// matches, so a node with a valid certificate cannot make others
+    /// convert wrong tensors by serving crafted column offsets. `None` in
+    /// manifests registered before it was recorded (checked by row groups
+    /// only). Not part of [`Manifest::version`]: the version tag already
+    /// pins the file's bytes, and versions stay what they were.
+    #[serde(default)]
+    pub footer_sha256: Option<String>,
 }
 
 /// `url` as a manifest records it: trailing slashes removed (but never the
@@ -220,6 +229,7 @@ mod tests {
                 size_bytes: 100,
                 version_tag: "t1".into(),
                 row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }],
+                footer_sha256: None,
             }],
             tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![] }],
         };

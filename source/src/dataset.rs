@@ -97,6 +97,13 @@ fn version_tag(m: &object_store::ObjectMeta) -> String {
     m.e_tag.clone().unwrap_or_else(|| format!("mtime:{}", m.last_modified.timestamp_micros()))
 }
 
+/// The SHA-256 of a footer's bytes, in lowercase hex, as a manifest
+/// records it ([`FileEntry::footer_sha256`]).
+pub fn footer_sha256(raw: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Dataset {
     /// Lists `remote`, reads every footer and resolves `view`.
     pub async fn open(name: &str, remote: Remote, view: View) -> Result<Self, OpenError> {
@@ -131,7 +138,13 @@ impl Dataset {
                 })
                 .collect();
             let tag = version_tag(&m);
-            entries.push(FileEntry { path: path.clone(), size_bytes: m.size, version_tag: tag.clone(), row_groups });
+            entries.push(FileEntry {
+                path: path.clone(),
+                size_bytes: m.size,
+                version_tag: tag.clone(),
+                row_groups,
+                footer_sha256: Some(footer_sha256(&raw)),
+            });
             let footer = Footer { raw, metadata, resolved: Arc::new(resolved) };
             files.push(DatasetFile {
                 path: m.location,
@@ -190,29 +203,35 @@ impl Dataset {
     }
 
     /// Like [`Dataset::footer`], but when the footer is not held yet it is
-    /// first asked of `peer` (a future giving the footer's bytes, from the
-    /// node that reads this file's footer for the cluster). A peer that
-    /// fails, or whose bytes do not decode or do not match the manifest, is
-    /// logged and the footer is read from remote storage instead.
+    /// first asked of `peer` (its name for logs, and a future giving the
+    /// footer's bytes, from the node that reads this file's footer for the
+    /// cluster). A peer that fails, or whose bytes do not decode, do not
+    /// match the manifest or differ from the footer registered (its SHA-256),
+    /// is logged naming the peer and the file, counted
+    /// (`peer_footers_refused`), and the footer is read from remote storage
+    /// instead: a crafted footer never reaches a conversion.
     pub async fn footer_via(
         &self,
         index: usize,
-        peer: Option<futures::future::BoxFuture<'_, Result<bytes::Bytes, String>>>,
+        peer: Option<(String, futures::future::BoxFuture<'_, Result<bytes::Bytes, String>>)>,
     ) -> Result<&Footer, SourceError> {
         let file = self.files.get(index).ok_or_else(|| SourceError::UnknownFile(index))?;
         file.footer
             .get_or_try_init(|| async {
-                if let Some(fetch) = peer {
+                if let Some((peer, fetch)) = peer {
                     match fetch.await {
                         Ok(raw) => match self.check_footer(index, raw) {
                             Ok(footer) => {
                                 self.remote.counters().peer_footers.fetch_add(1, Ordering::Relaxed);
                                 return Ok(footer);
                             }
-                            Err(e) => tracing::warn!(file = %file.path,
-                                "a peer's footer does not fit the manifest; reading it from remote storage: {e}"),
+                            Err(e) => {
+                                self.remote.counters().peer_footers_refused.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(%peer, file = %self.remote.shown(&file.path),
+                                    "refused the footer a peer sent; reading it from remote storage: {e}")
+                            }
                         },
-                        Err(e) => tracing::warn!(file = %file.path,
+                        Err(e) => tracing::warn!(%peer, file = %file.path,
                             "no footer from the peer; reading it from remote storage: {e}"),
                     }
                 }
@@ -268,6 +287,12 @@ impl Dataset {
     fn check_footer(&self, index: usize, raw: bytes::Bytes) -> Result<Footer, SourceError> {
         let path = self.remote.shown(&self.files[index].path);
         let entry = &self.manifest.files[index];
+        if let Some(want) = &entry.footer_sha256 {
+            let got = footer_sha256(&raw);
+            if got != *want {
+                return Err(self.changed(index, format!("footer SHA-256 {got}, registered {want}")));
+            }
+        }
         let md = crate::remote::decode_footer(&path, &raw)?;
         let metadata = ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new())
             .map_err(|source| RemoteError::Parquet { path: path.clone(), source })?;

@@ -55,6 +55,9 @@ pub struct RemoteCounters {
     pub footers: AtomicU64,
     /// Parquet footers received from peers instead.
     pub peer_footers: AtomicU64,
+    /// Footers peers sent that were refused (not the footer registered, or
+    /// not a footer): each was read from the store instead.
+    pub peer_footers_refused: AtomicU64,
 }
 
 /// A shared bandwidth budget plus a fixed latency per request.

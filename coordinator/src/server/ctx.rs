@@ -31,7 +31,12 @@ pub(super) struct Ctx {
     pub(super) allow_unbound_voter_certs: bool,
     /// The leader's lease table; only the leader's holds clocks.
     pub(super) leases: Mutex<Leases>,
+    /// Connections established (certificate checked), bounded by
+    /// [`super::MAX_CONNECTIONS`].
     pub(super) connections: AtomicUsize,
+    /// Handshakes in progress, in all ([`super::MAX_HANDSHAKES`]) and per
+    /// source address ([`super::MAX_HANDSHAKES_PER_ADDRESS`]).
+    pub(super) handshakes: Mutex<crate::handshakes::HandshakeBudget>,
     /// Connections open per role (after the handshake), in `Role::ALL`
     /// order; each bounded by [`super::role_limit`].
     pub(super) role_connections: [AtomicUsize; 4],

@@ -41,8 +41,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
-/// Connections served at once; more are refused.
+/// Connections served at once (counted once the handshake has checked the
+/// peer's certificate); more are closed.
 pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Handshakes in progress at once, apart from [`MAX_CONNECTIONS`]: a peer
+/// that starts handshakes and never finishes them (or has no certificate)
+/// holds none of the connections nodes and voters need. More are refused.
+pub const MAX_HANDSHAKES: usize = 256;
+
+/// Handshakes in progress from one source address: a flooding host cannot
+/// take the budget other hosts' handshakes need.
+pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 32;
+
+/// A handshake not finished by then is dropped.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
 
 /// Connections one role's certificates may hold open at once (counted
 /// once the handshake says the role): a trainer's or an admin's
@@ -283,6 +296,7 @@ impl Coordinator {
             version_retention: cfg.version_retention,
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
+            handshakes: Mutex::new(crate::handshakes::HandshakeBudget::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS)),
             role_connections: Default::default(),
             contact: LeaderContact::default(),
             api_requests: Default::default(),
@@ -322,6 +336,14 @@ impl Coordinator {
     }
 }
 
+/// A handshake of the budget, given back when dropped.
+struct HandshakeSlot<'a>(&'a Ctx, std::net::IpAddr);
+impl Drop for HandshakeSlot<'_> {
+    fn drop(&mut self) {
+        self.0.handshakes.lock().unwrap_or_else(|p| p.into_inner()).release(self.1);
+    }
+}
+
 struct ConnSlot<'a>(&'a AtomicUsize);
 impl Drop for ConnSlot<'_> {
     fn drop(&mut self) {
@@ -329,25 +351,49 @@ impl Drop for ConnSlot<'_> {
     }
 }
 
+/// Accepts connections: a source address not yet validated gets a QUIC
+/// Retry (no state is kept until the peer proves it receives at that
+/// address, so spoofed Initials cost nothing); a validated one takes one
+/// of [`MAX_HANDSHAKES`] (at most [`MAX_HANDSHAKES_PER_ADDRESS`] from one
+/// address) for at most [`HANDSHAKE_WAIT`], and only a finished
+/// handshake, its certificate checked, takes a connection slot.
 async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
     while let Some(incoming) = endpoint.accept().await {
-        if ctx.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-            tracing::warn!(peer = %incoming.remote_address(), "refusing a connection: {MAX_CONNECTIONS} already open");
+        if !incoming.remote_address_validated() && incoming.may_retry() {
+            if let Err(e) = incoming.retry() {
+                tracing::debug!(error = %e, "a QUIC retry could not be sent");
+            }
+            continue;
+        }
+        let peer = incoming.remote_address();
+        let taken = ctx.handshakes.lock().unwrap_or_else(|p| p.into_inner()).try_take(peer.ip());
+        if let Err(spent) = taken {
+            tracing::warn!(%peer, ?spent, "refusing a connection: its handshake budget is spent");
             incoming.refuse();
             continue;
         }
         let ctx = ctx.clone();
-        ctx.connections.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let _slot = ConnSlot(&ctx.connections);
-            let peer = incoming.remote_address();
-            let conn = match incoming.await {
-                Ok(c) => c,
-                Err(e) => {
+            let handshake = HandshakeSlot(&ctx, peer.ip());
+            let conn = match tokio::time::timeout(HANDSHAKE_WAIT, incoming).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
                     tracing::warn!(%peer, "refused a connection during the handshake: {e}");
                     return;
                 }
+                Err(_) => {
+                    tracing::warn!(%peer, "dropped a handshake not finished within {} s", HANDSHAKE_WAIT.as_secs());
+                    return;
+                }
             };
+            drop(handshake);
+            if ctx.connections.fetch_add(1, Ordering::Relaxed) >= MAX_CONNECTIONS {
+                ctx.connections.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(%peer, "closing a connection: {MAX_CONNECTIONS} already open");
+                conn.close(3u32.into(), b"too many connections");
+                return;
+            }
+            let _slot = ConnSlot(&ctx.connections);
             serve_connection(&ctx, conn, peer).await;
         });
     }

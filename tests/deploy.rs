@@ -225,3 +225,60 @@ fn the_image_builds_with_a_toolchain_the_workspace_accepts() {
     let ignore = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".dockerignore"));
     assert!(ignore.lines().any(|l| l.trim() == "target"), "target/ stays out of the build context");
 }
+
+/// Issue 29: every container of the Kubernetes manifests runs with a
+/// read-only root filesystem, no privilege escalation and no capability
+/// but what it names; the voters and the node run as a user other than
+/// root; only the node's init container runs as root, to hand the host
+/// folders over, with CHOWN and FOWNER alone. Each voter mounts a Secret
+/// of its own, and the node's identity folder is a host path (no Secret
+/// holds every node's key).
+#[test]
+fn workloads_run_unprivileged_and_each_holds_only_its_own_key() {
+    let mut workloads = 0;
+    let mut voter_secrets = std::collections::BTreeSet::new();
+    for (file, doc) in manifests() {
+        let spec = &doc["spec"]["template"]["spec"];
+        if spec.is_badvalue() {
+            continue;
+        }
+        workloads += 1;
+        let init = spec["initContainers"].as_vec().map(|v| v.iter().collect::<Vec<_>>()).unwrap_or_default();
+        for (c, is_init) in containers(&doc).into_iter().map(|c| (c, false)).chain(init.into_iter().map(|c| (c, true)))
+        {
+            let name = format!("{}: container {}", file.display(), c["name"].as_str().unwrap_or("?"));
+            let sc = &c["securityContext"];
+            assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{name}");
+            assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false), "{name}");
+            let dropped: Vec<&str> =
+                sc["capabilities"]["drop"].as_vec().into_iter().flatten().filter_map(|c| c.as_str()).collect();
+            assert_eq!(dropped, ["ALL"], "{name}");
+            let added: Vec<&str> =
+                sc["capabilities"]["add"].as_vec().into_iter().flatten().filter_map(|c| c.as_str()).collect();
+            if is_init {
+                assert!(added.iter().all(|c| ["CHOWN", "FOWNER"].contains(c)), "{name}: {added:?}");
+            } else {
+                assert!(added.is_empty(), "{name}: {added:?}");
+                assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true), "{name}");
+                assert!(sc["runAsUser"].as_i64().is_some_and(|u| u > 0), "{name}");
+            }
+        }
+        for v in spec["volumes"].as_vec().into_iter().flatten() {
+            if let Some(secret) = v["secret"]["secretName"].as_str() {
+                assert!(
+                    secret.starts_with("granary-coordinator-") && voter_secrets.insert(secret.to_string()),
+                    "{secret}"
+                );
+            }
+            if v["name"].as_str() == Some("certs") && v["hostPath"]["path"].as_str().is_some() {
+                assert_eq!(
+                    v["hostPath"]["type"].as_str(),
+                    Some("Directory"),
+                    "a host without its folder does not start"
+                );
+            }
+        }
+    }
+    assert_eq!(workloads, 4, "three voters and the node DaemonSet");
+    assert_eq!(voter_secrets.len(), 3, "a Secret of its own per voter: {voter_secrets:?}");
+}

@@ -11,9 +11,12 @@
 //!   only if it is a socket this user owns;
 //! - **the peer**: every connection's credentials (`SO_PEERCRED`) are
 //!   checked against an allow-list of uids and gids ([`LocalAccess`];
-//!   default: the node's own uid and group; root is always admitted, as it
-//!   can read the node's memory anyway). The gid checked is the peer's
-//!   effective group, not its supplementary groups.
+//!   default: the node's own uid and group, but never group 0: in a
+//!   container many processes run with group 0, and a node run as root
+//!   would admit them all; root itself is always admitted, as it can read
+//!   the node's memory anyway). The gid checked is the peer's effective
+//!   group, not its supplementary groups: give trainers a group of their
+//!   own as their primary group and list it in `allow_gids`.
 
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -28,11 +31,18 @@ pub struct LocalAccess {
 
 impl LocalAccess {
     /// `uids` and `gids` as configured (`allow_uids`, `allow_gids`), each
-    /// defaulting to the node's own.
+    /// defaulting to the node's own, except group 0 (root's group, which
+    /// many container processes have): a node run as root admits by
+    /// default only root, and groups only as listed.
     pub fn new(uids: Option<Vec<u32>>, gids: Option<Vec<u32>>) -> Self {
+        Self::for_node(rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw(), uids, gids)
+    }
+
+    /// [`LocalAccess::new`] for a node running as `uid` and `gid`.
+    fn for_node(uid: u32, gid: u32, uids: Option<Vec<u32>>, gids: Option<Vec<u32>>) -> Self {
         Self {
-            uids: uids.unwrap_or_else(|| vec![rustix::process::geteuid().as_raw()]),
-            gids: gids.unwrap_or_else(|| vec![rustix::process::getegid().as_raw()]),
+            uids: uids.unwrap_or_else(|| vec![uid]),
+            gids: gids.unwrap_or_else(|| if gid == 0 { Vec::new() } else { vec![gid] }),
         }
     }
 
@@ -143,6 +153,20 @@ mod tests {
         assert!(a.admits(0, 0));
         assert!(!a.admits(1001, 51));
         assert!(a.refusal(1001, 51).contains("uid 1001 (group 51) may not use this node"));
+    }
+
+    /// Issue 29: a node run as root does not admit every process of group
+    /// 0 by default (many container processes have it); one run as a user
+    /// of its own admits its group. Group 0 is admitted when listed.
+    #[test]
+    fn root_s_group_is_never_admitted_by_default() {
+        let as_root = LocalAccess::for_node(0, 0, None, None);
+        assert!(!as_root.admits(1234, 0), "a gid-0 process outside the list");
+        assert!(as_root.admits(0, 0), "root");
+        let as_user = LocalAccess::for_node(10001, 1000, None, None);
+        assert!(as_user.admits(1000, 1000), "the node's group");
+        assert!(!as_user.admits(1234, 0));
+        assert!(LocalAccess::for_node(0, 0, None, Some(vec![0])).admits(1234, 0), "listed");
     }
 
     #[test]

@@ -198,6 +198,7 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                 &addr,
                 Instant::now(),
             );
+            tracing::debug!(%node, %addr, ?live, refused = refused.is_some(), "registration");
             if let Some(r) = refused {
                 tracing::warn!(
                     %node, live_addr = %r.live_addr, incarnation = r.incarnation, refused_addr = %addr,

@@ -42,21 +42,28 @@ fn stats_as_ids(uid: u32, gid: u32, socket: &Path) -> std::process::Output {
         .expect("run granary stats")
 }
 
-#[test]
-fn a_process_of_a_user_not_on_the_allow_list_is_refused_whatever_the_socket_mode() {
+/// A folder every user may reach (the allow-list alone decides who is
+/// served) with a small dataset and its view; `None`, saying "skipped",
+/// where connecting as another user cannot be done (not root).
+fn as_root_with_a_dataset() -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         granary_testkit::skip::skipped("connecting as another user needs root");
-        return;
+        return None;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
-    // Every user may reach the socket file: the allow-list alone decides.
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let data = tmp.path().join("data");
     let spec = GenSpec { seed: 2, rows: 2_000, files: 1, row_group_rows: 1_000, ..GenSpec::default() };
     datagen::generate(&data, &spec, |_| {}).expect("generate");
     let view = tmp.path().join("view.toml");
     std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    Some((tmp, data, view))
+}
+
+#[test]
+fn a_process_of_a_user_not_on_the_allow_list_is_refused_whatever_the_socket_mode() {
+    let Some((tmp, data, view)) = as_root_with_a_dataset() else { return };
 
     for (name, extra, other_admitted) in [("default", "", false), ("listed", &*format!("allow_uids = [{OTHER}]"), true)]
     {
@@ -125,18 +132,7 @@ fn manifest_access_lines() -> String {
 /// have group 0).
 #[test]
 fn the_trainer_group_is_admitted_and_a_gid_0_process_is_not() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        granary_testkit::skip::skipped("connecting as another user needs root");
-        return;
-    }
-    let tmp = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 2, rows: 2_000, files: 1, row_group_rows: 1_000, ..GenSpec::default() };
-    datagen::generate(&data, &spec, |_| {}).expect("generate");
-    let view = tmp.path().join("view.toml");
-    std::fs::write(&view, datagen::VIEW_TOML).expect("view");
+    let Some((tmp, data, view)) = as_root_with_a_dataset() else { return };
     for (name, extra, trainer_admitted) in
         [("manifest", manifest_access_lines(), true), ("default", String::new(), false)]
     {

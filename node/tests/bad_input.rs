@@ -1420,11 +1420,17 @@ fn a_shard_whose_load_would_take_more_memory_than_the_budget_is_refused_before_i
     daemon.stop();
 }
 
-/// A config with the socket's limits set (issue 29).
-fn bounded_config(data: &Path, limits: impl FnOnce(&mut NodeConfig)) -> NodeConfig {
-    let mut cfg = config(data, parse_view(datagen::VIEW_TOML));
+/// A daemon over `files` generated files (600 rows in all, row groups of
+/// 300), with `limits` applied to its config (issue 29); the folders live
+/// as long as the guards.
+fn bounded_daemon(files: u32, limits: impl FnOnce(&mut NodeConfig)) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
+    let data = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    generate(data.path(), files, 600, 300, "snappy");
+    let mut cfg = config(data.path(), parse_view(datagen::VIEW_TOML));
     limits(&mut cfg);
-    cfg
+    let daemon = Daemon::start(cfg, run.path().join("node.sock"));
+    (data, run, daemon)
 }
 
 fn call(s: &mut UnixStream, req: &LocalRequest) -> Option<LocalResponse> {
@@ -1440,10 +1446,7 @@ fn call(s: &mut UnixStream, req: &LocalRequest) -> Option<LocalResponse> {
 #[test]
 fn a_connection_sending_many_distinct_reports_holds_one_report_slot() {
     use granary_proto::doctor::{RankReport, RankTimes};
-    let data = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
-    generate(data.path(), 1, 600, 300, "snappy");
-    let daemon = Daemon::start(bounded_config(data.path(), |_| {}), run.path().join("node.sock"));
+    let (_data, _run, daemon) = bounded_daemon(1, |_| {});
     let socket = daemon.socket.clone();
     let reports = 1_000_000u64;
     within("a million pipelined reports", move || {
@@ -1482,19 +1485,38 @@ fn a_connection_sending_many_distinct_reports_holds_one_report_slot() {
 /// gets a chunk: the connection idle the longest is closed to make room.
 #[test]
 fn at_the_connection_cap_idle_connections_make_room_and_a_trainer_still_gets_a_chunk() {
-    let data = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
-    generate(data.path(), 2, 600, 300, "snappy");
-    let daemon = Daemon::start(bounded_config(data.path(), |c| c.max_connections = 8), run.path().join("node.sock"));
+    let (_data, _run, daemon) = bounded_daemon(2, |c| c.max_connections = 8);
     let mut idle: Vec<UnixStream> = (0..8).map(|_| daemon.connect()).collect();
     // Each answered once, in order: the first is idle the longest.
     for s in &mut idle {
         assert!(matches!(call(s, &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
     }
     assert_serves_a_fresh_client(&daemon.socket);
-    expect_closed(&mut idle[0]);
+    // One of them made room: the first, idle the longest, unless the
+    // machine is so loaded that its task had not yet marked itself idle
+    // (which one goes is the pure core's, tested exactly in conns.rs).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let closed = loop {
+        let closed: Vec<usize> = (0..idle.len())
+            .filter(|&i| {
+                idle[i].set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                let mut b = [0u8; 1];
+                match idle[i].read(&mut b) {
+                    Ok(0) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+                    Ok(_) => panic!("an idle connection got bytes it did not ask for"),
+                }
+            })
+            .collect();
+        if !closed.is_empty() || Instant::now() > deadline {
+            break closed;
+        }
+    };
+    assert_eq!(closed.len(), 1, "one idle connection made room: {closed:?}");
     // The others were not touched.
-    assert!(matches!(call(&mut idle[7], &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
+    let kept = (0..idle.len()).find(|i| !closed.contains(i)).expect("seven kept");
+    idle[kept].set_read_timeout(Some(WAIT)).unwrap();
+    assert!(matches!(call(&mut idle[kept], &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
     daemon.assert_alive();
     daemon.stop();
 }
@@ -1503,10 +1525,7 @@ fn at_the_connection_cap_idle_connections_make_room_and_a_trainer_still_gets_a_c
 /// `idle_timeout_ms` is closed; a busy one is not.
 #[test]
 fn an_idle_connection_is_closed_at_the_idle_deadline() {
-    let data = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
-    generate(data.path(), 1, 600, 300, "snappy");
-    let daemon = Daemon::start(bounded_config(data.path(), |c| c.idle_timeout_ms = 400), run.path().join("node.sock"));
+    let (_data, _run, daemon) = bounded_daemon(1, |c| c.idle_timeout_ms = 400);
     let (mut quiet, mut busy) = (daemon.connect(), daemon.connect());
     assert!(matches!(call(&mut quiet, &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
     for _ in 0..8 {
@@ -1523,10 +1542,7 @@ fn an_idle_connection_is_closed_at_the_idle_deadline() {
 /// its writes then fail); the daemon serves everyone else.
 #[test]
 fn a_client_that_never_reads_its_replies_is_dropped_at_the_write_deadline() {
-    let data = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
-    generate(data.path(), 2, 600, 300, "snappy");
-    let daemon = Daemon::start(bounded_config(data.path(), |c| c.write_timeout_ms = 300), run.path().join("node.sock"));
+    let (_data, _run, daemon) = bounded_daemon(2, |c| c.write_timeout_ms = 300);
     let socket = daemon.socket.clone();
     let took = within("the write deadline", move || {
         let s = UnixStream::connect(&socket).expect("connect");

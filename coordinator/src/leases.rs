@@ -28,6 +28,7 @@
 
 use granary_proto::NodeId;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// The shortest tick, however short the lease.
@@ -64,6 +65,8 @@ struct Clock {
     /// An [`Expired`] for this incarnation was handed out and not reported
     /// failed: it is not handed out again.
     expiring: bool,
+    /// The address its registration came from, where this leader saw it.
+    source: Option<SocketAddr>,
 }
 
 /// The leader's lease table. See the module docs for the rules.
@@ -159,7 +162,14 @@ impl Leases {
     /// committed, at `now`: its lease restarts, even from inside a grace.
     /// It does not recall an expiry already handed out.
     pub fn handle_renewed(&mut self, node: NodeId, incarnation: u64, now: Instant) {
-        self.clocks.insert(node, Clock { incarnation, renewed: now, expiring: false });
+        let source = self.clocks.get(&node).filter(|c| c.incarnation == incarnation).and_then(|c| c.source);
+        self.clocks.insert(node, Clock { incarnation, renewed: now, expiring: false, source });
+    }
+
+    /// A registration of `incarnation` from `source` committed at `now`:
+    /// [`Leases::handle_renewed`], remembering where it came from.
+    pub fn handle_registered(&mut self, node: NodeId, incarnation: u64, source: SocketAddr, now: Instant) {
+        self.clocks.insert(node, Clock { incarnation, renewed: now, expiring: false, source: Some(source) });
     }
 
     /// Decides a registration of `node` from `addr` while the replicated
@@ -167,9 +177,11 @@ impl Leases {
     /// refused while a daemon at another address holds the node's lease
     /// (renewed within one lease of `now`, or in its grace), so a second
     /// daemon given the same certificate cannot take the id over and flap
-    /// the placement. The same address is the same daemon starting again
-    /// (two processes cannot bind one address), and a lease that ran out is
-    /// free to take. A live incarnation without a clock (a leader before
+    /// the placement. The same advertised address from the same source
+    /// address (where this leader saw the live one register) is the same
+    /// daemon starting again (two processes cannot bind one address); a
+    /// copied node.toml advertises the same address from another host, and
+    /// is refused. A lease that ran out is free to take. A live incarnation without a clock (a leader before
     /// its first tick, or one registered through an earlier leader) is in
     /// its grace: held. Registrations go to the leader only.
     pub fn refuse_registration(
@@ -177,16 +189,15 @@ impl Leases {
         node: NodeId,
         live: Option<(u64, &str)>,
         addr: &str,
+        source: SocketAddr,
         now: Instant,
     ) -> Option<RegistrationRefused> {
         let (incarnation, live_addr) = live?;
-        if live_addr == addr {
+        let clock = self.clocks.get(&node).filter(|c| c.incarnation == incarnation);
+        if live_addr == addr && clock.and_then(|c| c.source).is_none_or(|s| s == source) {
             return None;
         }
-        let since = match self.clocks.get(&node).filter(|c| c.incarnation == incarnation) {
-            Some(clock) => now.saturating_duration_since(clock.renewed),
-            None => Duration::ZERO,
-        };
+        let since = clock.map_or(Duration::ZERO, |c| now.saturating_duration_since(c.renewed));
         (since <= self.lease).then(|| RegistrationRefused {
             live_addr: live_addr.to_owned(),
             incarnation,
@@ -234,7 +245,7 @@ impl Leases {
                 Some(c) if c.incarnation == incarnation => {}
                 _ => {
                     let renewed = now + self.lease;
-                    self.clocks.insert(node, Clock { incarnation, renewed, expiring: false });
+                    self.clocks.insert(node, Clock { incarnation, renewed, expiring: false, source: None });
                 }
             }
         }
@@ -534,10 +545,11 @@ mod tests {
         let mut leases = Leases::new(LEASE, start);
         leases.handle_leadership(Some(1), start);
         leases.handle_state([(NodeId(2), 7)], start);
-        leases.handle_renewed(NodeId(2), 7, start);
         let live = Some((7, "10.0.0.2:7100"));
         let at = |ms: u64| start + Duration::from_millis(ms);
-        let refused = leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(2_000)).expect("refused");
+        let src = |host: u8| SocketAddr::from(([10, 0, 0, host], 7100));
+        leases.handle_registered(NodeId(2), 7, src(2), start);
+        let refused = leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", src(9), at(2_000)).expect("refused");
         assert_eq!(
             refused,
             RegistrationRefused {
@@ -546,23 +558,36 @@ mod tests {
                 since_renewal: Duration::from_millis(2_000)
             }
         );
-        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.2:7100", at(2_000)), None, "same address");
-        assert_eq!(leases.refuse_registration(NodeId(2), None, "10.0.0.9:7100", at(2_000)), None, "not live");
-        let untimed = leases.refuse_registration(NodeId(3), Some((8, "a:1")), "b:1", at(2_000));
+        assert_eq!(
+            leases.refuse_registration(NodeId(2), live, "10.0.0.2:7100", src(2), at(2_000)),
+            None,
+            "same address"
+        );
+        assert_eq!(leases.refuse_registration(NodeId(2), None, "10.0.0.9:7100", src(9), at(2_000)), None, "not live");
+        let untimed = leases.refuse_registration(NodeId(3), Some((8, "a:1")), "b:1", src(9), at(2_000));
         assert_eq!(untimed.map(|r| r.since_renewal), Some(Duration::ZERO), "no clock yet: its grace");
-        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(3_000)).is_some(), "a whole lease");
-        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(3_001)), None, "ran out");
+        assert!(
+            leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", src(9), at(3_000)).is_some(),
+            "a whole lease"
+        );
+        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", src(9), at(3_001)), None, "ran out");
+        // A copied node.toml: the same advertised address from another host.
+        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.2:7100", src(3), at(2_000)).is_some(), "copy");
         // Heartbeats keep it held.
         leases.handle_renewed(NodeId(2), 7, at(2_900));
-        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(5_000)).is_some());
+        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", src(9), at(5_000)).is_some());
         // A new leadership's grace holds it too, then it runs out.
         leases.handle_leadership(Some(2), at(10_000));
-        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(15_900)).is_some(), "grace");
-        assert_eq!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", at(16_001)), None, "grace over");
+        assert!(leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", src(9), at(15_900)).is_some(), "grace");
+        assert_eq!(
+            leases.refuse_registration(NodeId(2), live, "10.0.0.9:7100", src(9), at(16_001)),
+            None,
+            "grace over"
+        );
         // A leader that registered the node before its first tick holds the
         // clock of that registration.
         let mut fresh = Leases::new(LEASE, start);
         fresh.handle_renewed(NodeId(2), 1, at(100));
-        assert!(fresh.refuse_registration(NodeId(2), Some((1, "a:1")), "b:1", at(350)).is_some());
+        assert!(fresh.refuse_registration(NodeId(2), Some((1, "a:1")), "b:1", src(9), at(350)).is_some());
     }
 }

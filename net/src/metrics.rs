@@ -6,8 +6,10 @@
 //! serve them here on the address their configuration names. The format is
 //! `prometheus-client`'s; the server is hyper's. Scraping reads only memory:
 //! no request can block the node or the coordinator, and the endpoint holds
-//! at most [`MAX_METRICS_CONNECTIONS`] connections, each for at most two
-//! minutes (issue 29).
+//! at most [`MAX_METRICS_CONNECTIONS`] connections,
+//! [`MAX_METRICS_CONNECTIONS_PER_ADDRESS`] from one address (so a flood
+//! cannot fail the readiness probe), each for at most two minutes (issue
+//! 29).
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -32,6 +34,11 @@ const HEADER_WAIT: Duration = Duration::from_secs(10);
 /// accepted, so a flood of connections holds neither tasks nor memory of
 /// the node or voter behind the endpoint (a scraper connects once).
 pub const MAX_METRICS_CONNECTIONS: usize = 64;
+
+/// Connections from one address answered at once: a process that holds
+/// connections open cannot take the slots of the scraper or of the
+/// readiness probe, which come from other addresses.
+pub const MAX_METRICS_CONNECTIONS_PER_ADDRESS: usize = 8;
 
 /// How long one connection is kept, requests and idle time together: a
 /// scraper that keeps its connection alive simply connects again.
@@ -83,8 +90,42 @@ impl Drop for MetricsServer {
     }
 }
 
+/// One address's connections, given back when dropped.
+struct AddressSlot {
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    ip: std::net::IpAddr,
+}
+
+impl AddressSlot {
+    fn take(
+        counts: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+        ip: std::net::IpAddr,
+    ) -> Option<Self> {
+        let mut map = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n >= MAX_METRICS_CONNECTIONS_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(Self { counts: counts.clone(), ip })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
 async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
+    let by_address = Arc::default();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -95,6 +136,11 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
                 continue;
             }
         };
+        let Some(mine) = AddressSlot::take(&by_address, peer.ip()) else {
+            tracing::debug!(%peer, "a metrics connection over its address's share closed");
+            drop(stream);
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::debug!(%peer, "a metrics connection over the cap closed");
             drop(stream);
@@ -102,7 +148,7 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
         };
         let registry = registry.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, mine);
             let service = hyper::service::service_fn(move |req| {
                 let registry = registry.clone();
                 async move { Ok::<_, Infallible>(answer(&req, &registry)) }
@@ -228,21 +274,38 @@ mod tests {
         Ok(())
     }
 
-    /// Issue 29: a flood of idle connections holds at most the cap; those
-    /// over it are closed at once, and a scrape is answered once the flood
-    /// is gone.
+    /// A connection to `addr` from `from` (a loopback address).
+    async fn connect_from(from: &str, addr: SocketAddr) -> anyhow::Result<tokio::net::TcpStream> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(format!("{from}:0").parse()?)?;
+        Ok(socket.connect(addr).await?)
+    }
+
+    /// Issue 29: one address holds at most its share of connections, so a
+    /// scrape from another address is answered while it floods; a flood
+    /// from many addresses holds at most the cap, the connections over it
+    /// closed at once, and a scrape is answered once the flood is gone.
     #[tokio::test]
     async fn connections_over_the_cap_are_closed_at_once() -> anyhow::Result<()> {
-        let server = MetricsServer::bind("127.0.0.1:0".parse()?, Arc::new(Registry::default())).await?;
-        let addr = server.local_addr();
+        let server = MetricsServer::bind("0.0.0.0:0".parse()?, Arc::new(Registry::default())).await?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
+        let mut flood = Vec::new();
+        for _ in 0..200 {
+            flood.push(connect_from("127.0.0.2", addr).await?);
+        }
+        let ok = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+        assert!(ok.starts_with("HTTP/1.1 200"), "a scrape from another address during the flood: {ok}");
+        drop(flood);
+        // Let the server see the flood's connections close.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let mut held = Vec::new();
-        for _ in 0..MAX_METRICS_CONNECTIONS {
-            held.push(tokio::net::TcpStream::connect(addr).await?);
+        for i in 0..MAX_METRICS_CONNECTIONS {
+            held.push(connect_from(&format!("127.0.1.{}", i % 200 + 1), addr).await?);
         }
         // Let the server take them all before the ones over the cap arrive.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        for _ in 0..200 {
-            let mut over = tokio::net::TcpStream::connect(addr).await?;
+        for i in 0..200 {
+            let mut over = connect_from(&format!("127.0.2.{}", i % 200 + 1), addr).await?;
             let mut b = [0u8; 1];
             let read = tokio::time::timeout(Duration::from_secs(2), over.read(&mut b)).await;
             assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "a connection over the cap was kept: {read:?}");

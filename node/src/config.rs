@@ -97,6 +97,11 @@ pub struct NodeConfig {
     /// before planning starts, naming both. Default: 256 MiB.
     #[serde(default = "default_plan_bytes")]
     pub max_plan_bytes: u64,
+    /// Replaced by `max_plan_bytes` (which bounds every shuffle); still
+    /// accepted so that an older node.toml loads, and ignored with a
+    /// warning at start.
+    #[serde(default)]
+    pub max_plan_window_rows: Option<u64>,
     /// Trainer connections the socket holds at once; at the cap the one
     /// idle the longest is closed to make room (its client reconnects), and
     /// when every one is inside a request a new one is refused. Default: 1024.
@@ -218,6 +223,7 @@ impl Default for NodeConfig {
             ssd_block_bytes: default_block(),
             prefetch_bytes: default_prefetch(),
             max_plan_bytes: default_plan_bytes(),
+            max_plan_window_rows: None,
             max_connections: default_max_connections(),
             idle_timeout_ms: default_idle_timeout_ms(),
             write_timeout_ms: default_write_timeout_ms(),
@@ -303,6 +309,10 @@ impl NodeConfig {
                 path: path.to_path_buf(),
                 message: "max_connections, idle_timeout_ms and write_timeout_ms must each be at least 1".into(),
             });
+        }
+        if let Some(rows) = cfg.max_plan_window_rows {
+            tracing::warn!(path = %path.display(), rows,
+                "max_plan_window_rows is replaced by max_plan_bytes (every shuffle, in bytes; default 256 MiB) and ignored");
         }
         let base = path.parent().unwrap_or(Path::new("."));
         if let Some(c) = &mut cfg.cluster {

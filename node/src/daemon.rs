@@ -15,7 +15,9 @@
 //! at most `max_connections` (at the cap the longest-idle one is closed to
 //! make room: [`crate::conns`]); a connection that sends no request for
 //! `idle_timeout_ms`, or does not send a whole request within
-//! [`REQUEST_WAIT`] of its header, is closed; a reply not read within
+//! [`REQUEST_WAIT`] of its header, is closed (and counts as idle, so
+//! evictable, until its whole request is in); at most
+//! [`CONCURRENT_REFUSALS`] refusals are answered at once; a reply not read within
 //! `write_timeout_ms` closes it; each answers one request at a time (so
 //! requests waiting for a version the node does not know yet are bounded
 //! by the connections), and its loader reports take one slot.
@@ -59,6 +61,10 @@ pub const REQUEST_WAIT: Duration = Duration::from_secs(10);
 /// the refusal.
 const REFUSAL_WAIT: Duration = Duration::from_secs(2);
 
+/// Refusals being answered at once; past it a refused connection is closed
+/// without an answer, so a flood of refused connections holds no more.
+const CONCURRENT_REFUSALS: usize = 64;
+
 /// How long a restarted cluster node keeps a trainer's describe waiting
 /// for the datasets of its first placement before it answers "unknown".
 const FIRST_PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -77,6 +83,16 @@ pub async fn serve(
     tracing::info!(socket = %path.display(), max_connections = limits.max_connections, "serving trainers");
     let follows = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENT_FOLLOWS));
     let conns = Conns::new(limits);
+    let refusals = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REFUSALS));
+    let answer_refused = |stream: UnixStream, kind: ErrorKind, why: String| {
+        // Past the bound the stream is dropped: closed without an answer.
+        if let Ok(permit) = refusals.clone().try_acquire_owned() {
+            tokio::spawn(async move {
+                refuse(stream, kind, why).await;
+                drop(permit);
+            });
+        }
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -100,7 +116,7 @@ pub async fn serve(
                 if let Some((uid, gid)) = cred.filter(|&(u, g)| !allowed.admits(u, g)) {
                     let why = allowed.refusal(uid, gid);
                     tracing::warn!(uid, gid, "a process not on the allow-list connected; refused");
-                    tokio::spawn(refuse(stream, ErrorKind::BadRequest, why));
+                    answer_refused(stream, ErrorKind::BadRequest, why);
                     continue;
                 }
                 if cred.is_none() {
@@ -115,7 +131,7 @@ pub async fn serve(
                             "the node holds {open} connections, each inside a request (max_connections in \
                              node.toml); try again"
                         );
-                        tokio::spawn(refuse(stream, ErrorKind::Unavailable, why));
+                        answer_refused(stream, ErrorKind::Unavailable, why);
                         continue;
                     }
                 };
@@ -128,7 +144,7 @@ pub async fn serve(
                         Err(e) => tracing::debug!(%client, error = %e, "trainer connection ended"),
                         Ok(()) => {}
                     }
-                    conn.closed();
+                    drop(conn);
                 });
             }
         }
@@ -209,8 +225,12 @@ impl Conn {
     fn idle(&self) {
         self.conns.table().handle_idle(self.id, Instant::now());
     }
+}
 
-    fn closed(&self) {
+impl Drop for Conn {
+    /// The connection ended, however (a panic of its task included): its
+    /// place in the table is free.
+    fn drop(&mut self) {
         self.conns.table().handle_closed(self.id);
         self.conns.closers().remove(&self.id);
     }
@@ -270,7 +290,6 @@ async fn connection(
                 return Ok(());
             }
         }
-        conn.busy();
         let len = match frame::decode_len(header, MAX_REQUEST_LEN) {
             Ok(len) => len,
             Err(e) => {
@@ -285,13 +304,23 @@ async fn connection(
             }
         };
         let mut body = vec![0u8; len];
-        match tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut body)).await {
+        // Still idle (evictable) until the whole request is in: a process
+        // that sends headers alone cannot hold the cap.
+        let body_read = tokio::select! {
+            read = tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut body)) => read,
+            _ = conn.close.notified() => {
+                tracing::debug!(%client, "closed to make room for a new connection");
+                return Ok(());
+            }
+        };
+        match body_read {
             Ok(read) => read?,
             Err(_) => {
                 tracing::warn!(%client, bytes = len, "a request not sent whole within 10 s; closing the connection");
                 return Ok(());
             }
         };
+        conn.busy();
         let req = match wire::decode::<LocalRequest>(&body) {
             Ok(r) => r,
             Err(e) => {

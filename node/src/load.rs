@@ -46,7 +46,8 @@ const MIN_LOAD_BUDGET: u64 = 256 << 20;
 /// area), where the memory is the machine's (`mem_total`) or, when lower,
 /// the limit of the node's cgroup (a container's `memory.max`): a node in
 /// a 40 GiB container on a 512 GiB host must not budget 256 GiB. At least
-/// [`MIN_LOAD_BUDGET`]; 4 GiB where the machine's memory is unknown.
+/// [`MIN_LOAD_BUDGET`]; 4 GiB where neither the machine's memory nor a
+/// cgroup limit is known (with only a limit, half of it).
 pub(crate) fn load_budget(mem_total: Option<u64>, cgroup_limit: Option<u64>, tiers_bytes: u64) -> u64 {
     let memory = match (mem_total, cgroup_limit) {
         (Some(m), Some(c)) => m.min(c),
@@ -250,7 +251,7 @@ mod tests {
         assert_eq!(load_budget(Some(24 * GIB), Some(512 * GIB), 0), 12 * GIB, "a limit above the machine");
         assert_eq!(load_budget(Some(GIB), None, 4 * GIB), MIN_LOAD_BUDGET, "tiers larger than memory");
         assert_eq!(load_budget(None, None, 0), 4 * GIB);
-        assert_eq!(load_budget(None, Some(8 * GIB), 0), 4 * GIB);
+        assert_eq!(load_budget(None, Some(8 * GIB), 0), 4 * GIB, "half of the limit alone");
     }
 
     #[test]

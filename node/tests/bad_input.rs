@@ -1569,3 +1569,20 @@ fn a_client_that_never_reads_its_replies_is_dropped_at_the_write_deadline() {
     assert_serves_a_fresh_client(&daemon.socket);
     daemon.stop();
 }
+
+/// Issue 29, bounds: connections that send a request header and never the
+/// rest still count as idle, so at the cap they make room for a trainer
+/// instead of holding the node for the request deadline.
+#[test]
+fn connections_that_send_only_headers_do_not_hold_the_cap() {
+    let (_data, _run, daemon) = bounded_daemon(2, |c| c.max_connections = 4);
+    let mut partial: Vec<UnixStream> = (0..4).map(|_| daemon.connect()).collect();
+    for s in &mut partial {
+        s.write_all(&100u32.to_le_bytes()).expect("a header alone");
+    }
+    // Let the daemon read every header.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_serves_a_fresh_client(&daemon.socket);
+    daemon.assert_alive();
+    daemon.stop();
+}

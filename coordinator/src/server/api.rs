@@ -38,6 +38,7 @@ pub(super) async fn serve_api(
     ctx: &Arc<Ctx>,
     role: Role,
     bound: Option<NodeId>,
+    peer: std::net::SocketAddr,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), FrameError> {
@@ -115,7 +116,7 @@ pub(super) async fn serve_api(
         ctx.api_requests.get_or_create(&super::metrics::ApiLabels::watch()).inc();
         return watch(ctx, after_revision, send).await;
     }
-    let resp = handle(ctx, req).await;
+    let resp = handle(ctx, req, peer).await;
     super::metrics::count(&ctx.api_requests, kind, &resp);
     frame::write_frame(&mut send, &resp).await?;
     let _ = send.finish();
@@ -174,8 +175,8 @@ fn valid_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-async fn handle(ctx: &Arc<Ctx>, req: ApiRequest) -> ApiResponse {
-    match handle_inner(ctx, req).await {
+async fn handle(ctx: &Arc<Ctx>, req: ApiRequest, peer: std::net::SocketAddr) -> ApiResponse {
+    match handle_inner(ctx, req, peer).await {
         Ok(r) | Err(r) => r,
     }
 }
@@ -183,7 +184,7 @@ async fn handle(ctx: &Arc<Ctx>, req: ApiRequest) -> ApiResponse {
 // Both arms carry the response to send; it is written out at once, never
 // propagated further, so its size does not matter.
 #[allow(clippy::result_large_err)]
-async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, ApiResponse> {
+async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest, peer: std::net::SocketAddr) -> Result<ApiResponse, ApiResponse> {
     match req {
         ApiRequest::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
             if !is_leader(ctx) {
@@ -196,19 +197,20 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
                 node,
                 live.as_ref().map(|(i, a)| (*i, a.as_str())),
                 &addr,
+                peer,
                 Instant::now(),
             );
-            tracing::debug!(%node, %addr, ?live, refused = refused.is_some(), "registration");
             if let Some(r) = refused {
                 tracing::warn!(
-                    %node, live_addr = %r.live_addr, incarnation = r.incarnation, refused_addr = %addr,
-                    "refused a second daemon: the node is live at another address"
+                    %node, live_addr = %r.live_addr, incarnation = r.incarnation, refused_addr = %addr, from = %peer,
+                    "refused a second daemon: the node is live elsewhere"
                 );
                 return Err(failed(
                     FailureKind::Forbidden,
                     format!(
                         "{node} is live at {} (incarnation {}, lease renewed {} ms ago): a second daemon at {addr} \
-                         may not register as it; stop one of them (each host needs its own node id and certificate)",
+                         (from {peer}) may not register as it; stop one of them (each host needs its own node id and \
+                         certificate)",
                         r.live_addr,
                         r.incarnation,
                         r.since_renewal.as_millis()
@@ -217,8 +219,8 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest) -> Result<ApiResponse, Ap
             }
             match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
                 CommandResult::NodeRegistered { incarnation, placement_epoch } => {
-                    ctx.leases().handle_renewed(node, incarnation, Instant::now());
-                    tracing::info!(%node, incarnation, placement_epoch, "node registered");
+                    ctx.leases().handle_registered(node, incarnation, peer, Instant::now());
+                    tracing::info!(%node, incarnation, placement_epoch, %peer, "node registered");
                     Ok(ApiResponse::Registered { incarnation, placement_epoch, lease_ms: ctx.lease.as_millis() as u64 })
                 }
                 other => Err(failed(FailureKind::Internal, format!("register applied as {other:?}"))),

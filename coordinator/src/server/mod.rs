@@ -453,7 +453,7 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
             let result = if raft {
                 serve_rpc(&ctx.raft, &ctx.contact, voter, ctx.allow_unbound_voter_certs, send, recv).await
             } else {
-                api::serve_api(&ctx, role, bound, send, recv).await
+                api::serve_api(&ctx, role, bound, peer, send, recv).await
             };
             if let Err(e) = result {
                 tracing::debug!(%peer, "stream ended: {e}");

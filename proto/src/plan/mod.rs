@@ -277,11 +277,11 @@ fn split(key: PlanKey, shards: &[ShardRows], params: &PlanParams) -> Result<Spli
 /// spends anything on it.
 pub fn window_rows_bound(shards: &[ShardRows], params: &PlanParams) -> u64 {
     let Shuffle::Windowed { window_shards } = params.shuffle else { return 0 };
-    let total: u64 = shards.iter().map(|s| s.rows).sum();
+    let total: u64 = shards.iter().map(|s| s.rows).fold(0, u64::saturating_add);
     let rank_rows = total.div_ceil(u64::from(params.world_size.max(1)));
     let mut rows: Vec<u64> = shards.iter().map(|s| s.rows).collect();
     rows.sort_unstable_by(|a, b| b.cmp(a));
-    let largest: u64 = rows.iter().take(window_shards as usize).sum();
+    let largest: u64 = rows.iter().take(window_shards as usize).fold(0, |a, &r| a.saturating_add(r));
     largest.min(rank_rows)
 }
 
@@ -857,6 +857,8 @@ mod tests {
         );
         let absurd = vec![ShardRows { shard: ShardId { file: 0, row_group: 0 }, rows: u64::MAX }; 3];
         assert_eq!(plan_cost(&absurd, &p).bytes, u64::MAX, "saturates");
+        let windowed = PlanParams { shuffle: Shuffle::Windowed { window_shards: 3 }, ..p };
+        assert_eq!(plan_cost(&absurd, &windowed).bytes, u64::MAX, "saturates, windowed too");
         // The same rows in batches of 1,024 with the default window cost little.
         let small = PlanParams { batch_size: 1024, shuffle: Shuffle::Blocks { window_batches: 64 }, ..p };
         assert!(plan_cost(&s, &small).bytes < 16 << 20);

@@ -13,6 +13,7 @@
 //! - `granary dataset add|ls|show|placement` — datasets registered with the coordinators.
 //! - `granary view check --source URL --view view.toml` — a view against a source's first file.
 //! - `granary status` — leader, voters, nodes with leases, placement epoch.
+//! - `granary nodes weight --node N --weight W` — a node's placement weight (admin).
 //! - `granary trainer ...` — one trainer rank (used by the demo).
 //!
 //! This file holds only the top-level grammar, the process-wide setup
@@ -25,7 +26,7 @@ mod demo;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cli::{bench, certs, connect, coordinator, dataset, doctor, node, stats, status, trainer, view};
+use cli::{bench, certs, connect, coordinator, dataset, doctor, node, nodes, stats, status, trainer, view};
 
 #[derive(Parser)]
 #[command(name = "granary", version, about = "A distributed cache fabric that keeps GPUs fed")]
@@ -72,6 +73,9 @@ enum Command {
     /// Dataset tools.
     #[command(subcommand)]
     Dataset(dataset::DatasetCommand),
+    /// Node placement weights (admin).
+    #[command(subcommand)]
+    Nodes(nodes::NodesCommand),
     /// View tools: check a view against a source before deploying it.
     #[command(subcommand)]
     View(view::ViewCommand),
@@ -141,6 +145,7 @@ fn run() -> Result<()> {
         Command::Demo(a) => demo::run(a),
         Command::Node(a) => node::run(&a),
         Command::Dataset(c) => dataset::run(c),
+        Command::Nodes(c) => nodes::run(c),
         Command::View(c) => view::run(c),
         Command::Coordinator(a) => coordinator::run(a),
         Command::Certs(c) => certs::run(c),

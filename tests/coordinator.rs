@@ -548,6 +548,37 @@ fn a_second_daemon_with_the_same_node_certificate_is_refused() {
     assert!(node2(&took).0 > node2(&before).0, "a new incarnation: {took}");
 }
 
+/// Issue 29: placement weights are an admin's (`granary nodes weight`),
+/// not what a node reports: two nodes take equal shares until the admin
+/// weighs one three times the other; a node's own certificate may not set
+/// weights.
+#[test]
+fn an_admin_sets_node_weights_and_a_node_cannot() {
+    let mut c = Cluster::new(1, 3000);
+    let (data, view) = dataset(c.tmp.path());
+    c.start(1);
+    c.wait_leader(None);
+    c.add_dataset("ads", &data, &view).expect("add");
+    for id in 1..=2 {
+        start_node(&mut c, id);
+    }
+    wait_status(&c, "two live nodes", |s| live_nodes(s) == [1, 2]);
+    let shards = |s: &Value, id: u64| -> u64 {
+        s["nodes"].as_array().expect("nodes").iter().find(|n| n["node"] == id).expect("node")["shards"]
+            .as_u64()
+            .expect("shards")
+    };
+    let err = c.cli(&["nodes", "weight", "--node", "1", "--weight", "300"], "node-1").expect_err("a node may not");
+    assert!(err.contains("Forbidden") && err.contains("set-node-weight"), "{err}");
+    let set = c.cli(&["nodes", "weight", "--node", "1", "--weight", "300"], "admin").expect("admin sets it");
+    assert_eq!(set["weight"], 300);
+    let after = wait_status(&c, "node 1 weighs 300", |s| {
+        s["nodes"].as_array().is_some_and(|n| n.iter().any(|n| n["node"] == 1 && n["weight"] == 300))
+    });
+    let (one, two) = (shards(&after, 1), shards(&after, 2));
+    assert!(one >= 2 * two, "node 1 takes about three quarters: {one} vs {two}");
+}
+
 #[test]
 fn an_unusable_data_folder_is_a_clear_error() {
     let c = Cluster::new(1, 3000);

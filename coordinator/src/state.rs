@@ -108,12 +108,11 @@ pub struct NodeRecord {
     pub registration: u64,
 }
 
-impl NodeRecord {
-    /// Placement weight: total cache capacity.
-    pub fn weight(&self) -> u64 {
-        self.ram_bytes.saturating_add(self.ssd_bytes)
-    }
-}
+/// The placement weight of a node no admin has weighed: every such node
+/// takes an equal share. A node's reported capacity does not weigh it (a
+/// node could claim any capacity and take every shard); an admin sets
+/// weights with `granary nodes weight` (issue 29).
+pub const DEFAULT_NODE_WEIGHT: u64 = 100;
 
 /// Everything the coordinator replicates.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
@@ -122,7 +121,12 @@ pub struct ClusterState {
     pub datasets: BTreeMap<String, DatasetRecord>,
     /// Nodes by id, live or expired.
     pub nodes: BTreeMap<NodeId, NodeRecord>,
-    /// Advances whenever the set of live nodes (or an incarnation) changes.
+    /// Placement weights an admin set, by node (others weigh
+    /// [`DEFAULT_NODE_WEIGHT`]).
+    #[serde(default)]
+    pub weights: BTreeMap<NodeId, u64>,
+    /// Advances whenever the set of live nodes (or an incarnation, or a
+    /// live node's weight) changes.
     pub placement_epoch: u64,
     /// The incarnation the next registration gets.
     pub next_incarnation: u64,
@@ -255,6 +259,18 @@ impl ClusterState {
                 self.replace_all();
                 CommandResult::NodeRegistered { incarnation, placement_epoch: self.placement_epoch }
             }
+            Command::SetNodeWeight { node, weight } => {
+                let before = self.weight(*node);
+                match weight {
+                    Some(w) => self.weights.insert(*node, (*w).max(1)),
+                    None => self.weights.remove(node),
+                };
+                if self.weight(*node) != before && self.nodes.get(node).is_some_and(|r| r.live) {
+                    self.placement_epoch += 1;
+                    self.replace_all();
+                }
+                CommandResult::WeightSet { placement_epoch: self.placement_epoch }
+            }
             Command::ExpireNode { node, incarnation } => match self.nodes.get_mut(node) {
                 Some(r) if r.live && r.incarnation == *incarnation => {
                     r.live = false;
@@ -270,7 +286,17 @@ impl ClusterState {
 
     /// Live nodes with their weights, sorted by id.
     pub fn live_nodes(&self) -> Vec<NodeWeight> {
-        self.nodes.iter().filter(|(_, r)| r.live).map(|(&node, r)| NodeWeight { node, weight: r.weight() }).collect()
+        self.nodes
+            .iter()
+            .filter(|(_, r)| r.live)
+            .map(|(&node, _)| NodeWeight { node, weight: self.weight(node) })
+            .collect()
+    }
+
+    /// A node's placement weight: what an admin set, else
+    /// [`DEFAULT_NODE_WEIGHT`].
+    pub fn weight(&self, node: NodeId) -> u64 {
+        self.weights.get(&node).copied().unwrap_or(DEFAULT_NODE_WEIGHT)
     }
 
     /// The owner of every shard of a dataset's current version, in manifest
@@ -732,6 +758,45 @@ mod tests {
         assert!((40..=60).contains(&moved), "about a quarter moves to the joiner: {moved}");
     }
 
+    /// Issue 29: what a node reports of its capacity does not weigh it (a
+    /// node claiming a thousand times the others' takes an equal share);
+    /// an admin's weight does, and changing a live node's weight starts a
+    /// placement epoch, where a weight set ahead of a node's joining
+    /// starts none.
+    #[test]
+    fn weights_are_the_admins_not_what_a_node_claims() {
+        let mut s = ClusterState::default();
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(100) });
+        for (id, ram) in [(1u64, 1u64 << 30), (2, 1 << 40)] {
+            s.apply(&Command::RegisterNode {
+                node: NodeId(id),
+                addr: String::new(),
+                ram_bytes: ram,
+                ssd_bytes: 0,
+                registration: id,
+            });
+        }
+        let share = |s: &ClusterState, id| s.shards_per_node().get(&NodeId(id)).copied().unwrap_or(0);
+        assert!((180..=220).contains(&share(&s, 1)), "equal shares: {:?}", s.shards_per_node());
+        let epoch = s.placement_epoch;
+        assert_eq!(
+            s.apply(&Command::SetNodeWeight { node: NodeId(1), weight: Some(300) }),
+            CommandResult::WeightSet { placement_epoch: epoch + 1 }
+        );
+        assert!((280..=320).contains(&share(&s, 1)), "three quarters: {:?}", s.shards_per_node());
+        assert_eq!(s.live_nodes()[0].weight, 300);
+        // A node not registered yet: its weight waits for it, no new epoch.
+        assert_eq!(
+            s.apply(&Command::SetNodeWeight { node: NodeId(9), weight: Some(50) }),
+            CommandResult::WeightSet { placement_epoch: epoch + 1 }
+        );
+        assert_eq!(s.weight(NodeId(9)), 50);
+        // Back to the default.
+        s.apply(&Command::SetNodeWeight { node: NodeId(1), weight: None });
+        assert_eq!(s.weight(NodeId(1)), DEFAULT_NODE_WEIGHT);
+        assert!((180..=220).contains(&share(&s, 1)));
+    }
+
     #[test]
     fn replicas_applying_the_same_log_agree_byte_for_byte() {
         let log: Vec<Command> = (1..=5)
@@ -744,6 +809,7 @@ mod tests {
             })
             .chain([Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(30) }])
             .chain([Command::ExpireNode { node: NodeId(2), incarnation: 2 }])
+            .chain([Command::SetNodeWeight { node: NodeId(3), weight: Some(250) }])
             .chain([Command::RegisterNode {
                 node: NodeId(2),
                 addr: String::new(),

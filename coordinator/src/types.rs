@@ -49,6 +49,13 @@ pub enum Command {
         #[serde(default)]
         registration: u64,
     },
+    /// An admin set a node's placement weight (`None`: the default).
+    SetNodeWeight {
+        /// The node.
+        node: NodeId,
+        /// Its weight, or `None` for the default.
+        weight: Option<u64>,
+    },
     /// The leader saw this incarnation's lease pass its deadline.
     ExpireNode {
         /// The node.
@@ -110,6 +117,11 @@ pub enum CommandResult {
         unknown: Vec<(String, DatasetVersion)>,
         /// True when the incarnation was not live: nothing changed.
         stale: bool,
+    },
+    /// `SetNodeWeight` applied.
+    WeightSet {
+        /// The placement epoch after it.
+        placement_epoch: u64,
     },
     /// `CollectVersions` applied: the versions it removed.
     VersionsCollected {

@@ -13,15 +13,25 @@ use serde::{Deserialize, Serialize};
 /// A request to the coordinator.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub enum ApiRequest {
+    /// Sets a node's placement weight (admin only): its share of the shards
+    /// against the other nodes' weights. `None` gives it the default back.
+    /// A node's own registration does not set its weight.
+    SetNodeWeight {
+        /// The node (registered or not yet).
+        node: NodeId,
+        /// The weight, at least 1; `None`: the default.
+        weight: Option<u64>,
+    },
     /// A node (re)joins the cluster and gets a new incarnation.
     RegisterNode {
         /// The node's id.
         node: NodeId,
         /// Address peers reach it at (`host:port`).
         addr: String,
-        /// RAM tier capacity.
+        /// RAM tier capacity (reported in status; placement weights are an
+        /// admin's: [`ApiRequest::SetNodeWeight`]).
         ram_bytes: u64,
-        /// SSD tier capacity.
+        /// SSD tier capacity (reported, as `ram_bytes`).
         ssd_bytes: u64,
         /// A token the node picks for this registration and repeats when it
         /// retries it, so that a retry of a registration that did commit
@@ -91,6 +101,7 @@ impl ApiRequest {
     /// A short name for logs and errors.
     pub fn kind(&self) -> &'static str {
         match self {
+            Self::SetNodeWeight { .. } => "set-node-weight",
             Self::RegisterNode { .. } => "register-node",
             Self::Heartbeat { .. } => "heartbeat",
             Self::AddDataset { .. } => "add-dataset",
@@ -109,7 +120,7 @@ impl ApiRequest {
     pub fn allowed(&self, role: Role) -> bool {
         match self {
             Self::RegisterNode { .. } | Self::Heartbeat { .. } | Self::HoldVersions { .. } => role == Role::Node,
-            Self::AddDataset { .. } => role == Role::Admin,
+            Self::AddDataset { .. } | Self::SetNodeWeight { .. } => role == Role::Admin,
             Self::ListDatasets
             | Self::DescribeDataset { .. }
             | Self::DescribePlacement { .. }
@@ -195,6 +206,9 @@ pub struct NodeStatus {
     pub ram_bytes: u64,
     /// SSD tier capacity.
     pub ssd_bytes: u64,
+    /// Placement weight (set by an admin, or the default).
+    #[serde(default)]
+    pub weight: u64,
     /// Milliseconds until the lease expires, as the leader sees it (absent
     /// for expired nodes and when not answered by the leader).
     pub lease_left_ms: Option<u64>,
@@ -297,6 +311,11 @@ pub enum FailureKind {
 /// A response from the coordinator.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub enum ApiResponse {
+    /// `SetNodeWeight` committed.
+    WeightSet {
+        /// The placement epoch after it (a live node's new weight starts one).
+        placement_epoch: u64,
+    },
     /// This voter is not the leader; ask the one named, if any.
     NotLeader {
         /// The leader's id and API address, if known.

@@ -8,6 +8,7 @@
 //! - [`dataset`]: `granary dataset gen` (local files) and `add|ls|show|placement`
 //!   (datasets registered with the coordinators).
 //! - [`status`]: `granary status`, the cluster as the leader sees it.
+//! - [`nodes`]: `granary nodes weight`, an admin sets a node's placement weight.
 //! - [`connect`]: how the one-shot cluster commands (`dataset`, `status`) reach
 //!   the coordinators.
 //! - [`stats`]: `granary stats`, one node's counters.
@@ -28,6 +29,7 @@ pub(crate) mod coordinator;
 pub(crate) mod dataset;
 pub(crate) mod doctor;
 pub(crate) mod node;
+pub(crate) mod nodes;
 pub(crate) mod stats;
 pub(crate) mod status;
 pub(crate) mod trainer;

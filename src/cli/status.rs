@@ -40,10 +40,11 @@ fn print_status(s: &ClusterStatus) {
             (true, None) => "live".to_string(),
         };
         println!(
-            "  {} {} incarnation {} {lease}, {} shards, RAM {} MiB, SSD {} MiB",
+            "  {} {} incarnation {} {lease}, weight {}, {} shards, RAM {} MiB, SSD {} MiB",
             n.node,
             n.addr,
             n.incarnation,
+            n.weight,
             n.shards,
             n.ram_bytes >> 20,
             n.ssd_bytes >> 20

@@ -253,6 +253,24 @@ async fn handle_inner(ctx: &Arc<Ctx>, req: ApiRequest, peer: std::net::SocketAdd
             ctx.leases().handle_renewed(node, incarnation, Instant::now());
             Ok(ApiResponse::HeartbeatAccepted { placement_epoch: epoch })
         }
+        ApiRequest::SetNodeWeight { node, weight } => {
+            if !is_leader(ctx) {
+                return Err(not_leader(ctx));
+            }
+            if weight == Some(0) {
+                return Err(failed(
+                    FailureKind::BadRequest,
+                    format!("a weight of 0 for {node}: weights are at least 1"),
+                ));
+            }
+            match write(ctx, Command::SetNodeWeight { node, weight }).await? {
+                CommandResult::WeightSet { placement_epoch } => {
+                    tracing::info!(%node, ?weight, placement_epoch, "node weight set");
+                    Ok(ApiResponse::WeightSet { placement_epoch })
+                }
+                other => Err(failed(FailureKind::Internal, format!("set-node-weight applied as {other:?}"))),
+            }
+        }
         ApiRequest::AddDataset { name, source, view } => {
             if !valid_name(&name) {
                 return Err(failed(

@@ -131,6 +131,7 @@ pub(super) fn node_statuses(ctx: &Ctx, state: &ClusterState, with_leases: bool) 
             live: r.live,
             ram_bytes: r.ram_bytes,
             ssd_bytes: r.ssd_bytes,
+            weight: state.weight(node),
             lease_left_ms: leases
                 .lease_left(node, r.incarnation, now)
                 .filter(|_| with_leases && r.live)

@@ -8,8 +8,6 @@
 //! - [`store`]: the log and vote on redb, synced before acknowledged.
 //! - [`sm`]: the state machine and its snapshots on disk.
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
-//! - [`handshakes`]: the handshake budget, pure: how many QUIC handshakes
-//!   may be in progress, in all and from one address.
 //! - [`leases`]: the leader's lease table, pure: which live node's lease ran
 //!   out at `now`, with the grace a new leader grants.
 //! - [`election`]: the election watchdog, pure: when a follower that stopped
@@ -28,7 +26,6 @@
 //! silent leader into an election.
 
 pub mod election;
-pub mod handshakes;
 pub mod leases;
 pub mod network;
 pub mod server;

@@ -12,6 +12,8 @@
 //! - [`error`]: [`error::TlsError`], the error of the four above.
 //! - [`tls`]: the four above re-exported under their former paths, until
 //!   the other crates move to the new ones.
+//! - [`budget`]: a budget of things in progress, in all and per source
+//!   address, pure (handshakes, metrics connections).
 //! - [`conn`]: outgoing connections cached per peer, role-checked.
 //! - [`frame`]: length-prefixed, size-capped JSON messages on QUIC streams.
 //! - [`api`]: the coordinator's API messages.
@@ -24,6 +26,7 @@
 //! messages are small and rare); the data plane keeps rkyv.
 
 pub mod api;
+pub mod budget;
 pub mod client;
 pub mod conn;
 pub mod error;

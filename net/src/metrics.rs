@@ -90,42 +90,11 @@ impl Drop for MetricsServer {
     }
 }
 
-/// One address's connections, given back when dropped.
-struct AddressSlot {
-    counts: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-    ip: std::net::IpAddr,
-}
-
-impl AddressSlot {
-    fn take(
-        counts: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-        ip: std::net::IpAddr,
-    ) -> Option<Self> {
-        let mut map = counts.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(ip).or_insert(0);
-        if *n >= MAX_METRICS_CONNECTIONS_PER_ADDRESS {
-            return None;
-        }
-        *n += 1;
-        Some(Self { counts: counts.clone(), ip })
-    }
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        let mut map = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
-    }
-}
-
 async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
-    let by_address = Arc::default();
+    let slots = Arc::new(std::sync::Mutex::new(crate::budget::AddressBudget::new(
+        MAX_METRICS_CONNECTIONS,
+        MAX_METRICS_CONNECTIONS_PER_ADDRESS,
+    )));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -136,19 +105,17 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
                 continue;
             }
         };
-        let Some(mine) = AddressSlot::take(&by_address, peer.ip()) else {
-            tracing::debug!(%peer, "a metrics connection over its address's share closed");
-            drop(stream);
-            continue;
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "a metrics connection over the cap closed");
-            drop(stream);
-            continue;
+        let slot = match crate::budget::Taken::from(&slots, peer.ip()) {
+            Ok(slot) => slot,
+            Err(spent) => {
+                tracing::debug!(%peer, ?spent, "a metrics connection over the cap closed");
+                drop(stream);
+                continue;
+            }
         };
         let registry = registry.clone();
         tokio::spawn(async move {
-            let _slots = (slot, mine);
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let registry = registry.clone();
                 async move { Ok::<_, Infallible>(answer(&req, &registry)) }

@@ -225,6 +225,18 @@ impl Conn {
     fn idle(&self) {
         self.conns.table().handle_idle(self.id, Instant::now());
     }
+
+    /// `read`'s result, or `None` when the table closes this connection to
+    /// make room first (it is idle while it reads).
+    async fn unless_evicted<T>(&self, client: &str, read: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            r = read => Some(r),
+            _ = self.close.notified() => {
+                tracing::debug!(%client, "closed to make room for a new connection");
+                None
+            }
+        }
+    }
 }
 
 impl Drop for Conn {
@@ -274,12 +286,11 @@ async fn connection(
     loop {
         conn.idle();
         let mut header = [0u8; frame::HEADER_LEN];
-        let read = tokio::select! {
-            read = tokio::time::timeout(limits.idle_timeout, stream.read_exact(&mut header)) => read,
-            _ = conn.close.notified() => {
-                tracing::debug!(%client, "closed to make room for a new connection");
-                return Ok(());
-            }
+        let Some(read) = conn
+            .unless_evicted(client, tokio::time::timeout(limits.idle_timeout, stream.read_exact(&mut header)))
+            .await
+        else {
+            return Ok(());
         };
         match read {
             Ok(Ok(_)) => {}
@@ -306,12 +317,10 @@ async fn connection(
         let mut body = vec![0u8; len];
         // Still idle (evictable) until the whole request is in: a process
         // that sends headers alone cannot hold the cap.
-        let body_read = tokio::select! {
-            read = tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut body)) => read,
-            _ = conn.close.notified() => {
-                tracing::debug!(%client, "closed to make room for a new connection");
-                return Ok(());
-            }
+        let Some(body_read) =
+            conn.unless_evicted(client, tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut body))).await
+        else {
+            return Ok(());
         };
         match body_read {
             Ok(read) => read?,

@@ -36,7 +36,7 @@ pub(super) struct Ctx {
     pub(super) connections: AtomicUsize,
     /// Handshakes in progress, in all ([`super::MAX_HANDSHAKES`]) and per
     /// source address ([`super::MAX_HANDSHAKES_PER_ADDRESS`]).
-    pub(super) handshakes: Mutex<crate::handshakes::HandshakeBudget>,
+    pub(super) handshakes: Arc<Mutex<granary_net::budget::AddressBudget>>,
     /// Connections open per role (after the handshake), in `Role::ALL`
     /// order; each bounded by [`super::role_limit`].
     pub(super) role_connections: [AtomicUsize; 4],

@@ -296,7 +296,10 @@ impl Coordinator {
             version_retention: cfg.version_retention,
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
-            handshakes: Mutex::new(crate::handshakes::HandshakeBudget::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS)),
+            handshakes: Arc::new(Mutex::new(granary_net::budget::AddressBudget::new(
+                MAX_HANDSHAKES,
+                MAX_HANDSHAKES_PER_ADDRESS,
+            ))),
             role_connections: Default::default(),
             contact: LeaderContact::default(),
             api_requests: Default::default(),
@@ -336,14 +339,6 @@ impl Coordinator {
     }
 }
 
-/// A handshake of the budget, given back when dropped.
-struct HandshakeSlot<'a>(&'a Ctx, std::net::IpAddr);
-impl Drop for HandshakeSlot<'_> {
-    fn drop(&mut self) {
-        self.0.handshakes.lock().unwrap_or_else(|p| p.into_inner()).release(self.1);
-    }
-}
-
 struct ConnSlot<'a>(&'a AtomicUsize);
 impl Drop for ConnSlot<'_> {
     fn drop(&mut self) {
@@ -366,15 +361,16 @@ async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
             continue;
         }
         let peer = incoming.remote_address();
-        let taken = ctx.handshakes.lock().unwrap_or_else(|p| p.into_inner()).try_take(peer.ip());
-        if let Err(spent) = taken {
-            tracing::warn!(%peer, ?spent, "refusing a connection: its handshake budget is spent");
-            incoming.refuse();
-            continue;
-        }
+        let handshake = match granary_net::budget::Taken::from(&ctx.handshakes, peer.ip()) {
+            Ok(taken) => taken,
+            Err(spent) => {
+                tracing::warn!(%peer, ?spent, "refusing a connection: its handshake budget is spent");
+                incoming.refuse();
+                continue;
+            }
+        };
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let handshake = HandshakeSlot(&ctx, peer.ip());
             let conn = match tokio::time::timeout(HANDSHAKE_WAIT, incoming).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {

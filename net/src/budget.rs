@@ -1,24 +1,25 @@
-//! The voter's handshake budget, pure: how many QUIC handshakes may be in
-//! progress at once, in all and from one address. A handshake holds no
-//! connection slot until its certificate is checked; this budget bounds
-//! what peers that start handshakes and never finish them (or show no
-//! certificate) can hold, and the per-address share keeps one flooding
-//! host from taking the budget the nodes' and voters' own handshakes need.
+//! A budget of things in progress (handshakes, connections), in all and
+//! by source address, as a pure core: what peers that open and never
+//! finish can hold is bounded, and the per-address share keeps one
+//! flooding host from taking what the others need. The coordinator's
+//! handshakes and the metrics endpoint's connections both take from one;
+//! [`Taken`] gives its share back when dropped.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 
-/// Handshakes in progress, in all and by source address.
+/// Things in progress, in all and by source address.
 #[derive(Debug)]
-pub struct HandshakeBudget {
+pub struct AddressBudget {
     total_cap: usize,
     per_address_cap: usize,
     total: usize,
     by_address: HashMap<IpAddr, usize>,
 }
 
-impl HandshakeBudget {
-    /// A budget of `total_cap` handshakes, at most `per_address_cap` from
+impl AddressBudget {
+    /// A budget of `total_cap` in all, at most `per_address_cap` from
     /// one address (each at least 1).
     pub fn new(total_cap: usize, per_address_cap: usize) -> Self {
         Self {
@@ -29,7 +30,7 @@ impl HandshakeBudget {
         }
     }
 
-    /// Takes a handshake from `addr`, or says why not: the budget is spent
+    /// Takes one from `addr`, or says why not: the budget is spent
     /// in all, or by that address.
     pub fn try_take(&mut self, addr: IpAddr) -> Result<(), BudgetSpent> {
         if self.total >= self.total_cap {
@@ -44,7 +45,7 @@ impl HandshakeBudget {
         Ok(())
     }
 
-    /// A handshake from `addr` ended (finished, failed or timed out).
+    /// One from `addr` ended.
     pub fn release(&mut self, addr: IpAddr) {
         if let Some(mine) = self.by_address.get_mut(&addr) {
             *mine -= 1;
@@ -55,13 +56,34 @@ impl HandshakeBudget {
         }
     }
 
-    /// Handshakes in progress.
+    /// In progress, in all.
     pub fn in_progress(&self) -> usize {
         self.total
     }
 }
 
-/// Why a handshake was not taken.
+/// One taken from a shared [`AddressBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct Taken {
+    budget: Arc<Mutex<AddressBudget>>,
+    addr: IpAddr,
+}
+
+impl Taken {
+    /// Takes one from `addr` out of `budget`, held until the result drops.
+    pub fn from(budget: &Arc<Mutex<AddressBudget>>, addr: IpAddr) -> Result<Self, BudgetSpent> {
+        budget.lock().unwrap_or_else(|p| p.into_inner()).try_take(addr)?;
+        Ok(Self { budget: budget.clone(), addr })
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.budget.lock().unwrap_or_else(|p| p.into_inner()).release(self.addr);
+    }
+}
+
+/// Why nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetSpent {
     /// This many are in progress in all.
@@ -77,7 +99,7 @@ mod tests {
     #[test]
     fn one_address_cannot_take_the_budget_of_the_others() {
         let (flood, node): (IpAddr, IpAddr) = ("10.0.0.66".parse().unwrap(), "10.0.0.4".parse().unwrap());
-        let mut b = HandshakeBudget::new(8, 3);
+        let mut b = AddressBudget::new(8, 3);
         for _ in 0..3 {
             b.try_take(flood).unwrap();
         }
@@ -98,5 +120,16 @@ mod tests {
         }
         assert_eq!(b.in_progress(), 6);
         b.try_take(flood).unwrap();
+    }
+
+    #[test]
+    fn what_is_taken_is_given_back_when_dropped() {
+        let budget = Arc::new(Mutex::new(AddressBudget::new(2, 1)));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let first = Taken::from(&budget, a).unwrap();
+        assert_eq!(Taken::from(&budget, a).unwrap_err(), BudgetSpent::Address(1));
+        drop(first);
+        let _again = Taken::from(&budget, a).unwrap();
+        assert_eq!(budget.lock().unwrap().in_progress(), 1);
     }
 }

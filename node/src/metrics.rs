@@ -279,6 +279,21 @@ impl Collector for NodeCollector {
             None,
             s.peer_refused,
         )?;
+        counter(
+            e,
+            "peer_verified",
+            "Peer chunks converted here too and found the same (verify_peer_chunks)",
+            None,
+            s.peer_verified,
+        )?;
+        counter(
+            e,
+            "peer_mismatched",
+            "Peer chunks that differed from this node's own conversion (peer quarantined)",
+            None,
+            s.peer_mismatched,
+        )?;
+        gauge(e, "peers_quarantined", "Peers quarantined for a chunk that differed", None, s.peers_quarantined)?;
         gauge(e, "chunk_memory", "Bytes of chunks held in memory files", bytes, s.chunk_memory_bytes)?;
         gauge(e, "guest", "Bytes of guest copies held", bytes, s.guest_bytes)?;
         gauge(

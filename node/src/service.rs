@@ -23,6 +23,8 @@ use crate::config::NodeConfig;
 use crate::dataset::{Dataset, OpenError};
 use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
+
+mod peer_check;
 use crate::fabric::route::{AfterPermit, FooterAnswer, Route, Step, after_permit, answer_footer};
 use crate::flight::{Admission, Asker, InFlight, admit, start_for_peer};
 use crate::holds::{HoldRegistry, VersionUse};
@@ -66,6 +68,8 @@ struct Counters {
     peer_served: AtomicU64,
     peer_refused: AtomicU64,
     guest_hits: AtomicU64,
+    peer_verified: AtomicU64,
+    peer_mismatched: AtomicU64,
 }
 
 struct Inner {
@@ -505,6 +509,9 @@ impl Node {
             peer_refused: c.peer_refused.load(Ordering::Relaxed),
             guest_hits: c.guest_hits.load(Ordering::Relaxed),
             guest_bytes: self.inner.guests.usage_bytes(),
+            peer_verified: c.peer_verified.load(Ordering::Relaxed),
+            peer_mismatched: c.peer_mismatched.load(Ordering::Relaxed),
+            peers_quarantined: self.inner.cluster.get().map_or(0, |c| c.quarantined() as u64),
             loads_in_flight: self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
         }
     }
@@ -841,7 +848,7 @@ impl Node {
         let permit = || async { self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown) };
         let here = |permit| {
             asking.reading.store(true, Ordering::Relaxed);
-            self.convert_here(key, permit)
+            self.convert_here(key, permit, true)
         };
         let Some(cluster) = self.inner.cluster.get() else {
             return here(permit().await?).await.map(|c| (c, false));
@@ -952,8 +959,7 @@ impl Node {
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                             c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                             tracing::debug!(shard = %key.shard, from = %former.node, "handed over by the node that owned it before");
-                            let guest = cluster.placed_owner(key.version, key.shard) != Some(cluster.me());
-                            return Ok((chunk, guest));
+                            return self.take_peer_chunk(cluster, key, chunk, former.node).await;
                         }
                         Err(e) => {
                             tracing::debug!(shard = %key.shard, from = %former.node, "no copy handed over: {e}");
@@ -988,10 +994,7 @@ impl Node {
                             self.inner.timings.peer_fetch(started.elapsed());
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
                             c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                            // A copy of a shard the placement moved here
-                            // meanwhile is this node's own, not a guest.
-                            let guest = cluster.placed_owner(key.version, key.shard) != Some(cluster.me());
-                            return Ok((chunk, guest));
+                            return self.take_peer_chunk(cluster, key, chunk, owner.node).await;
                         }
                         Err(e) => {
                             c.peer_failures.fetch_add(1, Ordering::Relaxed);
@@ -1048,11 +1051,14 @@ impl Node {
     }
 
     /// Reads one row group and converts it into a sealed chunk
-    /// ([`crate::load`]), counting the conversion.
+    /// ([`crate::load`]), counting the conversion. `peer_footer`: the
+    /// file's footer may come from the peer that reads it for the cluster
+    /// (false when verifying a peer's chunk).
     async fn convert_here(
         &self,
         key: ChunkKey,
         permit: tokio::sync::SemaphorePermit<'_>,
+        peer_footer: bool,
     ) -> Result<SealedChunk, FetchError> {
         let ds = self.dataset(key.version)?;
         // Memory first: a load that does not fit beside the others waits;
@@ -1065,7 +1071,7 @@ impl Node {
             return Err(FetchError::LoadTooLarge { site: self.site(key), estimate, budget });
         };
         let _memory = self.inner.load_memory.acquire_many(kib).await.map_err(FetchError::ShuttingDown)?;
-        let peer = self.footer_from_peer(key.version, key.shard.file);
+        let peer = if peer_footer { self.footer_from_peer(key.version, key.shard.file) } else { None };
         let started = std::time::Instant::now();
         let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts, &self.inner.stages)
             .instrument(tracing::debug_span!("convert"))
@@ -1079,10 +1085,15 @@ impl Node {
     }
 
     /// True when a load of `shard` would bring a new guest copy: another
-    /// live node owns it and no copy is held yet.
+    /// live node owns it, or a former owner would hand it over (a peer's
+    /// chunk is a guest until verified), and no copy is held yet.
     fn arrives_as_guest(&self, version: DatasetVersion, shard: ShardId) -> bool {
         let key = ChunkKey { version, shard };
-        self.inner.cluster.get().is_some_and(|c| c.owner(version, shard).is_some()) && !self.inner.guests.contains(key)
+        self.inner
+            .cluster
+            .get()
+            .is_some_and(|c| c.owner(version, shard).is_some() || c.handed_from(version, shard).is_some())
+            && !self.inner.guests.contains(key)
     }
 
     /// Whether a plan of `params` over `version` fits this node's limit

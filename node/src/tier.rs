@@ -428,6 +428,11 @@ impl GuestArea {
         self.cache.remove(&key);
     }
 
+    /// Drops every guest copy (a peer that sent some was quarantined).
+    pub(crate) fn clear(&self) {
+        self.cache.clear();
+    }
+
     /// Capacity in bytes.
     pub(crate) fn capacity_bytes(&self) -> u64 {
         self.cache.capacity() as u64

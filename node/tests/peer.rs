@@ -5,90 +5,17 @@
 
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
 use granary_node::Node;
-use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
+use granary_node::config::NodeConfig;
 use granary_node::fabric::{Cluster, Corruption, FabricConfig, LinkFault, PeerError, PeerLink, serve};
 use granary_proto::peer::PeerResponse;
 use granary_proto::wire::{ErrorKind, decode, encode};
-use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
-use granary_testkit::datagen::{self, GenSpec};
+use granary_proto::{ChunkView, NodeId, ShardId};
+use granary_testkit::datagen;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn local() -> SocketAddr {
-    "127.0.0.1:0".parse().expect("addr")
-}
-
-struct Fixture {
-    _tmp: tempfile::TempDir,
-    certs: std::path::PathBuf,
-    addr: SocketAddr,
-    version: DatasetVersion,
-    shard: ShardId,
-    /// The chunk's length from the manifest's layout.
-    len: u64,
-    node: Node,
-}
-
-async fn start() -> Fixture {
-    start_with(1_000, 500).await
-}
-
-/// Node 1 serving a generated dataset of `rows` rows in row groups of
-/// `row_group_rows` to peers.
-async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 3, rows, files: 1, row_group_rows, compression: "snappy".into(), ..GenSpec::default() };
-    datagen::generate(&data, &spec, |_| {}).expect("gen");
-    let certs = tmp.path().join("certs");
-    tls::init_cluster(&certs).expect("certs");
-    let cfg = node_config(&data);
-    let node = Node::start(&cfg).await.expect("node");
-    let info = node.describe("ads", None).expect("describe");
-    let identity = Identity::load(&certs, "node").expect("identity");
-    let endpoint =
-        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-    let addr = endpoint.local_addr().expect("addr");
-    tokio::spawn(serve(node.clone(), endpoint, FabricConfig::default()));
-    let target = info.shards[1];
-    let len = granary_proto::ChunkLayout::new(info.version, target.shard, target.rows, &info.tensors)
-        .expect("layout")
-        .total_len() as u64;
-    Fixture { _tmp: tmp, certs, addr, version: info.version, shard: target.shard, len, node }
-}
-
-/// A node serving the generated dataset in `data` as "ads", with a 64 MiB
-/// RAM tier.
-fn node_config(data: &std::path::Path) -> NodeConfig {
-    NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", data.display()),
-            view: ViewRef::Inline(datagen::view()),
-        }],
-        ram_bytes: 64 << 20,
-        ..NodeConfig::default()
-    }
-}
-
-impl Fixture {
-    /// The configuration of another node serving the fixture's dataset.
-    fn node_config(&self) -> NodeConfig {
-        node_config(&self._tmp.path().join("data"))
-    }
-}
-
-/// The fabric settings of these tests' links: every node here shares the
-/// `node` certificate of `certs init`, bound to no node id.
-fn shared_cert() -> FabricConfig {
-    FabricConfig { allow_unbound_peers: true, ..FabricConfig::default() }
-}
-
-fn link(f: &Fixture, name: &str) -> PeerLink {
-    let identity = Identity::load(&f.certs, name).expect("identity");
-    PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &identity, &shared_cert()).expect("link")
-}
+mod common;
+use common::fabric::*;
 
 /// Issue 15: a node takes a chunk only from the node the placement names
 /// at the address it dials, proven by the node id in that peer's
@@ -204,38 +131,6 @@ async fn a_malformed_request_is_answered_with_bad_request() {
     }
     // Still serving.
     link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
-}
-
-/// A peer with a node certificate that reads each request and answers it
-/// with `answer(connection, stream)`.
-fn fake_peer<F, Fut>(f: &Fixture, answer: F) -> SocketAddr
-where
-    F: Fn(quinn::Connection, quinn::SendStream) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let identity = Identity::load(&f.certs, "node").expect("identity");
-    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-    let addr = ep.local_addr().expect("addr");
-    let answer = std::sync::Arc::new(answer);
-    tokio::spawn(async move {
-        while let Some(incoming) = ep.accept().await {
-            let Ok(conn) = incoming.await else { continue };
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                while let Ok((send, mut recv)) = conn.accept_bi().await {
-                    let _ = recv.read_to_end(1 << 16).await;
-                    tokio::spawn(answer(conn.clone(), send));
-                }
-            });
-        }
-    });
-    addr
-}
-
-/// The response frame announcing a chunk of `len` bytes.
-fn chunk_head(len: u64) -> Vec<u8> {
-    let head = encode(&PeerResponse::Chunk { len });
-    [(head.len() as u32).to_le_bytes().to_vec(), head.to_vec()].concat()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -822,20 +717,6 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     assert_eq!(owner.stats().conversions, 1);
 }
 
-/// A second node (id 2, no prefetch) and its cluster view, whose fetch
-/// deadline and reroute wait (60 s) outlast any test: a test that finishes
-/// sooner shows a decision, not a timeout.
-async fn patient_node2(f: &Fixture) -> (Node, Cluster) {
-    let cfg = NodeConfig { prefetch_bytes: 0, ..f.node_config() };
-    let node2 = Node::start(&cfg).await.expect("node 2");
-    let fabric = FabricConfig {
-        fetch_deadline: Duration::from_secs(60),
-        reroute_wait: Duration::from_secs(60),
-        ..FabricConfig::default()
-    };
-    (node2, Cluster::new(NodeId(2), link(f, "node"), fabric))
-}
-
 /// A node whose owner stalls reads the shard from remote storage itself at
 /// once: it does not wait for the placement to move the shard (the owner
 /// is alive and keeps its lease, so it never would).
@@ -995,14 +876,6 @@ async fn a_node_asked_for_a_footer_another_node_reads_says_so_at_once() {
     assert_eq!(held, f.node.footer_for_peer(version, 0).await.expect("owner's footer"));
 }
 
-/// Node 2 owns the fixture's shard, handed over from node 1 (the fixture's
-/// node, serving peers) by the placement.
-fn handed_over_to_node2(f: &Fixture, cluster: &Cluster) {
-    let one = |n: u64| std::iter::once((f.version, std::iter::once((f.shard, NodeId(n))).collect())).collect();
-    let addrs = [(NodeId(1), f.addr), (NodeId(2), local())].into_iter().collect();
-    cluster.apply_placement_with_handoffs(1, addrs, one(2), one(1));
-}
-
 /// A handoff: a node that a placement made the owner of a shard another
 /// live node held takes that node's copy instead of reading remote storage
 /// (`granary-chaos sim --scenario stop` measured the cost without it: a
@@ -1020,9 +893,13 @@ async fn a_new_owner_takes_the_copy_held_by_the_node_the_shard_was_handed_over_f
     let (s1, s2) = (f.node.stats(), node2.stats());
     assert_eq!((s2.conversions, s2.peer_fetched, s2.peer_failures), (0, 1, 0), "{s2:?}");
     assert_eq!(s1.conversions, 1, "node 1 converted only its own load: {s1:?}");
-    // Node 2's copy is its own (it owns the shard): asked again, a hit.
+    // Node 2's copy is a guest until verified (issue 29: a former owner
+    // with a valid certificate could hand over wrong values): asked again,
+    // a guest hit, and nothing in its own tiers.
     node2.chunk(f.version, f.shard).await.expect("again");
-    assert_eq!(node2.stats().peer_fetched, 1);
+    let s2 = node2.stats();
+    assert_eq!((s2.peer_fetched, s2.guest_hits, s2.ram_hits), (1, 1, 0), "{s2:?}");
+    assert!(s2.guest_bytes >= f.len, "kept as a guest copy: {s2:?}");
 }
 
 /// The node asked for a copy it does not hold says so at once and loads

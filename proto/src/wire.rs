@@ -138,6 +138,14 @@ pub struct NodeStats {
     pub guest_hits: u64,
     /// Bytes of guest copies held.
     pub guest_bytes: u64,
+    /// Chunks from peers that this node also converted and found the same
+    /// (`verify_peer_chunks`).
+    pub peer_verified: u64,
+    /// Chunks from peers that differed from this node's own conversion
+    /// (never served; the peer was quarantined).
+    pub peer_mismatched: u64,
+    /// Peers quarantined for a chunk that differed (a gauge).
+    pub peers_quarantined: u64,
     /// Loads in flight right now (a gauge, not cumulative): reading and
     /// converting, fetching from a peer, or queued for a load permit.
     pub loads_in_flight: u64,

@@ -32,6 +32,8 @@ pub(crate) fn run(a: &StatsArgs) -> Result<()> {
                 "peer_fetched": s.peer_fetched, "peer_fetched_bytes": s.peer_fetched_bytes,
                 "peer_failures": s.peer_failures, "peer_served": s.peer_served, "peer_refused": s.peer_refused,
                 "guest_hits": s.guest_hits, "guest_bytes": s.guest_bytes,
+                "peer_verified": s.peer_verified, "peer_mismatched": s.peer_mismatched,
+                "peers_quarantined": s.peers_quarantined,
                 "loads_in_flight": s.loads_in_flight,
             })
         );
@@ -77,6 +79,13 @@ fn human(s: &NodeStats) -> String {
             s.peer_failures,
             s.peer_served,
             s.peer_refused
+        ),
+    );
+    line(
+        "peer checks",
+        format!(
+            "{} peer chunks verified, {} differed; {} peers quarantined",
+            s.peer_verified, s.peer_mismatched, s.peers_quarantined
         ),
     );
     line(

@@ -97,6 +97,12 @@ pub struct FabricConfig {
     /// placed). Default: 60 s.
     #[serde(rename = "hold_linger_ms", with = "millis")]
     pub hold_linger: Duration,
+    /// The fraction of chunks fetched from peers (0.0 to 1.0) that this
+    /// node also converts itself and compares byte for byte; a peer whose
+    /// chunk differs is quarantined (see `fabric::verify`). Each verified
+    /// chunk costs one remote read, so 0.01 checks one peer chunk in a
+    /// hundred at 1% of the fabric's saving. Default: 0.0.
+    pub verify_peer_chunks: super::verify::Fraction,
 }
 
 impl Default for FabricConfig {
@@ -118,6 +124,7 @@ impl Default for FabricConfig {
             open_retry: Duration::from_secs(5),
             allow_unbound_peers: false,
             hold_linger: Duration::from_secs(60),
+            verify_peer_chunks: super::verify::Fraction(0.0),
         }
     }
 }
@@ -159,6 +166,12 @@ impl FabricConfig {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, zero)| *zero) {
             return Err(FabricConfigError::Zero(name));
+        }
+        if !self.verify_peer_chunks.is_valid() {
+            return Err(FabricConfigError::Relation {
+                relation: "0.0 <= verify_peer_chunks <= 1.0",
+                values: format!("{}", self.verify_peer_chunks.0),
+            });
         }
         if self.max_inflight_bytes_per_peer < BYTE_PERMIT {
             return Err(FabricConfigError::Relation {
@@ -231,11 +244,15 @@ mod tests {
         assert!(broken(|c| c.response_timeout = Duration::from_secs(1)).contains("response_timeout_ms >="));
         assert!(broken(|c| c.max_fetches_per_peer = 0).contains("max_fetches_per_peer must be positive"));
         assert!(broken(|c| c.max_inflight_bytes_per_peer = 1).contains("max_inflight_bytes_per_peer"));
+        assert!(broken(|c| c.verify_peer_chunks.0 = 1.5).contains("0.0 <= verify_peer_chunks <= 1.0: 1.5"));
     }
 
     #[test]
     fn toml_takes_milliseconds_and_defaults_the_rest() {
-        let c: FabricConfig = toml::from_str("fetch_deadline_ms = 2000\nmax_fetches_per_peer = 4").expect("parse");
+        let c: FabricConfig =
+            toml::from_str("fetch_deadline_ms = 2000\nmax_fetches_per_peer = 4\nverify_peer_chunks = 0.25")
+                .expect("parse");
+        assert_eq!(c.verify_peer_chunks.0, 0.25);
         assert_eq!(c.fetch_deadline, Duration::from_secs(2));
         assert_eq!(c.max_fetches_per_peer, 4);
         assert_eq!(c.reroute_wait, FabricConfig::default().reroute_wait);

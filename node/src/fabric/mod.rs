@@ -8,6 +8,8 @@
 //!   for the placement, read remote storage; the footer rule.
 //! - `stall` — the stall clock and the liveness probe.
 //! - `config` — [`FabricConfig`], every time and size, validated.
+//! - `verify` — which peer chunks are checked against this node's own
+//!   conversion, the comparison, and the quarantine of a peer that lied.
 //!
 //! Shells:
 //! - `link` — [`PeerLink`]: connections, fetch slots and byte budgets
@@ -20,7 +22,7 @@
 //! - this file — [`ClusterHandle`], a node's part in the cluster.
 //!
 //! Files depend one way: `server`, `follow` → `owners` → `link` → `read` →
-//! `stall`; `route` and `config` depend on nothing here.
+//! `stall`; `route` and `verify` depend on nothing here, `config` on `verify`.
 
 pub(crate) mod config;
 mod error;
@@ -32,6 +34,7 @@ mod read;
 pub(crate) mod route;
 mod server;
 pub(crate) mod stall;
+pub mod verify;
 
 pub use config::{FabricConfig, FabricConfigError};
 pub use error::{Corruption, LinkFault, PeerError, Stall};

@@ -7,6 +7,7 @@
 use super::config::FabricConfig;
 use super::link::PeerLink;
 use super::route::{LeaseView, Owner, may_read_as_owner};
+use super::verify::{Quarantine, Quarantined, Sampler};
 use granary_proto::{DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +26,14 @@ pub struct Cluster {
     /// This node's lease as membership keeps it (None: no lease is
     /// followed, as in tests that set placements by hand).
     lease: watch::Sender<Option<LeaseView>>,
+    /// Which peer chunks are verified ([`Cluster::verify_next`]).
+    sampler: Sampler,
+    /// Chunks fetched from peers so far (each draw's index).
+    fetched: std::sync::atomic::AtomicU64,
+    /// Peers whose chunk differed from this node's own conversion: never
+    /// asked again ([`Cluster::owner`] and [`Cluster::handed_from`] skip
+    /// them).
+    quarantine: RwLock<Quarantine>,
 }
 
 #[derive(Default)]
@@ -48,11 +57,37 @@ impl Cluster {
         Self {
             me,
             link,
-            config,
             map: RwLock::new(PlacementMap::default()),
             updates: watch::channel(0).0,
             lease: watch::channel(None).0,
+            sampler: Sampler::random(config.verify_peer_chunks),
+            fetched: std::sync::atomic::AtomicU64::new(0),
+            quarantine: RwLock::new(Quarantine::default()),
+            config,
         }
+    }
+
+    /// Whether the chunk of `shard` just fetched from a peer is to be
+    /// verified (`verify_peer_chunks`; a fresh draw per fetch).
+    pub(crate) fn verify_next(&self, version: DatasetVersion, shard: ShardId) -> bool {
+        let nth = self.fetched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.sampled(version, shard, nth)
+    }
+
+    /// Quarantines `peer` (its chunk differed from this node's own
+    /// conversion); true the first time.
+    pub(crate) fn quarantine(&self, peer: NodeId, why: Quarantined) -> bool {
+        self.quarantine.write().unwrap_or_else(|p| p.into_inner()).add(peer, why)
+    }
+
+    /// Whether `peer` is quarantined.
+    pub fn is_quarantined(&self, peer: NodeId) -> bool {
+        self.quarantine.read().unwrap_or_else(|p| p.into_inner()).contains(peer)
+    }
+
+    /// Peers quarantined.
+    pub fn quarantined(&self) -> usize {
+        self.quarantine.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// What this node knows of its lease now (membership forwards every
@@ -101,12 +136,12 @@ impl Cluster {
         &self.config
     }
 
-    /// The live owner of `shard`, when it is another node, with the
-    /// placement epoch that named it.
+    /// The live owner of `shard`, when it is another node and not
+    /// quarantined, with the placement epoch that named it.
     pub fn owner(&self, version: DatasetVersion, shard: ShardId) -> Option<Owner> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         let owner = *map.owners.get(&version)?.get(&shard)?;
-        if owner == self.me {
+        if owner == self.me || self.is_quarantined(owner) {
             return None;
         }
         let epoch = map.owner_epochs.get(&version).copied().unwrap_or(map.epoch);
@@ -122,7 +157,7 @@ impl Cluster {
             return None;
         }
         let from = *map.former.get(&version)?.get(&shard)?;
-        if from == self.me {
+        if from == self.me || self.is_quarantined(from) {
             return None;
         }
         let epoch = map.owner_epochs.get(&version).copied().unwrap_or(map.epoch);

@@ -1,7 +1,10 @@
 //! Helpers of the node's end-to-end test files (`bad_input.rs`,
-//! `socket.rs`): a generated dataset, a node's config over it, bounded
+//! `socket.rs`; `peer.rs` and `verify.rs` use `fabric`): a generated
+//! dataset, a node's config over it, bounded
 //! waits, and value-by-value checks of served chunks. Each file uses a part.
 #![allow(dead_code)]
+
+pub(crate) mod fabric;
 
 use granary_client::{Chunk, ChunkSource, ClientError};
 use granary_node::EmbeddedNode;

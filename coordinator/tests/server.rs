@@ -1,6 +1,7 @@
 //! One voter in process, reached over real QUIC with the cluster's
 //! certificates: role checks, malformed and oversized messages, leases, the
-//! placement watch and recovery from the data folder.
+//! placement watch and recovery from the data folder (the fixture in
+//! `common`; what requests may hold, measured in memory, in `answers.rs`).
 
 use granary_coordinator::network::{RaftReply, RaftRpc};
 use granary_coordinator::types::VoterId;
@@ -8,86 +9,15 @@ use granary_coordinator::{Coordinator, CoordinatorConfig};
 use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
 use granary_net::client::{ClientError, ClientOptions, CoordinatorClient};
 use granary_net::frame;
-use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Identity, Role};
+use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Role};
 use granary_proto::NodeId;
 use openraft::Vote;
 use openraft::raft::VoteRequest;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Fixture {
-    tmp: tempfile::TempDir,
-    certs: PathBuf,
-    coordinator: Coordinator,
-}
-
-/// A voter that lets unbound node certificates register (these tests
-/// register many node ids with the one `node` certificate), unless
-/// `strict`.
-async fn start_in(tmp: tempfile::TempDir, lease: Duration) -> Fixture {
-    start_with(tmp, lease, false).await
-}
-
-async fn start_with(tmp: tempfile::TempDir, lease: Duration, strict: bool) -> Fixture {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let certs = tmp.path().join("certs");
-    if !certs.join("ca.key").exists() {
-        tls::init_cluster(&certs).expect("certs");
-    }
-    let identity = Identity::load(&certs, "coordinator").expect("identity");
-    let mut cfg =
-        CoordinatorConfig::new(VoterId(1), "127.0.0.1:0".parse().expect("addr"), tmp.path().join("data"), identity);
-    cfg.lease = lease;
-    cfg.allow_unbound_node_certs = !strict;
-    cfg.allow_unbound_voter_certs = !strict;
-    cfg.election_timeout = Duration::from_millis(150);
-    cfg.heartbeat_interval = Duration::from_millis(50);
-    let coordinator = Coordinator::start(cfg).await.expect("start");
-    let f = Fixture { tmp, certs, coordinator };
-    // Wait for the single voter to elect itself.
-    let client = f.client("admin");
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Ok((_, ApiResponse::Status(s))) = client.call(&ApiRequest::Status).await
-                && s.leader == Some(1)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("leader within 10 s");
-    f
-}
-
-async fn start(lease: Duration) -> Fixture {
-    start_in(tempfile::tempdir().expect("tempdir"), lease).await
-}
-
-impl Fixture {
-    fn identity(&self, name: &str) -> Identity {
-        Identity::load(&self.certs, name).expect("identity")
-    }
-
-    fn client(&self, name: &str) -> CoordinatorClient {
-        let options = ClientOptions { deadline: Duration::from_secs(5), ..Default::default() };
-        CoordinatorClient::new(&self.identity(name), vec![self.coordinator.local_addr()], options).expect("client")
-    }
-
-    async fn connect(&self, name: &str, alpn: &[u8]) -> Result<quinn::Connection, String> {
-        let ep = tls::endpoint("127.0.0.1:0".parse().expect("addr"), None).map_err(|e| e.to_string())?;
-        let cfg = self.identity(name).client_config(alpn).map_err(|e| e.to_string())?;
-        let connecting = ep
-            .connect_with(cfg, self.coordinator.local_addr(), Role::Coordinator.server_name())
-            .map_err(|e| e.to_string())?;
-        tokio::time::timeout(Duration::from_secs(5), connecting)
-            .await
-            .map_err(|_| "timeout".to_string())?
-            .map_err(|e| e.to_string())
-    }
-}
+mod common;
+use common::*;
 
 fn forbidden(r: Result<(std::net::SocketAddr, ApiResponse), ClientError>) -> String {
     match r {
@@ -296,20 +226,6 @@ async fn malformed_and_oversized_requests_get_a_clear_refusal() {
     let (_, status) = f.client("admin").call(&ApiRequest::Status).await.expect("status");
     assert!(matches!(status, ApiResponse::Status(_)));
     f.coordinator.shutdown().await;
-}
-
-async fn register(c: &CoordinatorClient, node: u64) -> u64 {
-    let req = ApiRequest::RegisterNode {
-        node: NodeId(node),
-        addr: format!("127.0.0.1:{}", 9000 + node),
-        ram_bytes: 1 << 30,
-        ssd_bytes: 0,
-        registration: 0,
-    };
-    match c.call(&req).await.expect("register") {
-        (_, ApiResponse::Registered { incarnation, .. }) => incarnation,
-        (_, other) => panic!("{other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,26 +1,32 @@
-//! A budget of things in progress (handshakes, connections), in all and
-//! by source address, as a pure core: what peers that open and never
-//! finish can hold is bounded, and the per-address share keeps one
-//! flooding host from taking what the others need. The coordinator's
-//! handshakes and the metrics endpoint's connections both take from one;
-//! [`Taken`] gives its share back when dropped.
+//! A budget of things in progress (handshakes, connections, requests), in
+//! all and by key (a source address, a certificate's identity), as a pure
+//! core: what peers that open and never finish can hold is bounded, and
+//! the per-key share keeps one flooding host or certificate from taking
+//! what the others need. The coordinator's handshakes and the metrics
+//! endpoint's connections take from an [`AddressBudget`], the
+//! coordinator's API requests from a budget by identity; [`Taken`] gives
+//! its share back when dropped.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-/// Things in progress, in all and by source address.
+/// Things in progress, in all and by key.
 #[derive(Debug)]
-pub struct AddressBudget {
+pub struct Budget<K> {
     total_cap: usize,
     per_address_cap: usize,
     total: usize,
-    by_address: HashMap<IpAddr, usize>,
+    by_address: HashMap<K, usize>,
 }
 
-impl AddressBudget {
-    /// A budget of `total_cap` in all, at most `per_address_cap` from
-    /// one address (each at least 1).
+/// Things in progress, in all and by source address.
+pub type AddressBudget = Budget<IpAddr>;
+
+impl<K: Hash + Eq + Clone> Budget<K> {
+    /// A budget of `total_cap` in all, at most `per_address_cap` for
+    /// one key (each at least 1).
     pub fn new(total_cap: usize, per_address_cap: usize) -> Self {
         Self {
             total_cap: total_cap.max(1),
@@ -30,9 +36,9 @@ impl AddressBudget {
         }
     }
 
-    /// Takes one from `addr`, or says why not: the budget is spent
-    /// in all, or by that address.
-    pub fn try_take(&mut self, addr: IpAddr) -> Result<(), BudgetSpent> {
+    /// Takes one for `addr`, or says why not: the budget is spent
+    /// in all, or by that key.
+    pub fn try_take(&mut self, addr: K) -> Result<(), BudgetSpent> {
         if self.total >= self.total_cap {
             return Err(BudgetSpent::Total(self.total));
         }
@@ -45,12 +51,12 @@ impl AddressBudget {
         Ok(())
     }
 
-    /// One from `addr` ended.
-    pub fn release(&mut self, addr: IpAddr) {
-        if let Some(mine) = self.by_address.get_mut(&addr) {
+    /// One for `addr` ended.
+    pub fn release(&mut self, addr: &K) {
+        if let Some(mine) = self.by_address.get_mut(addr) {
             *mine -= 1;
             if *mine == 0 {
-                self.by_address.remove(&addr);
+                self.by_address.remove(addr);
             }
             self.total -= 1;
         }
@@ -60,26 +66,31 @@ impl AddressBudget {
     pub fn in_progress(&self) -> usize {
         self.total
     }
+
+    /// In progress for `key`.
+    pub fn in_progress_of(&self, key: &K) -> usize {
+        self.by_address.get(key).copied().unwrap_or(0)
+    }
 }
 
-/// One taken from a shared [`AddressBudget`], given back when dropped.
+/// One taken from a shared [`Budget`], given back when dropped.
 #[derive(Debug)]
-pub struct Taken {
-    budget: Arc<Mutex<AddressBudget>>,
-    addr: IpAddr,
+pub struct Taken<K: Hash + Eq + Clone = IpAddr> {
+    budget: Arc<Mutex<Budget<K>>>,
+    addr: K,
 }
 
-impl Taken {
-    /// Takes one from `addr` out of `budget`, held until the result drops.
-    pub fn from(budget: &Arc<Mutex<AddressBudget>>, addr: IpAddr) -> Result<Self, BudgetSpent> {
-        budget.lock().unwrap_or_else(|p| p.into_inner()).try_take(addr)?;
+impl<K: Hash + Eq + Clone> Taken<K> {
+    /// Takes one for `addr` out of `budget`, held until the result drops.
+    pub fn from(budget: &Arc<Mutex<Budget<K>>>, addr: K) -> Result<Self, BudgetSpent> {
+        budget.lock().unwrap_or_else(|p| p.into_inner()).try_take(addr.clone())?;
         Ok(Self { budget: budget.clone(), addr })
     }
 }
 
-impl Drop for Taken {
+impl<K: Hash + Eq + Clone> Drop for Taken<K> {
     fn drop(&mut self) {
-        self.budget.lock().unwrap_or_else(|p| p.into_inner()).release(self.addr);
+        self.budget.lock().unwrap_or_else(|p| p.into_inner()).release(&self.addr);
     }
 }
 
@@ -88,7 +99,7 @@ impl Drop for Taken {
 pub enum BudgetSpent {
     /// This many are in progress in all.
     Total(usize),
-    /// This many are in progress from the address.
+    /// This many are in progress for the key (the address, the identity).
     Address(usize),
 }
 
@@ -110,13 +121,13 @@ mod tests {
         }
         assert_eq!(b.in_progress(), 8);
         assert_eq!(b.try_take(IpAddr::from([10, 0, 2, 1])), Err(BudgetSpent::Total(8)));
-        b.release(flood);
+        b.release(&flood);
         b.try_take(IpAddr::from([10, 0, 2, 1])).unwrap();
         // Releasing an address with nothing in progress changes nothing.
-        b.release("10.9.9.9".parse().unwrap());
+        b.release(&"10.9.9.9".parse().unwrap());
         assert_eq!(b.in_progress(), 8);
         for _ in 0..2 {
-            b.release(flood);
+            b.release(&flood);
         }
         assert_eq!(b.in_progress(), 6);
         b.try_take(flood).unwrap();

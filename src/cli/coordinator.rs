@@ -68,6 +68,15 @@ pub(crate) struct CoordinatorArgs {
     /// before it is collected (coordinator state and nodes' tiers).
     #[arg(long, default_value_t = 24 * 3600)]
     version_retention_s: u64,
+    /// MiB of large API answers (over 4 KiB) written and not yet
+    /// acknowledged by their clients, at most; past it answers wait, then
+    /// are answered "unavailable".
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    response_budget_mib: u64,
+    /// Milliseconds a client may take to acknowledge an API answer before
+    /// it is abandoned and its stream reset.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    response_write_wait_ms: u64,
     /// Serve Prometheus metrics (`GET /metrics`) on this TCP address, for
     /// example 127.0.0.1:9465.
     #[arg(long)]
@@ -141,6 +150,8 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     cfg.allow_unbound_node_certs = a.allow_unbound_node_certs;
     cfg.allow_unbound_voter_certs = a.allow_unbound_voter_certs;
     cfg.version_retention = Duration::from_secs(a.version_retention_s);
+    cfg.response_budget_bytes = a.response_budget_mib << 20;
+    cfg.response_write_wait = Duration::from_millis(a.response_write_wait_ms);
     // Four workers: Raft, the API and the lease clock keep running while one
     // worker applies a re-placement.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;

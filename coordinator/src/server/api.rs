@@ -4,6 +4,7 @@
 //! the one request answered by a stream of views, is handed to [`super::watch`].
 
 use super::ctx::{Ctx, failed, is_leader, leads_with_quorum, linearize, node_statuses, not_leader, write};
+use super::respond::{MAX_REQUESTS_IN_FLIGHT, MAX_REQUESTS_PER_IDENTITY};
 use super::watch::watch;
 use crate::state::{ClusterState, DatasetRecord, VersionRecord};
 use crate::types::{Command, CommandResult};
@@ -33,11 +34,13 @@ pub const MAX_API_REQUEST_BYTES: usize = 1 << 20;
 pub const MAX_COMMAND_BYTES: usize = 3 << 20;
 
 /// Serves one API stream: reads the request, checks it against `role` and
-/// the certificate's `bound` node id, and writes the answer.
+/// the certificate's `bound` node id, and writes the answer, within the
+/// limits of `identity` ([`super::respond`]).
 pub(super) async fn serve_api(
     ctx: &Arc<Ctx>,
     role: Role,
     bound: Option<NodeId>,
+    identity: &str,
     peer: std::net::SocketAddr,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -62,13 +65,30 @@ pub(super) async fn serve_api(
         }
     };
     let kind = req.kind();
+    let _in_flight = match granary_net::budget::Taken::from(&ctx.requests, identity.to_string()) {
+        Ok(taken) => taken,
+        Err(spent) => {
+            let why = match spent {
+                granary_net::budget::BudgetSpent::Address(n) => {
+                    format!(
+                        "{n} requests of the {identity} certificate are in flight (at most {MAX_REQUESTS_PER_IDENTITY})"
+                    )
+                }
+                granary_net::budget::BudgetSpent::Total(n) => {
+                    format!("{n} requests are in flight (at most {MAX_REQUESTS_IN_FLIGHT})")
+                }
+            };
+            tracing::warn!(%peer, %identity, request = kind, "answering unavailable: {why}");
+            let resp = failed(FailureKind::Unavailable, format!("{why}; try again"));
+            super::metrics::count(&ctx.api_requests, kind, &resp);
+            return ctx.responses.send(&mut send, resp, None, kind, peer).await;
+        }
+    };
     if !req.allowed(role) {
         tracing::warn!(%role, request = req.kind(), "refused: wrong role");
         let resp = failed(FailureKind::Forbidden, format!("a {role} certificate may not send {}", req.kind()));
         super::metrics::count(&ctx.api_requests, kind, &resp);
-        frame::write_frame(&mut send, &resp).await?;
-        let _ = send.finish();
-        return Ok(());
+        return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
     if let (
         None,
@@ -90,9 +110,7 @@ pub(super) async fn serve_api(
             ),
         );
         super::metrics::count(&ctx.api_requests, kind, &resp);
-        frame::write_frame(&mut send, &resp).await?;
-        let _ = send.finish();
-        return Ok(());
+        return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
     if let (
         Some(b),
@@ -108,19 +126,28 @@ pub(super) async fn serve_api(
             format!("this certificate is bound to {b} and may not send {} for {node}", req.kind()),
         );
         super::metrics::count(&ctx.api_requests, kind, &resp);
-        frame::write_frame(&mut send, &resp).await?;
-        let _ = send.finish();
-        return Ok(());
+        return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
     if let ApiRequest::WatchPlacement { after_revision } = req {
         ctx.api_requests.get_or_create(&super::metrics::ApiLabels::watch()).inc();
-        return watch(ctx, after_revision, send).await;
+        return watch(ctx, after_revision, send, peer).await;
     }
+    // An answer that can be large waits for its turn to be built, so
+    // answers waiting for room in the byte budget are few.
+    let turn = if super::respond::builds_large_answer(&req) {
+        match ctx.responses.turn_to_build().await {
+            Ok(turn) => Some(turn),
+            Err(busy) => {
+                super::metrics::count(&ctx.api_requests, kind, &busy);
+                return ctx.responses.send(&mut send, busy, None, kind, peer).await;
+            }
+        }
+    } else {
+        None
+    };
     let resp = handle(ctx, req, peer).await;
     super::metrics::count(&ctx.api_requests, kind, &resp);
-    frame::write_frame(&mut send, &resp).await?;
-    let _ = send.finish();
-    Ok(())
+    ctx.responses.send(&mut send, resp, turn, kind, peer).await
 }
 
 fn summary(name: &str, record: &DatasetRecord, retention_ms: u64) -> Option<DatasetSummary> {

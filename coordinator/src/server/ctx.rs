@@ -44,6 +44,11 @@ pub(super) struct Ctx {
     pub(super) contact: LeaderContact,
     /// API requests answered, by kind and result (the metrics endpoint).
     pub(super) api_requests: super::metrics::ApiRequests,
+    /// API requests in flight, in all and per certificate identity
+    /// ([`super::respond`]).
+    pub(super) requests: Arc<Mutex<granary_net::budget::Budget<String>>>,
+    /// The byte budget and write deadline of answers.
+    pub(super) responses: super::respond::Responses,
 }
 
 impl Ctx {

@@ -119,6 +119,23 @@ impl Collector for VoterCollector {
             None,
             index(m.purged.map(|l| l.index)),
         )?;
+        let r = &self.ctx.responses;
+        gauge(
+            e,
+            "response_in_flight",
+            "Bytes of large API answers written and not yet acknowledged by their clients",
+            Some(&Unit::Bytes),
+            i64::try_from(r.bytes_in_flight()).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            e,
+            "response_budget",
+            "The most bytes of large API answers in flight (response_budget_bytes)",
+            Some(&Unit::Bytes),
+            i64::try_from(r.budget_bytes()).unwrap_or(i64::MAX),
+        )?;
+        let in_flight = self.ctx.requests.lock().unwrap_or_else(|p| p.into_inner()).in_progress();
+        gauge(e, "api_requests_in_flight", "API requests being answered", None, in_flight as i64)?;
         let voters = m.membership_config.membership().nodes().count();
         gauge(e, "voters", "Voters in the group's membership", None, voters as i64)?;
         let quorum_ack = m.millis_since_quorum_ack.map_or(-1.0, |ms| ms as f64 / 1000.0);

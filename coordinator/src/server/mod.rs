@@ -8,6 +8,8 @@
 //! by concern, each file using only those listed before it:
 //! - `ctx`: what the tasks share, and the role checks the API answers with.
 //! - `watch`: the placement watch stream.
+//! - `respond`: requests in flight per identity, the byte budget and
+//!   write deadline of answers.
 //! - `api`: one API request per stream, with its role checks.
 //! - `metrics`: the voter's Prometheus registry (uses `ctx`).
 //! - `timers`: the shells that drive the pure [`crate::leases::Leases`] (on
@@ -18,10 +20,14 @@
 mod api;
 mod ctx;
 mod metrics;
+mod respond;
 mod timers;
 mod watch;
 
 pub use api::{MAX_API_REQUEST_BYTES, MAX_COMMAND_BYTES};
+pub use respond::{
+    BUDGET_WAIT, MAX_ANSWERS_BUILDING, MAX_REQUESTS_IN_FLIGHT, MAX_REQUESTS_PER_IDENTITY, SMALL_ANSWER_BYTES,
+};
 
 use crate::election::Watchdog;
 use crate::leases::Leases;
@@ -129,6 +135,14 @@ pub struct CoordinatorConfig {
     /// (removed from the replicated state; nodes drop its chunks) this
     /// long after the leader first finds it unused. Default 24 h.
     pub version_retention: Duration,
+    /// Bytes of large API answers (over 4 KiB) written and not yet
+    /// acknowledged by their clients, at most; an answer that finds no room
+    /// within 10 s is answered "unavailable". Default 256 MiB.
+    pub response_budget_bytes: u64,
+    /// An API answer (or a placement watch's view) its client has not
+    /// taken this long after it was written is abandoned and its stream
+    /// reset. Default 30 s.
+    pub response_write_wait: Duration,
 }
 
 impl CoordinatorConfig {
@@ -149,6 +163,8 @@ impl CoordinatorConfig {
             allow_unbound_node_certs: false,
             allow_unbound_voter_certs: false,
             version_retention: Duration::from_secs(24 * 3600),
+            response_budget_bytes: 256 << 20,
+            response_write_wait: Duration::from_secs(30),
         }
     }
 }
@@ -303,6 +319,11 @@ impl Coordinator {
             role_connections: Default::default(),
             contact: LeaderContact::default(),
             api_requests: Default::default(),
+            requests: Arc::new(Mutex::new(granary_net::budget::Budget::new(
+                MAX_REQUESTS_IN_FLIGHT,
+                MAX_REQUESTS_PER_IDENTITY,
+            ))),
+            responses: respond::Responses::new(cfg.response_budget_bytes, cfg.response_write_wait),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));
@@ -439,17 +460,18 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
         conn.close(2u32.into(), b"raft requires a coordinator certificate bound to a voter id");
         return;
     }
+    let identity: Arc<str> = respond::identity_key(role, bound, voter).into();
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return,
         };
-        let ctx = ctx.clone();
+        let (ctx, identity) = (ctx.clone(), identity.clone());
         tokio::spawn(async move {
             let result = if raft {
                 serve_rpc(&ctx.raft, &ctx.contact, voter, ctx.allow_unbound_voter_certs, send, recv).await
             } else {
-                api::serve_api(&ctx, role, bound, peer, send, recv).await
+                api::serve_api(&ctx, role, bound, &identity, peer, send, recv).await
             };
             if let Err(e) = result {
                 tracing::debug!(%peer, "stream ended: {e}");

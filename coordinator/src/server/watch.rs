@@ -11,7 +11,12 @@ use std::time::Duration;
 /// Pushes the current [`PlacementView`] at once, then a new one whenever
 /// the placement epoch or a dataset's current version changes, until this
 /// voter stops leading with a quorum or the watcher goes away.
-pub(super) async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::SendStream) -> Result<(), FrameError> {
+pub(super) async fn watch(
+    ctx: &Arc<Ctx>,
+    after_revision: u64,
+    mut send: quinn::SendStream,
+    peer: std::net::SocketAddr,
+) -> Result<(), FrameError> {
     if !is_leader(ctx) {
         frame::write_frame(&mut send, &not_leader(ctx)).await?;
         let _ = send.finish();
@@ -43,7 +48,9 @@ pub(super) async fn watch(ctx: &Arc<Ctx>, after_revision: u64, mut send: quinn::
         });
         let key = (view.placement_epoch, view.datasets.clone(), view.held.clone(), view.older.clone());
         if last.as_ref() != Some(&key) {
-            frame::write_frame(&mut send, &ApiResponse::PlacementChanged(view)).await?;
+            if !ctx.responses.send_view(&mut send, &ApiResponse::PlacementChanged(view), peer).await? {
+                return Ok(());
+            }
             last = Some(key);
         }
         // Wake on a change, when the watcher stops reading, or every second

@@ -1,0 +1,271 @@
+//! Bounds on what API requests may hold on a voter: requests in flight per
+//! certificate identity, and the bytes of answers not yet delivered.
+//!
+//! A client that sends requests and never reads the answers (or sets its
+//! stream window to a few bytes) would otherwise pin every encoded answer
+//! (a manifest is up to 3 MiB) in a task waiting to write it: 256 streams
+//! on each of 512 trainer connections. So:
+//!
+//! - One identity (a certificate's role and the id it is bound to:
+//!   `node-3`, `coordinator-2`, `trainer`, `admin`) has at most
+//!   [`MAX_REQUESTS_PER_IDENTITY`] requests in flight, from its reading to
+//!   its answer delivered, and all identities together
+//!   [`MAX_REQUESTS_IN_FLIGHT`]; more are answered "unavailable" at once,
+//!   naming the identity and the limit (clients retry unavailable answers).
+//! - Answers that can be large (status, listings, descriptions) are built
+//!   [`MAX_ANSWERS_BUILDING`] at a time, each until its bytes have a place
+//!   in the byte budget: a flood of them waits holding its request only,
+//!   not its answer. (Without it, 512 unread status answers of 150 KB grew
+//!   the voter by 147 MiB with a 2 MiB budget: the answers waiting for the
+//!   budget were already built.)
+//! - Answers larger than [`SMALL_ANSWER_BYTES`] take their size from one
+//!   byte budget (`response_budget_bytes`, default 256 MiB) until the
+//!   client has acknowledged them; an answer that finds no room within
+//!   [`BUDGET_WAIT`] is replaced by a short "unavailable". Small answers
+//!   (heartbeats, registrations, refusals) take none, so leases never wait
+//!   behind large answers.
+//! - An answer not delivered within `response_write_wait` (default 30 s)
+//!   is abandoned: its stream is reset, and its bytes are freed.
+//!
+//! The decisions (the identity's key, the units an answer takes) are pure
+//! and unit-tested; [`Responses::send`] is the shell.
+
+use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
+use granary_net::frame::{self, FrameError};
+use granary_net::tls::Role;
+use granary_proto::NodeId;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Requests one certificate identity may have in flight at once.
+pub const MAX_REQUESTS_PER_IDENTITY: usize = 32;
+/// Requests in flight at once, all identities together.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 8192;
+/// Answers up to this size take nothing from the byte budget.
+pub const SMALL_ANSWER_BYTES: usize = 4 << 10;
+/// Answers that can be large built at once ([`builds_large_answer`]).
+pub const MAX_ANSWERS_BUILDING: usize = 16;
+/// How long a large answer waits for room in the byte budget (and a
+/// request that can have one for its turn to be built).
+pub const BUDGET_WAIT: Duration = Duration::from_secs(10);
+/// The byte budget's unit.
+const UNIT: usize = 1 << 10;
+
+/// The identity a certificate speaks as, for the per-identity limit: its
+/// role and the node or voter id it is bound to, if any.
+pub(super) fn identity_key(role: Role, node: Option<NodeId>, voter: Option<u64>) -> String {
+    match (node, voter) {
+        (Some(n), _) => format!("{role}-{}", n.0),
+        (None, Some(v)) => format!("{role}-{v}"),
+        (None, None) => role.to_string(),
+    }
+}
+
+/// Whether `req`'s answer is built from the state and can be large (a
+/// listing, a manifest, every node's status): such answers are built
+/// [`MAX_ANSWERS_BUILDING`] at a time. A node's registrations and
+/// heartbeats, and admin writes, are not held up by them.
+pub(super) fn builds_large_answer(req: &ApiRequest) -> bool {
+    matches!(
+        req,
+        ApiRequest::ListDatasets
+            | ApiRequest::DescribeDataset { .. }
+            | ApiRequest::DescribePlacement { .. }
+            | ApiRequest::Status
+    )
+}
+
+/// Units of the byte budget an answer of `len` bytes takes: none when
+/// small, else its KiB, at most the whole budget (`total` units), so an
+/// answer larger than the budget waits for all of it.
+pub(super) fn units_for(len: usize, total: u32) -> u32 {
+    if len <= SMALL_ANSWER_BYTES {
+        return 0;
+    }
+    u32::try_from(len.div_ceil(UNIT)).unwrap_or(u32::MAX).clamp(1, total.max(1))
+}
+
+/// The byte budget of answers in flight and the write deadline.
+pub(super) struct Responses {
+    budget: Arc<Semaphore>,
+    building: Arc<Semaphore>,
+    total: u32,
+    write_wait: Duration,
+}
+
+impl Responses {
+    /// A budget of `budget_bytes` (at least one unit) and a deadline of
+    /// `write_wait` for each answer.
+    pub(super) fn new(budget_bytes: u64, write_wait: Duration) -> Self {
+        let total = u32::try_from((budget_bytes / UNIT as u64).max(1)).unwrap_or(u32::MAX >> 3);
+        let building = Arc::new(Semaphore::new(MAX_ANSWERS_BUILDING));
+        Self { budget: Arc::new(Semaphore::new(total as usize)), building, total, write_wait }
+    }
+
+    /// A turn to build an answer that can be large, or an answer saying
+    /// none came within [`BUDGET_WAIT`].
+    pub(super) async fn turn_to_build(&self) -> Result<OwnedSemaphorePermit, ApiResponse> {
+        match tokio::time::timeout(BUDGET_WAIT, self.building.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(ApiResponse::Failed {
+                kind: FailureKind::Unavailable,
+                message: format!(
+                    "{MAX_ANSWERS_BUILDING} large answers are being built or wait for room among the answers in \
+                     flight; try again"
+                ),
+            }),
+        }
+    }
+
+    /// Bytes of large answers written and not yet acknowledged.
+    pub(super) fn bytes_in_flight(&self) -> u64 {
+        (self.total as u64 - self.budget.available_permits() as u64) * UNIT as u64
+    }
+
+    /// The budget in bytes.
+    pub(super) fn budget_bytes(&self) -> u64 {
+        self.total as u64 * UNIT as u64
+    }
+
+    /// Writes `resp` on `send` and waits until the client has it, within
+    /// the budget and the deadline (see the module doc); `turn` (the turn
+    /// it was built in, if any) is given back once its bytes have a place
+    /// in the budget. `what` names the request in logs.
+    pub(super) async fn send(
+        &self,
+        send: &mut quinn::SendStream,
+        resp: ApiResponse,
+        turn: Option<OwnedSemaphorePermit>,
+        what: &str,
+        peer: std::net::SocketAddr,
+    ) -> Result<(), FrameError> {
+        let bytes = frame::encode_frame(&resp)?;
+        drop(resp);
+        let units = units_for(bytes.len(), self.total);
+        let _taken = if units == 0 {
+            None
+        } else {
+            match tokio::time::timeout(BUDGET_WAIT, self.budget.clone().acquire_many_owned(units)).await {
+                Ok(Ok(p)) => Some(p),
+                _ => {
+                    tracing::warn!(%peer, request = what, bytes = bytes.len(),
+                        "answering unavailable: answers not yet read by their clients fill the response budget");
+                    let busy = ApiResponse::Failed {
+                        kind: FailureKind::Unavailable,
+                        message: format!(
+                            "the coordinator's {} MiB of answers in flight are taken by answers clients have not \
+                             read; try again",
+                            self.budget_bytes() >> 20
+                        ),
+                    };
+                    drop((bytes, turn));
+                    return self.deliver(send, frame::encode_frame(&busy)?, what, peer).await;
+                }
+            }
+        };
+        drop(turn);
+        self.deliver(send, bytes, what, peer).await
+    }
+
+    /// Writes one view of the placement watch (the stream stays open):
+    /// false when it was not written (no room in the budget within
+    /// [`BUDGET_WAIT`], or not taken within the write deadline, when the
+    /// stream is reset) and the watch should end; the watcher opens it
+    /// again.
+    pub(super) async fn send_view(
+        &self,
+        send: &mut quinn::SendStream,
+        resp: &ApiResponse,
+        peer: std::net::SocketAddr,
+    ) -> Result<bool, FrameError> {
+        let bytes = frame::encode_frame(resp)?;
+        let units = units_for(bytes.len(), self.total);
+        let _taken = if units == 0 {
+            None
+        } else {
+            match tokio::time::timeout(BUDGET_WAIT, self.budget.clone().acquire_many_owned(units)).await {
+                Ok(Ok(p)) => Some(p),
+                _ => {
+                    tracing::warn!(%peer, bytes = bytes.len(), "ending a placement watch: no room for its view");
+                    let _ = send.reset(1u32.into());
+                    return Ok(false);
+                }
+            }
+        };
+        match tokio::time::timeout(self.write_wait, send.write_all(&bytes)).await {
+            Ok(written) => written.map(|()| true).map_err(FrameError::Write),
+            Err(_) => {
+                tracing::warn!(%peer, wait = ?self.write_wait,
+                    "ending a placement watch whose client did not take a view within the write deadline");
+                let _ = send.reset(1u32.into());
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes `bytes`, finishes the stream and waits for the client's
+    /// acknowledgement, or resets the stream at the deadline.
+    async fn deliver(
+        &self,
+        send: &mut quinn::SendStream,
+        bytes: Vec<u8>,
+        what: &str,
+        peer: std::net::SocketAddr,
+    ) -> Result<(), FrameError> {
+        let written = tokio::time::timeout(self.write_wait, async {
+            send.write_all(&bytes).await.map_err(FrameError::Write)?;
+            drop(bytes);
+            let _ = send.finish();
+            let _ = send.stopped().await;
+            Ok(())
+        })
+        .await;
+        match written {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(%peer, request = what, wait = ?self.write_wait,
+                    "abandoning an answer its client did not take within the write deadline");
+                let _ = send.reset(1u32.into());
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_is_the_role_and_the_id_it_is_bound_to() {
+        assert_eq!(identity_key(Role::Node, Some(NodeId(3)), None), "node-3");
+        assert_eq!(identity_key(Role::Coordinator, None, Some(2)), "coordinator-2");
+        assert_eq!(identity_key(Role::Trainer, None, None), "trainer");
+        assert_eq!(identity_key(Role::Node, None, None), "node", "unbound node certificates share one identity");
+    }
+
+    #[test]
+    fn only_answers_built_from_the_state_wait_for_a_turn() {
+        assert!(builds_large_answer(&ApiRequest::Status));
+        assert!(builds_large_answer(&ApiRequest::DescribeDataset { name: "ads".into(), version: None }));
+        assert!(!builds_large_answer(&ApiRequest::Heartbeat { node: NodeId(1), incarnation: 1 }));
+    }
+
+    #[test]
+    fn small_answers_take_no_budget_and_large_ones_at_most_all_of_it() {
+        assert_eq!(units_for(100, 1024), 0);
+        assert_eq!(units_for(SMALL_ANSWER_BYTES, 1024), 0);
+        assert_eq!(units_for(SMALL_ANSWER_BYTES + 1, 1024), 5);
+        assert_eq!(units_for(3 << 20, 1024), 1024, "larger than the budget: all of it");
+        assert_eq!(units_for(1 << 20, 0), 1);
+    }
+
+    #[test]
+    fn the_budget_reports_what_is_taken() {
+        let r = Responses::new(1 << 20, Duration::from_secs(1));
+        assert_eq!((r.budget_bytes(), r.bytes_in_flight()), (1 << 20, 0));
+        let _p = r.budget.try_acquire_many(units_for(100 << 10, r.total)).expect("room");
+        assert_eq!(r.bytes_in_flight(), 100 << 10);
+    }
+}

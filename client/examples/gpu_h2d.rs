@@ -66,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shards,
         files: vec![],
         source_bytes: 0,
+        mapping_budget_bytes: u64::MAX,
     };
     let source = Arc::new(MemorySource::new(info, chunks)?);
     let layouts: Arc<[TensorLayout]> = tensors.into();

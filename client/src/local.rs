@@ -17,6 +17,10 @@
 //! kept mapping keeps its memory file alive after the node evicts it, so the
 //! budget bounds how much memory a trainer can hold on to that way; while
 //! the node also holds the chunk, the pages are shared and cost nothing.
+//! Those pages are charged to the node (in its cgroup), so the node sends
+//! its advice with every dataset description (`mapping_budget_bytes`: the
+//! memory it has left, shared among the ranks it expects) and the cache
+//! takes the lower of that and its own budget.
 
 use crate::error::{ClientError, ProtocolError};
 use crate::source::{Chunk, ChunkBytes, ChunkSource};
@@ -110,11 +114,16 @@ impl MappingCache {
         })
     }
 
-    fn insert(&mut self, key: (DatasetVersion, ShardId), chunk: Chunk) {
-        let len = chunk.bytes().len() as u64;
-        if len > self.budget_bytes {
-            return;
+    /// Lowers the budget to `bytes` (the node's advice), if it is lower,
+    /// letting go of the least recently used mappings past it.
+    fn cap(&mut self, bytes: u64) {
+        if bytes < self.budget_bytes {
+            self.budget_bytes = bytes;
+            self.evict_until_fits(0);
         }
+    }
+
+    fn evict_until_fits(&mut self, len: u64) {
         while self.bytes + len > self.budget_bytes {
             let Some(oldest) = self.entries.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) else {
                 break;
@@ -123,6 +132,14 @@ impl MappingCache {
                 self.bytes -= c.bytes().len() as u64;
             }
         }
+    }
+
+    fn insert(&mut self, key: (DatasetVersion, ShardId), chunk: Chunk) {
+        let len = chunk.bytes().len() as u64;
+        if len > self.budget_bytes {
+            return;
+        }
+        self.evict_until_fits(len);
         self.tick += 1;
         if let Some((old, _)) = self.entries.insert(key, (chunk, self.tick)) {
             self.bytes -= old.bytes().len() as u64;
@@ -187,6 +204,12 @@ impl LocalSource {
             m.bytes = 0;
         }
         self
+    }
+
+    /// The budget of kept chunk mappings now: the one set, lowered by the
+    /// node's advice once a dataset was described.
+    pub fn mapping_budget(&self) -> u64 {
+        self.mappings.lock().map_or(0, |m| m.budget_bytes)
     }
 
     /// Also checksum every chunk payload on receipt.
@@ -501,6 +524,8 @@ impl ChunkSource for LocalSource {
                         ProtocolError::WrongVersion { dataset: info.name, asked, described: info.version }.into()
                     );
                 }
+                // The node's memory bounds what its trainers keep mapped.
+                self.mappings.lock().unwrap_or_else(|p| p.into_inner()).cap(info.mapping_budget_bytes);
                 // A layout that cannot be computed leaves those shards
                 // bounded by MAX_UNDESCRIBED_CHUNK_LEN only.
                 let lens = info

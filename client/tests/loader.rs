@@ -42,6 +42,7 @@ fn source(rows: &[u64]) -> Arc<MemorySource> {
         shards,
         files: vec!["f".into()],
         source_bytes: 0,
+        mapping_budget_bytes: u64::MAX,
     };
     Arc::new(MemorySource::new(info, chunks).unwrap())
 }

@@ -72,6 +72,7 @@ fn info(name: &str) -> DatasetInfo {
         shards: vec![ShardRows { shard: ShardId { file: 0, row_group: 0 }, rows: 100 }],
         files: vec!["a.parquet".into()],
         source_bytes: 1,
+        mapping_budget_bytes: u64::MAX,
     }
 }
 

@@ -131,6 +131,21 @@ pub struct NodeConfig {
     /// container's `memory.max`); at least 256 MiB.
     #[serde(default)]
     pub load_memory_bytes: Option<u64>,
+    /// Trainer processes (ranks) this node expects to serve at once: the
+    /// memory left beside the tiers, the load budget and 64 MiB of the
+    /// node's own is shared among them for the chunk mappings they keep
+    /// (a trainer's kept mapping of a chunk the node evicted is still
+    /// charged to the node's memory). Default: 8.
+    #[serde(default = "default_max_ranks")]
+    pub max_ranks: u32,
+    /// The most bytes of chunk mappings each trainer keeps beyond what the
+    /// node holds, sent with every dataset description (a trainer's own
+    /// `mapping_cache_bytes` applies when lower). Default: the memory
+    /// left beside the RAM tier, the guest area, the load budget and
+    /// 64 MiB, divided by `max_ranks`, where the memory is the machine's
+    /// or, when lower, the node's cgroup limit.
+    #[serde(default)]
+    pub trainer_mapping_bytes: Option<u64>,
     /// Threads that convert Arrow to chunks. Default: number of cores.
     #[serde(default)]
     pub convert_threads: Option<usize>,
@@ -205,6 +220,10 @@ fn default_write_timeout_ms() -> u64 {
 fn default_plan_bytes() -> u64 {
     256 << 20
 }
+fn default_max_ranks() -> u32 {
+    8
+}
+
 fn default_loads() -> usize {
     4
 }
@@ -229,6 +248,8 @@ impl Default for NodeConfig {
             write_timeout_ms: default_write_timeout_ms(),
             max_concurrent_loads: default_loads(),
             load_memory_bytes: None,
+            max_ranks: default_max_ranks(),
+            trainer_mapping_bytes: None,
             convert_threads: None,
             datasets: Vec::new(),
             remote: BTreeMap::new(),

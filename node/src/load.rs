@@ -59,9 +59,9 @@ pub(crate) fn load_budget(mem_total: Option<u64>, cgroup_limit: Option<u64>, tie
     (memory.saturating_sub(tiers_bytes) / 2).max(MIN_LOAD_BUDGET)
 }
 
-/// [`load_budget`] for this process: `MemTotal` from /proc/meminfo and its
-/// cgroup's memory limit ([`cgroup_memory_limit`]).
-pub(crate) fn default_load_memory(tiers_bytes: u64) -> u64 {
+/// This process's memory: `MemTotal` from /proc/meminfo and its cgroup's
+/// memory limit ([`cgroup_memory_limit`]), each if known.
+pub(crate) fn process_memory() -> (Option<u64>, Option<u64>) {
     let mem_total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
         let line = t.lines().find(|l| l.starts_with("MemTotal:"))?;
         line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib.saturating_mul(1024))
@@ -69,7 +69,34 @@ pub(crate) fn default_load_memory(tiers_bytes: u64) -> u64 {
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|own| {
         cgroup_memory_limit(&own, |path| std::fs::read_to_string(Path::new("/sys/fs/cgroup").join(path)).ok())
     });
+    (mem_total, cgroup)
+}
+
+/// [`load_budget`] for this process ([`process_memory`]).
+pub(crate) fn default_load_memory(tiers_bytes: u64) -> u64 {
+    let (mem_total, cgroup) = process_memory();
     load_budget(mem_total, cgroup, tiers_bytes)
+}
+
+/// What a node keeps for itself beside its tiers and loads: the binary,
+/// the runtime, footers, plans and buffers in flight.
+pub(crate) const NODE_OVERHEAD: u64 = 64 << 20;
+
+/// The most bytes of chunk mappings one trainer should keep beyond the
+/// chunks the node holds (sent with every dataset description; the
+/// client's mapping cache takes the lower of it and its own setting).
+///
+/// The pages of a memory file are charged to the node that filled it, in
+/// its cgroup, for as long as anyone maps them: a chunk the node evicted
+/// but a trainer keeps mapped still counts against the node's limit. So
+/// the memory left beside the tiers, the load budget and
+/// [`NODE_OVERHEAD`] is shared among the `max_ranks` trainers a node
+/// expects. `memory` is the machine's memory or, when lower, the node's
+/// cgroup limit; `u64::MAX` (no advice) when neither is known.
+pub(crate) fn mapping_advice(memory: Option<u64>, tiers_bytes: u64, load_bytes: u64, max_ranks: u32) -> u64 {
+    let Some(memory) = memory else { return u64::MAX };
+    let committed = tiers_bytes.saturating_add(load_bytes).saturating_add(NODE_OVERHEAD);
+    memory.saturating_sub(committed) / u64::from(max_ranks.max(1))
 }
 
 /// The memory limit of the cgroup that `/proc/self/cgroup` (`own`) names,
@@ -230,6 +257,19 @@ fn unwrap_store_error(e: parquet::errors::ParquetError, site: &str) -> FetchErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_left_beside_tiers_and_loads_is_shared_by_the_ranks() {
+        const MIB: u64 = 1 << 20;
+        // A 512 MiB pod: tiers of 40 MiB and a 256 MiB load budget leave
+        // 152 MiB past the overhead, 19 MiB for each of 8 ranks.
+        assert_eq!(mapping_advice(Some(512 * MIB), 40 * MIB, 256 * MIB, 8), 19 * MIB);
+        assert_eq!(mapping_advice(Some(512 * MIB), 40 * MIB, 256 * MIB, 4), 38 * MIB);
+        // Nothing left: trainers keep no mapping beyond what the node holds.
+        assert_eq!(mapping_advice(Some(256 * MIB), 40 * MIB, 256 * MIB, 8), 0);
+        assert_eq!(mapping_advice(None, 0, 0, 8), u64::MAX, "no advice when the memory is not known");
+        assert_eq!(mapping_advice(Some(MIB << 10), 0, 0, 0), (MIB << 10) - NODE_OVERHEAD, "0 ranks read as 1");
+    }
 
     #[test]
     fn a_load_is_admitted_by_its_estimate_and_one_over_the_whole_budget_never() {

@@ -87,6 +87,9 @@ struct Inner {
     /// KiB of memory loads in progress may take ([`load::memory_admission`]).
     load_memory: Semaphore,
     load_memory_bytes: u64,
+    /// The most bytes of chunk mappings each trainer should keep beyond
+    /// what this node holds ([`load::mapping_advice`]).
+    mapping_advice: u64,
     converts: Arc<Semaphore>,
     counters: Counters,
     /// Latency histograms for the metrics endpoint.
@@ -200,9 +203,15 @@ impl Node {
         let threads =
             cfg.convert_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
         let guest_bytes = cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4);
-        let load_memory_bytes = cfg
-            .load_memory_bytes
-            .unwrap_or_else(|| load::default_load_memory(cfg.ram_bytes.saturating_add(guest_bytes)));
+        let tiers_bytes = cfg.ram_bytes.saturating_add(guest_bytes);
+        let load_memory_bytes = cfg.load_memory_bytes.unwrap_or_else(|| load::default_load_memory(tiers_bytes));
+        let mapping_advice = cfg.trainer_mapping_bytes.unwrap_or_else(|| {
+            let memory = match load::process_memory() {
+                (Some(m), Some(c)) => Some(m.min(c)),
+                (m, c) => m.or(c),
+            };
+            load::mapping_advice(memory, tiers_bytes, load_memory_bytes, cfg.max_ranks)
+        });
         let node = Node {
             inner: Arc::new(Inner {
                 datasets: std::sync::RwLock::new(BTreeMap::new()),
@@ -219,6 +228,7 @@ impl Node {
                         .min(Semaphore::MAX_PERMITS),
                 ),
                 load_memory_bytes,
+                mapping_advice,
                 converts: Arc::new(Semaphore::new(threads)),
                 counters: Counters::default(),
                 timings: Default::default(),
@@ -430,7 +440,8 @@ impl Node {
         {
             return Err(FetchError::DatasetFailed { dataset: name.to_string(), reason: reason.clone() });
         }
-        found.map(|d| d.info()).ok_or_else(|| FetchError::NotServed {
+        let advice = self.inner.mapping_advice;
+        found.map(|d| DatasetInfo { mapping_budget_bytes: advice, ..d.info() }).ok_or_else(|| FetchError::NotServed {
             dataset: name.to_string(),
             version,
             current: current.map(|d| d.version),

@@ -649,3 +649,21 @@ fn connections_that_send_only_headers_do_not_hold_the_cap() {
     daemon.assert_alive();
     daemon.stop();
 }
+
+/// Issue 29: a trainer's kept chunk mappings are charged to its node's
+/// memory (the node filled those pages), so the node sends the most each
+/// trainer should keep with every description, and the client's mapping
+/// cache takes the lower of that and its own setting.
+#[test]
+fn a_trainer_keeps_no_more_mappings_than_its_node_advises() {
+    let (_data, _run, daemon) = daemon_over(1, 600, 300, |c| c.trainer_mapping_bytes = Some(3 << 20));
+    let source = granary_client::LocalSource::connect(&daemon.socket).expect("connect");
+    assert_eq!(source.mapping_budget(), granary_client::local::DEFAULT_MAPPING_CACHE_BYTES);
+    let info = source.describe("ads", None).expect("describe");
+    assert_eq!(info.mapping_budget_bytes, 3 << 20);
+    assert_eq!(source.mapping_budget(), 3 << 20, "lowered to the node's advice");
+    // A trainer's own lower setting stands.
+    let own = granary_client::LocalSource::connect(&daemon.socket).expect("connect").mapping_cache(1 << 20);
+    own.describe("ads", None).expect("describe");
+    assert_eq!(own.mapping_budget(), 1 << 20);
+}

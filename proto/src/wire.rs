@@ -87,6 +87,12 @@ pub struct DatasetInfo {
     pub files: Vec<String>,
     /// Total size of the source files in bytes.
     pub source_bytes: u64,
+    /// The most bytes of chunk mappings a trainer should keep beyond the
+    /// chunks its node holds: a kept mapping of a chunk the node evicted is
+    /// charged to the node's memory, so the node shares what it has left
+    /// among the ranks it expects (`u64::MAX`: no advice). The client's
+    /// mapping cache takes the lower of this and its own setting.
+    pub mapping_budget_bytes: u64,
 }
 
 /// Node counters, cumulative since start.

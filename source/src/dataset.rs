@@ -329,6 +329,7 @@ impl Dataset {
             shards: self.manifest.shards(),
             files: self.manifest.files.iter().map(|f| f.path.clone()).collect(),
             source_bytes: self.manifest.total_file_bytes(),
+            mapping_budget_bytes: u64::MAX,
         }
     }
 

@@ -178,6 +178,7 @@ mod tests {
             shards,
             files: vec!["f".into()],
             source_bytes: 0,
+            mapping_budget_bytes: u64::MAX,
         };
         let src = Arc::new(MemorySource::new(info, chunks).expect("source"));
         let cfg = LoaderConfig {

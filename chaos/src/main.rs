@@ -5,6 +5,8 @@
 //! - `granary-chaos sim` — the deterministic simulation of the fabric's races.
 //! - `granary-chaos run` — the real processes under a seeded schedule of faults.
 //! - `granary-chaos hosts` — one fault on hosts made of network namespaces (root).
+//! - `granary-chaos node` — a node daemon that forges the chunks it sends to
+//!   peers: `run`'s byzantine peer, started by `run` itself.
 //!
 //! `run` and `hosts` start the `granary` binary's processes: by default the
 //! `granary` beside this binary, or `--granary PATH`.
@@ -41,6 +43,10 @@ enum Command {
     /// made of network namespaces, against the same job without the fault
     /// (needs root).
     Hosts(cli::hosts::HostsArgs),
+    /// A node daemon like `granary node` whose peer server forges every
+    /// chunk it sends (the byzantine peer `run` starts); never for use.
+    #[command(hide = true)]
+    Node(cli::node::NodeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -75,5 +81,6 @@ fn run() -> Result<()> {
         Command::Sim(a) => cli::sim::run(&a),
         Command::Run(a) => cli::run::run(&a, &cli::granary_binary(cli.granary.as_deref())?),
         Command::Hosts(a) => cli::hosts::run(&a, &cli::granary_binary(cli.granary.as_deref())?),
+        Command::Node(a) => cli::node::run(&a),
     }
 }

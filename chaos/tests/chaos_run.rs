@@ -35,6 +35,12 @@
 //! it. Root and /dev/fuse are needed; without them the cuts are plain
 //! kills, and the test says "skipped" for that part.
 //!
+//! Seed 2 runs node 3 as a byzantine peer (`granary-chaos node`: every
+//! chunk it sends another node is forged, well formed, one value changed)
+//! while every node verifies every peer chunk: the forgeries must be
+//! caught and the forger quarantined, and no rank may see a forged value
+//! (the `stream` invariant: every batch equals the reference).
+//!
 //! Seeds 6 and 8 also guard a fix: a node killed and restarted while the
 //! store answers 503s. Before it, the node's ranks, started again at once,
 //! were told "unknown dataset ads" before the node had opened the datasets
@@ -133,6 +139,13 @@ fn seeded_faults_on_real_processes_break_no_invariant() {
         granary_testkit::skip::skipped(format!(
             "the voters' power cuts (needs root and /dev/fuse: {voter_fs:?}); they were plain kills and restarts"
         ));
+    }
+    // Seed 2's node 3 forged the chunks it sent: caught, and quarantined.
+    let byzantine: Vec<&Value> =
+        seeds.iter().copied().filter(|s| !s["report"]["schedule"]["byzantine"].is_null()).collect();
+    assert!(!byzantine.is_empty(), "no seed ran a byzantine node: {stdout}");
+    for s in byzantine {
+        assert!(s["report"]["peer_mismatched"].as_u64().unwrap_or(0) > 0, "forgeries not caught: {}", s["report"]);
     }
     // Seed 5 caps the peer links (27 MiB/s): the cap held datagrams back.
     let throttled: u64 = report("relay_throttled").map(|v| v.as_u64().unwrap_or(0)).sum();

@@ -55,6 +55,7 @@ mod load;
 mod membership;
 pub mod metrics;
 mod prefetch;
+pub mod process;
 mod service;
 mod session;
 mod shm;

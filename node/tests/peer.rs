@@ -896,6 +896,7 @@ async fn a_new_owner_takes_the_copy_held_by_the_node_the_shard_was_handed_over_f
     // Node 2's copy is a guest until verified (issue 29: a former owner
     // with a valid certificate could hand over wrong values): asked again,
     // a guest hit, and nothing in its own tiers.
+    settled(&node2).await;
     node2.chunk(f.version, f.shard).await.expect("again");
     let s2 = node2.stats();
     assert_eq!((s2.peer_fetched, s2.guest_hits, s2.ram_hits), (1, 1, 0), "{s2:?}");

@@ -81,6 +81,7 @@ async fn a_peer_sending_well_formed_wrong_values_is_caught_never_served_and_quar
 
     let got = node2.chunk(f.version, f.shard).await.expect("served");
     assert_eq!(got.bytes(), &honest[..], "this node's own conversion is served, not the peer's");
+    settled(&node2).await;
     let s = node2.stats();
     assert_eq!((s.peer_fetched, s.peer_mismatched, s.peer_verified, s.peers_quarantined), (1, 1, 0, 1), "{s:?}");
     assert_eq!(s.guest_bytes, 0, "nothing from the peer is kept");
@@ -104,6 +105,7 @@ async fn an_unverified_peer_chunk_is_only_a_guest_copy() {
     all_owned_by_node1(&f, &cluster, evil);
     assert!(node2.join_cluster(Arc::new(cluster)));
     node2.chunk(f.version, f.shard).await.expect("served");
+    settled(&node2).await;
     let s = node2.stats();
     assert_eq!((s.peer_fetched, s.peer_verified, s.peer_mismatched, s.conversions), (1, 0, 0, 0), "{s:?}");
     assert!(s.guest_bytes >= f.len, "a guest copy: {s:?}");
@@ -121,8 +123,39 @@ async fn a_handed_over_chunk_verified_here_becomes_this_nodes_own() {
     assert!(node2.join_cluster(Arc::new(cluster)));
     let chunk = node2.chunk(f.version, f.shard).await.expect("handed over and verified");
     assert_eq!(chunk.bytes(), held.bytes());
+    settled(&node2).await;
     node2.chunk(f.version, f.shard).await.expect("again");
     let s = node2.stats();
     assert_eq!((s.peer_fetched, s.peer_verified, s.peer_mismatched, s.peers_quarantined), (1, 1, 0, 0), "{s:?}");
     assert_eq!((s.conversions, s.ram_hits, s.guest_hits, s.guest_bytes), (1, 1, 0, 0), "its own copy: {s:?}");
+}
+
+/// The byzantine peer of `granary-chaos run` (`PeerAnswers::Forged`): a
+/// real node's server sending each chunk with one value changed and its
+/// checksums sealed again. Its chunks pass every check but verification,
+/// which catches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_serving_forged_chunks_passes_every_check_but_verification() {
+    use granary_net::tls::{self, ALPN_PEER, Identity};
+    let f = start().await;
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let config = identity.server_config(&[ALPN_PEER]).expect("cfg");
+    let ep = tls::server_endpoint(&identity, "127.0.0.1:0".parse().expect("addr"), config).expect("endpoint");
+    let forger = ep.local_addr().expect("addr");
+    tokio::spawn(granary_node::fabric::serve_with(
+        f.node.clone(),
+        ep,
+        FabricConfig::default(),
+        granary_node::fabric::PeerAnswers::Forged,
+    ));
+    let sent = link(&f, "node").fetch(forger, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await;
+    let sent = sent.expect("a forged chunk passes the fetch's checks");
+    let honest = f.node.chunk(f.version, f.shard).await.expect("honest");
+    assert_ne!(sent.bytes(), honest.bytes(), "forged");
+    let (node2, cluster) = checking_node2(&f, 1.0).await;
+    all_owned_by_node1(&f, &cluster, forger);
+    assert!(node2.join_cluster(Arc::new(cluster)));
+    let got = node2.chunk(f.version, f.shard).await.expect("served");
+    assert_eq!(got.bytes(), honest.bytes());
+    assert_eq!((node2.stats().peer_mismatched, node2.stats().peers_quarantined), (1, 1));
 }

@@ -5,12 +5,15 @@
 //!   decision cores;
 //! - [`run`]: `granary-chaos run`, real processes under seeded faults;
 //! - [`hosts`]: `granary-chaos hosts`, one fault on hosts made of network
-//!   namespaces.
+//!   namespaces;
+//! - [`node`]: `granary-chaos node`, a node daemon that forges the chunks
+//!   it sends to peers (`run`'s byzantine peer).
 //!
 //! `run` and `hosts` start voters, nodes and trainer ranks from the
 //! `granary` binary ([`granary_binary`]); `sim` needs none.
 
 pub(crate) mod hosts;
+pub(crate) mod node;
 pub(crate) mod run;
 pub(crate) mod sim;
 

@@ -54,6 +54,8 @@ pub(crate) fn run(a: &RunArgs, granary: &std::path::Path) -> Result<()> {
     }
     let (work, _tmp) = super::work_dir(a.keep.as_deref(), "granary-chaos-")?;
     let mut cfg = RunConfig::new(granary.to_path_buf(), work.clone());
+    // This binary runs a seed's byzantine node (`granary-chaos node`).
+    cfg.forger = std::env::current_exe().ok();
     cfg.nodes = a.nodes;
     cfg.ranks_per_node = a.ranks_per_node;
     cfg.epochs = a.epochs;
@@ -156,7 +158,14 @@ fn print_seed(r: &SeedReport) {
     } else {
         String::new()
     };
-    let noise = noise + &cap;
+    let byzantine = match r.schedule.byzantine {
+        Some(node) => format!(
+            "; node {node} forged every chunk it sent its peers: {} forged chunks caught, {} quarantines at the end",
+            r.peer_mismatched, r.peers_quarantined
+        ),
+        None => String::new(),
+    };
+    let noise = noise + &cap + &byzantine;
     let st = r.store;
     let store = if st.errors + st.slowed + st.shortened + st.stalled > 0 {
         format!(

@@ -77,6 +77,10 @@ pub struct RunConfig {
     pub seed_timeout: Duration,
     /// Node lease on the coordinator.
     pub lease_ms: u64,
+    /// The executable of a seed's byzantine node (`granary-chaos node`);
+    /// None: a byzantine node drawn is not injected (`not_injected` says
+    /// so), as when the cluster is driven as a library.
+    pub forger: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -99,6 +103,7 @@ impl RunConfig {
             max_faults: 3,
             seed_timeout: Duration::from_secs(180),
             lease_ms: 1500,
+            forger: None,
         }
     }
 
@@ -302,6 +307,11 @@ pub struct SeedReport {
     pub schedule: Schedule,
     /// Fault events fired, by kind.
     pub by_fault: BTreeMap<String, u64>,
+    /// Peer chunks the nodes found forged (differing from their own
+    /// conversion), every life counted.
+    pub peer_mismatched: u64,
+    /// Peers the nodes running at the end had quarantined, summed.
+    pub peers_quarantined: u64,
     /// Wall time from the first epoch's start to the last rank's end.
     pub secs: f64,
     /// When the last rank finished each epoch, seconds from the start.
@@ -407,12 +417,26 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
-    let schedule = schedule::draw(seed, cfg.target());
+    let mut schedule = schedule::draw(seed, cfg.target());
     let rt = runtime()?;
     let store = rt.block_on(FaultStore::start(&job.store_root, seed))?;
     let tiers = Tiers::for_job(job);
-    let mut cluster =
-        LocalCluster::plan(&cfg.exe, &dir, &job.data, cfg.spec(cfg.nodes, cfg.voters, &store, Some(tiers)))?;
+    let mut spec = cfg.spec(cfg.nodes, cfg.voters, &store, Some(tiers));
+    // A byzantine node forges what it sends its peers in every life; every
+    // node verifies every peer chunk.
+    let mut byzantine_not_injected = None;
+    match (schedule.byzantine, &cfg.forger) {
+        (Some(node), Some(forger)) => {
+            spec.node_exe = Some((node, forger.clone()));
+            spec.verify_peer_chunks = Some(1.0);
+        }
+        (Some(node), None) => {
+            schedule.byzantine = None;
+            byzantine_not_injected = Some(format!("byzantine node {node}: no granary-chaos binary to run it"));
+        }
+        (None, _) => {}
+    }
+    let mut cluster = LocalCluster::plan(&cfg.exe, &dir, &job.data, spec)?;
     let ids = cluster.node_ids();
     let pids = Pids { nodes: cfg.nodes, voters: cfg.voters };
     // Every QUIC link goes through the relay: node to node, node to voter,
@@ -503,6 +527,10 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     let mut retired = ClusterCounters::default();
     let mut voters_hit: BTreeMap<usize, u64> = BTreeMap::new();
     let mut by_fault: BTreeMap<String, u64> = BTreeMap::new();
+    if schedule.byzantine.is_some() {
+        by_fault.insert("byzantine_peer".into(), 1);
+    }
+    ssd.not_injected.extend(byzantine_not_injected);
     let mut rank_restarts = 0;
     let mut epoch_ends: Vec<f64> = Vec::new();
     let lin = {
@@ -693,6 +721,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         obs.scan_log(log);
     }
     obs.remote_bytes = total.remote_bytes;
+    obs.peer_mismatched = total.peer_mismatched;
     let violations = verdict::judge(&obs, job, &schedule, cfg.nodes, cfg.epochs);
     let links = relay_stats.links.values();
     let mut relay_links: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -702,7 +731,7 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
     Ok(SeedReport {
         seed,
         remote_ratio: total.remote_bytes as f64 / job.source_bytes.max(1) as f64,
-        remote_bound: verdict::remote_bound(&schedule, cfg.nodes)
+        remote_bound: verdict::remote_bound(&schedule, cfg.nodes, cfg.epochs)
             + store_counts.wasted_bytes as f64 / job.source_bytes.max(1) as f64,
         store: store_counts,
         lin: lin_report,
@@ -730,6 +759,8 @@ pub fn run_seed(cfg: &RunConfig, job: &Job, seed: u64) -> Result<SeedReport> {
         voters_hit: voters_hit.into_values().collect(),
         schedule,
         by_fault,
+        peer_mismatched: total.peer_mismatched,
+        peers_quarantined: total.peers_quarantined,
         secs,
         epoch_ends,
         violations,
@@ -831,6 +862,8 @@ fn add(t: &mut ClusterCounters, s: &ClusterCounters) {
     t.local_hits += s.local_hits;
     t.misses += s.misses;
     t.joined += s.joined;
+    t.peer_mismatched += s.peer_mismatched;
+    t.peers_quarantined += s.peers_quarantined;
 }
 
 fn link_faults(s: &Schedule) -> LinkFaults {
@@ -915,6 +948,7 @@ fn kill_node(cluster: &mut LocalCluster, node: u64, retired: &mut ClusterCounter
         Ok(s) => {
             retired.remote_bytes += s.remote_bytes;
             retired.conversions += s.conversions;
+            retired.peer_mismatched += s.peer_mismatched;
         }
         Err(e) => obs.unclean.push(format!("reading node {node}'s counters before the kill: {e:#}")),
     }

@@ -372,6 +372,12 @@ pub struct Schedule {
     pub noise: Noise,
     /// Faults of the object store, for the whole run.
     pub store: StoreFaults,
+    /// A node that forges every chunk it sends to its peers, in every life
+    /// (`granary-chaos node`: well-formed chunks with one value changed),
+    /// while every node verifies each peer chunk (`verify_peer_chunks =
+    /// 1.0`): the forger must be caught and quarantined, and no rank may
+    /// see a forged value.
+    pub byzantine: Option<u64>,
 }
 
 /// Draws the schedule of `seed`.
@@ -508,7 +514,11 @@ pub fn draw(seed: u64, t: Target) -> Schedule {
     } else {
         store
     };
-    Schedule { seed, events, noise, store }
+    // A byzantine node, from a stream of its own (earlier seeds' faults
+    // stay as they were): in about one seed of four, with two nodes or more.
+    let mut z = Rng::new(seed_of(&[seed, 0x4259_5a41_4e54_494e]));
+    let byzantine = (z.below(4) == 0 && t.nodes >= 2).then(|| 1 + z.below(u64::from(t.nodes)));
+    Schedule { seed, events, noise, store, byzantine }
 }
 
 /// Whether `e` can join `events` under the module's rules.
@@ -545,6 +555,15 @@ mod tests {
         let distinct: std::collections::BTreeSet<String> =
             (0..50).map(|s| serde_json::to_string(&draw(s, T)).expect("json")).collect();
         assert!(distinct.len() > 45, "{}", distinct.len());
+    }
+
+    #[test]
+    fn about_one_seed_of_four_has_a_byzantine_node_and_one_node_never_does() {
+        let drawn: Vec<u64> = (0..2_000).filter_map(|s| draw(s, T).byzantine).collect();
+        assert!((400..600).contains(&drawn.len()), "{} of 2,000", drawn.len());
+        assert!(drawn.iter().all(|n| (1..=3).contains(n)));
+        let one = Target { nodes: 1, ..T };
+        assert!((0..200).all(|s| draw(s, one).byzantine.is_none()), "a lone node has no peer to lie to");
     }
 
     #[test]

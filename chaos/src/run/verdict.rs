@@ -71,6 +71,9 @@ pub struct Observed {
     pub memory: BTreeMap<u64, NodeMemory>,
     /// A node's memory budget in bytes (0: not judged).
     pub memory_budget: u64,
+    /// Peer chunks the nodes found to differ from their own conversion
+    /// (every life).
+    pub peer_mismatched: u64,
 }
 
 /// A node's memory at its largest sample.
@@ -126,21 +129,26 @@ pub fn bad_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     })
 }
 
-/// The remote reads `schedule` allows, as a multiple of the dataset.
-pub fn remote_bound(schedule: &Schedule, nodes: u32) -> f64 {
+/// The remote reads `schedule` allows over `epochs`, as a multiple of the
+/// dataset. A byzantine seed verifies every peer chunk, one remote read
+/// each, and a verified guest copy that is evicted is fetched and
+/// verified again: up to one dataset more per epoch.
+pub fn remote_bound(schedule: &Schedule, nodes: u32, epochs: u64) -> f64 {
     let share = 1.0 / f64::from(nodes.max(1));
-    1.0 + schedule
-        .events
-        .iter()
-        .map(|e| match e.fault {
-            Fault::KillNode { .. }
-            | Fault::CorruptSsd { .. }
-            | Fault::FillSsd { .. }
-            | Fault::KillInSsdWrite { .. } => 2.0 * share,
-            f if f.hides_an_owner() => 2.0 * share,
-            _ => 0.0,
-        })
-        .sum::<f64>()
+    let verified = if schedule.byzantine.is_some() { epochs as f64 } else { 0.0 };
+    1.0 + verified
+        + schedule
+            .events
+            .iter()
+            .map(|e| match e.fault {
+                Fault::KillNode { .. }
+                | Fault::CorruptSsd { .. }
+                | Fault::FillSsd { .. }
+                | Fault::KillInSsdWrite { .. } => 2.0 * share,
+                f if f.hides_an_owner() => 2.0 * share,
+                _ => 0.0,
+            })
+            .sum::<f64>()
 }
 
 /// Every violation in `obs`.
@@ -169,7 +177,7 @@ pub fn judge(obs: &Observed, job: &Job, schedule: &Schedule, nodes: u32, epochs:
     push("rank_error", obs.rank_errors.iter().map(|(r, e, m)| format!("rank {r} failed in epoch {e}: {m}")).collect());
     push("progress", obs.stuck.iter().cloned().collect());
     let ratio = obs.remote_bytes as f64 / job.source_bytes.max(1) as f64;
-    let bound = remote_bound(schedule, nodes) + obs.wasted_bytes as f64 / job.source_bytes.max(1) as f64;
+    let bound = remote_bound(schedule, nodes, epochs) + obs.wasted_bytes as f64 / job.source_bytes.max(1) as f64;
     if ratio > bound + REMOTE_SLACK {
         push(
             "remote_reads",
@@ -206,6 +214,11 @@ pub fn judge(obs: &Observed, job: &Job, schedule: &Schedule, nodes: u32, epochs:
         }
         push("memory", memory);
     }
+    if let Some(node) = schedule.byzantine
+        && obs.peer_mismatched == 0
+    {
+        push("byzantine", vec![format!("node {node} forged every chunk it sent its peers, and no node caught one")]);
+    }
     push("log", obs.log_hits.clone());
     push("clean_stop", obs.unclean.clone());
     out
@@ -232,7 +245,7 @@ mod tests {
 
     fn schedule(faults: &[Fault]) -> Schedule {
         let events = faults.iter().map(|&fault| Event { at: Duration::from_secs(1), fault }).collect();
-        Schedule { seed: 1, events, noise: Noise::default(), store: Default::default() }
+        Schedule { seed: 1, events, noise: Noise::default(), store: Default::default(), byzantine: None }
     }
 
     fn clean() -> Observed {
@@ -266,7 +279,19 @@ mod tests {
         assert_eq!(judge(&o, &job(), &schedule(&[kill]), 3, 2), vec![]);
         o.remote_bytes = 1000 + 667 + 60;
         assert_eq!(judge(&o, &job(), &schedule(&[kill]), 3, 2).len(), 1);
-        assert!((remote_bound(&schedule(&[kill, voter]), 4) - 1.5).abs() < 1e-9);
+        assert!((remote_bound(&schedule(&[kill, voter]), 4, 3) - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_forger_must_be_caught_and_verification_may_read_a_dataset_an_epoch() {
+        let byzantine = Schedule { byzantine: Some(3), ..schedule(&[]) };
+        let v = judge(&clean(), &job(), &byzantine, 3, 2);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, "byzantine");
+        assert!(v[0].detail.contains("node 3 forged"), "{v:?}");
+        let caught = Observed { peer_mismatched: 4, remote_bytes: 2900, ..clean() };
+        assert_eq!(judge(&caught, &job(), &byzantine, 3, 2), vec![], "1 + 2 epochs of verification");
+        assert!((remote_bound(&byzantine, 3, 2) - 3.0).abs() < 1e-9);
     }
 
     #[test]

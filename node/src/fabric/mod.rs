@@ -42,7 +42,7 @@ pub use follow::follow_placement;
 pub use link::PeerLink;
 pub use owners::Cluster;
 pub use route::Owner;
-pub use server::serve;
+pub use server::{PeerAnswers, serve, serve_with};
 
 use crate::service::Node;
 use granary_net::client::CoordinatorClient;
@@ -69,6 +69,18 @@ impl ClusterHandle {
         cfg: &crate::config::ClusterConfig,
         ram_bytes: u64,
         ssd_bytes: u64,
+    ) -> Result<Self, crate::membership::JoinError> {
+        Self::start_with(node, cfg, ram_bytes, ssd_bytes, PeerAnswers::Honest)
+    }
+
+    /// [`ClusterHandle::start`], its peer server sending chunks as
+    /// `answers` says (see [`PeerAnswers`]).
+    pub fn start_with(
+        node: &Node,
+        cfg: &crate::config::ClusterConfig,
+        ram_bytes: u64,
+        ssd_bytes: u64,
+        answers: PeerAnswers,
     ) -> Result<Self, crate::membership::JoinError> {
         use crate::membership::{JoinError, Membership};
         // A config built in code (not loaded from node.toml) is checked here.
@@ -108,7 +120,7 @@ impl ClusterHandle {
             addrs,
             granary_net::client::ClientOptions::default(),
         )?;
-        tasks.spawn(serve(node.clone(), endpoint.clone(), cfg.fabric.clone()));
+        tasks.spawn(serve_with(node.clone(), endpoint.clone(), cfg.fabric.clone(), answers));
         let holds_client = CoordinatorClient::on_endpoint(
             endpoint.clone(),
             &identity,

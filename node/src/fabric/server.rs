@@ -20,9 +20,52 @@ use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
 use std::net::SocketAddr;
 
+/// What a node's peer server sends as a chunk's bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PeerAnswers {
+    /// The chunk as stored: what every node does.
+    #[default]
+    Honest,
+    /// Fault injection only (`granary-chaos node`, the byzantine peer of
+    /// `granary-chaos run`; the `granary` binary never sets it): every
+    /// chunk sent to a peer has one value changed and its checksums sealed
+    /// again, so it passes every check a peer chunk gets and only a
+    /// verification (`verify_peer_chunks`) can catch it. Footers and this
+    /// node's own trainers get the honest bytes.
+    Forged,
+}
+
+/// The chunk `bytes` with the first byte of its first tensor flipped and
+/// its checksums sealed again ([`PeerAnswers::Forged`]); `None` when it
+/// has no tensor bytes to change.
+fn forged(bytes: &[u8]) -> Option<bytes::Bytes> {
+    use granary_proto::{ChunkLayout, ChunkView, TensorLayout, chunk::Verify};
+    let view = ChunkView::parse(bytes, Verify::HeaderOnly).ok()?;
+    let h = view.header();
+    let tensors: Vec<TensorLayout> = h
+        .tensors
+        .iter()
+        .map(|t| TensorLayout { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
+        .collect();
+    let layout = ChunkLayout::new(h.dataset_version, h.shard, h.rows, &tensors).ok()?;
+    let first = layout.tensor_range(0);
+    if first.is_empty() || layout.total_len() != bytes.len() {
+        return None;
+    }
+    let mut out = bytes.to_vec();
+    out[first.start] ^= 0x01;
+    layout.seal(&mut out).ok()?;
+    Some(bytes::Bytes::from(out))
+}
+
 /// Serves chunks to other nodes on `endpoint` until it closes, within the
 /// bounds of `config`.
 pub async fn serve(node: Node, endpoint: quinn::Endpoint, config: FabricConfig) {
+    serve_with(node, endpoint, config, PeerAnswers::Honest).await
+}
+
+/// [`serve`], sending chunks as `answers` says.
+pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricConfig, answers: PeerAnswers) {
     let config = std::sync::Arc::new(config);
     while let Some(incoming) = endpoint.accept().await {
         let node = node.clone();
@@ -53,7 +96,7 @@ pub async fn serve(node: Node, endpoint: quinn::Endpoint, config: FabricConfig) 
                 let node = node.clone();
                 let config = config.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = serve_stream(&node, &config, peer, send, recv).await {
+                    if let Err(e) = serve_stream(&node, &config, answers, peer, send, recv).await {
                         tracing::warn!(%peer, "peer request failed: {e}");
                     }
                 });
@@ -133,6 +176,7 @@ async fn with_progress_from<T>(
 async fn serve_stream(
     node: &Node,
     config: &FabricConfig,
+    answers: PeerAnswers,
     peer: SocketAddr,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -170,7 +214,7 @@ async fn serve_stream(
             // read) is announced at once.
             let first = std::time::Duration::ZERO;
             match with_progress_from(config, &mut send, first, node.held_for_peer(version, shard)).await? {
-                Some(answer) => send_chunk(config, &mut send, shard, answer).await?,
+                Some(answer) => send_chunk(config, answers, &mut send, shard, answer).await?,
                 None => send.write_all(&respond(&PeerResponse::NotHeld)?).await.map_err(|e| e.to_string())?,
             }
             let _ = send.finish();
@@ -200,7 +244,7 @@ async fn serve_stream(
         }
     };
     let answer = with_progress(config, &mut send, node.chunk_for_peer(version, shard, peer, epoch)).await?;
-    send_chunk(config, &mut send, shard, answer).await?;
+    send_chunk(config, answers, &mut send, shard, answer).await?;
     let _ = send.finish();
     Ok(())
 }
@@ -209,6 +253,7 @@ async fn serve_stream(
 /// stood in its way.
 async fn send_chunk(
     config: &FabricConfig,
+    answers: PeerAnswers,
     send: &mut quinn::SendStream,
     shard: granary_proto::ShardId,
     answer: crate::service::Shared,
@@ -218,7 +263,11 @@ async fn send_chunk(
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 })?;
             let what = format!("the {} bytes of {shard}", chunk.len());
-            send_response(config, send, &head, chunk.shared_bytes(), &what).await
+            let body = match answers {
+                PeerAnswers::Forged => forged(chunk.bytes()).unwrap_or_else(|| chunk.shared_bytes()),
+                PeerAnswers::Honest => chunk.shared_bytes(),
+            };
+            send_response(config, send, &head, body, &what).await
         }
         Err(e) => {
             let resp = PeerResponse::Failed { kind: e.kind(), message: e.to_string() };

@@ -143,3 +143,13 @@ pub(crate) fn handed_over_to_node2(f: &Fixture, cluster: &Cluster) {
     let addrs = [(NodeId(1), f.addr), (NodeId(2), local())].into_iter().collect();
     cluster.apply_placement_with_handoffs(1, addrs, one(2), one(1));
 }
+
+/// Waits (at most 10 s) until `node` has no load in flight: a load hands
+/// its chunk to the waiters first and keeps it (tier or guest area) after.
+pub(crate) async fn settled(node: &Node) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while node.stats().loads_in_flight > 0 {
+        assert!(std::time::Instant::now() < deadline, "loads still in flight after 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

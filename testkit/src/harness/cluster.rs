@@ -55,6 +55,12 @@ pub struct LocalClusterSpec {
     /// Every voter and node serves Prometheus metrics on a loopback TCP
     /// port ([`LocalCluster::voter_metrics`], [`LocalCluster::node_metrics`]).
     pub metrics: bool,
+    /// Nodes' `[cluster.fabric] verify_peer_chunks`; None: the default.
+    pub verify_peer_chunks: Option<f64>,
+    /// A node whose daemon another executable runs (with the same `node
+    /// --config FILE` arguments), in every life: `granary-chaos run`'s
+    /// byzantine peer (`granary-chaos node`).
+    pub node_exe: Option<(u64, PathBuf)>,
 }
 
 /// A host made of a network namespace (see `granary_chaos::netns`).
@@ -91,6 +97,8 @@ impl Default for LocalClusterSpec {
             version_retention_s: None,
             snapshot_entries: None,
             metrics: false,
+            verify_peer_chunks: None,
+            node_exe: None,
         }
     }
 }
@@ -495,8 +503,14 @@ impl LocalCluster {
             self.peer_addr(id),
             self.peer_listen(id)
         );
+        if s.hold_linger_ms.is_some() || s.verify_peer_chunks.is_some() {
+            t += "\n[cluster.fabric]\n";
+        }
         if let Some(ms) = s.hold_linger_ms {
-            t += &format!("\n[cluster.fabric]\nhold_linger_ms = {ms}\n");
+            t += &format!("hold_linger_ms = {ms}\n");
+        }
+        if let Some(f) = s.verify_peer_chunks {
+            t += &format!("verify_peer_chunks = {f:?}\n");
         }
         // No [[dataset]]: the node opens what the coordinator lists.
         t
@@ -516,9 +530,13 @@ impl LocalCluster {
                 .with_context(|| format!("keeping {}", log.display()))?;
         }
         let netns = self.spec.hosts.get((id - 1) as usize).map(|h| h.netns.clone());
+        let exe = match &self.spec.node_exe {
+            Some((node, exe)) if *node == id => exe,
+            _ => &self.exe,
+        };
         let p = NodeProcess::spawn_in(
             netns.as_deref(),
-            &self.exe,
+            exe,
             &config,
             &self.socket(id),
             &self.log(id),
@@ -594,6 +612,8 @@ impl LocalCluster {
             t.misses += s.misses;
             t.joined += s.joined;
             t.loads_in_flight += s.loads_in_flight;
+            t.peer_mismatched += s.peer_mismatched;
+            t.peers_quarantined += s.peers_quarantined;
         }
         Ok(t)
     }
@@ -640,6 +660,10 @@ pub struct ClusterCounters {
     pub joined: u64,
     /// Loads in flight now, on all nodes (a gauge).
     pub loads_in_flight: u64,
+    /// Peer chunks that differed from a node's own conversion.
+    pub peer_mismatched: u64,
+    /// Peers quarantined, summed over the nodes (a gauge).
+    pub peers_quarantined: u64,
 }
 
 impl ClusterCounters {

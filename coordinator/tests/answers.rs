@@ -28,8 +28,8 @@ fn gauge(f: &Fixture, name: &str) -> u64 {
     line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("value") as u64
 }
 
-/// Issue 29: clients that send requests and never read the answers (a
-/// stream window of 1 KiB) pin no more than the response budget on the
+/// Issue 29: clients that send 512 dataset descriptions and never read
+/// the answers (a stream window of 1 KiB) pin no more than the response budget on the
 /// voter, and each answer is abandoned at the write deadline; meanwhile a
 /// node's heartbeat is answered at once, and one identity's requests past
 /// its limit are answered "unavailable", naming it.
@@ -42,28 +42,28 @@ async fn answers_nobody_reads_hold_at_most_the_budget_until_their_deadline() {
         c.response_write_wait = Duration::from_secs(5);
     })
     .await;
-    // A large Status answer: a thousand nodes registered.
     let node = f.client("node");
     let incarnation = register(&node, 1).await;
-    let mut regs = tokio::task::JoinSet::new();
-    for t in 0..8u64 {
-        let c = f.client("node");
-        regs.spawn(async move {
-            for n in (1..=1000u64).filter(|n| n % 8 == t) {
-                register(&c, 1000 + n).await;
-            }
-        });
-    }
-    regs.join_all().await;
-    let (_, status) = node.call(&ApiRequest::Status).await.expect("status");
-    let answer = frame::encode_frame(&status).expect("encode").len() as u64;
+    // A large description: a dataset of 4,000 row groups registered.
+    let data = f.tmp.path().join("data");
+    let spec = granary_testkit::datagen::GenSpec { rows: 100_000, row_group_rows: 25, ..Default::default() };
+    granary_testkit::datagen::generate(&data, &spec, |_| {}).expect("generate");
+    let add = ApiRequest::AddDataset {
+        name: "ads".into(),
+        source: format!("file://{}/", data.display()),
+        view: granary_testkit::datagen::view(),
+    };
+    f.client("admin").call(&add).await.expect("dataset added");
+    let describe = ApiRequest::DescribeDataset { name: "ads".into(), version: None };
+    let (_, described) = node.call(&describe).await.expect("describe");
+    let answer = frame::encode_frame(&described).expect("encode").len() as u64;
     assert!(answer > 64 << 10, "a large answer: {answer} bytes");
     // 16 identities x 32 requests (each identity's whole share), on
     // connections whose streams take 1 KiB.
     let mut tiny = tls::transport_config();
     tiny.stream_receive_window(1024u32.into()).receive_window((64u32 << 10).into());
     let tiny = Arc::new(tiny);
-    let request = frame::encode_frame(&ApiRequest::Status).expect("encode");
+    let request = frame::encode_frame(&describe).expect("encode");
     let before = rss();
     let (mut unread, mut held) = (Vec::new(), Vec::new());
     for id in 1..=16u64 {
@@ -89,7 +89,7 @@ async fn answers_nobody_reads_hold_at_most_the_budget_until_their_deadline() {
     let options = ClientOptions { deadline: Duration::from_secs(2), ..Default::default() };
     let node1 =
         CoordinatorClient::new(&f.identity("node-1"), vec![f.coordinator.local_addr()], options).expect("client");
-    match node1.call(&ApiRequest::Status).await {
+    match node1.call(&describe).await {
         Err(ClientError::Unavailable { last, .. }) => {
             assert!(last.contains("32 requests of the node-1 certificate are in flight (at most 32)"), "{last}")
         }
@@ -109,7 +109,7 @@ async fn answers_nobody_reads_hold_at_most_the_budget_until_their_deadline() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
-        "answer {answer} bytes, 512 unread: {} MiB unbounded; peak in flight {} KiB, peak RSS growth {} MiB",
+        "description {answer} bytes, 512 unread: {} MiB unbounded; peak in flight {} KiB, peak RSS growth {} MiB",
         (512 * answer) >> 20,
         peak.0 >> 10,
         peak.1 >> 20

@@ -41,10 +41,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A dataset of the benchmark's shape, converted chunks held in memory.
     let v = DatasetVersion([9; 16]);
     let tensors = vec![
-        TensorLayout { name: "dense".into(), dtype: DType::F32, shape: vec![150] },
-        TensorLayout { name: "emb".into(), dtype: DType::F32, shape: vec![32] },
-        TensorLayout { name: "ids".into(), dtype: DType::I64, shape: vec![2] },
-        TensorLayout { name: "label".into(), dtype: DType::F32, shape: vec![] },
+        TensorLayout { name: "dense".into(), dtype: DType::F32, shape: vec![150], jagged: false },
+        TensorLayout { name: "emb".into(), dtype: DType::F32, shape: vec![32], jagged: false },
+        TensorLayout { name: "ids".into(), dtype: DType::I64, shape: vec![2], jagged: false },
+        TensorLayout { name: "label".into(), dtype: DType::F32, shape: vec![], jagged: false },
     ];
     let (mut shards, mut chunks) = (Vec::new(), Vec::new());
     for i in 0..shards_n as u32 {

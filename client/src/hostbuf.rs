@@ -178,9 +178,9 @@ mod tests {
     #[test]
     fn tensors_are_packed_in_view_order_at_aligned_offsets() {
         let layouts = [
-            TensorLayout { name: "a".into(), dtype: DType::F32, shape: vec![3] },
-            TensorLayout { name: "b".into(), dtype: DType::I64, shape: vec![] },
-            TensorLayout { name: "c".into(), dtype: DType::U8, shape: vec![2, 5] },
+            TensorLayout { name: "a".into(), dtype: DType::F32, shape: vec![3], jagged: false },
+            TensorLayout { name: "b".into(), dtype: DType::I64, shape: vec![], jagged: false },
+            TensorLayout { name: "c".into(), dtype: DType::U8, shape: vec![2, 5], jagged: false },
         ];
         let mut out = Vec::new();
         assert_eq!(pack(&layouts, 5, &mut out), Some(128 + 50));

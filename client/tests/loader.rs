@@ -12,8 +12,8 @@ const V: DatasetVersion = DatasetVersion([3; 16]);
 
 fn layouts() -> Vec<TensorLayout> {
     vec![
-        TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![3] },
-        TensorLayout { name: "id".into(), dtype: DType::I64, shape: vec![] },
+        TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![3], jagged: false },
+        TensorLayout { name: "id".into(), dtype: DType::I64, shape: vec![], jagged: false },
     ]
 }
 

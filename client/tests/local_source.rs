@@ -68,7 +68,7 @@ fn info(name: &str) -> DatasetInfo {
         name: name.into(),
         version: DatasetVersion([5; 16]),
         plan_key: granary_proto::PlanKey(5),
-        tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![4] }],
+        tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![4], jagged: false }],
         shards: vec![ShardRows { shard: ShardId { file: 0, row_group: 0 }, rows: 100 }],
         files: vec!["a.parquet".into()],
         source_bytes: 1,

@@ -460,7 +460,7 @@ mod tests {
     /// tensor whose rows fill the payload.
     fn chunk_of_len(len: usize, shard: ShardId) -> Arc<SealedChunk> {
         use granary_proto::{ChunkLayout, DType, TensorLayout};
-        let t = [TensorLayout { name: "b".into(), dtype: DType::U8, shape: vec![] }];
+        let t = [TensorLayout { name: "b".into(), dtype: DType::U8, shape: vec![], jagged: false }];
         let version = DatasetVersion([7; 16]);
         let empty = ChunkLayout::new(version, shard, 0, &t).expect("layout").total_len();
         let layout = ChunkLayout::new(version, shard, (len - empty) as u64, &t).expect("layout");
@@ -509,6 +509,26 @@ mod tests {
         assert!(tier.get(key(1)).await.expect("read").is_none(), "removed");
         let (got, from) = tier.get(key(3)).await.expect("read").expect("on disk");
         assert_eq!((got.len(), from), (4096, HitTier::Ssd));
+    }
+
+    /// Issue 30: a chunk an older build wrote in chunk format 1 (no jagged
+    /// tensors) is never read as format 2: it is refused by its format,
+    /// removed, and the shard converted again.
+    #[tokio::test]
+    async fn a_disk_entry_of_an_older_chunk_format_is_dropped_not_misread() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let block = 1u64 << 20;
+        let ssd = SsdConfig { dir: dir.path().to_path_buf(), capacity_bytes: 4 * block, block_bytes: block };
+        let tier = ChunkTier::open(1, Some(ssd.clone())).await.expect("tier");
+        let mut old = chunk_of_len(4096, key(1).shard).bytes().to_vec();
+        old[8..12].copy_from_slice(&1u32.to_le_bytes());
+        tier.insert(key(1), Arc::new(SealedChunk::copy_of(&old).expect("memory file"))).await;
+        tier.close().await;
+        drop(tier);
+        let tier = ChunkTier::open(1, Some(ssd)).await.expect("reopened");
+        let err = tier.get(key(1)).await.expect_err("an older format").to_string();
+        assert!(err.contains("chunk format 1 is not supported"), "{err}");
+        assert!(tier.get(key(1)).await.expect("read").is_none(), "removed: the shard is converted again");
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! 0   magic "GRNCHNK\0"
-//! 8   format version (u32) = 1
+//! 8   format version (u32) = 2
 //! 12  header length H (u32)
 //! 16  xxh3-64 of the header bytes (u64)
 //! 24  total length of the chunk (u64)
@@ -15,6 +15,15 @@
 //!     starting at a multiple of 64 bytes, gaps zero-filled, payload length
 //!     a multiple of 64; the header holds its xxh3-64 checksum.
 //! ```
+//!
+//! A jagged tensor (a variable number of values per row: a list or byte
+//! column) takes two ranges, each starting at a multiple of 64: its row
+//! offsets, rows + 1 little-endian `u64`s (the first 0, none smaller than
+//! the one before, the last the number of values), then its values,
+//! contiguous: row `r`'s are values `offsets[r]..offsets[r + 1]`.
+//! Format 1 had no jagged tensors; its chunks are refused
+//! ([`ChunkError::UnsupportedFormat`]), so a node drops them from its SSD
+//! tier and converts the shard again.
 //!
 //! [`ChunkView::parse`] validates all of it before a single tensor byte is
 //! read: a chunk that came from disk, a peer or shared memory is never used
@@ -29,7 +38,7 @@ use xxhash_rust::xxh3::xxh3_64;
 /// First eight bytes of every chunk.
 pub const MAGIC: [u8; 8] = *b"GRNCHNK\0";
 /// The chunk format this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes before the header.
 pub const PREFIX_LEN: usize = 32;
 /// Largest header accepted (bounds the work done on a hostile chunk).
@@ -48,14 +57,25 @@ pub struct TensorMeta {
     pub shape: Vec<u32>,
     /// Offset from the start of the payload, a multiple of 64.
     pub offset: u64,
-    /// Length in bytes: rows x per-row bytes.
+    /// Length in bytes: rows x per-row bytes; of a jagged tensor, its
+    /// values x per-value bytes.
     pub len: u64,
+    /// Of a jagged tensor: the payload offset of its row offsets (a
+    /// multiple of 64, before its values; see the module doc). `None`: a
+    /// dense tensor.
+    pub row_offsets: Option<u64>,
 }
 
 impl TensorMeta {
-    /// Bytes per row (saturating: validation rejects overflow first).
+    /// Bytes per row; of a jagged tensor, per value (saturating:
+    /// validation rejects overflow first).
     pub fn row_bytes(&self) -> usize {
         self.shape.iter().fold(self.dtype.size_bytes(), |acc, &d| acc.saturating_mul(d as usize))
+    }
+
+    /// Whether rows hold a variable number of values.
+    pub fn is_jagged(&self) -> bool {
+        self.row_offsets.is_some()
     }
 }
 
@@ -147,31 +167,61 @@ pub struct ChunkLayout {
 }
 
 impl ChunkLayout {
-    /// Lays out a chunk of `rows` rows of `tensors`.
+    /// Lays out a chunk of `rows` rows of dense `tensors` (a jagged one
+    /// needs its value count: [`ChunkLayout::with_values`]).
     pub fn new(
         dataset_version: DatasetVersion,
         shard: ShardId,
         rows: u64,
         tensors: &[TensorLayout],
     ) -> Result<Self, ChunkError> {
+        Self::with_values(dataset_version, shard, rows, tensors, &[])
+    }
+
+    /// Lays out a chunk of `rows` rows of `tensors`, jagged tensor `i`
+    /// holding `values[i]` values in all (dense tensors' entries are not
+    /// read; `values` may be shorter when no jagged tensor comes after).
+    pub fn with_values(
+        dataset_version: DatasetVersion,
+        shard: ShardId,
+        rows: u64,
+        tensors: &[TensorLayout],
+        values: &[u64],
+    ) -> Result<Self, ChunkError> {
         let mut metas = Vec::with_capacity(tensors.len());
         let mut offset = 0usize;
-        for t in tensors {
-            let len = usize::try_from(rows)
-                .ok()
-                .and_then(|r| r.checked_mul(t.row_bytes()))
-                .ok_or_else(|| ChunkError::Layout(format!("tensor {:?} is too large", t.name)))?;
+        let too_large = |t: &TensorLayout| ChunkError::Layout(format!("tensor {:?} is too large", t.name));
+        // Takes `len` bytes at the current offset; the next range starts
+        // at the next multiple of 64.
+        let mut take = |len: usize, t: &TensorLayout| -> Result<usize, ChunkError> {
+            let at = offset;
+            offset = offset.checked_add(len).and_then(checked_align_up).ok_or_else(|| too_large(t))?;
+            Ok(at)
+        };
+        for (i, t) in tensors.iter().enumerate() {
+            let (count, row_offsets) = if t.jagged {
+                let Some(&count) = values.get(i) else {
+                    return Err(ChunkError::Layout(format!("jagged tensor {:?} needs its value count", t.name)));
+                };
+                let offsets_len = usize::try_from(rows)
+                    .ok()
+                    .and_then(|r| r.checked_add(1))
+                    .and_then(|n| n.checked_mul(8))
+                    .ok_or_else(|| too_large(t))?;
+                (count, Some(take(offsets_len, t)? as u64))
+            } else {
+                (rows, None)
+            };
+            let len = usize::try_from(count).ok().and_then(|n| n.checked_mul(t.row_bytes())).ok_or_else(|| too_large(t))?;
+            let at = take(len, t)?;
             metas.push(TensorMeta {
                 name: t.name.clone(),
                 dtype: t.dtype,
                 shape: t.shape.clone(),
-                offset: offset as u64,
+                offset: at as u64,
                 len: len as u64,
+                row_offsets,
             });
-            offset = offset
-                .checked_add(len)
-                .and_then(checked_align_up)
-                .ok_or_else(|| ChunkError::Layout(format!("tensor {:?} is too large", t.name)))?;
         }
         let header = ChunkHeader {
             format_version: FORMAT_VERSION,
@@ -200,11 +250,29 @@ impl ChunkLayout {
         self.header.tensors.len()
     }
 
-    /// Absolute byte range of tensor `i` within the chunk.
+    /// Absolute byte range of tensor `i` within the chunk (of a jagged
+    /// tensor, its values).
     pub fn tensor_range(&self, i: usize) -> std::ops::Range<usize> {
         let t = &self.header.tensors[i];
         let start = self.payload_start + t.offset as usize;
         start..start + t.len as usize
+    }
+
+    /// Absolute byte range of jagged tensor `i`'s row offsets (rows + 1
+    /// little-endian `u64`s, written by the converter); `None` for a dense
+    /// tensor.
+    pub fn offsets_range(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        let t = &self.header.tensors[i];
+        let start = self.payload_start + t.row_offsets? as usize;
+        Some(start..start + (self.header.rows as usize + 1) * 8)
+    }
+
+    /// Every tensor's ranges in payload order: a jagged tensor's offsets,
+    /// then its values.
+    fn ranges(&self) -> Vec<std::ops::Range<usize>> {
+        (0..self.header.tensors.len())
+            .flat_map(|i| self.offsets_range(i).into_iter().chain(std::iter::once(self.tensor_range(i))))
+            .collect()
     }
 
     /// Zeroes the gaps, checksums the payload and writes prefix and header.
@@ -216,8 +284,7 @@ impl ChunkLayout {
         }
         // Zero the padding so the checksum covers deterministic bytes.
         let mut cursor = self.payload_start;
-        for i in 0..self.header.tensors.len() {
-            let r = self.tensor_range(i);
+        for r in self.ranges() {
             buf[cursor..r.start].fill(0);
             cursor = r.end;
         }
@@ -293,7 +360,7 @@ impl<'a> ChunkView<'a> {
         let header = rkyv::from_bytes::<ChunkHeader, rkyv::rancor::Error>(&aligned)
             .map_err(|e| ChunkError::HeaderInvalid(e.to_string()))?;
         let payload_start = align_up(PREFIX_LEN + header_len);
-        check_layout(&header, payload_start, bytes.len())?;
+        check_layout(&header, payload_start, bytes)?;
         if verify == Verify::Full {
             let actual = xxh3_64(&bytes[payload_start..]);
             if actual != header.payload_checksum {
@@ -344,9 +411,65 @@ impl<'a> ChunkView<'a> {
         let i = self.header.tensors.iter().position(|t| t.name == name)?;
         self.tensor_at(i)
     }
+
+    /// Jagged tensor `i`: its row offsets and values (validated on parse);
+    /// `None` for a dense tensor or no such tensor.
+    pub fn jagged_at(&self, i: usize) -> Option<Jagged<'a>> {
+        let t = self.header.tensors.get(i)?;
+        let start = self.payload_start + t.row_offsets? as usize;
+        let offsets = &self.bytes[start..start + (self.header.rows as usize + 1) * 8];
+        let (_, values) = self.tensor_at(i)?;
+        Some(Jagged { offsets, values, value_bytes: t.row_bytes() })
+    }
 }
 
-fn check_layout(h: &ChunkHeader, payload_start: usize, total: usize) -> Result<(), ChunkError> {
+/// A jagged tensor of a validated chunk: row `r` holds values
+/// `offset(r)..offset(r + 1)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Jagged<'a> {
+    /// Rows + 1 little-endian `u64`s.
+    offsets: &'a [u8],
+    /// Every row's values, contiguous.
+    values: &'a [u8],
+    value_bytes: usize,
+}
+
+impl<'a> Jagged<'a> {
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.offsets.len() / 8 - 1
+    }
+
+    /// Row `r`'s first value's index (`r == rows` gives the value count).
+    pub fn offset(&self, r: usize) -> u64 {
+        read_u64(self.offsets, r)
+    }
+
+    /// The row offsets' bytes (rows + 1 little-endian `u64`s).
+    pub fn offset_bytes(&self) -> &'a [u8] {
+        self.offsets
+    }
+
+    /// Every value's bytes.
+    pub fn values(&self) -> &'a [u8] {
+        self.values
+    }
+
+    /// Row `r`'s values' bytes.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let (a, b) = (self.offset(r) as usize, self.offset(r + 1) as usize);
+        &self.values[a * self.value_bytes..b * self.value_bytes]
+    }
+}
+
+/// The `i`-th little-endian `u64` of `bytes` (0 past the end; callers index
+/// validated offsets).
+fn read_u64(bytes: &[u8], i: usize) -> u64 {
+    bytes.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
+}
+
+fn check_layout(h: &ChunkHeader, payload_start: usize, bytes: &[u8]) -> Result<(), ChunkError> {
+    let total = bytes.len();
     let bad = |m: String| Err(ChunkError::Layout(m));
     if h.format_version != FORMAT_VERSION {
         return Err(ChunkError::UnsupportedFormat(h.format_version));
@@ -357,25 +480,61 @@ fn check_layout(h: &ChunkHeader, payload_start: usize, total: usize) -> Result<(
         return bad(format!("payload of {} bytes does not end the {total}-byte chunk", h.payload_len));
     }
     let mut end = 0u64;
+    // Takes the range `at..at + len` after the ones before it, aligned.
+    let mut place = |t: &TensorMeta, what: &str, at: u64, len: u64| -> Result<(), ChunkError> {
+        if !at.is_multiple_of(ALIGN as u64) || at < end {
+            return bad(format!("tensor {:?}'s {what} at offset {at} is misaligned or overlaps", t.name));
+        }
+        end = match at.checked_add(len) {
+            Some(e) if e <= h.payload_len => e,
+            _ => return bad(format!("tensor {:?}'s {what} runs past the payload", t.name)),
+        };
+        Ok(())
+    };
     for (i, t) in h.tensors.iter().enumerate() {
         if h.tensors[..i].iter().any(|o| o.name == t.name) {
             return bad(format!("tensor {:?} appears twice", t.name));
         }
         let row_bytes = t.shape.iter().try_fold(t.dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(u64::from(d)));
-        let want = row_bytes.and_then(|rb| rb.checked_mul(h.rows));
-        if want != Some(t.len) {
-            return bad(format!(
-                "tensor {:?} has {} bytes, {} rows of shape {:?} need {want:?}",
-                t.name, t.len, h.rows, t.shape
-            ));
-        }
-        if !t.offset.is_multiple_of(ALIGN as u64) || t.offset < end {
-            return bad(format!("tensor {:?} at offset {} is misaligned or overlaps", t.name, t.offset));
-        }
-        end = match t.offset.checked_add(t.len) {
-            Some(e) if e <= h.payload_len => e,
-            _ => return bad(format!("tensor {:?} runs past the payload", t.name)),
+        let Some(offsets_at) = t.row_offsets else {
+            let want = row_bytes.and_then(|rb| rb.checked_mul(h.rows));
+            if want != Some(t.len) {
+                return bad(format!(
+                    "tensor {:?} has {} bytes, {} rows of shape {:?} need {want:?}",
+                    t.name, t.len, h.rows, t.shape
+                ));
+            }
+            place(t, "values", t.offset, t.len)?;
+            continue;
         };
+        // Jagged: rows + 1 offsets, then the values they index.
+        let Some(offsets_len) = h.rows.checked_add(1).and_then(|n| n.checked_mul(8)) else {
+            return bad(format!("tensor {:?}: {} rows cannot be offset", t.name, h.rows));
+        };
+        place(t, "row offsets", offsets_at, offsets_len)?;
+        place(t, "values", t.offset, t.len)?;
+        let value_bytes = match row_bytes {
+            Some(b) if b > 0 && t.len.is_multiple_of(b) => b,
+            _ => return bad(format!("tensor {:?} has {} bytes, not whole values of shape {:?}", t.name, t.len, t.shape)),
+        };
+        // Within the payload (checked just above), so within `bytes`.
+        let start = payload_start + offsets_at as usize;
+        let offsets = &bytes[start..start + offsets_len as usize];
+        let values = t.len / value_bytes;
+        let mut last = 0u64;
+        for r in 0..=h.rows as usize {
+            let o = read_u64(offsets, r);
+            if (r == 0 && o != 0) || o < last || o > values {
+                return bad(format!(
+                    "tensor {:?}: row offset {r} is {o} (after {last}, of {values} values)",
+                    t.name
+                ));
+            }
+            last = o;
+        }
+        if last != values {
+            return bad(format!("tensor {:?}: its row offsets end at {last} of {values} values", t.name));
+        }
     }
     Ok(())
 }
@@ -387,9 +546,9 @@ mod tests {
 
     fn layouts() -> Vec<TensorLayout> {
         vec![
-            TensorLayout { name: "dense".into(), dtype: DType::F32, shape: vec![3] },
-            TensorLayout { name: "id".into(), dtype: DType::I64, shape: vec![] },
-            TensorLayout { name: "flag".into(), dtype: DType::Bool, shape: vec![] },
+            TensorLayout { name: "dense".into(), dtype: DType::F32, shape: vec![3], jagged: false },
+            TensorLayout { name: "id".into(), dtype: DType::I64, shape: vec![], jagged: false },
+            TensorLayout { name: "flag".into(), dtype: DType::Bool, shape: vec![], jagged: false },
         ]
     }
 
@@ -474,8 +633,8 @@ mod tests {
     #[test]
     fn a_layout_too_large_to_address_is_an_error() {
         let wide = vec![
-            TensorLayout { name: "a".into(), dtype: DType::F64, shape: vec![u32::MAX] },
-            TensorLayout { name: "b".into(), dtype: DType::F64, shape: vec![u32::MAX] },
+            TensorLayout { name: "a".into(), dtype: DType::F64, shape: vec![u32::MAX], jagged: false },
+            TensorLayout { name: "b".into(), dtype: DType::F64, shape: vec![u32::MAX], jagged: false },
         ];
         for rows in [u64::from(u32::MAX), 1 << 30, u64::MAX] {
             let r = ChunkLayout::new(DatasetVersion([0; 16]), ShardId { file: 0, row_group: 0 }, rows, &wide);
@@ -483,7 +642,114 @@ mod tests {
         }
     }
 
+    /// A chunk of `lens.len()` rows: a dense `id` (i64, the row number)
+    /// and a jagged `hist` (i32), row `r` holding `lens[r]` values `r*1000 +
+    /// j`.
+    fn build_jagged(lens: &[u64]) -> Vec<u8> {
+        let tensors = vec![
+            TensorLayout::dense("id", DType::I64, vec![]),
+            TensorLayout::jagged("hist", DType::I32, vec![]),
+        ];
+        let rows = lens.len() as u64;
+        let values = [0, lens.iter().sum()];
+        let l = ChunkLayout::with_values(DatasetVersion([7; 16]), ShardId { file: 0, row_group: 1 }, rows, &tensors, &values)
+            .unwrap();
+        let mut buf = vec![0xAAu8; l.total_len()];
+        for (r, c) in buf[l.tensor_range(0)].chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&(r as i64).to_le_bytes());
+        }
+        let offsets = l.offsets_range(1).unwrap();
+        let mut at = 0u64;
+        for r in 0..=lens.len() {
+            buf[offsets.start + r * 8..offsets.start + r * 8 + 8].copy_from_slice(&at.to_le_bytes());
+            at += lens.get(r).copied().unwrap_or(0);
+        }
+        let mut vals = Vec::new();
+        for (r, &n) in lens.iter().enumerate() {
+            vals.extend((0..n).flat_map(|j| ((r as i32) * 1000 + j as i32).to_le_bytes()));
+        }
+        buf[l.tensor_range(1)].copy_from_slice(&vals);
+        l.seal(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn a_jagged_tensor_is_its_row_offsets_then_its_values_each_aligned() {
+        let lens = [3, 0, 1, 5];
+        let buf = build_jagged(&lens);
+        let v = ChunkView::parse(&buf, Verify::Full).unwrap();
+        let (meta, values) = v.tensor("hist").unwrap();
+        assert!(meta.is_jagged() && !v.header().tensors[0].is_jagged());
+        assert_eq!((meta.row_offsets.unwrap() % 64, meta.offset % 64), (0, 0));
+        assert!(meta.row_offsets.unwrap() < meta.offset, "offsets first");
+        assert_eq!(values.len(), 9 * 4);
+        let j = v.jagged_at(1).unwrap();
+        assert_eq!(j.rows(), 4);
+        assert_eq!((j.offset(0), j.offset(4)), (0, 9));
+        for (r, &n) in lens.iter().enumerate() {
+            let row: Vec<i32> = j.row(r).chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(row, (0..n as i32).map(|k| r as i32 * 1000 + k).collect::<Vec<_>>());
+        }
+        assert!(v.jagged_at(0).is_none(), "a dense tensor is not jagged");
+        // A layout without the value count of its jagged tensor is refused.
+        let tensors = [TensorLayout::jagged("hist", DType::I32, vec![])];
+        assert!(ChunkLayout::new(DatasetVersion([0; 16]), ShardId { file: 0, row_group: 0 }, 2, &tensors).is_err());
+    }
+
+    #[test]
+    fn row_offsets_that_do_not_index_the_values_are_refused_even_unverified() {
+        let good = build_jagged(&[2, 2]);
+        let v = ChunkView::parse(&good, Verify::Full).unwrap();
+        let at = v.payload_start + v.header().tensors[1].row_offsets.unwrap() as usize;
+        for (r, value, why) in [
+            (0usize, 1u64, "row offset 0 is 1"),
+            (2, 1, "row offset 2 is 1 (after 2"),
+            (1, 9, "row offset 1 is 9"),
+            (2, 3, "end at 3 of 4 values"),
+        ] {
+            let mut bad = good.clone();
+            bad[at + r * 8..at + r * 8 + 8].copy_from_slice(&value.to_le_bytes());
+            let err = ChunkView::parse(&bad, Verify::HeaderOnly).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_of_format_1_is_refused_never_misread() {
+        let mut old = build(3, 1);
+        old[8..12].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(ChunkView::parse(&old, Verify::Full).unwrap_err(), ChunkError::UnsupportedFormat(1));
+    }
+
     proptest! {
+        #[test]
+        fn hostile_row_offsets_never_panic(offsets in proptest::collection::vec(any::<u64>(), 5)) {
+            let good = build_jagged(&[1, 2, 0, 3]);
+            let v = ChunkView::parse(&good, Verify::Full).unwrap();
+            let at = v.payload_start + v.header().tensors[1].row_offsets.unwrap() as usize;
+            let mut bad = good.clone();
+            for (r, o) in offsets.iter().enumerate() {
+                bad[at + r * 8..at + r * 8 + 8].copy_from_slice(&o.to_le_bytes());
+            }
+            if let Ok(v) = ChunkView::parse(&bad, Verify::HeaderOnly) {
+                let j = v.jagged_at(1).unwrap();
+                for r in 0..j.rows() {
+                    let _ = j.row(r);
+                }
+            }
+        }
+
+        #[test]
+        fn jagged_round_trip(lens in proptest::collection::vec(0u64..50, 0..40)) {
+            let buf = build_jagged(&lens);
+            let v = ChunkView::parse(&buf, Verify::Full).unwrap();
+            let j = v.jagged_at(1).unwrap();
+            prop_assert_eq!(j.rows(), lens.len());
+            for (r, &n) in lens.iter().enumerate() {
+                prop_assert_eq!(j.row(r).len() as u64, n * 4);
+            }
+        }
+
         #[test]
         fn hostile_headers_with_valid_checksums_never_panic(
             payload_len in any::<u64>(),

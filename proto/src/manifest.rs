@@ -135,7 +135,9 @@ impl Manifest {
         for t in &self.tensors {
             h.str(&t.name);
             h.str(t.dtype.name());
-            h.u64(t.shape.len() as u64);
+            // A jagged tensor's rank carries the top bit, so a dense
+            // tensor hashes as it always did and the two never collide.
+            h.u64(t.shape.len() as u64 | if t.jagged { 1 << 63 } else { 0 });
             for &d in &t.shape {
                 h.u64(u64::from(d));
             }
@@ -231,7 +233,7 @@ mod tests {
                 row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }],
                 footer_sha256: None,
             }],
-            tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![] }],
+            tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![], jagged: false }],
         };
         let v = View {
             tensors: vec![TensorSpec {

@@ -60,17 +60,33 @@ pub struct TensorLayout {
     pub name: String,
     /// Element type.
     pub dtype: DType,
-    /// Per-row shape: `[]` for a scalar, `[k]` for a vector.
+    /// Per-row shape: `[]` for a scalar, `[k]` for a vector; of a jagged
+    /// tensor, the shape of each of a row's values.
     pub shape: Vec<u32>,
+    /// Jagged: each row holds a variable number of values (from a list or
+    /// byte column), stored as the values and each row's offsets into them
+    /// (see `crate::chunk`). False for a dense tensor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub jagged: bool,
 }
 
 impl TensorLayout {
+    /// A dense tensor: `shape` per row.
+    pub fn dense(name: impl Into<String>, dtype: DType, shape: Vec<u32>) -> Self {
+        Self { name: name.into(), dtype, shape, jagged: false }
+    }
+
+    /// A jagged tensor: a variable number of values of `shape` per row.
+    pub fn jagged(name: impl Into<String>, dtype: DType, shape: Vec<u32>) -> Self {
+        Self { name: name.into(), dtype, shape, jagged: true }
+    }
+
     /// Elements per row.
     pub fn row_elems(&self) -> usize {
         self.shape.iter().map(|&d| d as usize).product()
     }
 
-    /// Bytes per row.
+    /// Bytes per row; of a jagged tensor, bytes per value.
     pub fn row_bytes(&self) -> usize {
         self.row_elems() * self.dtype.size_bytes()
     }

@@ -176,7 +176,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             Kind::Stacked => vec![spec.columns.len() as u32],
             Kind::List(k) => vec![k as u32],
         };
-        layouts.push(TensorLayout { name: spec.name.clone(), dtype: spec.dtype, shape });
+        layouts.push(TensorLayout { name: spec.name.clone(), dtype: spec.dtype, shape, jagged: false });
         tensors.push(ResolvedTensor {
             name: spec.name.clone(),
             dtype: spec.dtype,

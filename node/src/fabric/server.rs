@@ -45,9 +45,10 @@ fn forged(bytes: &[u8]) -> Option<bytes::Bytes> {
     let tensors: Vec<TensorLayout> = h
         .tensors
         .iter()
-        .map(|t| TensorLayout { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
+        .map(|t| TensorLayout { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), jagged: t.is_jagged() })
         .collect();
-    let layout = ChunkLayout::new(h.dataset_version, h.shard, h.rows, &tensors).ok()?;
+    let values: Vec<u64> = h.tensors.iter().map(|t| t.len / t.row_bytes().max(1) as u64).collect();
+    let layout = ChunkLayout::with_values(h.dataset_version, h.shard, h.rows, &tensors, &values).ok()?;
     let first = layout.tensor_range(0);
     if first.is_empty() || layout.total_len() != bytes.len() {
         return None;

@@ -302,6 +302,7 @@ pub(crate) fn generate(
         row_group_rows: opts.row_group_rows,
         compression: opts.compression.clone(),
         values: opts.values,
+        jagged: false,
     };
     let report = datagen::generate(&data, &spec, |_| {})?;
     Ok((data, report))

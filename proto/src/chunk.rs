@@ -212,7 +212,8 @@ impl ChunkLayout {
             } else {
                 (rows, None)
             };
-            let len = usize::try_from(count).ok().and_then(|n| n.checked_mul(t.row_bytes())).ok_or_else(|| too_large(t))?;
+            let len =
+                usize::try_from(count).ok().and_then(|n| n.checked_mul(t.row_bytes())).ok_or_else(|| too_large(t))?;
             let at = take(len, t)?;
             metas.push(TensorMeta {
                 name: t.name.clone(),
@@ -515,7 +516,12 @@ fn check_layout(h: &ChunkHeader, payload_start: usize, bytes: &[u8]) -> Result<(
         place(t, "values", t.offset, t.len)?;
         let value_bytes = match row_bytes {
             Some(b) if b > 0 && t.len.is_multiple_of(b) => b,
-            _ => return bad(format!("tensor {:?} has {} bytes, not whole values of shape {:?}", t.name, t.len, t.shape)),
+            _ => {
+                return bad(format!(
+                    "tensor {:?} has {} bytes, not whole values of shape {:?}",
+                    t.name, t.len, t.shape
+                ));
+            }
         };
         // Within the payload (checked just above), so within `bytes`.
         let start = payload_start + offsets_at as usize;
@@ -525,10 +531,7 @@ fn check_layout(h: &ChunkHeader, payload_start: usize, bytes: &[u8]) -> Result<(
         for r in 0..=h.rows as usize {
             let o = read_u64(offsets, r);
             if (r == 0 && o != 0) || o < last || o > values {
-                return bad(format!(
-                    "tensor {:?}: row offset {r} is {o} (after {last}, of {values} values)",
-                    t.name
-                ));
+                return bad(format!("tensor {:?}: row offset {r} is {o} (after {last}, of {values} values)", t.name));
             }
             last = o;
         }
@@ -646,14 +649,18 @@ mod tests {
     /// and a jagged `hist` (i32), row `r` holding `lens[r]` values `r*1000 +
     /// j`.
     fn build_jagged(lens: &[u64]) -> Vec<u8> {
-        let tensors = vec![
-            TensorLayout::dense("id", DType::I64, vec![]),
-            TensorLayout::jagged("hist", DType::I32, vec![]),
-        ];
+        let tensors =
+            vec![TensorLayout::dense("id", DType::I64, vec![]), TensorLayout::jagged("hist", DType::I32, vec![])];
         let rows = lens.len() as u64;
         let values = [0, lens.iter().sum()];
-        let l = ChunkLayout::with_values(DatasetVersion([7; 16]), ShardId { file: 0, row_group: 1 }, rows, &tensors, &values)
-            .unwrap();
+        let l = ChunkLayout::with_values(
+            DatasetVersion([7; 16]),
+            ShardId { file: 0, row_group: 1 },
+            rows,
+            &tensors,
+            &values,
+        )
+        .unwrap();
         let mut buf = vec![0xAAu8; l.total_len()];
         for (r, c) in buf[l.tensor_range(0)].chunks_exact_mut(8).enumerate() {
             c.copy_from_slice(&(r as i64).to_le_bytes());

@@ -49,6 +49,12 @@ pub(crate) struct GenArgs {
     /// Seed of every value.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Also write variable-length columns: `hist` (List<Int64>, power-law
+    /// lengths up to 4,096), `cats` (List<Int32>, 0 to 8 values) and
+    /// `blob` (Binary, 1 to 4 KiB). The view written does not use them yet
+    /// (jagged tensors are issue 30's).
+    #[arg(long)]
+    jagged: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -108,6 +114,7 @@ fn generate(a: GenArgs) -> Result<()> {
         row_group_rows: a.row_group_rows,
         compression: a.compression,
         values: a.values,
+        jagged: a.jagged,
     };
     let bar = indicatif::ProgressBar::new(a.rows);
     if a.json {

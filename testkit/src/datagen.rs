@@ -7,13 +7,24 @@
 //! row group at a time (bounded memory) and the same arguments always give
 //! the same bytes.
 //!
+//! With [`GenSpec::jagged`] the files also hold the variable-length
+//! columns a ranking model's sparse features come as: `hist`
+//! (`List<Int64>`, a user's recent item ids: power-law lengths, most rows a
+//! few values and about one in a thousand over 500), `cats`
+//! (`List<Int32>`, a multi-hot of 0 to 8 categories) and `blob` (`Binary`,
+//! 1 to 4 KiB: an image or a serialized record). Their values are pure
+//! functions too ([`hist_row`], [`cats_row`], [`blob_row`]).
+//!
 //! Two value profiles ([`Values`]): `uniform` (every feature a random float,
 //! no dictionaries: the cheapest data to decode and the least compressible)
 //! and `mixed` (continuous, count-like and bucketised features in equal
 //! parts, dictionary-encoded as Parquet writers do by default: closer to
 //! click logs, and dearer to decode).
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow::array::{
+    ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int32Array, Int64Array, ListArray, RecordBatch,
+};
+use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema};
 use granary_proto::rng::mix64;
 use parquet::arrow::ArrowWriter;
@@ -42,6 +53,9 @@ pub struct GenSpec {
     pub compression: String,
     /// How feature values are distributed and encoded.
     pub values: Values,
+    /// Also write the variable-length columns `hist`, `cats` and `blob`
+    /// (see the module doc).
+    pub jagged: bool,
 }
 
 impl Default for GenSpec {
@@ -53,6 +67,7 @@ impl Default for GenSpec {
             row_group_rows: 10_000,
             compression: "snappy".into(),
             values: Values::Uniform,
+            jagged: false,
         }
     }
 }
@@ -121,8 +136,24 @@ pub enum GenError {
     },
 }
 
-/// The Arrow schema of the generated files.
+/// The Arrow schema of the generated files (without the variable-length
+/// columns).
 pub fn schema() -> Arc<Schema> {
+    schema_for(false)
+}
+
+/// The Arrow schema of files generated with `jagged` as [`GenSpec::jagged`].
+pub fn schema_for(jagged: bool) -> Arc<Schema> {
+    let mut fields = dense_fields();
+    if jagged {
+        fields.push(Field::new("hist", DataType::List(Arc::new(Field::new("item", DataType::Int64, false))), false));
+        fields.push(Field::new("cats", DataType::List(Arc::new(Field::new("item", DataType::Int32, false))), false));
+        fields.push(Field::new("blob", DataType::Binary, false));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+fn dense_fields() -> Vec<Field> {
     let mut fields: Vec<Field> = (0..DENSE).map(|i| Field::new(format!("f{i}"), DataType::Float32, false)).collect();
     fields.push(Field::new(
         "emb",
@@ -132,7 +163,7 @@ pub fn schema() -> Arc<Schema> {
     fields.push(Field::new("user_id", DataType::Int64, false));
     fields.push(Field::new("item_id", DataType::Int64, false));
     fields.push(Field::new("label", DataType::Float32, false));
-    Arc::new(Schema::new(fields))
+    fields
 }
 
 /// The view that turns the generated files into four tensors: `dense`
@@ -216,6 +247,43 @@ pub fn label(seed: u64, row: u64) -> f32 {
     (bits(seed, row, LABEL_COL) & 1) as f32
 }
 
+/// Longest `hist` row.
+pub const MAX_HIST: usize = 4096;
+/// Most `cats` values in a row.
+pub const MAX_CATS: usize = 8;
+/// `blob` rows are this long at least, and at most 4 KiB.
+pub const MIN_BLOB: usize = 1024;
+/// `blob` rows are at most this long.
+pub const MAX_BLOB: usize = 4096;
+
+/// Column ids of the variable-length columns' draws (their values draw
+/// from `n << 32 | j`, apart from every column id above).
+const HIST_LEN_COL: u64 = 3000;
+const CATS_LEN_COL: u64 = 3001;
+const BLOB_LEN_COL: u64 = 3002;
+
+/// Row `row`'s `hist`: a power law of lengths (P(len >= k) = (k+1)^-1.1:
+/// half the rows 0 or 1 values, about one in a thousand over 500, at most
+/// [`MAX_HIST`]), item ids below 10,000,000.
+pub fn hist_row(seed: u64, row: u64) -> Vec<i64> {
+    // u in (0, 1]: never 0, so the power is finite.
+    let u = ((bits(seed, row, HIST_LEN_COL) >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    let len = (u.powf(-1.0 / 1.1) - 1.0).floor().min(MAX_HIST as f64) as usize;
+    (0..len as u64).map(|j| (bits(seed, row, 1 << 32 | j) % 10_000_000) as i64).collect()
+}
+
+/// Row `row`'s `cats`: 0 to [`MAX_CATS`] category ids below 1,000.
+pub fn cats_row(seed: u64, row: u64) -> Vec<i32> {
+    let len = bits(seed, row, CATS_LEN_COL) % (MAX_CATS as u64 + 1);
+    (0..len).map(|j| (bits(seed, row, 2 << 32 | j) % 1_000) as i32).collect()
+}
+
+/// Row `row`'s `blob`: [`MIN_BLOB`] to [`MAX_BLOB`] bytes.
+pub fn blob_row(seed: u64, row: u64) -> Vec<u8> {
+    let len = MIN_BLOB + (bits(seed, row, BLOB_LEN_COL) % (MAX_BLOB - MIN_BLOB + 1) as u64) as usize;
+    (0..len.div_ceil(8) as u64).flat_map(|k| bits(seed, row, 3 << 32 | k).to_le_bytes()).take(len).collect()
+}
+
 /// One record batch of rows `start..start + n` ([`Values::Uniform`]).
 pub fn batch(seed: u64, start: u64, n: usize) -> RecordBatch {
     batch_in(Values::Uniform, seed, start, n)
@@ -223,6 +291,12 @@ pub fn batch(seed: u64, start: u64, n: usize) -> RecordBatch {
 
 /// One record batch of rows `start..start + n` under `values`.
 pub fn batch_in(values: Values, seed: u64, start: u64, n: usize) -> RecordBatch {
+    batch_of(values, false, seed, start, n)
+}
+
+/// One record batch of rows `start..start + n` under `values`, with the
+/// variable-length columns when `jagged`.
+pub fn batch_of(values: Values, jagged: bool, seed: u64, start: u64, n: usize) -> RecordBatch {
     let rows = start..start + n as u64;
     let mut cols: Vec<ArrayRef> = (0..DENSE)
         .map(|c| {
@@ -236,9 +310,22 @@ pub fn batch_in(values: Values, seed: u64, start: u64, n: usize) -> RecordBatch 
     cols.push(Arc::new(FixedSizeListArray::new(item, EMB as i32, Arc::new(emb), None)));
     cols.push(Arc::new(Int64Array::from_iter_values(rows.clone().map(|r| user_id(seed, r)))));
     cols.push(Arc::new(Int64Array::from_iter_values(rows.clone().map(|r| item_id(seed, r)))));
-    cols.push(Arc::new(Float32Array::from_iter_values(rows.map(|r| label(seed, r)))));
-    // Columns match `schema()` by construction.
-    RecordBatch::try_new(schema(), cols).unwrap_or_else(|e| unreachable!("generated batch fits its schema: {e}"))
+    cols.push(Arc::new(Float32Array::from_iter_values(rows.clone().map(|r| label(seed, r)))));
+    if jagged {
+        let hist: Vec<Vec<i64>> = rows.clone().map(|r| hist_row(seed, r)).collect();
+        let cats: Vec<Vec<i32>> = rows.clone().map(|r| cats_row(seed, r)).collect();
+        let item = |t: DataType| Arc::new(Field::new("item", t, false));
+        let values = Int64Array::from_iter_values(hist.iter().flatten().copied());
+        let offsets = OffsetBuffer::from_lengths(hist.iter().map(Vec::len));
+        cols.push(Arc::new(ListArray::new(item(DataType::Int64), offsets, Arc::new(values), None)));
+        let values = Int32Array::from_iter_values(cats.iter().flatten().copied());
+        let offsets = OffsetBuffer::from_lengths(cats.iter().map(Vec::len));
+        cols.push(Arc::new(ListArray::new(item(DataType::Int32), offsets, Arc::new(values), None)));
+        cols.push(Arc::new(BinaryArray::from_iter_values(rows.map(|r| blob_row(seed, r)))));
+    }
+    // Columns match the schema by construction.
+    RecordBatch::try_new(schema_for(jagged), cols)
+        .unwrap_or_else(|e| unreachable!("generated batch fits its schema: {e}"))
 }
 
 fn compression(name: &str) -> Result<Compression, GenError> {
@@ -274,11 +361,11 @@ pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Re
         let path = dir.join(format!("part-{f:05}.parquet"));
         let werr = |e: &dyn std::fmt::Display| GenError::Write { path: path.clone(), reason: e.to_string() };
         let file = std::fs::File::create(&path).map_err(|e| werr(&e))?;
-        let mut w = ArrowWriter::try_new(file, schema(), Some(props.clone())).map_err(|e| werr(&e))?;
+        let mut w = ArrowWriter::try_new(file, schema_for(spec.jagged), Some(props.clone())).map_err(|e| werr(&e))?;
         let end = row + n;
         while row < end {
             let take = (end - row).min(spec.row_group_rows) as usize;
-            w.write(&batch_in(spec.values, spec.seed, row, take)).map_err(|e| werr(&e))?;
+            w.write(&batch_of(spec.values, spec.jagged, spec.seed, row, take)).map_err(|e| werr(&e))?;
             w.flush().map_err(|e| werr(&e))?;
             row += take as u64;
             report.rows += take as u64;
@@ -294,6 +381,57 @@ pub fn generate(dir: &Path, spec: &GenSpec, mut progress: impl FnMut(u64)) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variable_length_columns_hold_their_rows_with_power_law_lengths() {
+        let lens: Vec<usize> = (0..100_000).map(|r| hist_row(5, r).len()).collect();
+        let mut sorted = lens.clone();
+        sorted.sort_unstable();
+        assert!(sorted[50_000] <= 1, "most rows short: median {}", sorted[50_000]);
+        let long = lens.iter().filter(|&&n| n > 500).count();
+        assert!((20..300).contains(&long), "about one in a thousand over 500: {long}");
+        assert!(sorted[99_999] >= 1_000 && sorted[99_999] <= MAX_HIST, "a few in the thousands: {}", sorted[99_999]);
+        assert!((0..1_000).all(|r| cats_row(5, r).len() <= MAX_CATS && cats_row(5, r).iter().all(|&c| c < 1_000)));
+        assert!((0..1_000).all(|r| (MIN_BLOB..=MAX_BLOB).contains(&blob_row(5, r).len())));
+        assert_eq!(hist_row(5, 77), hist_row(5, 77), "pure");
+        assert_ne!(blob_row(5, 1), blob_row(5, 2));
+
+        // Written and read back: the columns hold those rows.
+        use arrow::array::{Array, AsArray};
+        let dir = tempfile::tempdir().unwrap();
+        let spec = GenSpec { seed: 5, rows: 2_000, files: 2, row_group_rows: 500, jagged: true, ..GenSpec::default() };
+        let report = generate(dir.path(), &spec, |_| {}).unwrap();
+        let mut row = 0u64;
+        for path in &report.files {
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(path).unwrap(),
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+            for b in reader {
+                let b = b.unwrap();
+                assert_eq!(b.schema(), schema_for(true));
+                let (hist, cats) = (b.column(DENSE + 4).as_list::<i32>(), b.column(DENSE + 5).as_list::<i32>());
+                let blob = b.column(DENSE + 6).as_binary::<i32>();
+                for i in 0..b.num_rows() {
+                    let r = row + i as u64;
+                    assert_eq!(
+                        hist.value(i).as_primitive::<arrow::datatypes::Int64Type>().values(),
+                        &hist_row(5, r)[..]
+                    );
+                    assert_eq!(
+                        cats.value(i).as_primitive::<arrow::datatypes::Int32Type>().values(),
+                        &cats_row(5, r)[..]
+                    );
+                    assert_eq!(blob.value(i), &blob_row(5, r)[..]);
+                }
+                assert_eq!(hist.null_count() + cats.null_count() + blob.null_count(), 0);
+                row += b.num_rows() as u64;
+            }
+        }
+        assert_eq!(row, 2_000);
+    }
 
     #[test]
     fn the_mixed_profile_has_its_three_kinds_of_features() {

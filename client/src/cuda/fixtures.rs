@@ -8,7 +8,7 @@ use granary_proto::{DType, TensorLayout};
 use std::sync::Arc;
 
 pub(super) fn layout(name: &str, dtype: DType, shape: &[u32]) -> TensorLayout {
-    TensorLayout { name: name.to_string(), dtype, shape: shape.to_vec() }, jagged: false
+    TensorLayout::dense(name, dtype, shape.to_vec())
 }
 
 pub(super) fn layouts() -> Vec<TensorLayout> {

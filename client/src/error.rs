@@ -57,6 +57,19 @@ pub enum ClientError {
     /// The plan parameters are impossible.
     #[error("invalid plan: {0}")]
     Plan(#[from] PlanError),
+    /// The dataset has a jagged tensor, which a loader cannot assemble
+    /// into batches yet (issue 30).
+    #[error(
+        "dataset {dataset:?}: tensor {tensor:?} is jagged (a list or byte column); loaders assemble batches of \
+         fixed-width tensors only so far: read its chunks with LocalSource::chunk and ChunkView::jagged_at, or leave \
+         it out of the view"
+    )]
+    JaggedNotAssembled {
+        /// Dataset.
+        dataset: String,
+        /// The jagged tensor.
+        tensor: String,
+    },
     /// The dataset is unknown to the source.
     #[error("dataset {dataset:?} is not served here (served: {})", if served.is_empty() { "none".to_string() } else { served.join(", ") })]
     UnknownDataset {
@@ -322,6 +335,7 @@ impl ClientError {
             ClientError::Chunk { .. }
             | ClientError::Protocol(_)
             | ClientError::Plan(_)
+            | ClientError::JaggedNotAssembled { .. }
             | ClientError::UnknownDataset { .. }
             | ClientError::VersionGone { .. }
             | ClientError::ResumeMismatch(_)

@@ -192,6 +192,9 @@ impl Loader {
     /// A loader reading from any source.
     pub fn new(source: Arc<dyn ChunkSource>, cfg: LoaderConfig) -> Result<Self, ClientError> {
         let info = source.describe(&cfg.dataset, cfg.version)?;
+        if let Some(t) = info.tensors.iter().find(|t| t.jagged) {
+            return Err(ClientError::JaggedNotAssembled { dataset: info.name.clone(), tensor: t.name.clone() });
+        }
         // Validate the parameters once, up front (a cursor holds no rows).
         PlanCursor::new(info.plan_key, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();

@@ -8,6 +8,9 @@
 //! - `k` stacked columns are transposed in blocks of [`BLOCK_ROWS`] rows, so
 //!   the destination block stays in cache while every column is written into
 //!   it;
+//! - a `List`/`LargeList` or byte column (a jagged tensor) becomes its row
+//!   offsets, rebased to 0, and its values in one bulk copy (a row group
+//!   whose list has null rows, with a fill declared, copies row by row);
 //! - casts go through Arrow's cast kernel with overflow checking, booleans
 //!   become one byte each, bf16 is rounded from f32.
 //!
@@ -59,7 +62,6 @@ pub(crate) fn convert_into(
 ) -> Result<(), ConvertError> {
     let rows = batch.num_rows();
     for (i, t) in resolved.tensors.iter().enumerate() {
-        let dst = &mut out[layout.tensor_range(i)];
         let column = |name: &str| {
             batch.column_by_name(name).ok_or_else(|| site.err(name, "column missing from the decoded row group".into()))
         };
@@ -67,7 +69,7 @@ pub(crate) fn convert_into(
         match t.kind {
             Kind::Scalar => {
                 let bytes = column_bytes(column(&t.columns[0])?, t, &t.columns[0], site)?;
-                copy_exact(dst, &bytes, &t.columns[0], site)?;
+                copy_exact(&mut out[layout.tensor_range(i)], &bytes, &t.columns[0], site)?;
             }
             Kind::List(k) => {
                 let name = &t.columns[0];
@@ -84,6 +86,7 @@ pub(crate) fn convert_into(
                     return Err(list_null_error(list, k, name, site));
                 }
                 let bytes = column_bytes(child, t, name, site)?;
+                let dst = &mut out[layout.tensor_range(i)];
                 copy_exact(dst, &bytes, name, site)?;
                 if list.null_count() > 0 {
                     let Some(fill) = t.fill else {
@@ -97,6 +100,20 @@ pub(crate) fn convert_into(
                     }
                 }
             }
+            Kind::Jagged => {
+                let name = &t.columns[0];
+                let j = jagged_column(column(name)?, t, name, site)?;
+                let Some(offsets_at) = layout.offsets_range(i) else {
+                    return Err(site.err(name, "the chunk's layout has no row offsets for a jagged tensor".into()));
+                };
+                if j.offsets.len() != rows + 1 || offsets_at.len() != j.offsets.len() * 8 {
+                    return Err(site.err(name, "row offsets disagree with the row count".into()));
+                }
+                for (d, o) in out[offsets_at].chunks_exact_mut(8).zip(&j.offsets) {
+                    d.copy_from_slice(&o.to_le_bytes());
+                }
+                copy_exact(&mut out[layout.tensor_range(i)], &j.values, name, site)?;
+            }
             Kind::Stacked => {
                 let cols: Vec<Cow<'_, [u8]>> = t
                     .columns
@@ -104,6 +121,7 @@ pub(crate) fn convert_into(
                     .map(|c| column(c).and_then(|a| column_bytes(a, t, c, site)))
                     .collect::<Result<_, _>>()?;
                 let srcs: Vec<&[u8]> = cols.iter().map(|c| c.as_ref()).collect();
+                let dst = &mut out[layout.tensor_range(i)];
                 if srcs.iter().any(|s| s.len() != rows * elem) || dst.len() != rows * elem * srcs.len() {
                     return Err(site.err(&t.name, "column lengths disagree with the row count".into()));
                 }
@@ -117,6 +135,134 @@ pub(crate) fn convert_into(
         }
     }
     Ok(())
+}
+
+/// The value count of each jagged tensor of `batch` (0 for a dense one),
+/// which its chunk's layout needs before [`convert_into`] fills it.
+pub(crate) fn jagged_values(
+    batch: &RecordBatch,
+    resolved: &Resolved,
+    site: Site<'_>,
+) -> Result<Vec<u64>, ConvertError> {
+    resolved
+        .tensors
+        .iter()
+        .map(|t| {
+            if t.kind != Kind::Jagged {
+                return Ok(0);
+            }
+            let name = &t.columns[0];
+            let col = batch
+                .column_by_name(name)
+                .ok_or_else(|| site.err(name, "column missing from the decoded row group".into()))?;
+            let (offsets, nulls) =
+                raw_offsets(col).ok_or_else(|| site.err(name, "is not a list or byte column".into()))?;
+            let rows = offsets.len().saturating_sub(1);
+            // A null row is empty (with a fill declared; otherwise an error
+            // in `convert_into`), whatever its offsets say.
+            Ok((0..rows)
+                .filter(|&r| !nulls.is_some_and(|n| n.is_null(r)))
+                .map(|r| offsets[r + 1].saturating_sub(offsets[r]))
+                .sum())
+        })
+        .collect()
+}
+
+/// A list or byte column's row offsets as `u64`s (not rebased) and its
+/// null rows; `None` for another type.
+fn raw_offsets(col: &ArrayRef) -> Option<(Vec<u64>, Option<&arrow::buffer::NullBuffer>)> {
+    let widen = |o: &[i64]| o.iter().map(|&x| x.max(0) as u64).collect::<Vec<u64>>();
+    let widen32 = |o: &[i32]| o.iter().map(|&x| x.max(0) as u64).collect::<Vec<u64>>();
+    Some(match col.data_type() {
+        DataType::List(_) => (widen32(col.as_list::<i32>().offsets()), col.nulls()),
+        DataType::LargeList(_) => (widen(col.as_list::<i64>().offsets()), col.nulls()),
+        DataType::Binary => (widen32(col.as_binary::<i32>().offsets()), col.nulls()),
+        DataType::LargeBinary => (widen(col.as_binary::<i64>().offsets()), col.nulls()),
+        DataType::Utf8 => (widen32(col.as_string::<i32>().offsets()), col.nulls()),
+        DataType::LargeUtf8 => (widen(col.as_string::<i64>().offsets()), col.nulls()),
+        _ => return None,
+    })
+}
+
+/// A jagged tensor's row offsets (rebased to 0) and values' bytes.
+struct JaggedColumn<'a> {
+    offsets: Vec<u64>,
+    values: Cow<'a, [u8]>,
+}
+
+/// One list or byte column as a jagged tensor: nulls are an error naming
+/// the row, unless the view declares a fill (a null row is then empty, a
+/// null value inside a list the fill).
+fn jagged_column<'a>(
+    col: &'a ArrayRef,
+    t: &ResolvedTensor,
+    name: &str,
+    site: Site<'_>,
+) -> Result<JaggedColumn<'a>, ConvertError> {
+    let (raw, nulls) = raw_offsets(col).ok_or_else(|| site.err(name, "is not a list or byte column".into()))?;
+    let rows = raw.len().saturating_sub(1);
+    let (first, last) = (raw.first().copied().unwrap_or(0), raw.last().copied().unwrap_or(0));
+    let null_rows: Vec<usize> = (0..rows).filter(|&r| nulls.is_some_and(|n| n.is_null(r))).collect();
+    if let (Some(&r), None) = (null_rows.first(), t.fill) {
+        return Err(site.err(
+            name,
+            format!("{} null rows (first at row {r}) and the view declares no fill value", null_rows.len()),
+        ));
+    }
+    // The values from the first row's to the last row's end, as bytes of
+    // the tensor's dtype (cast, and null values filled, as any column).
+    let (start, len) = (first as usize, last.saturating_sub(first) as usize);
+    let bytes: Cow<'a, [u8]> = match col.data_type() {
+        DataType::List(_) | DataType::LargeList(_) => {
+            let child = match col.data_type() {
+                DataType::List(_) => col.as_list::<i32>().values(),
+                _ => col.as_list::<i64>().values(),
+            };
+            if start + len > child.len() {
+                return Err(site.err(name, format!("list offsets run past its {} values", child.len())));
+            }
+            if child.null_count() > 0 && t.fill.is_none() {
+                let v = (start..start + len).find(|&v| child.is_null(v)).unwrap_or(start) as u64;
+                let row = raw.partition_point(|&o| o <= v).saturating_sub(1);
+                return Err(site.err(
+                    name,
+                    format!("a null value inside its list at row {row}, and the view declares no fill value"),
+                ));
+            }
+            let sliced = child.slice(start, len);
+            Cow::Owned(column_bytes(&sliced, t, name, site)?.into_owned())
+        }
+        _ => {
+            let buf: &'a [u8] = match col.data_type() {
+                DataType::Binary => col.as_binary::<i32>().values(),
+                DataType::LargeBinary => col.as_binary::<i64>().values(),
+                DataType::Utf8 => col.as_string::<i32>().values(),
+                _ => col.as_string::<i64>().values(),
+            };
+            let Some(b) = buf.get(start..start + len) else {
+                return Err(site.err(name, format!("byte offsets run past its {} bytes", buf.len())));
+            };
+            Cow::Borrowed(b)
+        }
+    };
+    let elem = t.dtype.size_bytes();
+    let mut offsets = Vec::with_capacity(rows + 1);
+    let has_dropped = null_rows.iter().any(|&r| raw[r + 1] > raw[r]);
+    if !has_dropped {
+        offsets.extend(raw.iter().map(|&o| o - first));
+        return Ok(JaggedColumn { offsets, values: bytes });
+    }
+    // Null rows that still span values: copy the other rows' values.
+    let mut values = Vec::with_capacity(bytes.len());
+    offsets.push(0);
+    for r in 0..rows {
+        if nulls.is_none_or(|n| !n.is_null(r)) {
+            let (a, b) = ((raw[r] - first) as usize * elem, (raw[r + 1] - first) as usize * elem);
+            values.extend_from_slice(&bytes[a..b]);
+        }
+        offsets.push((values.len() / elem) as u64);
+    }
+    Ok(JaggedColumn { offsets, values: Cow::Owned(values) })
 }
 
 fn copy_exact(dst: &mut [u8], src: &[u8], column: &str, site: Site<'_>) -> Result<(), ConvertError> {
@@ -260,9 +406,9 @@ mod tests {
     use crate::error::SchemaError;
     use arrow::array::{
         BooleanArray, Float16Array, Float32Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array,
-        StringArray, UInt8Array,
+        ListArray, StringArray, UInt8Array,
     };
-    use arrow::buffer::NullBuffer;
+    use arrow::buffer::{NullBuffer, OffsetBuffer};
     use arrow::compute::cast;
     use arrow::datatypes::{Field, Schema};
     use granary_proto::chunk::Verify;
@@ -410,8 +556,15 @@ mod tests {
     fn chunk(batch: &RecordBatch, view: &View) -> Result<Vec<u8>, ConvertError> {
         let resolved = resolve(view, batch).expect("view resolves");
         let shard = ShardId { file: 1, row_group: ROW_GROUP as u32 };
-        let layout = ChunkLayout::new(DatasetVersion([7; 16]), shard, batch.num_rows() as u64, &resolved.layouts)
-            .expect("layout");
+        let values = jagged_values(batch, &resolved, SITE)?;
+        let layout = ChunkLayout::with_values(
+            DatasetVersion([7; 16]),
+            shard,
+            batch.num_rows() as u64,
+            &resolved.layouts,
+            &values,
+        )
+        .expect("layout");
         let mut buf = vec![0xA5u8; layout.total_len()];
         convert_into(batch, &resolved, &layout, &mut buf, SITE)?;
         layout.seal(&mut buf).expect("seal");
@@ -738,16 +891,86 @@ mod tests {
     }
 
     #[test]
-    fn strings_make_no_tensor() {
+    fn strings_make_only_byte_tensors() {
         let s: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
         let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
         let l: ArrayRef =
             Arc::new(FixedSizeListArray::try_new(field, 1, Arc::new(StringArray::from(vec!["x", "y"])), None).unwrap());
-        let b = batch(vec![("s", s), ("l", l)]);
-        for col in ["s", "l"] {
+        let strings = Arc::new(Field::new_list_field(DataType::Utf8, true));
+        let ls: ArrayRef = Arc::new(ListArray::new(
+            strings,
+            OffsetBuffer::from_lengths([1, 1]),
+            Arc::new(StringArray::from(vec!["x", "y"])),
+            None,
+        ));
+        let b = batch(vec![("s", s), ("l", l), ("ls", ls)]);
+        for col in ["l", "ls"] {
             let mut t = spec("t", DType::U8, &[col]);
             t.cast = true;
             assert_names(&schema_error(&b, t), col, "Utf8");
         }
+        // A string column is a byte tensor, of u8 only.
+        assert_names(&schema_error(&b, spec("t", DType::F32, &["s"])), "s", "its tensor's dtype must be u8, not f32");
+        let buf = chunk(&b, &view(vec![spec("t", DType::U8, &["s"])])).expect("bytes");
+        let v = ChunkView::parse(&buf, Verify::Full).unwrap();
+        let j = v.jagged_at(0).expect("jagged");
+        assert_eq!((j.row(0), j.row(1)), (&b"a"[..], &b"b"[..]));
+    }
+
+    /// The rows of jagged tensor `i` of chunk `buf`, as little-endian
+    /// `E`-byte values.
+    fn jagged_rows<const E: usize>(buf: &[u8], i: usize) -> Vec<Vec<[u8; E]>> {
+        let v = ChunkView::parse(buf, Verify::Full).expect("chunk");
+        let j = v.jagged_at(i).expect("jagged");
+        (0..j.rows()).map(|r| j.row(r).chunks_exact(E).map(|c| c.try_into().unwrap()).collect()).collect()
+    }
+
+    #[test]
+    fn list_columns_become_row_offsets_and_values_sliced_cast_and_nulls_as_declared() {
+        let lens = [3usize, 0, 2, 1, 4];
+        let values = Int32Array::from_iter_values(0..10);
+        let item = Arc::new(Field::new_list_field(DataType::Int32, false));
+        let list = ListArray::new(item.clone(), OffsetBuffer::from_lengths(lens), Arc::new(values), None);
+        // A slice: its offsets start at 3, not 0.
+        let sliced: ArrayRef = Arc::new(list.slice(1, 4));
+        let large = cast(&(Arc::new(list.slice(1, 4)) as ArrayRef), &DataType::LargeList(item.clone())).expect("large");
+        let b = batch(vec![("l", sliced), ("big", large)]);
+        let mut wide = spec("wide", DType::I64, &["big"]);
+        wide.cast = true;
+        let buf = chunk(&b, &view(vec![spec("t", DType::I32, &["l"]), wide])).expect("converts");
+        let want: Vec<Vec<i64>> = vec![vec![], vec![3, 4], vec![5], vec![6, 7, 8, 9]];
+        let as_i32: Vec<Vec<[u8; 4]>> =
+            want.iter().map(|r| r.iter().map(|&v| (v as i32).to_le_bytes()).collect()).collect();
+        let as_i64: Vec<Vec<[u8; 8]>> = want.iter().map(|r| r.iter().map(|&v| v.to_le_bytes()).collect()).collect();
+        assert_eq!(jagged_rows::<4>(&buf, 0), as_i32);
+        assert_eq!(jagged_rows::<8>(&buf, 1), as_i64);
+
+        // A null row: an error naming it, or empty with a fill declared
+        // (even when its offsets span values).
+        let nulls = NullBuffer::from(vec![true, false, true]);
+        let spans = ListArray::new(
+            item,
+            OffsetBuffer::from_lengths([1, 2, 1]),
+            Arc::new(Int32Array::from(vec![1, 2, 3, 4])),
+            Some(nulls),
+        );
+        let b = batch(vec![("l", Arc::new(spans) as ArrayRef)]);
+        let e = chunk(&b, &view(vec![spec("t", DType::I32, &["l"])])).expect_err("a null row");
+        assert!(e.to_string().contains("1 null rows (first at row 1)"), "{e}");
+        let mut filled = spec("t", DType::I32, &["l"]);
+        filled.fill = Some(0.0);
+        let buf = chunk(&b, &view(vec![filled])).expect("fill declared");
+        let want: Vec<Vec<[u8; 4]>> = vec![vec![1i32.to_le_bytes()], vec![], vec![4i32.to_le_bytes()]];
+        assert_eq!(jagged_rows::<4>(&buf, 0), want);
+    }
+
+    #[test]
+    fn a_null_value_inside_a_list_is_an_error_naming_its_row() {
+        let item = Arc::new(Field::new_list_field(DataType::Int64, true));
+        let values = Int64Array::from(vec![Some(1), Some(2), None, Some(4)]);
+        let list = ListArray::new(item, OffsetBuffer::from_lengths([2, 2]), Arc::new(values), None);
+        let b = batch(vec![("l", Arc::new(list) as ArrayRef)]);
+        let e = chunk(&b, &view(vec![spec("t", DType::I64, &["l"])])).expect_err("a null value");
+        assert!(e.to_string().contains("a null value inside its list at row 1"), "{e}");
     }
 }

@@ -6,7 +6,7 @@
 //! converter pool) becomes an error naming the file and row group, never a
 //! lost task or a hung waiter.
 
-use crate::convert::{Site, convert_into};
+use crate::convert::{Site, convert_into, jagged_values};
 use crate::dataset::Dataset;
 use crate::error::{FetchError, RemoteError};
 use crate::shm::{ChunkWriter, SealedChunk};
@@ -167,8 +167,10 @@ pub(crate) async fn read_and_convert(
             "the reader returned no rows; the footer says {rows}"
         ))));
     }
-    let layout = ChunkLayout::new(key.version, key.shard, rows, &ds.manifest.tensors)
-        .map_err(|source| FetchError::Layout { shard: key.shard, source })?;
+    // The layout comes after decoding: a jagged tensor's values are
+    // counted in the decoded row group.
+    let tensors = ds.manifest.tensors.clone();
+    let version = key.version;
     let resolved = footer.resolved.clone();
     let schema = footer.metadata.schema().clone();
     let read = started.elapsed();
@@ -205,8 +207,12 @@ pub(crate) async fn read_and_convert(
                 batch.num_rows()
             ))));
         }
+        let site = Site { file: &path, row_group: rg };
+        let values = jagged_values(&batch, &resolved, site)?;
+        let layout = ChunkLayout::with_values(version, shard, rows, &tensors, &values)
+            .map_err(|source| FetchError::Layout { shard, source })?;
         let mut w = ChunkWriter::new(layout.total_len()).map_err(|source| FetchError::Memory { shard, source })?;
-        convert_into(&batch, &resolved, &layout, w.as_mut_slice(), Site { file: &path, row_group: rg })?;
+        convert_into(&batch, &resolved, &layout, w.as_mut_slice(), site)?;
         layout.seal(w.as_mut_slice()).map_err(|source| FetchError::Layout { shard, source })?;
         w.seal().map_err(|source| FetchError::Memory { shard, source })
     })

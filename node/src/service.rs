@@ -865,6 +865,8 @@ impl Node {
             return here(permit().await?).await.map(|c| (c, false));
         };
         // A peer's chunk must have the length the manifest's layout gives.
+        // A version with jagged tensors has none: until peers' jagged
+        // chunks are checked another way, each node converts them itself.
         let Some(expected_len) = self.dataset(key.version).ok().and_then(|d| d.chunk_len(key.shard)) else {
             return here(permit().await?).await.map(|c| (c, false));
         };
@@ -1076,7 +1078,7 @@ impl Node {
         // one that could never fit is refused, naming its sizes.
         let (_, rg) = ds.locate(key.shard)?;
         let compressed = ds.manifest.files[key.shard.file as usize].row_groups[rg].compressed_bytes;
-        let estimate = load::load_memory_estimate(compressed, ds.chunk_len(key.shard).unwrap_or(0) as u64);
+        let estimate = load::load_memory_estimate(compressed, ds.chunk_len_estimate(key.shard));
         let budget = self.inner.load_memory_bytes;
         let Some(kib) = load::memory_admission(estimate, budget) else {
             return Err(FetchError::LoadTooLarge { site: self.site(key), estimate, budget });
@@ -1133,7 +1135,7 @@ impl Node {
         self.admit_follow(version, params)?;
         let ds = self.dataset(version)?;
         let order = plan_order(ds.plan_key, &ds.manifest.shards(), params, PREFETCH_EPOCHS_AHEAD, |s| {
-            ds.chunk_len(s).unwrap_or(0) as u64
+            ds.chunk_len_estimate(s)
         })?;
         let window = PrefetchWindow::new(order, self.inner.prefetch_bytes, self.inner.guests.capacity_bytes());
         let used = self.inner.holds.use_version((ds.name.clone(), version));

@@ -15,8 +15,11 @@ pub struct CheckedTensor {
     pub name: String,
     /// Granary dtype name (f32 ... bool).
     pub dtype: String,
-    /// Per-row shape.
+    /// Per-row shape; of a jagged tensor, each value's.
     pub shape: Vec<u32>,
+    /// Whether each row holds a variable number of values (a list or byte
+    /// column).
+    pub jagged: bool,
     /// The columns it is built from, in order.
     pub columns: Vec<String>,
     /// Whether the view declares a cast (the file's type differs).
@@ -40,7 +43,8 @@ pub struct ViewCheck {
     pub first_row_groups: usize,
     /// The tensors.
     pub tensors: Vec<CheckedTensor>,
-    /// Bytes one converted row takes.
+    /// Bytes one converted row takes: its dense tensors', and 8 bytes of
+    /// row offset for each jagged tensor, whose values come on top.
     pub row_bytes: usize,
 }
 
@@ -67,6 +71,7 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
             name: l.name.clone(),
             dtype: l.dtype.name().to_string(),
             shape: l.shape.clone(),
+            jagged: l.jagged,
             columns: spec.columns.clone(),
             cast: spec.cast,
         })
@@ -78,7 +83,7 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
         first_file: shown,
         first_rows: md.row_groups().iter().map(|g| g.num_rows().max(0) as u64).sum(),
         first_row_groups: md.num_row_groups(),
-        row_bytes: resolved.layouts.iter().map(|l| l.row_bytes()).sum(),
+        row_bytes: resolved.layouts.iter().map(|l| if l.jagged { 8 } else { l.row_bytes() }).sum(),
         tensors,
     })
 }

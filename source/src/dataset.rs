@@ -343,9 +343,31 @@ impl Dataset {
         Ok((file, rg))
     }
 
-    /// Converted size of `shard` in bytes (exact: the chunk layout's length).
+    /// Converted size of `shard` in bytes (exact: the chunk layout's
+    /// length); `None` when a tensor is jagged (its values are counted only
+    /// in the decoded row group).
     pub fn chunk_len(&self, shard: ShardId) -> Option<usize> {
         let rows = self.manifest.files.get(shard.file as usize)?.row_groups.get(shard.row_group as usize)?.rows;
         granary_proto::ChunkLayout::new(self.version, shard, rows, &self.manifest.tensors).ok().map(|l| l.total_len())
+    }
+
+    /// [`Dataset::chunk_len`], or with jagged tensors an estimate: the
+    /// dense tensors and the row offsets exactly, and four times the row
+    /// group's compressed bytes for the jagged tensors' values (for memory
+    /// admission and prefetch budgets, never for checking a chunk). 0 for
+    /// an unknown shard.
+    pub fn chunk_len_estimate(&self, shard: ShardId) -> u64 {
+        if let Some(exact) = self.chunk_len(shard) {
+            return exact as u64;
+        }
+        let Some(g) =
+            self.manifest.files.get(shard.file as usize).and_then(|f| f.row_groups.get(shard.row_group as usize))
+        else {
+            return 0;
+        };
+        let empty = vec![0u64; self.manifest.tensors.len()];
+        granary_proto::ChunkLayout::with_values(self.version, shard, g.rows, &self.manifest.tensors, &empty)
+            .map_or(0, |l| l.total_len() as u64)
+            .saturating_add(g.compressed_bytes.saturating_mul(4))
     }
 }

@@ -18,6 +18,10 @@ pub enum Kind {
     Stacked,
     /// One `FixedSizeList<T, k>` column.
     List(usize),
+    /// One `List<T>` or `LargeList<T>` column (a variable number of values
+    /// per row), or a `Binary`, `LargeBinary`, `Utf8` or `LargeUtf8` column
+    /// (its bytes, a `u8` tensor): a jagged tensor.
+    Jagged,
 }
 
 /// One tensor of a view, resolved against a schema.
@@ -147,6 +151,28 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                     })?;
                     (child.data_type().clone(), Kind::List(width as usize))
                 }
+                DataType::List(child) | DataType::LargeList(child) => {
+                    if spec.columns.len() > 1 {
+                        return Err(err(col, "a list column cannot be stacked with other columns".into()));
+                    }
+                    (child.data_type().clone(), Kind::Jagged)
+                }
+                DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8 => {
+                    if spec.columns.len() > 1 {
+                        return Err(err(col, "a byte column cannot be stacked with other columns".into()));
+                    }
+                    if spec.dtype != DType::U8 {
+                        return Err(err(
+                            col,
+                            format!(
+                                "has Arrow type {}, whose rows are bytes: its tensor's dtype must be u8, not {}",
+                                field.data_type(),
+                                spec.dtype
+                            ),
+                        ));
+                    }
+                    (DataType::UInt8, Kind::Jagged)
+                }
                 dt if castable(dt) => (dt.clone(), if spec.columns.len() > 1 { Kind::Stacked } else { Kind::Scalar }),
                 dt => return Err(err(col, format!("has Arrow type {dt}, which no tensor can be built from"))),
             };
@@ -175,8 +201,10 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             Kind::Scalar => vec![],
             Kind::Stacked => vec![spec.columns.len() as u32],
             Kind::List(k) => vec![k as u32],
+            Kind::Jagged => vec![],
         };
-        layouts.push(TensorLayout { name: spec.name.clone(), dtype: spec.dtype, shape, jagged: false });
+        let jagged = kind == Kind::Jagged;
+        layouts.push(TensorLayout { name: spec.name.clone(), dtype: spec.dtype, shape, jagged });
         tensors.push(ResolvedTensor {
             name: spec.name.clone(),
             dtype: spec.dtype,

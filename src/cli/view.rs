@@ -68,7 +68,9 @@ fn check(a: CheckArgs) -> Result<()> {
     );
     println!("{:<16} {:<6} {:<8} columns", "tensor", "dtype", "shape");
     for t in &report.tensors {
-        let shape = format!("[{}]", t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
+        // A jagged tensor's rows have a variable number of values: `*`.
+        let dims = t.jagged.then(|| "*".to_string()).into_iter().chain(t.shape.iter().map(|d| d.to_string()));
+        let shape = format!("[{}]", dims.collect::<Vec<_>>().join(", "));
         let cols = if t.columns.len() > 4 {
             format!("{} .. {} ({} columns)", t.columns[0], t.columns[t.columns.len() - 1], t.columns.len())
         } else {
@@ -77,6 +79,11 @@ fn check(a: CheckArgs) -> Result<()> {
         let cast = if t.cast { " (cast)" } else { "" };
         println!("{:<16} {:<6} {:<8} {cols}{cast}", t.name, t.dtype, shape);
     }
-    println!("{} bytes a converted row", report.row_bytes);
+    let jagged: Vec<&str> = report.tensors.iter().filter(|t| t.jagged).map(|t| t.name.as_str()).collect();
+    if jagged.is_empty() {
+        println!("{} bytes a converted row", report.row_bytes);
+    } else {
+        println!("{} bytes a converted row, and the values of {} (jagged)", report.row_bytes, jagged.join(", "));
+    }
     Ok(())
 }

@@ -138,6 +138,43 @@ fn view_check_resolves_a_view_against_a_source_with_no_cluster() {
     assert!(!out.status.success() && err.contains("column \"f150\"") && err.contains("run from f0 to f149"), "{err}");
 }
 
+/// Issue 30: list and byte columns resolve to jagged tensors, shown as
+/// `[*]`, with their rows' lengths in the first row group.
+#[test]
+fn view_check_shows_jagged_tensors_and_their_lengths() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let spec =
+        datagen::GenSpec { seed: 4, rows: 4_000, files: 1, row_group_rows: 2_000, jagged: true, ..Default::default() };
+    datagen::generate(&data, &spec, |_| {}).expect("generate");
+    let view = tmp.path().join("view.toml");
+    let text = "[[tensor]]\nname = \"hist\"\ndtype = \"i64\"\ncolumns = [\"hist\"]\n\n\
+                [[tensor]]\nname = \"blob\"\ndtype = \"u8\"\ncolumns = [\"blob\"]\n";
+    std::fs::write(&view, text).expect("view");
+    let run = |json: bool| {
+        let mut c = Command::new(BIN);
+        c.args(["view", "check", "--source"]).arg(&data).arg("--view").arg(&view);
+        if json {
+            c.arg("--json");
+        }
+        c.output().expect("run granary view check")
+    };
+    let out = run(true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let hist = &v["tensors"][0];
+    assert_eq!((hist["jagged"].as_bool(), hist["shape"].clone()), (Some(true), serde_json::json!([])));
+    let want: Vec<u64> = (0..2_000).map(|r| datagen::hist_row(4, r).len() as u64).collect();
+    assert_eq!(hist["lengths"]["rows"], 2_000);
+    assert_eq!(hist["lengths"]["max"].as_u64(), want.iter().max().copied());
+    let blob = &v["tensors"][1]["lengths"];
+    assert!(blob["max"].as_u64().is_some_and(|m| m <= datagen::MAX_BLOB as u64), "{blob}");
+    assert_eq!(v["row_bytes"], 16, "8 bytes of row offset a jagged tensor");
+    let text = String::from_utf8_lossy(&run(false).stdout).to_string();
+    assert!(text.contains("hist             i64    [*]"), "{text}");
+    assert!(text.contains("blob: bytes a row in the first row group (2000 rows)"), "{text}");
+}
+
 #[test]
 fn a_node_serves_its_good_datasets_and_says_why_a_bad_one_is_not_served() {
     let tmp = tempfile::tempdir().expect("tempdir");

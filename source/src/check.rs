@@ -9,7 +9,7 @@ use granary_proto::View;
 use serde::Serialize;
 
 /// One tensor as the view builds it from the first file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CheckedTensor {
     /// Name.
     pub name: String,
@@ -24,6 +24,56 @@ pub struct CheckedTensor {
     pub columns: Vec<String>,
     /// Whether the view declares a cast (the file's type differs).
     pub cast: bool,
+    /// Of a jagged tensor: its rows' lengths in the first file's first
+    /// row group (values per row; bytes of a byte column).
+    pub lengths: Option<LengthStats>,
+}
+
+/// A jagged tensor's row lengths in a sample of rows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LengthStats {
+    /// Rows sampled.
+    pub rows: u64,
+    /// Mean length.
+    pub mean: f64,
+    /// 99th percentile (nearest rank).
+    pub p99: u64,
+    /// Longest.
+    pub max: u64,
+}
+
+impl LengthStats {
+    /// The statistics of `lengths` (a null row counts as 0).
+    pub fn of(mut lengths: Vec<u64>) -> Self {
+        lengths.sort_unstable();
+        let rows = lengths.len() as u64;
+        let mean = if rows == 0 { 0.0 } else { lengths.iter().sum::<u64>() as f64 / rows as f64 };
+        let rank = ((rows as f64 * 0.99).ceil() as usize).clamp(1, lengths.len().max(1)) - 1;
+        Self { rows, mean, p99: lengths.get(rank).copied().unwrap_or(0), max: lengths.last().copied().unwrap_or(0) }
+    }
+}
+
+/// The row lengths of a list or byte column (`None` for another type).
+fn row_lengths(col: &arrow::array::ArrayRef) -> Option<Vec<u64>> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::DataType;
+    let len = |o: &[i64]| o.windows(2).map(|w| (w[1] - w[0]).max(0) as u64).collect::<Vec<u64>>();
+    let len32 = |o: &[i32]| o.windows(2).map(|w| (w[1] - w[0]).max(0) as u64).collect::<Vec<u64>>();
+    let mut lengths = match col.data_type() {
+        DataType::List(_) => len32(col.as_list::<i32>().offsets()),
+        DataType::LargeList(_) => len(col.as_list::<i64>().offsets()),
+        DataType::Binary => len32(col.as_binary::<i32>().offsets()),
+        DataType::LargeBinary => len(col.as_binary::<i64>().offsets()),
+        DataType::Utf8 => len32(col.as_string::<i32>().offsets()),
+        DataType::LargeUtf8 => len(col.as_string::<i64>().offsets()),
+        _ => return None,
+    };
+    for (r, l) in lengths.iter_mut().enumerate() {
+        if col.is_null(r) {
+            *l = 0;
+        }
+    }
+    Some(lengths)
 }
 
 /// What `check_view` found.
@@ -63,6 +113,7 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
     )
     .map_err(|source| crate::error::RemoteError::Parquet { path: shown.clone(), source })?;
     let resolved = resolve_view(view, schema.schema(), &shown)?;
+    let lengths = first_row_group_lengths(f, &schema, &resolved, &shown).await?;
     let tensors = resolved
         .layouts
         .iter()
@@ -74,6 +125,7 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
             jagged: l.jagged,
             columns: spec.columns.clone(),
             cast: spec.cast,
+            lengths: lengths.get(&l.name).cloned(),
         })
         .collect();
     Ok(ViewCheck {
@@ -86,4 +138,57 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
         row_bytes: resolved.layouts.iter().map(|l| if l.jagged { 8 } else { l.row_bytes() }).sum(),
         tensors,
     })
+}
+
+/// The row lengths of every jagged tensor of `resolved`, by tensor name, in
+/// the first row group of `f` (only those columns are read).
+async fn first_row_group_lengths(
+    f: crate::remote::RemoteFile,
+    meta: &parquet::arrow::arrow_reader::ArrowReaderMetadata,
+    resolved: &crate::schema::Resolved,
+    shown: &str,
+) -> Result<std::collections::BTreeMap<String, LengthStats>, OpenError> {
+    let jagged: Vec<(&str, usize)> = resolved
+        .tensors
+        .iter()
+        .filter(|t| t.kind == crate::schema::Kind::Jagged)
+        .filter_map(|t| Some((t.name.as_str(), meta.schema().index_of(&t.columns[0]).ok()?)))
+        .collect();
+    let mut out = std::collections::BTreeMap::new();
+    if jagged.is_empty() || meta.metadata().num_row_groups() == 0 {
+        return Ok(out);
+    }
+    let err = |source| crate::error::RemoteError::Parquet { path: shown.to_string(), source };
+    let builder = parquet::arrow::ParquetRecordBatchStreamBuilder::new_with_metadata(f, meta.clone());
+    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), jagged.iter().map(|(_, i)| *i));
+    let mut stream = builder.with_row_groups(vec![0]).with_projection(mask).build().map_err(err)?;
+    let mut lengths: std::collections::BTreeMap<&str, Vec<u64>> = std::collections::BTreeMap::new();
+    while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+        let batch = batch.map_err(err)?;
+        for (name, idx) in &jagged {
+            let column = meta.schema().field(*idx).name();
+            if let Some(l) = batch.column_by_name(column).and_then(row_lengths) {
+                lengths.entry(name).or_default().extend(l);
+            }
+        }
+    }
+    for (name, l) in lengths {
+        out.insert(name.to_string(), LengthStats::of(l));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_statistics_take_the_nearest_rank() {
+        let s = LengthStats::of((1..=100).collect());
+        assert_eq!((s.rows, s.p99, s.max), (100, 99, 100));
+        assert!((s.mean - 50.5).abs() < 1e-9);
+        let empty = LengthStats::of(vec![]);
+        assert_eq!((empty.rows, empty.p99, empty.max), (0, 0, 0));
+        assert_eq!(LengthStats::of(vec![7]).p99, 7);
+    }
 }

@@ -79,6 +79,15 @@ fn check(a: CheckArgs) -> Result<()> {
         let cast = if t.cast { " (cast)" } else { "" };
         println!("{:<16} {:<6} {:<8} {cols}{cast}", t.name, t.dtype, shape);
     }
+    for t in &report.tensors {
+        if let Some(l) = &t.lengths {
+            let unit = if t.dtype == "u8" { "bytes" } else { "values" };
+            println!(
+                "{}: {unit} a row in the first row group ({} rows): mean {:.1}, p99 {}, max {}",
+                t.name, l.rows, l.mean, l.p99, l.max
+            );
+        }
+    }
     let jagged: Vec<&str> = report.tensors.iter().filter(|t| t.jagged).map(|t| t.name.as_str()).collect();
     if jagged.is_empty() {
         println!("{} bytes a converted row", report.row_bytes);

@@ -229,8 +229,14 @@ fn jagged_column<'a>(
                     format!("a null value inside its list at row {row}, and the view declares no fill value"),
                 ));
             }
-            let sliced = child.slice(start, len);
-            Cow::Owned(column_bytes(&sliced, t, name, site)?.into_owned())
+            if start == 0 && len == child.len() {
+                // As the Parquet reader decodes: the rows span the whole
+                // child, whose bytes are borrowed when no cast is needed.
+                column_bytes(child, t, name, site)?
+            } else {
+                let sliced = child.slice(start, len);
+                Cow::Owned(column_bytes(&sliced, t, name, site)?.into_owned())
+            }
         }
         _ => {
             let buf: &'a [u8] = match col.data_type() {

@@ -142,30 +142,36 @@ impl Responses {
     ) -> Result<(), FrameError> {
         let bytes = frame::encode_frame(&resp)?;
         drop(resp);
-        let units = units_for(bytes.len(), self.total);
-        let _taken = if units == 0 {
-            None
-        } else {
-            match tokio::time::timeout(BUDGET_WAIT, self.budget.clone().acquire_many_owned(units)).await {
-                Ok(Ok(p)) => Some(p),
-                _ => {
-                    tracing::warn!(%peer, request = what, bytes = bytes.len(),
-                        "answering unavailable: answers not yet read by their clients fill the response budget");
-                    let busy = ApiResponse::Failed {
-                        kind: FailureKind::Unavailable,
-                        message: format!(
-                            "the coordinator's {} MiB of answers in flight are taken by answers clients have not \
-                             read; try again",
-                            self.budget_bytes() >> 20
-                        ),
-                    };
-                    drop((bytes, turn));
-                    return self.deliver(send, frame::encode_frame(&busy)?, what, peer).await;
-                }
-            }
+        let Some(_taken) = self.room(bytes.len()).await else {
+            tracing::warn!(%peer, request = what, bytes = bytes.len(),
+                "answering unavailable: answers not yet read by their clients fill the response budget");
+            let busy = ApiResponse::Failed {
+                kind: FailureKind::Unavailable,
+                message: format!(
+                    "the coordinator's {} MiB of answers in flight are taken by answers clients have not read; \
+                     try again",
+                    self.budget_bytes() >> 20
+                ),
+            };
+            drop((bytes, turn));
+            return self.deliver(send, frame::encode_frame(&busy)?, what, peer).await;
         };
         drop(turn);
         self.deliver(send, bytes, what, peer).await
+    }
+
+    /// Room in the budget for an answer of `len` bytes, held until the
+    /// result drops (`Some(None)`: a small answer takes none); `None` when
+    /// none came within [`BUDGET_WAIT`].
+    async fn room(&self, len: usize) -> Option<Option<OwnedSemaphorePermit>> {
+        let units = units_for(len, self.total);
+        if units == 0 {
+            return Some(None);
+        }
+        match tokio::time::timeout(BUDGET_WAIT, self.budget.clone().acquire_many_owned(units)).await {
+            Ok(Ok(p)) => Some(Some(p)),
+            _ => None,
+        }
     }
 
     /// Writes one view of the placement watch (the stream stays open):
@@ -180,18 +186,10 @@ impl Responses {
         peer: std::net::SocketAddr,
     ) -> Result<bool, FrameError> {
         let bytes = frame::encode_frame(resp)?;
-        let units = units_for(bytes.len(), self.total);
-        let _taken = if units == 0 {
-            None
-        } else {
-            match tokio::time::timeout(BUDGET_WAIT, self.budget.clone().acquire_many_owned(units)).await {
-                Ok(Ok(p)) => Some(p),
-                _ => {
-                    tracing::warn!(%peer, bytes = bytes.len(), "ending a placement watch: no room for its view");
-                    let _ = send.reset(1u32.into());
-                    return Ok(false);
-                }
-            }
+        let Some(_taken) = self.room(bytes.len()).await else {
+            tracing::warn!(%peer, bytes = bytes.len(), "ending a placement watch: no room for its view");
+            let _ = send.reset(1u32.into());
+            return Ok(false);
         };
         match tokio::time::timeout(self.write_wait, send.write_all(&bytes)).await {
             Ok(written) => written.map(|()| true).map_err(FrameError::Write),

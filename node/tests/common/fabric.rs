@@ -1,4 +1,4 @@
-//! The peer fabric's fixture (`peer.rs`, `verify.rs`): node 1 serving a
+//! The peer fabric's fixture (`peer.rs`, `ownership.rs`, `peer_footer.rs`, `verify.rs`): node 1 serving a
 //! generated dataset to peers over real QUIC with the cluster's
 //! certificates, a second node beside it, and fake peers that answer
 //! whatever a test makes them.
@@ -114,6 +114,12 @@ where
         }
     });
     addr
+}
+
+/// The response frame saying the owner is still working on the answer.
+pub(crate) fn working_frame() -> Vec<u8> {
+    let head = encode(&PeerResponse::Working);
+    [(head.len() as u32).to_le_bytes().to_vec(), head.to_vec()].concat()
 }
 
 /// The response frame announcing a chunk of `len` bytes.

@@ -28,19 +28,18 @@ impl Staging {
         Self { buf: AlignedBuf::zeroed(bytes) }
     }
 
-    /// Copies every tensor of `batch` in, tensor after tensor at 64-byte
+    /// Copies every part of `batch` in (a jagged tensor's row offsets and
+    /// values, a dense tensor's bytes), one after another at 64-byte
     /// aligned offsets; returns the bytes copied. Grows (once) if the batch
     /// does not fit.
     pub fn consume(&mut self, batch: &Batch) -> u64 {
-        let n = batch.layouts().len();
-        let need: usize = (0..n).map(|i| batch.tensor_bytes(i).len().next_multiple_of(64)).sum();
+        let need: usize = batch.parts().map(|p| p.len().next_multiple_of(64)).sum();
         if need > self.buf.len() {
             self.buf = AlignedBuf::zeroed(need);
         }
         let dst = self.buf.as_mut_slice();
         let (mut at, mut copied) = (0usize, 0u64);
-        for i in 0..n {
-            let src = batch.tensor_bytes(i);
+        for src in batch.parts() {
             dst[at..at + src.len()].copy_from_slice(src);
             at += src.len().next_multiple_of(64);
             copied += src.len() as u64;

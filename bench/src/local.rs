@@ -208,13 +208,11 @@ fn consume_epoch<B: std::borrow::Borrow<Batch>>(
         rows += batch.rows() as u64;
         match &mut consume {
             Consume::Checksum => {
-                bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
+                bytes += batch.byte_len() as u64;
                 digest.update(&batch.checksum().to_le_bytes());
             }
             Consume::Copy(staging) => bytes += staging.consume(batch),
-            Consume::Drop => {
-                bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>()
-            }
+            Consume::Drop => bytes += batch.byte_len() as u64,
         }
     }
     Ok(EpochMeasure { epoch, rows, bytes, secs: start.elapsed().as_secs_f64(), digest: digest.digest() })

@@ -26,6 +26,7 @@
 //!   (`bench local --assembly-threads 1`, docs/BENCHMARKS.md), where the
 //!   consumer's copy of the same bytes runs at 11-17 GB/s.
 
+use crate::hostbuf::Placement;
 use crate::source::Chunk;
 use granary_proto::{RowRef, TensorLayout};
 
@@ -119,22 +120,87 @@ impl Runs {
     pub(crate) fn rows(&self) -> usize {
         self.rows
     }
+
+    /// Values in the batch of each tensor (0 for a dense one), its rows'
+    /// offsets read from `chunks` (by slot).
+    pub(crate) fn values(&self, chunks: &[Chunk], layouts: &[TensorLayout]) -> Vec<u64> {
+        (0..layouts.len())
+            .map(|t| {
+                if !layouts[t].jagged {
+                    return 0;
+                }
+                self.runs
+                    .iter()
+                    .map(|run| {
+                        let o = chunks[run.slot as usize].row_offsets(t).unwrap_or(&[]);
+                        let (a, b) = (run.src as usize, (run.src + run.len) as usize);
+                        match (o.get(a), o.get(b)) {
+                            (Some(a), Some(b)) => b - a,
+                            _ => 0,
+                        }
+                    })
+                    .sum()
+            })
+            .collect()
+    }
 }
 
 /// Copies a batch's rows (`runs`, over `chunks`) into `dst`, tensor `t`
-/// row-major at `placements[t]` (offset, length: rows x row bytes).
+/// row-major at `placements[t]` (of a jagged tensor, its row offsets
+/// rebased to the batch's first value, then its values; sized by
+/// [`Runs::values`]).
 pub(crate) fn assemble(
     runs: &Runs,
     chunks: &[Chunk],
     layouts: &[TensorLayout],
-    placements: &[(usize, usize)],
+    placements: &[Placement],
     dst: &mut [u8],
 ) {
     let mut sources: Vec<&[u8]> = Vec::with_capacity(chunks.len());
-    for (t, (layout, &(offset, len))) in layouts.iter().zip(placements).enumerate() {
+    let mut offsets: Vec<&[u64]> = Vec::with_capacity(chunks.len());
+    for (t, (layout, p)) in layouts.iter().zip(placements).enumerate() {
         sources.clear();
         sources.extend(chunks.iter().map(|c| c.tensor_bytes(t)));
-        copy_tensor(runs.runs(), &sources, layout.row_bytes(), &mut dst[offset..offset + len]);
+        let (head, values) = dst.split_at_mut(p.offset);
+        let values = &mut values[..p.len];
+        match p.row_offsets {
+            None => copy_tensor(runs.runs(), &sources, layout.row_bytes(), values),
+            Some(at) => {
+                offsets.clear();
+                offsets.extend(chunks.iter().map(|c| c.row_offsets(t).unwrap_or(&[])));
+                // The buffer is 64-byte aligned and so is `at`.
+                let out: &mut [u64] = bytemuck::cast_slice_mut(&mut head[at..at + (runs.rows() + 1) * 8]);
+                copy_jagged(runs.runs(), &offsets, &sources, layout.row_bytes(), out, values);
+            }
+        }
+    }
+}
+
+/// One jagged tensor: every run's values from `values` (by slot) into
+/// `dst_values`, one copy per run, and its row offsets from `offsets` (by
+/// slot) into `dst_offsets` (rows + 1), rebased to the batch's first value.
+/// `vb` is bytes per value.
+pub(crate) fn copy_jagged(
+    runs: &[Run],
+    offsets: &[&[u64]],
+    values: &[&[u8]],
+    vb: usize,
+    dst_offsets: &mut [u64],
+    dst_values: &mut [u8],
+) {
+    let mut at = 0u64;
+    for run in runs {
+        let o = &offsets[run.slot as usize][run.src as usize..=(run.src + run.len) as usize];
+        let (first, last) = (o[0], o[run.len as usize]);
+        for (d, &x) in dst_offsets[run.dst as usize..][..run.len as usize].iter_mut().zip(o) {
+            *d = at + (x - first);
+        }
+        let (s, d, n) = (first as usize * vb, at as usize * vb, (last - first) as usize * vb);
+        dst_values[d..d + n].copy_from_slice(&values[run.slot as usize][s..s + n]);
+        at += last - first;
+    }
+    if let Some(end) = dst_offsets.last_mut() {
+        *end = at;
     }
 }
 
@@ -238,6 +304,45 @@ mod tests {
             let mut dst = vec![0u8; rows.len() * rb];
             copy_tensor(runs.runs(), &srcs, rb, &mut dst);
             prop_assert_eq!(dst, reference(&rows, &sources, rb));
+        }
+
+        /// A jagged tensor's kernel gives the values and rebased offsets of
+        /// gathering row by row, for any row lengths (empty rows too) and
+        /// any mix of runs.
+        #[test]
+        fn the_jagged_kernel_equals_row_by_row_gathering(
+            vb in prop::sample::select(vec![1usize, 4, 8, 12]),
+            lengths in prop::collection::vec(prop::collection::vec(0u64..9, 50), 3),
+            picks in prop::collection::vec((0u32..3, 0u32..40, 1u32..6), 0..30),
+        ) {
+            let offsets: Vec<Vec<u64>> = lengths
+                .iter()
+                .map(|ls| std::iter::once(0).chain(ls.iter().scan(0, |acc, &l| { *acc += l; Some(*acc) })).collect())
+                .collect();
+            let sources: Vec<Vec<u8>> = offsets
+                .iter()
+                .enumerate()
+                .map(|(s, o)| (0..o[50] as usize * vb).map(|i| (i as u8).wrapping_mul(13).wrapping_add(s as u8 * 7)).collect())
+                .collect();
+            let rows: Vec<RowRef> = picks
+                .iter()
+                .flat_map(|&(s, row, len)| (row..(row + len).min(50)).map(move |x| r(s, x)))
+                .collect();
+            let mut runs = Runs::default();
+            runs.plan(&rows, |s| s);
+            let (mut want_offsets, mut want_values) = (vec![0u64], Vec::new());
+            for row in &rows {
+                let o = &offsets[row.shard_index as usize];
+                let (a, b) = (o[row.row as usize] as usize, o[row.row as usize + 1] as usize);
+                want_values.extend_from_slice(&sources[row.shard_index as usize][a * vb..b * vb]);
+                want_offsets.push(want_offsets.last().unwrap() + (b - a) as u64);
+            }
+            let offs: Vec<&[u64]> = offsets.iter().map(Vec::as_slice).collect();
+            let srcs: Vec<&[u8]> = sources.iter().map(Vec::as_slice).collect();
+            let (mut out_offsets, mut out_values) = (vec![u64::MAX; rows.len() + 1], vec![0u8; want_values.len()]);
+            copy_jagged(runs.runs(), &offs, &srcs, vb, &mut out_offsets, &mut out_values);
+            prop_assert_eq!(out_offsets, want_offsets);
+            prop_assert_eq!(out_values, want_values);
         }
     }
 }

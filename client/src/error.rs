@@ -57,19 +57,6 @@ pub enum ClientError {
     /// The plan parameters are impossible.
     #[error("invalid plan: {0}")]
     Plan(#[from] PlanError),
-    /// The dataset has a jagged tensor, which a loader cannot assemble
-    /// into batches yet (issue 30).
-    #[error(
-        "dataset {dataset:?}: tensor {tensor:?} is jagged (a list or byte column); loaders assemble batches of \
-         fixed-width tensors only so far: read its chunks with LocalSource::chunk and ChunkView::jagged_at, or leave \
-         it out of the view"
-    )]
-    JaggedNotAssembled {
-        /// Dataset.
-        dataset: String,
-        /// The jagged tensor.
-        tensor: String,
-    },
     /// The dataset is unknown to the source.
     #[error("dataset {dataset:?} is not served here (served: {})", if served.is_empty() { "none".to_string() } else { served.join(", ") })]
     UnknownDataset {
@@ -276,6 +263,18 @@ pub enum TensorError {
         /// Stored dtype.
         have: &'static str,
     },
+    /// A dense view of a jagged tensor, or a jagged view of a dense one.
+    #[error("{}", if *jagged {
+        format!("tensor {tensor:?} is jagged (a variable number of values per row): read it with batch.jagged() or batch.bytes()")
+    } else {
+        format!("tensor {tensor:?} is dense (the same shape every row): read it with batch.tensor()")
+    })]
+    Jagged {
+        /// Tensor name.
+        tensor: String,
+        /// Whether the tensor is jagged.
+        jagged: bool,
+    },
 }
 
 /// Why the GPU path failed, by cause, so a trainer can fall back to the CPU
@@ -283,6 +282,15 @@ pub enum TensorError {
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GpuError {
+    /// The batch has a jagged tensor, which the feed does not copy yet.
+    #[error(
+        "tensor {tensor:?} is jagged: the GPU feed copies dense tensors only so far; copy its values and offsets \
+         yourself (Batch::jagged), or give it pad_to in the view to make it dense"
+    )]
+    Jagged {
+        /// The jagged tensor.
+        tensor: String,
+    },
     /// No CUDA driver could be loaded: not a GPU host, or `libcuda` is not
     /// on the library path.
     #[error(
@@ -335,7 +343,6 @@ impl ClientError {
             ClientError::Chunk { .. }
             | ClientError::Protocol(_)
             | ClientError::Plan(_)
-            | ClientError::JaggedNotAssembled { .. }
             | ClientError::UnknownDataset { .. }
             | ClientError::VersionGone { .. }
             | ClientError::ResumeMismatch(_)

@@ -21,18 +21,59 @@ use std::sync::Mutex;
 /// Alignment, in bytes, of every tensor inside an assembled batch.
 pub const TENSOR_ALIGN: usize = 64;
 
+/// Where one tensor of an assembled batch lies in its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Byte offset of the tensor's values, a multiple of [`TENSOR_ALIGN`].
+    pub offset: usize,
+    /// Bytes of values: rows x row bytes; of a jagged tensor, its values x
+    /// value bytes.
+    pub len: usize,
+    /// Of a jagged tensor: the byte offset (a multiple of [`TENSOR_ALIGN`],
+    /// before its values) of its row offsets, rows + 1 `u64`s rebased to
+    /// the batch's first value. `None`: a dense tensor.
+    pub row_offsets: Option<usize>,
+}
+
 /// Where tensors of `rows` rows go in one buffer: (offset, length) per
 /// tensor in view order, each offset a multiple of [`TENSOR_ALIGN`], and the
-/// bytes used (the end of the last tensor). `None` if a size overflows.
+/// bytes used (the end of the last tensor). `None` if a size overflows or a
+/// tensor is jagged (its size depends on its rows: [`pack_values`]).
 pub fn pack(layouts: &[TensorLayout], rows: usize, out: &mut Vec<(usize, usize)>) -> Option<usize> {
     out.clear();
+    if layouts.iter().any(|l| l.jagged) {
+        return None;
+    }
+    let mut placed = Vec::with_capacity(layouts.len());
+    let end = pack_values(layouts, rows, &[], &mut placed)?;
+    out.extend(placed.iter().map(|p| (p.offset, p.len)));
+    Some(end)
+}
+
+/// Where tensors of `rows` rows go in one buffer, jagged tensor `i` holding
+/// `values[i]` values in all (dense tensors' entries are not read): a
+/// jagged tensor's row offsets, then its values, each at a multiple of
+/// [`TENSOR_ALIGN`]. Returns the bytes used (the end of the last tensor),
+/// `None` if a size overflows.
+pub fn pack_values(layouts: &[TensorLayout], rows: usize, values: &[u64], out: &mut Vec<Placement>) -> Option<usize> {
+    out.clear();
     let mut end = 0usize;
-    for layout in layouts {
+    let mut take = |len: usize| -> Option<usize> {
+        let at = end.checked_next_multiple_of(TENSOR_ALIGN)?;
+        end = at.checked_add(len)?;
+        Some(at)
+    };
+    for (i, layout) in layouts.iter().enumerate() {
         let elems = layout.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))?;
-        let len = elems.checked_mul(layout.dtype.size_bytes())?.checked_mul(rows)?;
-        let offset = end.checked_next_multiple_of(TENSOR_ALIGN)?;
-        end = offset.checked_add(len)?;
-        out.push((offset, len));
+        let width = elems.checked_mul(layout.dtype.size_bytes())?;
+        let (count, row_offsets) = if layout.jagged {
+            let count = usize::try_from(values.get(i).copied().unwrap_or(0)).ok()?;
+            (count, Some(take(rows.checked_add(1)?.checked_mul(8)?)?))
+        } else {
+            (rows, None)
+        };
+        let len = width.checked_mul(count)?;
+        out.push(Placement { offset: take(len)?, len, row_offsets });
     }
     Some(end)
 }
@@ -186,6 +227,28 @@ mod tests {
         assert_eq!(pack(&layouts, 5, &mut out), Some(128 + 50));
         assert_eq!(out, [(0, 60), (64, 40), (128, 50)]);
         assert_eq!(pack(&layouts, usize::MAX / 2, &mut out), None);
+    }
+
+    #[test]
+    fn a_jagged_tensor_takes_its_row_offsets_then_its_values() {
+        let layouts = [
+            TensorLayout::dense("a", DType::F32, vec![3]),
+            TensorLayout::jagged("h", DType::I64, vec![]),
+            TensorLayout::dense("c", DType::U8, vec![]),
+        ];
+        let mut out = Vec::new();
+        // 5 rows, 7 values of h: offsets 6 x 8 = 48 bytes, values 56.
+        assert_eq!(pack_values(&layouts, 5, &[0, 7, 0], &mut out), Some(192 + 5));
+        assert_eq!(
+            out,
+            [
+                Placement { offset: 0, len: 60, row_offsets: None },
+                Placement { offset: 128, len: 56, row_offsets: Some(64) },
+                Placement { offset: 192, len: 5, row_offsets: None },
+            ]
+        );
+        // Its size depends on its rows: the dense packing has none.
+        assert_eq!(pack(&layouts, 5, &mut Vec::new()), None);
     }
 
     #[test]

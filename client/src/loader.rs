@@ -34,7 +34,7 @@ use crate::assemble::{Runs, assemble};
 use crate::batch::{Batch, Storage};
 use crate::clock::RankClock;
 use crate::error::{ClientError, ProducerError, ProtocolError};
-use crate::hostbuf::{BufferPool, HostBuf, HostMemory, pack};
+use crate::hostbuf::{BufferPool, HostBuf, HostMemory, Placement, pack_values};
 use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
 pub use crate::position::Position;
 use crate::resume::ResumeState;
@@ -192,9 +192,6 @@ impl Loader {
     /// A loader reading from any source.
     pub fn new(source: Arc<dyn ChunkSource>, cfg: LoaderConfig) -> Result<Self, ClientError> {
         let info = source.describe(&cfg.dataset, cfg.version)?;
-        if let Some(t) = info.tensors.iter().find(|t| t.jagged) {
-            return Err(ClientError::JaggedNotAssembled { dataset: info.name.clone(), tensor: t.name.clone() });
-        }
         // Validate the parameters once, up front (a cursor holds no rows).
         PlanCursor::new(info.plan_key, &info.shards, &cfg.params(0), 0)?;
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
@@ -441,7 +438,7 @@ struct Job {
     runs: Runs,
     chunks: Vec<Chunk>,
     buf: HostBuf,
-    placements: Vec<(usize, usize)>,
+    placements: Vec<Placement>,
     recycle: Arc<BufferPool>,
     done: SyncSender<Result<Batch, ClientError>>,
 }
@@ -518,15 +515,15 @@ impl Walker {
             let position = Position { epoch: self.epoch, batch: i as u64 };
             let slot = match (runs.runs(), jobs) {
                 // One run of one chunk: the batch is that chunk's rows, in place.
-                ([run], _) => Slot::Ready(Ok(Batch {
-                    position,
-                    rows: rows.len(),
-                    layouts: self.layouts.clone(),
-                    storage: Storage::View { chunk: held[run.slot as usize].1.clone(), first_row: run.src as usize },
-                })),
+                ([run], _) => {
+                    let chunk = held[run.slot as usize].1.clone();
+                    let offsets = rebased(&chunk, run.src as usize, rows.len());
+                    let storage = Storage::View { chunk, first_row: run.src as usize, offsets };
+                    Slot::Ready(Ok(Batch { position, rows: rows.len(), layouts: self.layouts.clone(), storage }))
+                }
                 (_, None) => {
                     let chunks: Vec<Chunk> = held.iter().map(|(_, c)| c.clone()).collect();
-                    let (mut buf, placements) = self.buffer(rows.len())?;
+                    let (mut buf, placements) = self.buffer(&runs, &chunks)?;
                     let started = Instant::now();
                     assemble(&runs, &chunks, &self.layouts, &placements, buf.as_mut_slice());
                     self.clock.assembly(started.elapsed());
@@ -534,8 +531,8 @@ impl Walker {
                 }
                 (_, Some(jobs)) => {
                     let (done, arrives) = sync_channel(1);
-                    let chunks = held.iter().map(|(_, c)| c.clone()).collect();
-                    let (buf, placements) = self.buffer(rows.len())?;
+                    let chunks: Vec<Chunk> = held.iter().map(|(_, c)| c.clone()).collect();
+                    let (buf, placements) = self.buffer(&runs, &chunks)?;
                     let job = Job { position, runs, chunks, buf, placements, recycle: self.pool.clone(), done };
                     // Queue the slot first: order is the queue's order.
                     if tx.send(Slot::Assembling(arrives)).is_err() || jobs.send(job).is_err() {
@@ -555,11 +552,14 @@ impl Walker {
         }
     }
 
-    /// A buffer for a batch of `rows` rows (a recycled one when the pool
-    /// has one), and where each tensor goes in it.
-    fn buffer(&self, rows: usize) -> Result<(HostBuf, Vec<(usize, usize)>), ClientError> {
+    /// A buffer for the batch of `runs` over `chunks` (a recycled one when
+    /// the pool has one), and where each tensor goes in it.
+    fn buffer(&self, runs: &Runs, chunks: &[Chunk]) -> Result<(HostBuf, Vec<Placement>), ClientError> {
+        let rows = runs.rows();
+        let values = runs.values(chunks, &self.layouts);
         let mut placements = Vec::with_capacity(self.layouts.len());
-        let used = pack(&self.layouts, rows, &mut placements).ok_or(ProtocolError::BatchTooLarge { rows })?;
+        let used =
+            pack_values(&self.layouts, rows, &values, &mut placements).ok_or(ProtocolError::BatchTooLarge { rows })?;
         Ok((self.pool.take(used)?, placements))
     }
 
@@ -572,10 +572,9 @@ impl Walker {
         let chunk = chunk?;
         let h = chunk.header();
         let layout_matches = h.tensors.len() == self.layouts.len()
-            && h.tensors
-                .iter()
-                .zip(self.layouts.iter())
-                .all(|(m, l)| m.name == l.name && m.dtype == l.dtype && m.shape == l.shape);
+            && h.tensors.iter().zip(self.layouts.iter()).all(|(m, l)| {
+                m.name == l.name && m.dtype == l.dtype && m.shape == l.shape && m.is_jagged() == l.jagged
+            });
         if h.rows != entry.rows || !layout_matches {
             return Err(ProtocolError::ChunkShape {
                 shard: entry.shard,
@@ -590,12 +589,24 @@ impl Walker {
     }
 }
 
+/// The row offsets of `chunk`'s jagged tensors for its rows `first..first +
+/// rows`, rebased to the first row's first value (empty for dense tensors):
+/// all a view into the chunk copies.
+fn rebased(chunk: &Chunk, first: usize, rows: usize) -> Vec<Vec<u64>> {
+    (0..chunk.header().tensors.len())
+        .map(|i| match chunk.row_offsets(i).and_then(|o| o.get(first..=first + rows)) {
+            Some(o) => o.iter().map(|&x| x - o[0]).collect(),
+            None => Vec::new(),
+        })
+        .collect()
+}
+
 fn owned_batch(
     position: Position,
     rows: usize,
     layouts: &Arc<[TensorLayout]>,
     buf: HostBuf,
-    placements: Vec<(usize, usize)>,
+    placements: Vec<Placement>,
     recycle: &Arc<BufferPool>,
 ) -> Batch {
     let storage = Storage::Owned { buf, placements, recycle: Some(recycle.clone()) };

@@ -58,7 +58,21 @@ impl Chunk {
         view.expect_identity(version, shard).map_err(|source| ClientError::Chunk { shard, source })?;
         let payload_start = bytes.len() - view.header().payload_len as usize;
         let header = Arc::new(view.header().clone());
-        Ok(Self { owner, header, payload_start })
+        let chunk = Self { owner, header, payload_start };
+        // Row offsets are read as `u64`s in place: parse checked their
+        // values; their alignment depends on where the bytes start.
+        for (i, t) in chunk.header.tensors.iter().enumerate() {
+            if t.is_jagged() && chunk.offset_bytes(i).is_some_and(|b| bytemuck::try_cast_slice::<u8, u64>(b).is_err()) {
+                return Err(ClientError::Chunk {
+                    shard,
+                    source: granary_proto::ChunkError::Layout(format!(
+                        "the row offsets of tensor {:?} are not 8-byte aligned in memory",
+                        t.name
+                    )),
+                });
+            }
+        }
+        Ok(chunk)
     }
 
     /// The header.
@@ -66,11 +80,29 @@ impl Chunk {
         &self.header
     }
 
-    /// Bytes of tensor `i` (view order).
+    /// Bytes of tensor `i` (view order); of a jagged tensor, its values.
     pub fn tensor_bytes(&self, i: usize) -> &[u8] {
         let t = &self.header.tensors[i];
         let start = self.payload_start + t.offset as usize;
         &self.owner.bytes()[start..start + t.len as usize]
+    }
+
+    /// The row offsets' bytes of jagged tensor `i` (rows + 1 little-endian
+    /// `u64`s); `None` for a dense tensor.
+    fn offset_bytes(&self, i: usize) -> Option<&[u8]> {
+        let start = self.payload_start + self.header.tensors[i].row_offsets? as usize;
+        Some(&self.owner.bytes()[start..start + (self.header.rows as usize + 1) * 8])
+    }
+
+    /// The row offsets of jagged tensor `i` (view order): rows + 1 values,
+    /// row `r` holding values `offsets[r]..offsets[r + 1]` of
+    /// [`Chunk::tensor_bytes`] (checked when the chunk was validated:
+    /// starting at 0, never decreasing, ending at the value count). `None`
+    /// for a dense tensor.
+    pub fn row_offsets(&self, i: usize) -> Option<&[u64]> {
+        // Alignment was checked in `new`, so the cast cannot fail; were it
+        // to, no offsets is an error upstream, not a wrong tensor.
+        self.offset_bytes(i).map(|b| bytemuck::try_cast_slice(b).unwrap_or(&[]))
     }
 
     /// The whole chunk.

@@ -1,6 +1,6 @@
 //! Issue 30: a node converts list and byte columns into jagged tensors:
-//! each chunk holds every row's values, as the generator wrote them; a
-//! loader, which cannot assemble jagged batches yet, says so by name.
+//! each chunk holds every row's values, as the generator wrote them, and a
+//! loader hands every row out in plan order.
 
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::{EmbeddedNode, Node};
@@ -84,17 +84,32 @@ async fn every_row_of_every_jagged_tensor_is_what_the_generator_wrote() {
 }
 
 #[test]
-fn a_loader_refuses_a_jagged_tensor_by_name_until_it_can_assemble_one() {
+fn a_loader_hands_out_every_row_of_every_jagged_tensor_in_plan_order() {
     let tmp = tempfile::tempdir().expect("tempdir");
     generate(tmp.path());
     let node = Arc::new(EmbeddedNode::start(&config(tmp.path()), 2).expect("node"));
-    let cfg = granary_client::LoaderConfig::new("ads", 64);
-    match granary_client::Loader::new(node, cfg) {
-        Err(e @ granary_client::ClientError::JaggedNotAssembled { .. }) => {
-            let msg = e.to_string();
-            assert!(msg.contains("tensor \"hist\" is jagged"), "{msg}");
+    let cfg =
+        granary_client::LoaderConfig { seed: 3, assembly_threads: 2, ..granary_client::LoaderConfig::new("ads", 64) };
+    let loader = granary_client::Loader::new(node, cfg).expect("loader");
+    let info = loader.info().clone();
+    // Global row index of a shard's first row.
+    let starts: Vec<u64> = info.shards.iter().scan(0, |acc, s| Some(std::mem::replace(acc, *acc + s.rows))).collect();
+    let plan = loader.plan(0).expect("plan");
+    let mut rows = 0;
+    for (i, batch) in loader.epoch(0).expect("epoch").enumerate() {
+        let batch = batch.expect("batch");
+        let (hist, cats, blob) = (
+            batch.jagged::<i64>("hist").expect("hist"),
+            batch.jagged::<i32>("cats").expect("cats"),
+            batch.bytes("blob").expect("blob"),
+        );
+        for (k, r) in plan.batch(i).iter().enumerate() {
+            let g = starts[r.shard_index as usize] + u64::from(r.row);
+            assert_eq!(hist.row(k).expect("row"), datagen::hist_row(SEED, g), "hist row {g}");
+            assert_eq!(cats.row(k).expect("row"), datagen::cats_row(SEED, g), "cats row {g}");
+            assert_eq!(blob.row(k).expect("row"), &datagen::blob_row(SEED, g)[..], "blob row {g}");
         }
-        Err(other) => panic!("another error: {other}"),
-        Ok(_) => panic!("a loader over a jagged tensor started"),
+        rows += batch.rows();
     }
+    assert_eq!(rows, 3_000);
 }

@@ -14,6 +14,7 @@ made, and the buffer is reused only once no array refers to it.
     for epoch in range(3):
         for batch in loader.epoch(epoch):
             dense = batch["dense"]          # numpy float32, shape (4096, 150), a view
+            hist = batch["hist"]            # a list column: granary.Jagged (.values, .offsets, .lengths)
             ...
         state = loader.state_dict()         # a plain dict for the checkpoint
 
@@ -25,8 +26,9 @@ from collections.abc import Mapping as _Mapping
 from . import errors
 from ._granary import Batch, Epoch, Loader, __version__
 from .errors import *  # noqa: F403 (the exception classes; errors.__all__ names them)
+from .jagged import Jagged
 
 # A batch is a read-only mapping of name to array.
 _Mapping.register(Batch)
 
-__all__ = ["Loader", "Epoch", "Batch", "errors", "__version__", *errors.__all__]
+__all__ = ["Loader", "Epoch", "Batch", "Jagged", "errors", "__version__", *errors.__all__]

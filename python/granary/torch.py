@@ -27,9 +27,16 @@ is mapped read-only and shared with every rank on the host. torch has no read-on
 in-place op on such memory kills the process (SIGSEGV), so by default those batches are copied once
 (``copy_read_only=True``). ``copy_read_only=False`` hands out the chunk memory itself: only for code
 that never writes into a batch.
+
+A jagged tensor (a list or byte column, :class:`granary.Jagged` in numpy) comes as a
+:class:`JaggedTensor` of torch tensors (``values``, ``offsets``, ``lengths``), the values and offsets
+without a copy. :func:`kjt_parts` gathers a batch's jagged tensors into the arguments of TorchRec's
+``KeyedJaggedTensor`` (``torchrec.KeyedJaggedTensor(**gt.kjt_parts(batch))``); :func:`to_padded` makes
+one dense for models that want ``(rows, max_len)`` tensors.
 """
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,12 +44,84 @@ import torch.utils.data
 
 from . import Loader
 from .errors import ForkedProcessError
+from .jagged import Jagged
 
-__all__ = ["IterableDataset", "to_torch"]
+__all__ = ["IterableDataset", "JaggedTensor", "kjt_parts", "to_padded", "to_torch"]
+
+
+class JaggedTensor(NamedTuple):
+    """A jagged tensor as torch tensors: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    ``values`` and ``offsets`` (int64, rows + 1, the first 0) view the batch's memory; ``lengths`` (int64,
+    one per row) is computed from the offsets.
+    """
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+    lengths: torch.Tensor
+
+
+def _tensor(arr, bf16, copy_read_only):
+    if not arr.flags.writeable and copy_read_only:
+        arr = arr.copy()
+    if bf16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def kjt_parts(batch, keys=None):
+    """The jagged tensors ``keys`` of ``batch`` (a dict from :func:`to_torch`; default: all its jagged
+    tensors, in order) as the keyword arguments of TorchRec's ``KeyedJaggedTensor``: ``keys``,
+    ``values`` key-major, ``lengths`` and ``offsets`` (int64, key-major, ``len(keys) * rows`` and one
+    more). With one key the values and offsets are the batch's own (no copy); with more, the values are
+    concatenated, so they must share a dtype."""
+    if keys is None:
+        keys = [name for name, t in batch.items() if isinstance(t, JaggedTensor)]
+    keys = list(keys)
+    if not keys:
+        raise ValueError("the batch has no jagged tensors (list or byte columns) to make a KeyedJaggedTensor of")
+    parts = []
+    for k in keys:
+        t = batch[k]
+        if not isinstance(t, JaggedTensor):
+            raise TypeError(f"tensor {k!r} is dense, not jagged: a KeyedJaggedTensor holds list columns")
+        parts.append(t)
+    dtypes = {t.values.dtype for t in parts}
+    if len(dtypes) > 1:
+        have = ", ".join(f"{k}: {t.values.dtype}" for k, t in zip(keys, parts))
+        raise TypeError(f"a KeyedJaggedTensor's values share one dtype; these differ ({have}): cast in the view")
+    if len(parts) == 1:
+        t = parts[0]
+        return {"keys": keys, "values": t.values, "lengths": t.lengths, "offsets": t.offsets}
+    lengths = torch.cat([t.lengths for t in parts])
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return {"keys": keys, "values": torch.cat([t.values for t in parts]), "lengths": lengths, "offsets": offsets}
+
+
+def to_padded(jagged, max_len=None, fill=0):
+    """A dense tensor of shape ``(rows, max_len, *value_shape)`` from a :class:`JaggedTensor`: each row's
+    first ``max_len`` values (default: the longest row's length), then ``fill``. A copy."""
+    values, offsets, lengths = jagged
+    rows = len(lengths)
+    if max_len is None:
+        max_len = int(lengths.max()) if rows else 0
+    if max_len < 0:
+        raise ValueError(f"max_len must be >= 0, not {max_len}")
+    out = torch.full((rows, max_len) + tuple(values.shape[1:]), fill, dtype=values.dtype)
+    keep = torch.clamp(lengths, max=max_len)
+    total = int(keep.sum())
+    if total:
+        row = torch.repeat_interleave(torch.arange(rows), keep)
+        starts = torch.cumsum(keep, 0) - keep
+        col = torch.arange(total) - torch.repeat_interleave(starts, keep)
+        out[row, col] = values[offsets[:-1][row] + col]
+    return out
 
 
 def to_torch(batch, bf16=None, copy_read_only=True):
-    """The batch's arrays as a dict of torch tensors that share their memory.
+    """The batch's arrays as a dict of torch tensors that share their memory; a jagged tensor as a
+    :class:`JaggedTensor`.
 
     ``bf16`` names the tensors whose uint16 bits are bf16 (default: the batch's own ``dtypes``). A
     read-only array (a view of the node's chunk memory) is copied unless ``copy_read_only`` is false,
@@ -52,12 +131,12 @@ def to_torch(batch, bf16=None, copy_read_only=True):
         bf16 = {name for name, dtype in batch.dtypes.items() if dtype == "bf16"}
     out = {}
     for name, arr in batch.items():
-        if not arr.flags.writeable and copy_read_only:
-            arr = arr.copy()
-        if name in bf16:
-            out[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        if isinstance(arr, Jagged):
+            lengths = torch.from_numpy(arr.lengths)
+            values = _tensor(arr.values, name in bf16, copy_read_only)
+            out[name] = JaggedTensor(values, _tensor(arr.offsets, False, copy_read_only), lengths)
         else:
-            out[name] = torch.from_numpy(arr)
+            out[name] = _tensor(arr, name in bf16, copy_read_only)
     return out
 
 

@@ -13,6 +13,10 @@
 //! views the node's chunk memory, mapped read-only and shared with every
 //! rank on the host: its arrays are read-only.
 //!
+//! A jagged tensor (a list or byte column) is a `granary.Jagged`: a values
+//! array and an int64 row offsets array (rows + 1, rebased to the batch's
+//! first value), both views of the batch like any other array.
+//!
 //! dtypes: f32 f64 f16 i64 i32 i16 i8 u8 and bool map to numpy's own; bf16,
 //! which numpy lacks, is exposed as uint16 holding the same bits
 //! (`granary.torch` reinterprets it as `torch.bfloat16` without a copy).
@@ -65,22 +69,44 @@ fn descr(py: Python<'_>, d: DType) -> PyResult<Bound<'_, PyArrayDescr>> {
     })
 }
 
-/// A numpy array over tensor `i` of `batch`, whose base is `batch`.
+/// A numpy array over tensor `i` of `batch`, whose base is `batch`; of a
+/// jagged tensor, a `granary.Jagged` of its values and row offsets.
 fn array<'py>(batch: &Bound<'py, Batch>, i: usize) -> PyResult<Bound<'py, PyAny>> {
     let py = batch.py();
     let b = &batch.get().inner;
     let layout = &b.layouts()[i];
     let bytes = b.tensor_bytes(i);
-    let mut dims: Vec<npy_intp> =
-        std::iter::once(b.rows()).chain(layout.shape.iter().map(|&d| d as usize)).map(|d| d as npy_intp).collect();
-    let flags = if b.is_view() { NPY_ARRAY_CARRAY_RO } else { NPY_ARRAY_CARRAY };
-    let descr = descr(py, layout.dtype)?.into_dtype_ptr();
-    // SAFETY: `bytes` holds rows x row_bytes bytes of this dtype, C order,
-    // aligned to at least the element size (batch buffers and chunk tensors
-    // are 64-byte aligned, rows a multiple of the element size), and stays
-    // valid and unmoved while `batch` lives: the array's base is `batch`
-    // (SetBaseObject steals the reference we pass), so numpy keeps it alive
-    // as long as the array or any view of it. NewFromDescr steals `descr`.
+    let Some(offsets) = b.row_offsets(i) else {
+        let dims = std::iter::once(b.rows()).chain(layout.shape.iter().map(|&d| d as usize));
+        return view(batch, bytes, dims.collect(), descr(py, layout.dtype)?);
+    };
+    let count = bytes.len() / layout.row_bytes().max(1);
+    let dims = std::iter::once(count).chain(layout.shape.iter().map(|&d| d as usize));
+    let values = view(batch, bytes, dims.collect(), descr(py, layout.dtype)?)?;
+    // Offsets are u64s below 2^63 (they count values in memory): int64,
+    // the type numpy and torch index with.
+    let offsets = view(batch, bytemuck::cast_slice(offsets), vec![offsets.len()], dtype::<i64>(py))?;
+    py.import("granary")?.getattr("Jagged")?.call1((values, offsets))
+}
+
+/// A numpy array of `dims` over `bytes` of `batch`, whose base is `batch`.
+fn view<'py>(
+    batch: &Bound<'py, Batch>,
+    bytes: &[u8],
+    dims: Vec<usize>,
+    descr: Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = batch.py();
+    let mut dims: Vec<npy_intp> = dims.into_iter().map(|d| d as npy_intp).collect();
+    let flags = if batch.get().inner.is_view() { NPY_ARRAY_CARRAY_RO } else { NPY_ARRAY_CARRAY };
+    let descr = descr.into_dtype_ptr();
+    // SAFETY: `bytes` holds the product of `dims` elements of this dtype, C
+    // order, aligned to at least the element size (batch buffers, chunk
+    // tensors and row offsets are 64-byte aligned, rows and values a
+    // multiple of the element size), and stays valid and unmoved while
+    // `batch` lives: the array's base is `batch` (SetBaseObject steals the
+    // reference we pass), so numpy keeps it alive as long as the array or
+    // any view of it. NewFromDescr steals `descr`.
     unsafe {
         let arr = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -213,14 +239,23 @@ impl Batch {
         self.inner.is_view()
     }
 
-    /// Bytes of every tensor together.
+    /// Bytes of every tensor together (a jagged tensor's row offsets
+    /// included).
     #[getter]
     fn nbytes(&self) -> usize {
-        (0..self.inner.layouts().len()).map(|i| self.inner.tensor_bytes(i).len()).sum()
+        self.inner.byte_len()
     }
 
-    /// The address of tensor `name`'s first byte: what the arrays (and
-    /// tensors made from them without a copy) point at.
+    /// The names of the jagged tensors (list and byte columns), in the
+    /// view's order: their items are `granary.Jagged`.
+    #[getter]
+    fn jagged<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.inner.layouts().iter().filter(|l| l.jagged).map(|l| l.name.as_str()))
+    }
+
+    /// The address of tensor `name`'s first byte (of a jagged tensor, its
+    /// first value's): what the arrays (and tensors made from them without
+    /// a copy) point at.
     fn data_ptr(&self, name: &str) -> PyResult<usize> {
         match self.index(name) {
             Some(i) => Ok(self.inner.tensor_bytes(i).as_ptr() as usize),
@@ -228,8 +263,9 @@ impl Batch {
         }
     }
 
-    /// xxh3-64 over every tensor's bytes in order: the checksum the Rust
-    /// client gives the same batch.
+    /// xxh3-64 over every tensor's bytes in order (a jagged tensor's row
+    /// offsets, then its values): the checksum the Rust client gives the
+    /// same batch.
     fn checksum(&self) -> u64 {
         self.inner.checksum()
     }
@@ -242,6 +278,9 @@ impl Batch {
             .iter()
             .map(|l| {
                 let mut shape = vec![self.inner.rows().to_string()];
+                if l.jagged {
+                    shape.push("*".into());
+                }
                 shape.extend(l.shape.iter().map(|d| d.to_string()));
                 format!("{} {}[{}]", l.name, l.dtype.name(), shape.join(", "))
             })

@@ -483,7 +483,8 @@ impl Loader {
     }
 
     /// The tensors every batch holds: a list of dicts with `name`, `dtype`
-    /// (Granary's name: f32 ... bool, bf16) and `shape` (per row).
+    /// (Granary's name: f32 ... bool, bf16), `shape` (per row; of a jagged
+    /// tensor, per value) and `jagged` (a list or byte column).
     #[getter]
     fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
@@ -492,6 +493,7 @@ impl Loader {
             d.set_item("name", &l.name)?;
             d.set_item("dtype", l.dtype.name())?;
             d.set_item("shape", l.shape.iter().map(|&x| x as usize).collect::<Vec<_>>())?;
+            d.set_item("jagged", l.jagged)?;
             out.append(d)?;
         }
         Ok(out)

@@ -18,6 +18,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ROWS = 20_000
+JAGGED_ROWS = 4_000
 FILES = 2
 ROW_GROUP_ROWS = 2_500
 DATA_SEED = 3
@@ -94,6 +95,13 @@ class Node:
              "--row-group-rows", str(ROW_GROUP_ROWS), "--seed", str(DATA_SEED)],
             check=True, capture_output=True,
         )
+        # A small dataset with list and byte columns (jagged tensors): hist, cats, blob.
+        self.jagged_data = root / "jagged"
+        subprocess.run(
+            [self.bin, "dataset", "gen", "--out", str(self.jagged_data), "--rows", str(JAGGED_ROWS), "--files", "2",
+             "--row-group-rows", "1000", "--seed", str(DATA_SEED), "--jagged"],
+            check=True, capture_output=True,
+        )
         # The same files as every dtype numpy has and bf16, which it lacks.
         typed = root / "typed.toml"
         typed.write_text(TYPED_VIEW)
@@ -109,6 +117,10 @@ class Node:
             'name = "typed"\n'
             f'source = "file://{self.data}/"\n'
             f'view = "{typed}"\n'
+            "[[dataset]]\n"
+            'name = "jagged"\n'
+            f'source = "file://{self.jagged_data}/"\n'
+            f'view = "{self.jagged_data / "view.toml"}"\n'
         )
         env = dict(os.environ, GRANARY_LOG=os.environ.get("GRANARY_LOG", "warn"), RUST_BACKTRACE="0")
         with open(self.log, "wb") as out:

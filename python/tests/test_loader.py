@@ -22,10 +22,10 @@ def loader(node, batch_size=1000, **kw):
     return granary.Loader(str(node.socket), "ads", batch_size, **args)
 
 
-def rust_dump(node, tmp_path, rank, world, epochs, batch_size=1000, seed=7):
+def rust_dump(node, tmp_path, rank, world, epochs, batch_size=1000, seed=7, dataset="ads"):
     """What the Rust client (`granary trainer --dump`) delivers: every batch's tensor bytes, per epoch."""
-    cmd = [node.bin, "trainer", "--socket", str(node.socket), "--rank", str(rank), "--world", str(world),
-           "--batch-size", str(batch_size), "--seed", str(seed), "--dump", str(tmp_path)]
+    cmd = [node.bin, "trainer", "--socket", str(node.socket), "--dataset", dataset, "--rank", str(rank),
+           "--world", str(world), "--batch-size", str(batch_size), "--seed", str(seed), "--dump", str(tmp_path)]
     feed = "".join(f"epoch {e}\n" for e in epochs)
     out = subprocess.run(cmd, input=feed, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, RUST_BACKTRACE="0"))
@@ -154,7 +154,7 @@ def test_four_ranks_as_four_processes_cover_every_row_exactly_once(node, tmp_pat
 def test_errors_are_granary_exceptions_that_say_what_and_whether_to_retry(node, tmp_path):
     with pytest.raises(granary.UnknownDatasetError) as e:
         granary.Loader(str(node.socket), "nope", 100)
-    assert e.value.served == ["ads", "typed"] and e.value.dataset == "nope" and not e.value.retryable
+    assert e.value.served == ["ads", "jagged", "typed"] and e.value.dataset == "nope" and not e.value.retryable
     assert "nope" in str(e.value) and isinstance(e.value, LookupError)
     with pytest.raises(granary.PlanError) as e:
         loader(node, rank=4, world_size=4)

@@ -104,3 +104,48 @@ def test_the_dataset_cannot_be_sent_to_a_spawned_worker_and_a_state_at_an_epochs
     again = gt.IterableDataset(str(node.socket), "ads", 1000)
     again.load_state_dict(state)
     assert again.epoch == 1
+
+
+def test_jagged_tensors_come_as_values_offsets_and_lengths_and_make_kjt_parts(node):
+    ref = granary.Loader(str(node.socket), "jagged", 128, seed=3)
+    batch = next(iter(ref.epoch(0)))
+    t = gt.to_torch(batch)
+    hist = t["hist"]
+    assert isinstance(hist, gt.JaggedTensor) and hist.values.dtype == torch.int64
+    assert hist.values.data_ptr() == batch.data_ptr("hist"), "the values are the batch's own"
+    assert hist.offsets.dtype == torch.int64 and hist.offsets.shape == (129,)
+    assert hist.lengths.tolist() == batch["hist"].lengths.tolist()
+    assert t["label"].shape == (128,)
+    # One key: the batch's values and offsets, no copy.
+    one = gt.kjt_parts(t, ["hist"])
+    assert one["keys"] == ["hist"] and one["values"].data_ptr() == hist.values.data_ptr()
+    assert one["offsets"].data_ptr() == hist.offsets.data_ptr()
+    # Several keys share a dtype (cats is i32, hist i64: refused by name).
+    with pytest.raises(TypeError, match="cats: torch.int32"):
+        gt.kjt_parts(t, ["hist", "cats"])
+    with pytest.raises(TypeError, match="'label' is dense"):
+        gt.kjt_parts(t, ["label"])
+    two = gt.kjt_parts({"a": t["hist"], "b": t["hist"]})
+    assert two["keys"] == ["a", "b"] and two["lengths"].shape == (256,)
+    assert two["offsets"][0] == 0 and int(two["offsets"][-1]) == len(two["values"]) == 2 * len(hist.values)
+    # Key-major: key b's rows follow key a's.
+    for k, key in enumerate(two["keys"]):
+        for r in (0, 5, 127):
+            i = k * 128 + r
+            got = two["values"][two["offsets"][i] : two["offsets"][i + 1]]
+            assert got.tolist() == batch[["hist", "hist"][k]][r].tolist()
+    padded = gt.to_padded(hist, 16, fill=-1)
+    assert padded.shape == (128, 16)
+    assert padded.numpy().tolist() == batch["hist"].to_padded(16, fill=-1).tolist()
+    # Byte columns come as u8 values.
+    assert t["blob"].values.dtype == torch.uint8
+
+
+def test_the_iterable_dataset_yields_jagged_tensors(node):
+    ds = gt.IterableDataset(str(node.socket), "jagged", 500, rank=0, world_size=1, seed=1)
+    rows = 0
+    for b in DataLoader(ds, batch_size=None, num_workers=0):
+        assert isinstance(b["cats"], gt.JaggedTensor) and b["cats"].values.dtype == torch.int32
+        assert int(b["cats"].offsets[-1]) == len(b["cats"].values)
+        rows += len(b["label"])
+    assert rows == 4_000

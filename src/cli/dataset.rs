@@ -51,8 +51,7 @@ pub(crate) struct GenArgs {
     seed: u64,
     /// Also write variable-length columns: `hist` (List<Int64>, power-law
     /// lengths up to 4,096), `cats` (List<Int32>, 0 to 8 values) and
-    /// `blob` (Binary, 1 to 4 KiB). The view written does not use them yet
-    /// (jagged tensors are issue 30's).
+    /// `blob` (Binary, 1 to 4 KiB), and jagged tensors of them in the view.
     #[arg(long)]
     jagged: bool,
     /// Print JSON.
@@ -123,7 +122,7 @@ fn generate(a: GenArgs) -> Result<()> {
     let report = granary_testkit::datagen::generate(&a.out, &spec, |n| bar.set_position(n))?;
     bar.finish_and_clear();
     let view_path = a.out.join("view.toml");
-    std::fs::write(&view_path, granary_testkit::datagen::VIEW_TOML)?;
+    std::fs::write(&view_path, granary_testkit::datagen::view_toml(a.jagged))?;
     if a.json {
         println!(
             "{}",

@@ -174,14 +174,14 @@ fn drive(a: TrainerArgs) -> Result<()> {
                 Held::Borrowed(b) => b,
             };
             if let Some(w) = dump.as_mut() {
-                for i in 0..batch.layouts().len() {
-                    w.write_all(batch.tensor_bytes(i))?;
+                for part in batch.parts() {
+                    w.write_all(part)?;
                 }
             }
             rows += batch.rows() as u64;
             match a.consume {
                 ConsumeArg::Checksum => {
-                    bytes += (0..batch.layouts().len()).map(|i| batch.tensor_bytes(i).len() as u64).sum::<u64>();
+                    bytes += batch.byte_len() as u64;
                     digest.update(&batch.checksum().to_le_bytes());
                 }
                 ConsumeArg::Copy => bytes += staging.consume(batch),

@@ -189,6 +189,32 @@ dtype = "f32"
 columns = ["label"]
 "#;
 
+/// The jagged tensors a view of data generated with [`GenSpec::jagged`]
+/// adds to [`VIEW_TOML`]: `hist` (i64 per row, power-law lengths), `cats`
+/// (i32, multi-hot) and `blob` (the bytes of a binary column).
+pub const JAGGED_VIEW_TOML: &str = r#"
+[[tensor]]
+name = "hist"
+dtype = "i64"
+columns = ["hist"]
+
+[[tensor]]
+name = "cats"
+dtype = "i32"
+columns = ["cats"]
+
+[[tensor]]
+name = "blob"
+dtype = "u8"
+columns = ["blob"]
+"#;
+
+/// The view `granary dataset gen` writes: [`VIEW_TOML`], and with
+/// `jagged` [`JAGGED_VIEW_TOML`] after it.
+pub fn view_toml(jagged: bool) -> String {
+    if jagged { format!("{VIEW_TOML}{JAGGED_VIEW_TOML}") } else { VIEW_TOML.to_string() }
+}
+
 /// [`VIEW_TOML`], parsed and validated.
 pub fn view() -> granary_proto::View {
     // A constant of this module that its tests parse: it cannot fail.

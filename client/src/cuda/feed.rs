@@ -359,7 +359,7 @@ mod tests {
             position: Position { epoch: 0, batch: index },
             rows: 64,
             layouts: ls.clone(),
-            storage: crate::batch::Storage::View { chunk: chunk.clone(), first_row },
+            storage: crate::batch::Storage::View { chunk: chunk.clone(), first_row, offsets: vec![Vec::new(); 4] },
         };
         for (i, first) in [0usize, 64, 100, 236].into_iter().enumerate() {
             let expected = view(first, i as u64);

@@ -24,9 +24,9 @@ pub(super) fn layouts() -> Vec<TensorLayout> {
 /// place.
 pub(super) fn batch_in(ls: &Arc<[TensorLayout]>, rows: usize, index: u64, memory: HostMemory) -> Batch {
     let mut placements = Vec::new();
-    let used = crate::hostbuf::pack(ls, rows, &mut placements).expect("no overflow");
+    let used = crate::hostbuf::pack_values(ls, rows, &[], &mut placements).expect("no overflow");
     let mut buf = BufferPool::new(1, memory).take(used).expect("buffer");
-    for (t, &(offset, len)) in placements.iter().enumerate() {
+    for (t, &crate::hostbuf::Placement { offset, len, .. }) in placements.iter().enumerate() {
         for (b, byte) in buf.as_mut_slice()[offset..offset + len].iter_mut().enumerate() {
             *byte = (b as u64 * 31 + index * 7 + t as u64) as u8;
         }

@@ -427,7 +427,16 @@ async fn peer_round(
         let link = link.clone();
         tasks.spawn(async move {
             let _permit = permit;
-            let buf = link.fetch(addr, 0, version, shard, expected_len, Duration::from_secs(120)).await?;
+            let buf = link
+                .fetch(
+                    addr,
+                    0,
+                    version,
+                    shard,
+                    &granary_proto::chunk::Expected::Len(expected_len),
+                    Duration::from_secs(120),
+                )
+                .await?;
             Ok::<_, anyhow::Error>((i, buf.len() as u64))
         });
     }

@@ -1,6 +1,8 @@
 //! Issue 30: a node converts list and byte columns into jagged tensors:
 //! each chunk holds every row's values, as the generator wrote them, and a
-//! loader hands every row out in plan order.
+//! loader hands every row out in plan order. Jagged chunks travel over the
+//! peer fabric like any other, checked against the manifest's rows and
+//! tensors (their length is known only once converted).
 
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_node::{EmbeddedNode, Node};
@@ -8,6 +10,9 @@ use granary_proto::chunk::Verify;
 use granary_proto::{ChunkView, View};
 use granary_testkit::datagen::{self, GenSpec};
 use std::sync::Arc;
+
+mod common;
+use common::fabric;
 
 const SEED: u64 = 30;
 
@@ -112,4 +117,66 @@ fn a_loader_hands_out_every_row_of_every_jagged_tensor_in_plan_order() {
         rows += batch.rows();
     }
     assert_eq!(rows, 3_000);
+}
+
+/// A jagged chunk from a peer: the owner's bytes, checked by rows and
+/// tensors; one that is not the shard the manifest describes is refused,
+/// saying what differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jagged_chunk_travels_between_peers_checked_by_its_rows_and_tensors() {
+    use granary_proto::chunk::Expected;
+    let f = fabric::start_spec(1_000, 500, true).await;
+    let Expected::Shape { rows, tensors } = f.expected.clone() else { panic!("a jagged view has no fixed length") };
+    let got = fabric::link(&f, "node")
+        .fetch(f.addr, 0, f.version, f.shard, &f.expected, std::time::Duration::from_secs(10))
+        .await
+        .expect("fetched");
+    let local = f.node.chunk(f.version, f.shard).await.expect("local");
+    assert_eq!(got.bytes(), local.bytes(), "the owner's bytes");
+    for (wrong, says) in [
+        (Expected::Shape { rows: rows + 1, tensors: tensors.clone() }, "rows"),
+        (
+            Expected::Shape {
+                rows,
+                tensors: tensors.iter().map(|t| granary_proto::TensorLayout { jagged: false, ..t.clone() }).collect(),
+            },
+            "is not the view's",
+        ),
+    ] {
+        match fabric::link(&f, "node")
+            .fetch(f.addr, 0, f.version, f.shard, &wrong, std::time::Duration::from_secs(10))
+            .await
+        {
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("not the shard the manifest describes") && msg.contains(says), "{msg}");
+            }
+            Ok(_) => panic!("a chunk other than the manifest's was taken"),
+        }
+    }
+}
+
+/// A node in a cluster takes the jagged chunks another node owns from it,
+/// reading nothing from remote storage itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_takes_a_jagged_shard_from_its_owner_without_reading_it() {
+    use granary_node::fabric::{Cluster, FabricConfig};
+    use granary_proto::NodeId;
+    let f = fabric::start_spec(1_000, 500, true).await;
+    let node2 = Node::start(&f.node_config()).await.expect("node 2");
+    let shards = f.node.dataset(f.version).expect("dataset").manifest.shards();
+    let cluster = Cluster::new(NodeId(2), fabric::link(&f, "node"), FabricConfig::default());
+    let owners = std::iter::once((f.version, shards.iter().map(|s| (s.shard, NodeId(1))).collect())).collect();
+    cluster.apply_placement(1, std::iter::once((NodeId(1), f.addr)).collect(), owners);
+    assert!(node2.join_cluster(Arc::new(cluster)));
+    // Starting read the file's footer; the shards come from the owner.
+    let read_at_start = node2.stats().remote_bytes;
+    for s in &shards {
+        let theirs = f.node.chunk(f.version, s.shard).await.expect("owner's");
+        let mine = node2.chunk(f.version, s.shard).await.expect("from the owner");
+        assert_eq!(mine.bytes(), theirs.bytes(), "shard {}", s.shard);
+    }
+    let stats = node2.stats();
+    assert_eq!((stats.remote_bytes, stats.conversions), (read_at_start, 0), "node 2 read nothing: {stats:?}");
+    assert_eq!(stats.peer_fetched, shards.len() as u64, "{stats:?}");
 }

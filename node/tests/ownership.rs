@@ -118,7 +118,7 @@ async fn a_node_asked_for_a_copy_it_does_not_hold_says_so_at_once_and_loads_noth
     let f = start().await;
     let l = link(&f, "node");
     let started = std::time::Instant::now();
-    match l.fetch_held(f.addr, f.version, f.shard, f.len, Duration::from_secs(60)).await {
+    match l.fetch_held(f.addr, f.version, f.shard, &f.expected, Duration::from_secs(60)).await {
         Err(PeerError::NotHeld { shard, .. }) => assert_eq!(shard, f.shard),
         other => panic!("expected NotHeld, got {:?}", other.map(|c| c.len())),
     }
@@ -159,7 +159,8 @@ async fn a_node_reading_the_shard_hands_it_over_when_read() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let l = link(&f, "node");
-    let chunk = l.fetch_held(slow_addr, f.version, f.shard, f.len, Duration::from_secs(60)).await.expect("handed over");
+    let chunk =
+        l.fetch_held(slow_addr, f.version, f.shard, &f.expected, Duration::from_secs(60)).await.expect("handed over");
     let own = reading.await.expect("task").expect("node 1's read");
     assert_eq!(chunk.bytes(), own.bytes());
     assert_eq!(slow.stats().conversions, 1, "one read for both");

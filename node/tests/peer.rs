@@ -37,8 +37,9 @@ async fn a_peer_serves_only_as_the_node_its_certificate_names() {
         link.expect_peers(&placed.iter().map(|&(n, a)| (NodeId(n), a)).collect());
         link
     };
-    let fetch = |link: PeerLink, addr| async move {
-        link.fetch(addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await
+    let fetch = |link: PeerLink, addr| {
+        let expected = f.expected.clone();
+        async move { link.fetch(addr, 0, f.version, f.shard, &expected, Duration::from_secs(10)).await }
     };
     // Node 1's own certificate at the address the placement gives node 1.
     fetch(strict(&[(1, bound_addr)]), bound_addr).await.expect("node 1 serves as node 1");
@@ -70,7 +71,7 @@ async fn a_node_refuses_to_serve_as_owner_what_its_placement_gives_another_node(
     assert!(f.node.join_cluster(std::sync::Arc::new(cluster)));
     let read_before = f.node.stats().remote_bytes;
     let asker = link(&f, "node");
-    let fetch = |epoch| asker.fetch(f.addr, epoch, f.version, f.shard, f.len, Duration::from_secs(10));
+    let fetch = |epoch| asker.fetch(f.addr, epoch, f.version, f.shard, &f.expected, Duration::from_secs(10));
     for epoch in [2, 3] {
         match fetch(epoch).await {
             Err(e) => assert!(e.to_string().contains("its placement names node-9 the owner"), "{e}"),
@@ -86,8 +87,10 @@ async fn a_node_refuses_to_serve_as_owner_what_its_placement_gives_another_node(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
     let f = start().await;
-    let buf =
-        link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    let buf = link(&f, "node")
+        .fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10))
+        .await
+        .expect("fetch");
     let view = ChunkView::parse(buf.bytes(), granary_proto::chunk::Verify::Full).expect("valid");
     assert_eq!(view.header().shard, f.shard);
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
@@ -96,14 +99,14 @@ async fn a_node_fetches_a_validated_chunk_and_others_are_refused() {
 
     // A trainer's certificate is refused; the error names the peer.
     let err = link(&f, "trainer")
-        .fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10))
+        .fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10))
         .await
         .expect_err("refused");
     assert!(err.to_string().contains(&f.addr.to_string()), "{err}");
 
     // An unknown shard is a clear refusal, not a hang.
     let bad = ShardId { file: 9, row_group: 9 };
-    match link(&f, "node").fetch(f.addr, 0, f.version, bad, f.len, Duration::from_secs(10)).await {
+    match link(&f, "node").fetch(f.addr, 0, f.version, bad, &f.expected, Duration::from_secs(10)).await {
         Err(PeerError::Refused { kind: ErrorKind::BadRequest, .. }) => {}
         other => panic!("unknown shard: {other:?}"),
     }
@@ -131,7 +134,7 @@ async fn a_malformed_request_is_answered_with_bad_request() {
         assert!(matches!(resp, PeerResponse::Failed { kind: ErrorKind::BadRequest, .. }), "{resp:?}");
     }
     // Still serving.
-    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.expect("fetch");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,7 +153,7 @@ async fn a_corrupt_chunk_from_a_peer_is_rejected() {
             let _ = send.finish();
         }
     });
-    match link(&f, "node").fetch(evil_addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await {
+    match link(&f, "node").fetch(evil_addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await {
         Err(PeerError::Corrupt { addr, shard, .. }) => {
             assert_eq!((addr, shard), (evil_addr, f.shard));
         }
@@ -170,7 +173,7 @@ async fn a_peer_announcing_another_chunk_length_is_refused_before_memory_is_comm
     });
     let before = granary_node::live_chunk_bytes();
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(liar, 0, f.version, f.shard, f.len, Duration::from_secs(20)).await {
+    match link(&f, "node").fetch(liar, 0, f.version, f.shard, &f.expected, Duration::from_secs(20)).await {
         Err(PeerError::Corrupt { addr, shard, corruption: Corruption::Length { announced, expected } }) => {
             assert_eq!((addr, shard), (liar, f.shard));
             assert_eq!((announced, expected), (3u64 << 30, f.len));
@@ -193,13 +196,13 @@ async fn a_peer_that_stalls_mid_chunk_runs_into_the_deadline() {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     });
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(stall_addr, 0, f.version, f.shard, f.len, Duration::from_millis(500)).await {
+    match link(&f, "node").fetch(stall_addr, 0, f.version, f.shard, &f.expected, Duration::from_millis(500)).await {
         Err(PeerError::Timeout { addr, shard, .. }) => assert_eq!((addr, shard), (stall_addr, f.shard)),
         other => panic!("a stalled transfer returned {:?}", other.map(|b| b.len())),
     }
     assert!(started.elapsed() < Duration::from_secs(5), "the deadline bounds the fetch");
     // The honest peer still serves through the same link.
-    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A peer that dies mid-transfer (its connection closes after part of a
@@ -227,7 +230,7 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
             }
         });
         let started = std::time::Instant::now();
-        match link(&f, "node").fetch(bad_addr, 0, f.version, f.shard, f.len, Duration::from_secs(20)).await {
+        match link(&f, "node").fetch(bad_addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(20)).await {
             Err(PeerError::Transfer { addr, shard, fault }) => {
                 assert_eq!((addr, shard), (bad_addr, f.shard), "{fault}");
                 // The header cut short ends the stream; the dead process
@@ -245,7 +248,7 @@ async fn a_peer_that_dies_mid_chunk_or_truncates_a_frame_fails_the_fetch_at_once
         }
         assert!(started.elapsed() < Duration::from_secs(5), "failed at once, not at the deadline");
     }
-    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// The owner cannot be reached, the placement does not move the shard, and
@@ -447,7 +450,7 @@ async fn a_stream_that_never_sends_its_request_is_ended_by_the_server() {
     assert!(ended.is_ok(), "the server still holds the stream after 30 s");
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(9) && waited < Duration::from_secs(20), "ended after {waited:?}");
-    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    link(&f, "node").fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// Two nodes whose placements disagree (each believes the other owns a
@@ -516,8 +519,8 @@ async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
     let l = link(&f, "node");
     let deadline = Duration::from_secs(60);
     let (a, b) = tokio::join!(
-        l.fetch(silent, 0, f.version, f.shard, f.len, deadline),
-        l.fetch(mid_chunk, 0, f.version, f.shard, f.len, deadline)
+        l.fetch(silent, 0, f.version, f.shard, &f.expected, deadline),
+        l.fetch(mid_chunk, 0, f.version, f.shard, &f.expected, deadline)
     );
     let mid = format!("chunk bytes: nothing came after 512 of {len} bytes");
     for (result, addr, during) in
@@ -535,7 +538,7 @@ async fn a_peer_that_goes_quiet_is_given_up_on_long_before_the_deadline() {
     let took = started.elapsed();
     assert!(took >= PEER_STALL_TIMEOUT && took < PEER_STALL_TIMEOUT + Duration::from_secs(3), "{took:?}");
     // The link still fetches from the honest owner.
-    l.fetch(f.addr, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("fetch");
+    l.fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.expect("fetch");
 }
 
 /// A UDP relay on loopback in front of `to` that forwards datagrams both
@@ -603,7 +606,7 @@ async fn an_owner_whose_host_vanishes_mid_chunk_is_taken_for_gone_not_stalled() 
         cut.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let started = std::time::Instant::now();
-    match link(&f, "node").fetch(relay.addr, 0, f.version, f.shard, f.len, Duration::from_secs(60)).await {
+    match link(&f, "node").fetch(relay.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(60)).await {
         Err(PeerError::Transfer { addr, shard, fault }) => {
             assert_eq!((addr, shard), (relay.addr, f.shard), "{fault}");
             assert!(matches!(fault, LinkFault::Gone(_)), "a cut-off owner is gone, not stalled: {fault}");
@@ -636,7 +639,7 @@ async fn an_owner_sending_slowly_but_steadily_is_not_taken_for_stalled() {
     });
     let started = std::time::Instant::now();
     let chunk = link(&f, "node")
-        .fetch(slow, 0, f.version, f.shard, f.len, Duration::from_secs(60))
+        .fetch(slow, 0, f.version, f.shard, &f.expected, Duration::from_secs(60))
         .await
         .expect("the slow chunk");
     assert!(started.elapsed() > PEER_STALL_TIMEOUT, "the transfer took longer than the stall timeout");
@@ -659,8 +662,10 @@ async fn bytes_past_the_announced_chunk_are_not_taken() {
             let _ = send.stopped().await;
         }
     });
-    let chunk =
-        link(&f, "node").fetch(chatty, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await.expect("the chunk");
+    let chunk = link(&f, "node")
+        .fetch(chatty, 0, f.version, f.shard, &f.expected, Duration::from_secs(10))
+        .await
+        .expect("the chunk");
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
     assert_eq!(chunk.bytes(), local.bytes());
 }
@@ -703,8 +708,8 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     let started = std::time::Instant::now();
     let deadline = Duration::from_secs(60);
     let (a, b) = tokio::join!(
-        l.fetch(slow, 0, f.version, f.shard, f.len, deadline),
-        l.fetch(owner_addr, 0, f.version, f.shard, f.len, deadline)
+        l.fetch(slow, 0, f.version, f.shard, &f.expected, deadline),
+        l.fetch(owner_addr, 0, f.version, f.shard, &f.expected, deadline)
     );
     let (a, b) = (a.expect("the scripted slow owner's chunk"), b.expect("the slow node's chunk"));
     assert_eq!(a.bytes(), b.bytes());

@@ -61,8 +61,8 @@ async fn a_footer_fetch_does_not_wait_behind_chunk_fetches_to_the_same_peer() {
     let l = std::sync::Arc::new(link(&f, "node"));
     let mut chunks = Vec::new();
     for _ in 0..FabricConfig::default().max_fetches_per_peer {
-        let (l, v, s, n) = (l.clone(), f.version, f.shard, f.len);
-        chunks.push(tokio::spawn(async move { l.fetch(owner, 0, v, s, n, Duration::from_secs(60)).await }));
+        let (l, v, s, n) = (l.clone(), f.version, f.shard, f.expected.clone());
+        chunks.push(tokio::spawn(async move { l.fetch(owner, 0, v, s, &n, Duration::from_secs(60)).await }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = std::time::Instant::now();

@@ -148,7 +148,7 @@ async fn a_node_serving_forged_chunks_passes_every_check_but_verification() {
         FabricConfig::default(),
         granary_node::fabric::PeerAnswers::Forged,
     ));
-    let sent = link(&f, "node").fetch(forger, 0, f.version, f.shard, f.len, Duration::from_secs(10)).await;
+    let sent = link(&f, "node").fetch(forger, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await;
     let sent = sent.expect("a forged chunk passes the fetch's checks");
     let honest = f.node.chunk(f.version, f.shard).await.expect("honest");
     assert_ne!(sent.bytes(), honest.bytes(), "forged");

@@ -157,6 +157,57 @@ fn checked_align_up(n: usize) -> Option<usize> {
 ///
 /// The writer asks for the layout, fills each tensor's byte range of a
 /// buffer of [`ChunkLayout::total_len`] bytes in place, then calls
+impl ChunkHeader {
+    /// Checks that this header holds `rows` rows of `tensors` (the same
+    /// names, element types, shapes and jaggedness, in order), each dense
+    /// tensor exactly its rows' bytes: the shard a manifest describes. The
+    /// error says what differs.
+    pub fn conforms(&self, rows: u64, tensors: &[TensorLayout]) -> Result<(), String> {
+        if self.rows != rows {
+            return Err(format!("it holds {} rows; the manifest gives {rows}", self.rows));
+        }
+        if self.tensors.len() != tensors.len() {
+            return Err(format!("it holds {} tensors; the view has {}", self.tensors.len(), tensors.len()));
+        }
+        for (m, l) in self.tensors.iter().zip(tensors) {
+            if m.name != l.name || m.dtype != l.dtype || m.shape != l.shape || m.is_jagged() != l.jagged {
+                return Err(format!(
+                    "its tensor {:?} ({} {:?}{}) is not the view's {:?} ({} {:?}{})",
+                    m.name,
+                    m.dtype.name(),
+                    m.shape,
+                    if m.is_jagged() { ", jagged" } else { "" },
+                    l.name,
+                    l.dtype.name(),
+                    l.shape,
+                    if l.jagged { ", jagged" } else { "" },
+                ));
+            }
+            if !l.jagged && Some(m.len) != rows.checked_mul(l.row_bytes() as u64) {
+                return Err(format!("its tensor {:?} holds {} bytes, not {} rows' worth", m.name, m.len, rows));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a chunk of a shard must be, known before it arrives (from a peer,
+/// say): its exact length where the manifest's layout fixes it, or, for a
+/// chunk with jagged tensors (whose values are counted only in the decoded
+/// row group), its rows and tensors, checked once it is parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// Exactly this many bytes.
+    Len(u64),
+    /// A header that [`ChunkHeader::conforms`] to these rows and tensors.
+    Shape {
+        /// Rows of the shard.
+        rows: u64,
+        /// The view's tensors.
+        tensors: std::sync::Arc<[TensorLayout]>,
+    },
+}
+
 /// [`ChunkLayout::seal`]: the converter writes straight into the final bytes.
 #[derive(Clone, Debug)]
 pub struct ChunkLayout {

@@ -351,6 +351,17 @@ impl Dataset {
         granary_proto::ChunkLayout::new(self.version, shard, rows, &self.manifest.tensors).ok().map(|l| l.total_len())
     }
 
+    /// What a chunk of `shard` from elsewhere (a peer) must be: its exact
+    /// length, or with jagged tensors its rows and tensors. `None` for an
+    /// unknown shard.
+    pub fn expected(&self, shard: ShardId) -> Option<granary_proto::chunk::Expected> {
+        let rows = self.manifest.files.get(shard.file as usize)?.row_groups.get(shard.row_group as usize)?.rows;
+        Some(match self.chunk_len(shard) {
+            Some(len) => granary_proto::chunk::Expected::Len(len as u64),
+            None => granary_proto::chunk::Expected::Shape { rows, tensors: self.manifest.tensors.clone().into() },
+        })
+    }
+
     /// [`Dataset::chunk_len`], or with jagged tensors an estimate: the
     /// dense tensors and the row offsets exactly, and four times the row
     /// group's compressed bytes for the jagged tensors' values (for memory

@@ -248,6 +248,10 @@ pub enum Corruption {
         /// Bytes the layout gives.
         expected: u64,
     },
+    /// A chunk with jagged tensors that is not the shard the manifest
+    /// describes (other rows or tensors).
+    #[error("sent a chunk that is not the shard the manifest describes: {0}")]
+    Shape(String),
     /// The peer announced an empty chunk.
     #[error("announced an empty chunk")]
     Empty,

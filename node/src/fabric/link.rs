@@ -12,6 +12,7 @@ use super::read::{Buffer, Pieces, StreamError, ask, peer_answers, read_live};
 use crate::shm::{ChunkFile, SealedChunk};
 use granary_net::conn::Connections;
 use granary_net::tls::{self, ALPN_PEER, Identity, Role};
+use granary_proto::chunk::Expected;
 use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, PeerRequest, PeerResponse};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
@@ -143,16 +144,17 @@ impl PeerLink {
     }
 
     /// Fetches and validates the chunk of `shard` from the node at `addr`.
-    /// `expected_len` is the chunk's length from the manifest's layout
-    /// ([`granary_proto::ChunkLayout::total_len`]): a peer announcing any
-    /// other length is refused before memory is committed for it.
+    /// `expected` is what the manifest says of the chunk: its length
+    /// ([`granary_proto::ChunkLayout::total_len`]), when a peer announcing
+    /// any other is refused before memory is committed for it; or, with
+    /// jagged tensors, its rows and tensors, checked once it is parsed.
     pub async fn fetch(
         &self,
         addr: SocketAddr,
         placement_epoch: u64,
         version: DatasetVersion,
         shard: ShardId,
-        expected_len: u64,
+        expected: &Expected,
         deadline: Duration,
     ) -> Result<SealedChunk, PeerError> {
         let work = async {
@@ -161,7 +163,7 @@ impl PeerLink {
             let conn = self.connection(addr).await?;
             let request = PeerRequest::FetchChunk { version, shard, placement_epoch };
             let stall = self.config.stall_timeout;
-            let result = self.exchange(&conn, addr, &request, version, shard, expected_len, stall).await;
+            let result = self.exchange(&conn, addr, &request, version, shard, expected, stall).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
                 self.conns.forget(addr);
             }
@@ -183,7 +185,7 @@ impl PeerLink {
         addr: SocketAddr,
         version: DatasetVersion,
         shard: ShardId,
-        expected_len: u64,
+        expected: &Expected,
         deadline: Duration,
     ) -> Result<SealedChunk, PeerError> {
         let wait = self.config.handoff_wait.min(deadline);
@@ -196,7 +198,7 @@ impl PeerLink {
                 deadline: wait,
             })??;
             let request = PeerRequest::HandOver { version, shard };
-            let result = self.exchange(&conn, addr, &request, version, shard, expected_len, wait).await;
+            let result = self.exchange(&conn, addr, &request, version, shard, expected, wait).await;
             if matches!(result, Err(PeerError::Transfer { .. })) {
                 self.conns.forget(addr);
             }
@@ -270,7 +272,7 @@ impl PeerLink {
         request: &PeerRequest,
         version: DatasetVersion,
         shard: ShardId,
-        expected_len: u64,
+        expected: &Expected,
         first: Duration,
     ) -> Result<SealedChunk, PeerError> {
         let transfer = |fault: LinkFault| PeerError::Transfer { addr, shard, fault };
@@ -303,10 +305,12 @@ impl PeerLink {
                 if len > MAX_PEER_CHUNK_LEN {
                     return Err(transfer(LinkFault::TooLarge { what: "chunk", len, cap: MAX_PEER_CHUNK_LEN }));
                 }
-                // The manifest fixes every chunk's length: refuse another
-                // before committing memory for it.
-                if len != expected_len {
-                    return Err(corrupt(Corruption::Length { announced: len, expected: expected_len }));
+                // The manifest fixes a chunk's length unless it has jagged
+                // tensors: refuse another before committing memory for it.
+                if let Expected::Len(want) = *expected
+                    && len != want
+                {
+                    return Err(corrupt(Corruption::Length { announced: len, expected: want }));
                 }
                 // A chunk larger than the whole budget takes all of it.
                 let units = len.div_ceil(BYTE_PERMIT).clamp(1, self.config.byte_permits()) as u32;
@@ -332,6 +336,9 @@ impl PeerLink {
                 let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
                 if got_version != version || got_shard != shard {
                     return Err(corrupt(Corruption::Misplaced { shard: got_shard, version: got_version }));
+                }
+                if let Expected::Shape { rows, tensors } = expected {
+                    view.header().conforms(*rows, tensors).map_err(|m| corrupt(Corruption::Shape(m)))?;
                 }
                 Ok(chunk)
             }

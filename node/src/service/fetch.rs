@@ -30,10 +30,9 @@ impl Node {
         let Some(cluster) = self.inner.cluster.get() else {
             return here(permit().await?).await.map(|c| (c, false));
         };
-        // A peer's chunk must have the length the manifest's layout gives.
-        // A version with jagged tensors has none: until peers' jagged
-        // chunks are checked another way, each node converts them itself.
-        let Some(expected_len) = self.dataset(key.version).ok().and_then(|d| d.chunk_len(key.shard)) else {
+        // A peer's chunk must have the length the manifest's layout gives
+        // (with jagged tensors: its rows and tensors).
+        let Some(expected) = self.dataset(key.version).ok().and_then(|d| d.expected(key.shard)) else {
             return here(permit().await?).await.map(|c| (c, false));
         };
         let config = cluster.config();
@@ -128,11 +127,7 @@ impl Node {
                     }
                 }
                 Step::AskHeld { former, within } => {
-                    match cluster
-                        .link()
-                        .fetch_held(former.addr, key.version, key.shard, expected_len as u64, within)
-                        .await
-                    {
+                    match cluster.link().fetch_held(former.addr, key.version, key.shard, &expected, within).await {
                         Ok(chunk) => {
                             let c = &self.inner.counters;
                             c.peer_fetched.fetch_add(1, Ordering::Relaxed);
@@ -155,7 +150,7 @@ impl Node {
                     let fetched = tokio::select! {
                         fetched = cluster
                             .link()
-                            .fetch(owner.addr, owner.epoch, key.version, key.shard, expected_len as u64, within)
+                            .fetch(owner.addr, owner.epoch, key.version, key.shard, &expected, within)
                             .instrument(span) =>
                             Some(fetched),
                         () = asking.read_here.notified() => None,

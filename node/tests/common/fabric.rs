@@ -24,8 +24,12 @@ pub(crate) struct Fixture {
     pub(crate) addr: SocketAddr,
     pub(crate) version: DatasetVersion,
     pub(crate) shard: ShardId,
-    /// The chunk's length from the manifest's layout.
+    /// The chunk's length from the manifest's layout (0 with jagged
+    /// tensors).
     pub(crate) len: u64,
+    /// What a peer's chunk of the shard must be: its length (with jagged
+    /// tensors, its rows and tensors).
+    pub(crate) expected: granary_proto::chunk::Expected,
     pub(crate) node: Node,
 }
 
@@ -36,14 +40,22 @@ pub(crate) async fn start() -> Fixture {
 /// Node 1 serving a generated dataset of `rows` rows in row groups of
 /// `row_group_rows` to peers.
 pub(crate) async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
+    start_spec(rows, row_group_rows, false).await
+}
+
+/// [`start_with`], the dataset with list and byte columns (`jagged`) and
+/// the generator's view of them: its chunks' lengths are known only once
+/// converted.
+pub(crate) async fn start_spec(rows: u64, row_group_rows: u64, jagged: bool) -> Fixture {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
-    let spec = GenSpec { seed: 3, rows, files: 1, row_group_rows, compression: "snappy".into(), ..GenSpec::default() };
+    let spec =
+        GenSpec { seed: 3, rows, files: 1, row_group_rows, compression: "snappy".into(), jagged, ..GenSpec::default() };
     datagen::generate(&data, &spec, |_| {}).expect("gen");
     let certs = tmp.path().join("certs");
     tls::init_cluster(&certs).expect("certs");
-    let cfg = node_config(&data);
+    let cfg = node_config_of(&data, jagged);
     let node = Node::start(&cfg).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     let identity = Identity::load(&certs, "node").expect("identity");
@@ -52,20 +64,32 @@ pub(crate) async fn start_with(rows: u64, row_group_rows: u64) -> Fixture {
     let addr = endpoint.local_addr().expect("addr");
     tokio::spawn(serve(node.clone(), endpoint, FabricConfig::default()));
     let target = info.shards[1];
-    let len = granary_proto::ChunkLayout::new(info.version, target.shard, target.rows, &info.tensors)
-        .expect("layout")
-        .total_len() as u64;
-    Fixture { _tmp: tmp, certs, addr, version: info.version, shard: target.shard, len, node }
+    let expected = node.dataset(info.version).expect("dataset").expected(target.shard).expect("a shard");
+    let len = match &expected {
+        granary_proto::chunk::Expected::Len(len) => *len,
+        granary_proto::chunk::Expected::Shape { .. } => 0,
+    };
+    Fixture { _tmp: tmp, certs, addr, version: info.version, shard: target.shard, len, expected, node }
 }
 
 /// A node serving the generated dataset in `data` as "ads", with a 64 MiB
 /// RAM tier.
 pub(crate) fn node_config(data: &std::path::Path) -> NodeConfig {
+    node_config_of(data, false)
+}
+
+/// [`node_config`], the view with the jagged tensors where the data has
+/// them.
+pub(crate) fn node_config_of(data: &std::path::Path, jagged: bool) -> NodeConfig {
+    let view = toml::from_str::<granary_proto::View>(&datagen::view_toml(jagged))
+        .expect("view")
+        .validated()
+        .expect("valid view");
     NodeConfig {
         datasets: vec![DatasetConfig {
             name: "ads".into(),
             source: format!("file://{}", data.display()),
-            view: ViewRef::Inline(datagen::view()),
+            view: ViewRef::Inline(view),
         }],
         ram_bytes: 64 << 20,
         ..NodeConfig::default()
@@ -75,7 +99,8 @@ pub(crate) fn node_config(data: &std::path::Path) -> NodeConfig {
 impl Fixture {
     /// The configuration of another node serving the fixture's dataset.
     pub(crate) fn node_config(&self) -> NodeConfig {
-        node_config(&self._tmp.path().join("data"))
+        let jagged = matches!(self.expected, granary_proto::chunk::Expected::Shape { .. });
+        node_config_of(&self._tmp.path().join("data"), jagged)
     }
 }
 

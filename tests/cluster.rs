@@ -129,6 +129,7 @@ fn reference(dir: &Path, data: &Path, world: usize, dump: &Path) {
         loads: 2,
         convert_threads: 1,
         throttle: None,
+        jagged: false,
     };
     std::fs::write(&config, settings.toml()).expect("config");
     let node = NodeProcess::spawn(Path::new(BIN), &config, &socket, &dir.join("ref.log"), TIMEOUT).expect("node");

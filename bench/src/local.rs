@@ -247,6 +247,9 @@ pub struct DaemonSettings<'a> {
     pub convert_threads: usize,
     /// Simulated remote: (latency ms, bandwidth bytes/s).
     pub throttle: Option<(u64, u64)>,
+    /// The view has the generator's jagged tensors too
+    /// ([`datagen::view_toml`]).
+    pub jagged: bool,
 }
 
 impl DaemonSettings<'_> {
@@ -267,7 +270,7 @@ impl DaemonSettings<'_> {
             self.data_dir.display()
         );
         // The view's tensors as an array of tables under [dataset.view].
-        s += &datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]");
+        s += &datagen::view_toml(self.jagged).replace("[[tensor]]", "[[dataset.view.tensor]]");
         s
     }
 }
@@ -329,6 +332,7 @@ pub(crate) fn start_daemon(
         loads: 4,
         convert_threads: 2,
         throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
+        jagged: false,
     };
     std::fs::write(&config, settings.toml())?;
     let daemon = NodeProcess::spawn(exe, &config, &socket, &work.join("node.log"), Duration::from_secs(60))

@@ -214,6 +214,7 @@ pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(
         loads: 4,
         convert_threads: 2,
         throttle: None,
+        jagged: false,
     };
     std::fs::write(&config, settings.toml())?;
     let _daemon = NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))

@@ -39,6 +39,11 @@ pub(crate) struct DemoArgs {
     /// RAM tier, MiB.
     #[arg(long, default_value_t = 1024)]
     pub ram_mib: u64,
+    /// Also generate list and byte columns (`hist`, `cats`, `blob`) and
+    /// serve them as jagged tensors: each rank receives every row's values
+    /// and row offsets, and the determinism replay covers them.
+    #[arg(long)]
+    pub jagged: bool,
     /// Print JSON lines instead of tables and bars.
     #[arg(long)]
     pub json: bool,

@@ -85,6 +85,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
         convert_threads: 2,
         throttle: Some((a.latency_ms, bandwidth)),
         lease_ms: 1500,
+        view: Some(granary_testkit::datagen::view_toml(a.jagged)),
         ..LocalClusterSpec::default()
     };
     let cluster = LocalCluster::start(&exe, &work.path().join("cluster"), &data, spec)?;

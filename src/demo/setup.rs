@@ -54,6 +54,7 @@ fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::
         files: a.files,
         row_group_rows: a.row_group_rows,
         compression: "snappy".into(),
+        jagged: a.jagged,
         ..GenSpec::default()
     };
     let report = datagen::generate(data, &spec, |n| gen_bar.set_position(n))?;
@@ -62,8 +63,9 @@ fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::
         say_to(
             bars,
             format!(
-                "dataset: {} rows, {} files, {} shards, {:.1} MB of Parquet at {}",
+                "dataset: {} rows{}, {} files, {} shards, {:.1} MB of Parquet at {}",
                 report.rows,
+                if a.jagged { " with list and byte columns (jagged tensors hist, cats, blob)" } else { "" },
                 report.files.len(),
                 a.rows.div_ceil(a.row_group_rows),
                 report.bytes as f64 / 1e6,

@@ -61,6 +61,9 @@ pub struct LocalClusterSpec {
     /// --config FILE` arguments), in every life: `granary-chaos run`'s
     /// byzantine peer (`granary-chaos node`).
     pub node_exe: Option<(u64, PathBuf)>,
+    /// The view (TOML) the dataset is registered with; None: the
+    /// generator's ([`crate::datagen::VIEW_TOML`]).
+    pub view: Option<String>,
 }
 
 /// A host made of a network namespace (see `granary_chaos::netns`).
@@ -99,6 +102,7 @@ impl Default for LocalClusterSpec {
             metrics: false,
             verify_peer_chunks: None,
             node_exe: None,
+            view: None,
         }
     }
 }
@@ -360,11 +364,12 @@ impl LocalCluster {
         self.voter_advertise.iter().map(|a| a.to_string()).collect()
     }
 
-    /// Registers the Parquet files in `data` as dataset `name` (the
-    /// generator's view) on the coordinator.
+    /// Registers the Parquet files in `data` as dataset `name` (the spec's
+    /// view, or the generator's) on the coordinator.
     pub fn add_dataset(&self, name: &str, data: &Path) -> Result<()> {
+        let view = self.spec.view.as_deref().unwrap_or(crate::datagen::VIEW_TOML);
         let source = self.spec.source.clone().unwrap_or_else(|| format!("file://{}/", data.display()));
-        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, &source).map_err(|e| {
+        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, &source, view).map_err(|e| {
             let tails: Vec<String> = self.voter_ids().iter().map(|&v| log_tail(&self.voter_log(v))).collect();
             anyhow!("{e:#}\n{}", tails.join("\n"))
         })
@@ -619,10 +624,18 @@ impl LocalCluster {
     }
 }
 
-/// `granary dataset add NAME --source SOURCE` with the generator's view.
-fn add_dataset(exe: &Path, coordinators: &[String], certs: &Path, dir: &Path, name: &str, source: &str) -> Result<()> {
+/// `granary dataset add NAME --source SOURCE` with the view `view_toml`.
+fn add_dataset(
+    exe: &Path,
+    coordinators: &[String],
+    certs: &Path,
+    dir: &Path,
+    name: &str,
+    source: &str,
+    view_toml: &str,
+) -> Result<()> {
     let view = dir.join("view.toml");
-    std::fs::write(&view, crate::datagen::VIEW_TOML)?;
+    std::fs::write(&view, view_toml)?;
     let out = Command::new(exe)
         .args(["dataset", "add", name, "--source", source])
         .arg("--view")

@@ -9,13 +9,18 @@
 //!   the destination block stays in cache while every column is written into
 //!   it;
 //! - a `List`/`LargeList` or byte column (a jagged tensor) becomes its row
-//!   offsets, rebased to 0, and its values in one bulk copy (a row group
-//!   whose list has null rows, with a fill declared, copies row by row);
+//!   offsets, rebased to 0, and its values in one bulk copy; a row group
+//!   with null rows (`null = "empty"`) or rows cut to `max_len`
+//!   (`truncate`) copies row by row ([`KeptRows`]); with `pad_to` it
+//!   becomes a dense `[N]` tensor padded with the fill, and a `<name>_len`
+//!   tensor of each row's length;
 //! - casts go through Arrow's cast kernel with overflow checking, booleans
 //!   become one byte each, bf16 is rounded from f32.
 //!
 //! Nulls are an error naming the file, row group, column and first null row,
-//! unless the view declares a fill value. Inner loops do not branch per
+//! unless the view declares a fill value (a null row of a list or byte
+//! column: unless it declares `null = "empty"`); so is a row longer than
+//! `max_len` or `pad_to` without `truncate`. Inner loops do not branch per
 //! value: nulls are patched after the bulk copy, only when there are any.
 
 use crate::error::ConvertError;
@@ -100,19 +105,78 @@ pub(crate) fn convert_into(
                     }
                 }
             }
-            Kind::Jagged => {
+            Kind::Jagged | Kind::Padded(_) | Kind::Lengths => {
                 let name = &t.columns[0];
-                let j = jagged_column(column(name)?, t, name, site)?;
-                let Some(offsets_at) = layout.offsets_range(i) else {
-                    return Err(site.err(name, "the chunk's layout has no row offsets for a jagged tensor".into()));
-                };
-                if j.offsets.len() != rows + 1 || offsets_at.len() != j.offsets.len() * 8 {
+                let col = column(name)?;
+                let rows_kept = kept_rows(col, t, name, site)?;
+                if rows_kept.rows() != rows {
                     return Err(site.err(name, "row offsets disagree with the row count".into()));
                 }
-                for (d, o) in out[offsets_at].chunks_exact_mut(8).zip(&j.offsets) {
-                    d.copy_from_slice(&o.to_le_bytes());
+                let dst = &mut out[layout.tensor_range(i)];
+                match t.kind {
+                    Kind::Lengths => {
+                        if dst.len() != rows * 4 {
+                            return Err(site.err(name, "lengths disagree with the row count".into()));
+                        }
+                        for (d, r) in dst.chunks_exact_mut(4).zip(0..rows) {
+                            let (a, b) = rows_kept.range(r);
+                            // At most pad_to (<= MAX_PAD_TO) values.
+                            d.copy_from_slice(&((b - a) as i32).to_le_bytes());
+                        }
+                    }
+                    Kind::Padded(n) => {
+                        let bytes = list_bytes(col, t, name, site, &rows_kept)?;
+                        if dst.len() != rows * n * elem {
+                            return Err(site.err(name, "padded rows disagree with the row count".into()));
+                        }
+                        let one = fill_bytes(t.dtype, t.fill.unwrap_or(0.0));
+                        for v in dst.chunks_exact_mut(elem) {
+                            v.copy_from_slice(&one);
+                        }
+                        for r in 0..rows {
+                            let (a, b) = rows_kept.range(r);
+                            let (a, b) = (a as usize * elem, b as usize * elem);
+                            dst[r * n * elem..][..b - a].copy_from_slice(&bytes[a..b]);
+                        }
+                    }
+                    _ => {
+                        let bytes = list_bytes(col, t, name, site, &rows_kept)?;
+                        let Some(offsets_at) = layout.offsets_range(i) else {
+                            return Err(
+                                site.err(name, "the chunk's layout has no row offsets for a jagged tensor".into())
+                            );
+                        };
+                        if offsets_at.len() != (rows + 1) * 8 {
+                            return Err(site.err(name, "row offsets disagree with the row count".into()));
+                        }
+                        let dst = &mut out[layout.tensor_range(i)];
+                        match &rows_kept.kept {
+                            // Every row whole: one bulk copy.
+                            None => copy_exact(dst, &bytes, name, site)?,
+                            // Null rows dropped or long rows cut: row by row.
+                            Some(kept) => {
+                                if dst.len() != rows_kept.values() as usize * elem {
+                                    return Err(site.err(name, "kept values disagree with the layout".into()));
+                                }
+                                let mut at = 0;
+                                for &(a, b) in kept {
+                                    let (sa, sb) = (a as usize * elem, b as usize * elem);
+                                    dst[at..at + sb - sa].copy_from_slice(&bytes[sa..sb]);
+                                    at += sb - sa;
+                                }
+                            }
+                        }
+                        // Row offsets, rebased to 0.
+                        let mut at = 0u64;
+                        for (r, d) in out[offsets_at].chunks_exact_mut(8).enumerate() {
+                            d.copy_from_slice(&at.to_le_bytes());
+                            if r < rows {
+                                let (a, b) = rows_kept.range(r);
+                                at += b - a;
+                            }
+                        }
+                    }
                 }
-                copy_exact(&mut out[layout.tensor_range(i)], &j.values, name, site)?;
             }
             Kind::Stacked => {
                 let cols: Vec<Cow<'_, [u8]>> = t
@@ -137,8 +201,13 @@ pub(crate) fn convert_into(
     Ok(())
 }
 
+/// Bytes a jagged tensor's values may take in one chunk: a chunk over it
+/// is not kept (the tiers' limit).
+pub(crate) const MAX_JAGGED_BYTES: u64 = 4 << 30;
+
 /// The value count of each jagged tensor of `batch` (0 for a dense one),
-/// which its chunk's layout needs before [`convert_into`] fills it.
+/// which its chunk's layout needs before [`convert_into`] fills it: what
+/// the view keeps of each row (null rows empty, long rows truncated).
 pub(crate) fn jagged_values(
     batch: &RecordBatch,
     resolved: &Resolved,
@@ -155,17 +224,30 @@ pub(crate) fn jagged_values(
             let col = batch
                 .column_by_name(name)
                 .ok_or_else(|| site.err(name, "column missing from the decoded row group".into()))?;
-            let (offsets, nulls) =
-                raw_offsets(col).ok_or_else(|| site.err(name, "is not a list or byte column".into()))?;
-            let rows = offsets.len().saturating_sub(1);
-            // A null row is empty (with a fill declared; otherwise an error
-            // in `convert_into`), whatever its offsets say.
-            Ok((0..rows)
-                .filter(|&r| !nulls.is_some_and(|n| n.is_null(r)))
-                .map(|r| offsets[r + 1].saturating_sub(offsets[r]))
-                .sum())
+            let kept = kept_rows(col, t, name, site)?;
+            if let Some((bytes, row, len)) = over_limit(&kept, t.dtype.size_bytes() as u64, MAX_JAGGED_BYTES) {
+                return Err(site.err(
+                    name,
+                    format!(
+                        "the row group's values take {bytes} bytes, over the {MAX_JAGGED_BYTES} a chunk may hold \
+                         (its longest row, row {row}, holds {len} values): write smaller row groups"
+                    ),
+                ));
+            }
+            Ok(kept.values())
         })
         .collect()
+}
+
+/// When `kept`'s values (`vb` bytes each) take more than `limit` bytes:
+/// their bytes, and the longest row and its length.
+fn over_limit(kept: &KeptRows, vb: u64, limit: u64) -> Option<(u64, usize, u64)> {
+    let bytes = kept.values().saturating_mul(vb);
+    if bytes <= limit {
+        return None;
+    }
+    let (row, len) = (0..kept.rows()).map(|r| (r, kept.range(r).1 - kept.range(r).0)).max_by_key(|&(_, l)| l)?;
+    Some((bytes, row, len))
 }
 
 /// A list or byte column's row offsets as `u64`s (not rebased) and its
@@ -184,35 +266,111 @@ fn raw_offsets(col: &ArrayRef) -> Option<(Vec<u64>, Option<&arrow::buffer::NullB
     })
 }
 
-/// A jagged tensor's row offsets (rebased to 0) and values' bytes.
-struct JaggedColumn<'a> {
-    offsets: Vec<u64>,
-    values: Cow<'a, [u8]>,
+/// What a view keeps of each row of a list or byte column.
+struct KeptRows {
+    /// The column's row offsets (rows + 1, not rebased, never decreasing).
+    raw: Vec<u64>,
+    /// Each row's kept values, relative to the first row's first value;
+    /// `None` when every row is kept whole (its raw range).
+    kept: Option<Vec<(u64, u64)>>,
 }
 
-/// One list or byte column as a jagged tensor: nulls are an error naming
-/// the row, unless the view declares a fill (a null row is then empty, a
-/// null value inside a list the fill).
-fn jagged_column<'a>(
+impl KeptRows {
+    fn rows(&self) -> usize {
+        self.raw.len().saturating_sub(1)
+    }
+
+    /// Row `r`'s kept values, relative to the first row's first value.
+    fn range(&self, r: usize) -> (u64, u64) {
+        match &self.kept {
+            Some(k) => k[r],
+            None => (self.raw[r] - self.raw[0], self.raw[r + 1] - self.raw[0]),
+        }
+    }
+
+    /// The values of the first row's first to the last row's end (the
+    /// span the values' bytes cover).
+    fn span(&self) -> (u64, u64) {
+        (self.raw.first().copied().unwrap_or(0), self.raw.last().copied().unwrap_or(0))
+    }
+
+    /// Values kept in all.
+    fn values(&self) -> u64 {
+        match &self.kept {
+            Some(k) => k.iter().map(|&(a, b)| b - a).sum(),
+            None => self.span().1 - self.span().0,
+        }
+    }
+}
+
+/// Which values of each row of list or byte column `col` tensor `t`
+/// keeps: a null row is an error naming it unless the view declares
+/// `null = "empty"`; a row longer than `max_len` (or `pad_to`) is an
+/// error naming it unless the view declares `truncate`.
+fn kept_rows(col: &ArrayRef, t: &ResolvedTensor, name: &str, site: Site<'_>) -> Result<KeptRows, ConvertError> {
+    let (raw, nulls) = raw_offsets(col).ok_or_else(|| site.err(name, "is not a list or byte column".into()))?;
+    if raw.windows(2).any(|w| w[1] < w[0]) {
+        return Err(site.err(name, "its row offsets decrease".into()));
+    }
+    let rows = raw.len().saturating_sub(1);
+    let is_null = |r: usize| nulls.is_some_and(|n| n.is_null(r));
+    let len = |r: usize| raw[r + 1] - raw[r];
+    if !t.null_empty
+        && let Some(r) = (0..rows).find(|&r| is_null(r))
+    {
+        let count = (0..rows).filter(|&r| is_null(r)).count();
+        return Err(site.err(
+            name,
+            format!("{count} null rows (first at row {r}); declare null = \"empty\" to read a null row as empty"),
+        ));
+    }
+    let limit_name = if matches!(t.kind, Kind::Jagged) { "max_len" } else { "pad_to" };
+    if let (Some(max), None) = (t.max_len, t.truncate)
+        && let Some(r) = (0..rows).find(|&r| !is_null(r) && len(r) > u64::from(max))
+    {
+        return Err(site.err(
+            name,
+            format!(
+                "row {r} holds {} values, over {limit_name} = {max}; declare truncate = \"keep_first\" or \
+                 \"keep_last\" to keep part of it",
+                len(r)
+            ),
+        ));
+    }
+    let long = |r: usize| t.max_len.is_some_and(|m| len(r) > u64::from(m));
+    if !(0..rows).any(|r| (is_null(r) && len(r) > 0) || long(r)) {
+        return Ok(KeptRows { raw, kept: None });
+    }
+    let first = raw.first().copied().unwrap_or(0);
+    let kept = (0..rows)
+        .map(|r| {
+            let (a, b) = (raw[r] - first, raw[r + 1] - first);
+            match (is_null(r), t.max_len) {
+                (true, _) => (a, a),
+                (false, Some(m)) if b - a > u64::from(m) => match t.truncate {
+                    Some(granary_proto::Truncate::KeepLast) => (b - u64::from(m), b),
+                    _ => (a, a + u64::from(m)),
+                },
+                _ => (a, b),
+            }
+        })
+        .collect();
+    Ok(KeptRows { raw, kept: Some(kept) })
+}
+
+/// The values of list or byte column `col` over `kept`'s span, as bytes
+/// of the tensor's dtype (cast, and null values inside a list filled, as
+/// any column; a null value without a fill is an error naming its row).
+fn list_bytes<'a>(
     col: &'a ArrayRef,
     t: &ResolvedTensor,
     name: &str,
     site: Site<'_>,
-) -> Result<JaggedColumn<'a>, ConvertError> {
-    let (raw, nulls) = raw_offsets(col).ok_or_else(|| site.err(name, "is not a list or byte column".into()))?;
-    let rows = raw.len().saturating_sub(1);
-    let (first, last) = (raw.first().copied().unwrap_or(0), raw.last().copied().unwrap_or(0));
-    let null_rows: Vec<usize> = (0..rows).filter(|&r| nulls.is_some_and(|n| n.is_null(r))).collect();
-    if let (Some(&r), None) = (null_rows.first(), t.fill) {
-        return Err(site.err(
-            name,
-            format!("{} null rows (first at row {r}) and the view declares no fill value", null_rows.len()),
-        ));
-    }
-    // The values from the first row's to the last row's end, as bytes of
-    // the tensor's dtype (cast, and null values filled, as any column).
-    let (start, len) = (first as usize, last.saturating_sub(first) as usize);
-    let bytes: Cow<'a, [u8]> = match col.data_type() {
+    kept: &KeptRows,
+) -> Result<Cow<'a, [u8]>, ConvertError> {
+    let (first, last) = kept.span();
+    let (start, len) = (first as usize, (last - first) as usize);
+    Ok(match col.data_type() {
         DataType::List(_) | DataType::LargeList(_) => {
             let child = match col.data_type() {
                 DataType::List(_) => col.as_list::<i32>().values(),
@@ -223,7 +381,7 @@ fn jagged_column<'a>(
             }
             if child.null_count() > 0 && t.fill.is_none() {
                 let v = (start..start + len).find(|&v| child.is_null(v)).unwrap_or(start) as u64;
-                let row = raw.partition_point(|&o| o <= v).saturating_sub(1);
+                let row = kept.raw.partition_point(|&o| o <= v).saturating_sub(1);
                 return Err(site.err(
                     name,
                     format!("a null value inside its list at row {row}, and the view declares no fill value"),
@@ -250,25 +408,7 @@ fn jagged_column<'a>(
             };
             Cow::Borrowed(b)
         }
-    };
-    let elem = t.dtype.size_bytes();
-    let mut offsets = Vec::with_capacity(rows + 1);
-    let has_dropped = null_rows.iter().any(|&r| raw[r + 1] > raw[r]);
-    if !has_dropped {
-        offsets.extend(raw.iter().map(|&o| o - first));
-        return Ok(JaggedColumn { offsets, values: bytes });
-    }
-    // Null rows that still span values: copy the other rows' values.
-    let mut values = Vec::with_capacity(bytes.len());
-    offsets.push(0);
-    for r in 0..rows {
-        if nulls.is_none_or(|n| !n.is_null(r)) {
-            let (a, b) = ((raw[r] - first) as usize * elem, (raw[r + 1] - first) as usize * elem);
-            values.extend_from_slice(&bytes[a..b]);
-        }
-        offsets.push((values.len() / elem) as u64);
-    }
-    Ok(JaggedColumn { offsets, values: Cow::Owned(values) })
+    })
 }
 
 fn copy_exact(dst: &mut [u8], src: &[u8], column: &str, site: Site<'_>) -> Result<(), ConvertError> {
@@ -540,13 +680,7 @@ mod tests {
     }
 
     fn spec(name: &str, dtype: DType, columns: &[&str]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype,
-            columns: columns.iter().map(|c| c.to_string()).collect(),
-            cast: dtype == DType::BF16,
-            fill: None,
-        }
+        TensorSpec { cast: dtype == DType::BF16, ..TensorSpec::new(name, dtype, columns) }
     }
 
     fn view(tensors: Vec<TensorSpec>) -> View {
@@ -951,8 +1085,8 @@ mod tests {
         assert_eq!(jagged_rows::<4>(&buf, 0), as_i32);
         assert_eq!(jagged_rows::<8>(&buf, 1), as_i64);
 
-        // A null row: an error naming it, or empty with a fill declared
-        // (even when its offsets span values).
+        // A null row: an error naming it, or empty with null = "empty"
+        // declared (even when its offsets span values).
         let nulls = NullBuffer::from(vec![true, false, true]);
         let spans = ListArray::new(
             item,
@@ -962,10 +1096,9 @@ mod tests {
         );
         let b = batch(vec![("l", Arc::new(spans) as ArrayRef)]);
         let e = chunk(&b, &view(vec![spec("t", DType::I32, &["l"])])).expect_err("a null row");
-        assert!(e.to_string().contains("1 null rows (first at row 1)"), "{e}");
-        let mut filled = spec("t", DType::I32, &["l"]);
-        filled.fill = Some(0.0);
-        let buf = chunk(&b, &view(vec![filled])).expect("fill declared");
+        assert!(e.to_string().contains("1 null rows (first at row 1); declare null = \"empty\""), "{e}");
+        let empty = TensorSpec { null_rows: granary_proto::NullRows::Empty, ..spec("t", DType::I32, &["l"]) };
+        let buf = chunk(&b, &view(vec![empty])).expect("null = empty declared");
         let want: Vec<Vec<[u8; 4]>> = vec![vec![1i32.to_le_bytes()], vec![], vec![4i32.to_le_bytes()]];
         assert_eq!(jagged_rows::<4>(&buf, 0), want);
     }
@@ -978,5 +1111,100 @@ mod tests {
         let b = batch(vec![("l", Arc::new(list) as ArrayRef)]);
         let e = chunk(&b, &view(vec![spec("t", DType::I64, &["l"])])).expect_err("a null value");
         assert!(e.to_string().contains("a null value inside its list at row 1"), "{e}");
+    }
+
+    /// Rows of lengths `lens` (values 0, 1, 2, ... in order) as a list
+    /// column of i64, rows `nulls` null.
+    fn counted_list(lens: &[usize], nulls: Option<Vec<bool>>) -> ArrayRef {
+        let total: usize = lens.iter().sum();
+        let item = Arc::new(Field::new_list_field(DataType::Int64, false));
+        let values = Int64Array::from_iter_values(0..total as i64);
+        Arc::new(ListArray::new(
+            item,
+            OffsetBuffer::from_lengths(lens.iter().copied()),
+            Arc::new(values),
+            nulls.map(NullBuffer::from),
+        ))
+    }
+
+    fn i64_rows(buf: &[u8], i: usize) -> Vec<Vec<i64>> {
+        jagged_rows::<8>(buf, i).into_iter().map(|r| r.into_iter().map(i64::from_le_bytes).collect()).collect()
+    }
+
+    #[test]
+    fn max_len_keeps_the_first_or_last_values_or_names_the_long_row() {
+        let b = batch(vec![("h", counted_list(&[2, 5, 0, 3], None))]);
+        let base = TensorSpec { max_len: Some(3), ..spec("h", DType::I64, &["h"]) };
+        let e = chunk(&b, &view(vec![base.clone()])).expect_err("a long row");
+        let msg = e.to_string();
+        assert!(msg.contains("row 1 holds 5 values, over max_len = 3") && msg.contains("truncate"), "{msg}");
+        assert!(msg.contains(FILE) && msg.contains("column \"h\""), "names file and column: {msg}");
+        let first = TensorSpec { truncate: Some(granary_proto::Truncate::KeepFirst), ..base.clone() };
+        let buf = chunk(&b, &view(vec![first])).expect("keep_first");
+        assert_eq!(i64_rows(&buf, 0), vec![vec![0, 1], vec![2, 3, 4], vec![], vec![7, 8, 9]]);
+        let last = TensorSpec { truncate: Some(granary_proto::Truncate::KeepLast), ..base };
+        let buf = chunk(&b, &view(vec![last])).expect("keep_last");
+        assert_eq!(i64_rows(&buf, 0), vec![vec![0, 1], vec![4, 5, 6], vec![], vec![7, 8, 9]]);
+    }
+
+    #[test]
+    fn pad_to_makes_a_dense_tensor_and_its_lengths() {
+        let b = batch(vec![("h", counted_list(&[2, 5, 0, 3], Some(vec![true, true, false, true])))]);
+        let padded = TensorSpec {
+            pad_to: Some(4),
+            fill: Some(-1.0),
+            truncate: Some(granary_proto::Truncate::KeepFirst),
+            null_rows: granary_proto::NullRows::Empty,
+            ..spec("h", DType::I64, &["h"])
+        };
+        let resolved = resolve(&view(vec![padded.clone()]), &b).expect("resolves");
+        let names: Vec<(&str, &[u32], bool)> =
+            resolved.layouts.iter().map(|l| (l.name.as_str(), &l.shape[..], l.jagged)).collect();
+        assert_eq!(names, [("h", &[4u32][..], false), ("h_len", &[][..], false)]);
+        assert_eq!(resolved.layouts[1].dtype, DType::I32);
+        let buf = chunk(&b, &view(vec![padded.clone()])).expect("pads");
+        let v = ChunkView::parse(&buf, Verify::Full).expect("chunk");
+        let (_, h) = v.tensor("h").expect("h");
+        let h: Vec<i64> = h.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(h, [0, 1, -1, -1, 2, 3, 4, 5, -1, -1, -1, -1, 7, 8, 9, -1]);
+        let (_, lens) = v.tensor("h_len").expect("h_len");
+        let lens: Vec<i32> = lens.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(lens, [2, 4, 0, 3]);
+        // Without truncate a row longer than pad_to is an error naming it.
+        let strict = TensorSpec { truncate: None, ..padded };
+        let e = chunk(&b, &view(vec![strict])).expect_err("a long row");
+        assert!(e.to_string().contains("row 1 holds 5 values, over pad_to = 4"), "{e}");
+    }
+
+    #[test]
+    fn list_options_on_a_scalar_column_or_a_list_of_strings_are_refused_by_name() {
+        let b = batch(vec![("x", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef)]);
+        let e = resolve(&view(vec![TensorSpec { max_len: Some(3), ..spec("x", DType::I64, &["x"]) }]), &b)
+            .expect_err("a scalar column");
+        assert!(e.to_string().contains("apply to a list or byte column") && e.to_string().contains("Int64"), "{e}");
+        let strings = Arc::new(ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Utf8, false)),
+            OffsetBuffer::from_lengths([1, 1]),
+            Arc::new(arrow::array::StringArray::from(vec!["a", "b"])),
+            None,
+        )) as ArrayRef;
+        let b = batch(vec![("s", strings)]);
+        let e = resolve(&view(vec![spec("s", DType::U8, &["s"])]), &b).expect_err("a list of strings");
+        assert!(e.to_string().contains("which no tensor can be built from"), "{e}");
+        let text = Arc::new(arrow::array::StringArray::from(vec!["a", "b"])) as ArrayRef;
+        let b = batch(vec![("t", text)]);
+        let e = resolve(&view(vec![spec("t", DType::I64, &["t"])]), &b).expect_err("a Utf8 column as i64");
+        assert!(e.to_string().contains("its tensor's dtype must be u8"), "{e}");
+    }
+
+    #[test]
+    fn values_over_a_chunks_limit_name_the_longest_row() {
+        let kept = KeptRows { raw: vec![10, 12, 20, 21], kept: None };
+        assert_eq!(over_limit(&kept, 8, 11 * 8), None);
+        assert_eq!(over_limit(&kept, 8, 10 * 8), Some((88, 1, 8)));
+        // Offsets are u64: a chunk's values past u32 do not wrap.
+        let big = KeptRows { raw: vec![0, 3 << 30, 5 << 30], kept: None };
+        assert_eq!(big.values(), 5 << 30);
+        assert_eq!(over_limit(&big, 1, MAX_JAGGED_BYTES), Some((5 << 30, 0, 3 << 30)));
     }
 }

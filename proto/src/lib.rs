@@ -54,4 +54,4 @@ pub use plan::{
     PlanCost, PlanCursor, PlanError, PlanParams, RankPlan, RowRef, Shuffle, plan_cost, plan_rank, rank_shard_order,
     window_rows_bound,
 };
-pub use view::{TensorLayout, TensorSpec, View, ViewError};
+pub use view::{NullRows, TensorLayout, TensorSpec, Truncate, View, ViewError};

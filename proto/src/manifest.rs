@@ -198,12 +198,26 @@ impl Canon {
                 self.str(c);
             }
             self.u64(u64::from(t.cast));
+            // A tensor without list options hashes as it always did (0 or
+            // 1, then the fill); one with them as 2 and 3, then them.
+            let options = u64::from(t.has_jagged_options()) * 2;
             match t.fill {
-                None => self.u64(0),
+                None => self.u64(options),
                 Some(v) => {
-                    self.u64(1);
+                    self.u64(options + 1);
                     self.u64(v.to_bits());
                 }
+            }
+            if t.has_jagged_options() {
+                let opt = |v: Option<u32>| v.map_or(0, |n| 1 + u64::from(n));
+                self.u64(opt(t.max_len));
+                self.u64(opt(t.pad_to));
+                self.u64(match t.truncate {
+                    None => 0,
+                    Some(crate::view::Truncate::KeepFirst) => 1,
+                    Some(crate::view::Truncate::KeepLast) => 2,
+                });
+                self.u64(u64::from(t.null_rows == crate::view::NullRows::Empty));
             }
         }
     }
@@ -235,15 +249,7 @@ mod tests {
             }],
             tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![], jagged: false }],
         };
-        let v = View {
-            tensors: vec![TensorSpec {
-                name: "x".into(),
-                dtype: DType::F32,
-                columns: vec!["x".into()],
-                cast: false,
-                fill: None,
-            }],
-        };
+        let v = View { tensors: vec![TensorSpec::new("x", DType::F32, &["x"])] };
         (m, v)
     }
 

@@ -5,7 +5,11 @@
 //! Each tensor is built from either
 //! - one scalar column: a per-row scalar, shape `[]`;
 //! - several scalar columns of one Arrow type, stacked: shape `[k]`;
-//! - one `FixedSizeList<T, k>` column: shape `[k]`.
+//! - one `FixedSizeList<T, k>` column: shape `[k]`;
+//! - one `List<T>`/`LargeList<T>` or byte column (`Binary`, `Utf8` and
+//!   their large forms, as `u8`): a jagged tensor, a variable number of
+//!   values per row. Options: `max_len` with `truncate`, `pad_to` (a dense
+//!   `[N]` tensor and a `<name>_len` tensor of lengths), `null`.
 //!
 //! The shape is resolved against the Parquet schema by the node; this module
 //! checks what can be checked without the schema.
@@ -35,9 +39,110 @@ pub struct TensorSpec {
     /// `true`. Without it a type mismatch is an error.
     #[serde(default)]
     pub cast: bool,
-    /// Value that replaces nulls. Without it a null is an error.
+    /// Value that replaces nulls. Without it a null is an error. With
+    /// `pad_to`, also the value that pads a short row (0 without one).
     #[serde(default)]
     pub fill: Option<f64>,
+    /// Of a list or byte column: the most values a row keeps. A longer row
+    /// is an error naming it, unless `truncate` says which values to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<u32>,
+    /// Which values a row longer than `max_len` (or `pad_to`) keeps: its
+    /// first (`"keep_first"`) or its last (`"keep_last"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<Truncate>,
+    /// Of a list or byte column: a dense tensor of `pad_to` values per row
+    /// instead of a jagged one, a shorter row padded with `fill` (0 without
+    /// one), and beside it a tensor `<name>_len` (i32, one per row) of each
+    /// row's length. A longer row is an error unless `truncate` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_to: Option<u32>,
+    /// Of a list or byte column: what a null row is: an error naming it
+    /// (`"error"`, the default) or a row of no values (`"empty"`).
+    #[serde(default, rename = "null", skip_serializing_if = "NullRows::is_error")]
+    pub null_rows: NullRows,
+}
+
+/// Which values a row longer than its tensor's limit keeps.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncate {
+    /// The row's first values.
+    KeepFirst,
+    /// The row's last values.
+    KeepLast,
+}
+
+/// What a null row of a list or byte column is.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Debug,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum NullRows {
+    /// An error naming the file, row group, column and row.
+    #[default]
+    Error,
+    /// A row of no values.
+    Empty,
+}
+
+impl NullRows {
+    fn is_error(&self) -> bool {
+        *self == NullRows::Error
+    }
+}
+
+/// The longest `pad_to` a view may declare: a padded row is dense, and a
+/// row group of them must fit a chunk.
+pub const MAX_PAD_TO: u32 = 1 << 20;
+
+impl TensorSpec {
+    /// A tensor of `dtype` from `columns`, with no cast, fill or option.
+    pub fn new(name: impl Into<String>, dtype: DType, columns: &[&str]) -> Self {
+        Self {
+            name: name.into(),
+            dtype,
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            cast: false,
+            fill: None,
+            max_len: None,
+            truncate: None,
+            pad_to: None,
+            null_rows: NullRows::Error,
+        }
+    }
+
+    /// Whether the tensor declares an option only a list or byte column
+    /// can have (`max_len`, `truncate`, `pad_to`, `null`).
+    pub fn has_jagged_options(&self) -> bool {
+        self.max_len.is_some() || self.truncate.is_some() || self.pad_to.is_some() || !self.null_rows.is_error()
+    }
+
+    /// The name of the lengths tensor a `pad_to` tensor adds.
+    pub fn lengths_name(&self) -> String {
+        format!("{}_len", self.name)
+    }
 }
 
 /// A dataset view: the tensors to build, in order.
@@ -139,6 +244,14 @@ pub enum ViewError {
         /// The tensor's dtype.
         dtype: DType,
     },
+    /// A list option (`max_len`, `truncate`, `pad_to`) that cannot hold.
+    #[error("tensor {tensor:?}: {problem}")]
+    BadOption {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The view text does not parse.
     #[error("view does not parse: {0}")]
     Parse(String),
@@ -173,9 +286,40 @@ impl View {
             {
                 return Err(ViewError::BadFill { tensor: t.name.clone(), fill, dtype: t.dtype });
             }
+            check_options(t)?;
+        }
+        // A padded tensor's lengths take a name no other tensor may have.
+        for t in self.tensors.iter().filter(|t| t.pad_to.is_some()) {
+            let len = t.lengths_name();
+            if self.tensors.iter().any(|o| o.name == len) {
+                return Err(ViewError::BadOption {
+                    tensor: t.name.clone(),
+                    problem: format!("pad_to adds a tensor {len:?} of lengths, and another tensor has that name"),
+                });
+            }
         }
         Ok(self)
     }
+}
+
+/// The list options of `t` hold together.
+fn check_options(t: &TensorSpec) -> Result<(), ViewError> {
+    let bad = |problem: String| Err(ViewError::BadOption { tensor: t.name.clone(), problem });
+    match (t.max_len, t.pad_to) {
+        (Some(_), Some(_)) => {
+            return bad("declare max_len or pad_to, not both (pad_to is the padded tensor's limit)".into());
+        }
+        (Some(0), _) => return bad("max_len must be at least 1".into()),
+        (_, Some(0)) => return bad("pad_to must be at least 1".into()),
+        (_, Some(n)) if n > MAX_PAD_TO => {
+            return bad(format!("pad_to {n} is over the {MAX_PAD_TO} a view may declare"));
+        }
+        (None, None) if t.truncate.is_some() => {
+            return bad("truncate needs max_len or pad_to: the limit it applies at".into());
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// True when `fill` is exactly representable as a value of `dtype` (or, for
@@ -266,13 +410,32 @@ mod tests {
     }
 
     fn spec(name: &str, cols: &[&str]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype: DType::F32,
-            columns: cols.iter().map(|s| s.to_string()).collect(),
-            cast: false,
-            fill: None,
-        }
+        TensorSpec::new(name, DType::F32, cols)
+    }
+
+    #[test]
+    fn list_options_are_read_and_checked() {
+        let v: View = toml::from_str(
+            "[[tensor]]\nname = \"hist\"\ndtype = \"i64\"\ncolumns = [\"hist\"]\nmax_len = 50\ntruncate = \"keep_last\"\nnull = \"empty\"\n",
+        )
+        .unwrap();
+        let t = &v.tensors[0];
+        assert_eq!((t.max_len, t.truncate, t.null_rows), (Some(50), Some(Truncate::KeepLast), NullRows::Empty));
+        assert!(v.clone().validated().is_ok());
+        let problem = |t: TensorSpec| match (View { tensors: vec![t] }).validated() {
+            Err(ViewError::BadOption { problem, .. }) => problem,
+            other => panic!("expected BadOption, got {other:?}"),
+        };
+        let base = TensorSpec::new("h", DType::I64, &["h"]);
+        assert!(problem(TensorSpec { max_len: Some(3), pad_to: Some(4), ..base.clone() }).contains("not both"));
+        assert!(problem(TensorSpec { truncate: Some(Truncate::KeepFirst), ..base.clone() }).contains("needs max_len"));
+        assert!(problem(TensorSpec { pad_to: Some(0), ..base.clone() }).contains("at least 1"));
+        assert!(problem(TensorSpec { pad_to: Some(MAX_PAD_TO + 1), ..base.clone() }).contains("over"));
+        let clash = View { tensors: vec![TensorSpec { pad_to: Some(8), ..base.clone() }, spec("h_len", &["x"])] };
+        assert!(matches!(clash.validated(), Err(ViewError::BadOption { .. })));
+        // Without options a view serializes as it always did.
+        let json = serde_json::to_string(&base).unwrap();
+        assert!(!json.contains("max_len") && !json.contains("\"null\""), "{json}");
     }
 
     #[test]

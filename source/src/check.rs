@@ -24,8 +24,9 @@ pub struct CheckedTensor {
     pub columns: Vec<String>,
     /// Whether the view declares a cast (the file's type differs).
     pub cast: bool,
-    /// Of a jagged tensor: its rows' lengths in the first file's first
-    /// row group (values per row; bytes of a byte column).
+    /// Of a jagged (or padded) tensor: its rows' lengths in the first
+    /// file's first row group (values per row; bytes of a byte column),
+    /// before any truncation.
     pub lengths: Option<LengthStats>,
 }
 
@@ -117,14 +118,15 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
     let tensors = resolved
         .layouts
         .iter()
-        .zip(&view.tensors)
-        .map(|(l, spec)| CheckedTensor {
+        .zip(&resolved.tensors)
+        .map(|(l, t)| CheckedTensor {
             name: l.name.clone(),
             dtype: l.dtype.name().to_string(),
             shape: l.shape.clone(),
             jagged: l.jagged,
-            columns: spec.columns.clone(),
-            cast: spec.cast,
+            columns: t.columns.clone(),
+            cast: t.kind != crate::schema::Kind::Lengths
+                && view.tensors.iter().find(|s| s.name == t.name).is_some_and(|s| s.cast),
             lengths: lengths.get(&l.name).cloned(),
         })
         .collect();
@@ -151,7 +153,7 @@ async fn first_row_group_lengths(
     let jagged: Vec<(&str, usize)> = resolved
         .tensors
         .iter()
-        .filter(|t| t.kind == crate::schema::Kind::Jagged)
+        .filter(|t| matches!(t.kind, crate::schema::Kind::Jagged | crate::schema::Kind::Padded(_)))
         .filter_map(|t| Some((t.name.as_str(), meta.schema().index_of(&t.columns[0]).ok()?)))
         .collect();
     let mut out = std::collections::BTreeMap::new();

@@ -22,6 +22,11 @@ pub enum Kind {
     /// per row), or a `Binary`, `LargeBinary`, `Utf8` or `LargeUtf8` column
     /// (its bytes, a `u8` tensor): a jagged tensor.
     Jagged,
+    /// A list or byte column padded to a dense `[n]` tensor (`pad_to`).
+    Padded(usize),
+    /// Each row's length of a padded list or byte column (the `<name>_len`
+    /// tensor `pad_to` adds, i32), after truncation.
+    Lengths,
 }
 
 /// One tensor of a view, resolved against a schema.
@@ -35,18 +40,27 @@ pub struct ResolvedTensor {
     pub kind: Kind,
     /// The columns, in view order.
     pub columns: Vec<String>,
-    /// The value that replaces a null, if the view declares one.
+    /// The value that replaces a null, if the view declares one (and pads
+    /// a short row of a padded tensor).
     pub fill: Option<f64>,
+    /// Of a list or byte column: the most values a row keeps (`max_len`,
+    /// or `pad_to`).
+    pub max_len: Option<u32>,
+    /// Which values a longer row keeps; `None`: a longer row is an error.
+    pub truncate: Option<granary_proto::Truncate>,
+    /// Of a list or byte column: a null row is empty (else an error).
+    pub null_empty: bool,
 }
 
 /// A view resolved against one file's schema.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resolved {
-    /// Tensor layouts, in view order.
+    /// Tensor layouts, in view order (a `pad_to` tensor followed by its
+    /// lengths).
     pub layouts: Vec<TensorLayout>,
     /// Root column indices to read (the projection).
     pub projection: Vec<usize>,
-    /// How each tensor is built, in view order.
+    /// How each tensor is built, one per layout.
     pub tensors: Vec<ResolvedTensor>,
 }
 
@@ -197,21 +211,47 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                 format!("has Arrow type {elem}; the view asks for {} (declare cast = true to convert)", spec.dtype),
             ));
         }
+        if kind != Kind::Jagged && spec.has_jagged_options() {
+            return Err(err(
+                &spec.columns[0],
+                format!(
+                    "max_len, truncate, pad_to and null apply to a list or byte column; this tensor's column is {}",
+                    schema
+                        .field_with_name(&spec.columns[0])
+                        .map_or_else(|_| "not one".into(), |f| f.data_type().to_string())
+                ),
+            ));
+        }
+        if let (Kind::Jagged, Some(n)) = (&kind, spec.pad_to) {
+            kind = Kind::Padded(n as usize);
+        }
         let shape = match kind {
-            Kind::Scalar => vec![],
+            Kind::Scalar | Kind::Jagged | Kind::Lengths => vec![],
             Kind::Stacked => vec![spec.columns.len() as u32],
             Kind::List(k) => vec![k as u32],
-            Kind::Jagged => vec![],
+            Kind::Padded(n) => vec![n as u32],
         };
         let jagged = kind == Kind::Jagged;
         layouts.push(TensorLayout { name: spec.name.clone(), dtype: spec.dtype, shape, jagged });
-        tensors.push(ResolvedTensor {
+        let resolved = ResolvedTensor {
             name: spec.name.clone(),
             dtype: spec.dtype,
             kind,
             columns: spec.columns.clone(),
             fill: spec.fill,
-        });
+            max_len: spec.max_len.or(spec.pad_to),
+            truncate: spec.truncate,
+            null_empty: spec.null_rows == granary_proto::NullRows::Empty,
+        };
+        if spec.pad_to.is_some() {
+            // Its lengths, right after it.
+            let name = spec.lengths_name();
+            layouts.push(TensorLayout::dense(name.clone(), DType::I32, vec![]));
+            tensors.push(resolved.clone());
+            tensors.push(ResolvedTensor { name, dtype: DType::I32, kind: Kind::Lengths, fill: None, ..resolved });
+        } else {
+            tensors.push(resolved);
+        }
     }
     projection.sort_unstable();
     Ok(Resolved { layouts, projection, tensors })

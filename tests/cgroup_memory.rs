@@ -133,6 +133,7 @@ fn a_node_in_a_512_mib_cgroup_serves_4_ranks_a_dataset_8_times_its_ram_tier() {
         convert_threads: 1,
         throttle: None,
         jagged: false,
+        fixed_dir: None,
     };
     let config = tmp.path().join("node.toml");
     std::fs::write(&config, settings.toml()).expect("config");

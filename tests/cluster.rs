@@ -130,6 +130,7 @@ fn reference(dir: &Path, data: &Path, world: usize, dump: &Path) {
         convert_threads: 1,
         throttle: None,
         jagged: false,
+        fixed_dir: None,
     };
     std::fs::write(&config, settings.toml()).expect("config");
     let node = NodeProcess::spawn(Path::new(BIN), &config, &socket, &dir.join("ref.log"), TIMEOUT).expect("node");

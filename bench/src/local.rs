@@ -17,6 +17,13 @@
 //! - `blocks`: the same daemon, block shuffle ([`Shuffle::Blocks`]): batches
 //!   that are one run of one chunk are views into chunk memory.
 //!
+//! With `jagged`, the dataset also has list and byte columns (`hist`,
+//! `cats`, `blob`) served as jagged tensors, and one more scenario runs:
+//! - `warm_fixed`: warm epochs through the same daemon of a fixed-width
+//!   dataset (the generator's dense columns only) of the same converted
+//!   size, so `warm_bytes_vs_fixed` compares the bytes/s of jagged and
+//!   fixed-width batches measured side by side.
+//!
 //! `copy`, `ceiling`, `warm` and `blocks` epochs alternate, so drift in the
 //! machine's load hits them alike, and all four consume a batch the same
 //! way: every tensor copied into one staging buffer
@@ -70,6 +77,9 @@ pub struct LocalOpts {
     pub window_batches: u32,
     /// The loader's assembly threads (0: its default for this machine).
     pub assembly_threads: usize,
+    /// Generate list and byte columns and serve them as jagged tensors;
+    /// also measure warm epochs of a fixed-width dataset of the same size.
+    pub jagged: bool,
 }
 
 impl Default for LocalOpts {
@@ -88,6 +98,7 @@ impl Default for LocalOpts {
             values: datagen::Values::Uniform,
             window_batches: 16,
             assembly_threads: 0,
+            jagged: false,
         }
     }
 }
@@ -171,6 +182,10 @@ pub struct Summary {
     pub memcpy_threads: usize,
     /// The loader's assembly threads in this run.
     pub assembly_threads: usize,
+    /// With `jagged`: warm jagged bytes/s over warm fixed-width bytes/s
+    /// (`warm_fixed`), the same daemon, datasets of the same converted
+    /// size. Target >= 0.8.
+    pub warm_bytes_vs_fixed: Option<f64>,
     /// Options of the run.
     pub opts: LocalOpts,
     /// Commit, cores, profile.
@@ -250,6 +265,9 @@ pub struct DaemonSettings<'a> {
     /// The view has the generator's jagged tensors too
     /// ([`datagen::view_toml`]).
     pub jagged: bool,
+    /// Also serve the generated (fixed-width) dataset in this folder, as
+    /// `fixed`.
+    pub fixed_dir: Option<&'a Path>,
 }
 
 impl DaemonSettings<'_> {
@@ -271,22 +289,34 @@ impl DaemonSettings<'_> {
         );
         // The view's tensors as an array of tables under [dataset.view].
         s += &datagen::view_toml(self.jagged).replace("[[tensor]]", "[[dataset.view.tensor]]");
+        if let Some(fixed) = self.fixed_dir {
+            s += &format!(
+                "\n[[dataset]]\nname = \"fixed\"\nsource = \"file://{}\"\n\n[dataset.view]\n",
+                fixed.display()
+            );
+            s += &datagen::VIEW_TOML.replace("[[tensor]]", "[[dataset.view.tensor]]");
+        }
         s
     }
 }
 
-fn embedded_config(data_dir: &Path, ram_bytes: u64, prefetch_bytes: u64) -> Result<NodeConfig> {
+fn embedded_config(data_dir: &Path, ram_bytes: u64, prefetch_bytes: u64, jagged: bool) -> Result<NodeConfig> {
+    let view = toml::from_str::<granary_proto::View>(&datagen::view_toml(jagged))?.validated()?;
     Ok(NodeConfig {
         datasets: vec![DatasetConfig {
             name: "ads".into(),
             source: format!("file://{}", data_dir.display()),
-            view: ViewRef::Inline(datagen::view()),
+            view: ViewRef::Inline(view),
         }],
         ram_bytes,
         prefetch_bytes,
         ..NodeConfig::default()
     })
 }
+
+/// Bytes a converted row of the generator's fixed-width view takes (150 +
+/// 32 f32, 2 i64, 1 f32).
+pub(crate) const FIXED_ROW_BYTES: u64 = 748;
 
 /// Generates the benchmark's dataset under `work/data`.
 pub(crate) fn generate(
@@ -303,7 +333,7 @@ pub(crate) fn generate(
         row_group_rows: opts.row_group_rows,
         compression: opts.compression.clone(),
         values: opts.values,
-        jagged: false,
+        jagged: opts.jagged,
     };
     let report = datagen::generate(&data, &spec, |_| {})?;
     Ok((data, report))
@@ -317,6 +347,7 @@ pub(crate) fn start_daemon(
     data: &Path,
     opts: &LocalOpts,
     converted_bytes: u64,
+    fixed: Option<(&Path, u64)>,
 ) -> Result<(NodeProcess, std::path::PathBuf)> {
     let socket = work.join("node.sock");
     let config = work.join("node.toml");
@@ -327,12 +358,14 @@ pub(crate) fn start_daemon(
         // Room for every chunk twice (foyer reclaims whole blocks).
         ssd_bytes: (2 * converted_bytes).max(1 << 30),
         data_dir: data,
-        ram_bytes: opts.ram_bytes,
+        // The fixed-width dataset's chunks on top of the RAM tier asked for.
+        ram_bytes: opts.ram_bytes + fixed.map_or(0, |(_, bytes)| bytes),
         prefetch_bytes: 256 << 20,
         loads: 4,
         convert_threads: 2,
         throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
-        jagged: false,
+        jagged: opts.jagged,
+        fixed_dir: fixed.map(|(dir, _)| dir),
     };
     std::fs::write(&config, settings.toml())?;
     let daemon = NodeProcess::spawn(exe, &config, &socket, &work.join("node.log"), Duration::from_secs(60))
@@ -360,7 +393,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
 
     // ceiling: convert everything once, hold it in this process.
     say("ceiling: converting the whole dataset into memory");
-    let embedded = EmbeddedNode::start(&embedded_config(&data, 8 << 30, 0)?, 2)?;
+    let embedded = EmbeddedNode::start(&embedded_config(&data, 8 << 30, 0, opts.jagged)?, 2)?;
     let info = embedded.describe("ads", None)?;
     let mut chunks = Vec::new();
     for s in &info.shards {
@@ -370,6 +403,26 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     drop(embedded);
     let memory = Arc::new(MemorySource::new(info.clone(), chunks)?);
     let converted_bytes = memory.bytes_held() as u64;
+    // With jagged tensors: a fixed-width dataset of the same converted size
+    // (748 bytes a row), served beside it.
+    let fixed = if opts.jagged {
+        let rows = (converted_bytes / FIXED_ROW_BYTES).div_ceil(opts.row_group_rows).max(1) * opts.row_group_rows;
+        say(&format!("warm_fixed: generating {rows} fixed-width rows of the same converted size"));
+        let spec = GenSpec {
+            seed: 8,
+            rows,
+            files: opts.files,
+            row_group_rows: opts.row_group_rows,
+            compression: opts.compression.clone(),
+            values: opts.values,
+            jagged: false,
+        };
+        let dir = work.path().join("fixed");
+        datagen::generate(&dir, &spec, |_| {})?;
+        Some((dir, rows * FIXED_ROW_BYTES))
+    } else {
+        None
+    };
     let ceiling_cfg = loader_cfg.clone();
     let ceiling_loader = Loader::new(memory.clone(), ceiling_cfg.clone())?;
     let mut staging = Staging::new(
@@ -381,7 +434,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let assembled: Vec<Batch> = Loader::new(memory.clone(), loader_cfg.clone())?.epoch(1)?.collect::<Result<_, _>>()?;
     // naive: no cache, no prefetch; every epoch decodes and converts again.
     say("naive: decode and convert every epoch");
-    let naive_node = Arc::new(EmbeddedNode::start(&embedded_config(&data, 0, 0)?, 2)?);
+    let naive_node = Arc::new(EmbeddedNode::start(&embedded_config(&data, 0, 0, opts.jagged)?, 2)?);
     let loader = Loader::new(naive_node.clone(), loader_cfg.clone())?;
     let naive =
         scenario("naive", (0..opts.epochs).map(|e| run_epoch(&loader, e, Consume::Checksum)).collect::<Result<_>>()?);
@@ -390,14 +443,29 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
 
     // cold and warm: the daemon with throttled remote storage.
     say("cold: epoch 0 through the daemon, remote storage throttled");
-    let (daemon, socket) = start_daemon(exe, work.path(), &data, opts, converted_bytes)?;
+    let (daemon, socket) =
+        start_daemon(exe, work.path(), &data, opts, converted_bytes, fixed.as_ref().map(|(d, b)| (d.as_path(), *b)))?;
     // Room to keep every chunk mapped (what a trainer sets through
     // `LoaderConfig::mapping_cache_bytes` for a dataset its host holds).
     let mapping_cache = (converted_bytes + (64 << 20)).max(granary_client::local::DEFAULT_MAPPING_CACHE_BYTES);
     let source = Arc::new(granary_client::LocalSource::connect(&socket)?.mapping_cache(mapping_cache));
-    let loader = Loader::new(source.clone(), loader_cfg)?;
+    let loader = Loader::new(source.clone(), loader_cfg.clone())?;
     let blocks_loader = Loader::new(source.clone(), blocks_cfg.clone())?;
     let cold = scenario("cold", vec![run_epoch(&loader, 0, Consume::Checksum)?]);
+    let remote_after_cold = source.stats()?.remote_bytes;
+    // The fixed-width dataset's first epoch converts it: untimed, and its
+    // remote reads are not the jagged dataset's.
+    let fixed_loader = match &fixed {
+        Some(_) => {
+            say("warm_fixed: converting the fixed-width dataset (untimed)");
+            let l = Loader::new(source.clone(), LoaderConfig { dataset: "fixed".into(), ..loader_cfg.clone() })?;
+            run_epoch(&l, 0, Consume::Drop)?;
+            Some(l)
+        }
+        None => None,
+    };
+    let fixed_remote = source.stats()?.remote_bytes - remote_after_cold;
+    let mut fixed_epochs = Vec::new();
     // Copy, ceiling, warm and blocks epochs alternate, so drift in the
     // machine's load hits all alike.
     say("copy, ceiling, warm and blocks: later epochs, alternating");
@@ -413,7 +481,11 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         warm_epochs.push(run_epoch(&loader, e, Consume::Copy(&mut staging))?);
         blocks_epochs.push(run_epoch(&blocks_loader, e, Consume::Copy(&mut staging))?);
         assembly_epochs.push(run_epoch(&assembly_loader, e, Consume::Drop)?);
+        if let Some(l) = &fixed_loader {
+            fixed_epochs.push(run_epoch(l, e, Consume::Copy(&mut staging))?);
+        }
     }
+    drop(fixed_loader);
     drop(assembly_loader);
     drop(assembled);
     let copy = scenario("copy", copy_epochs);
@@ -421,6 +493,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let warm = scenario("warm", warm_epochs);
     let blocks = scenario("blocks", blocks_epochs);
     let assembly = scenario("assembly", assembly_epochs);
+    let warm_fixed = fixed.as_ref().map(|_| scenario("warm_fixed", fixed_epochs));
 
     // Which bytes came: one checksummed epoch of each path after the timed
     // ones, against the in-process ceiling and the naive node.
@@ -446,7 +519,8 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     daemon.stop();
 
     let footprint = mem.rss_anon + mem.rss_file + stats.chunk_memory_bytes;
-    let budget = opts.ram_bytes as f64 * 1.1 + (128u64 << 20) as f64;
+    let ram = opts.ram_bytes + fixed.as_ref().map_or(0, |(_, bytes)| *bytes);
+    let budget = ram as f64 * 1.1 + (128u64 << 20) as f64;
     let bound_secs = report.bytes as f64 / opts.bandwidth_bytes_per_s as f64;
     let naive_digest = |e: u64| naive.epochs.iter().find(|x| x.epoch == e).map(|x| x.digest);
     let streams_identical = naive_digest(0) == Some(cold.epochs[0].digest)
@@ -463,7 +537,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         warm_vs_ceiling: ratio(warm.rows_per_s, ceiling.rows_per_s),
         warm_vs_naive: ratio(warm.rows_per_s, naive.rows_per_s),
         cold_vs_bound: ratio(cold.epochs[0].secs, bound_secs),
-        remote_read_ratio: ratio(stats.remote_bytes as f64, report.bytes as f64),
+        remote_read_ratio: ratio((stats.remote_bytes - fixed_remote) as f64, report.bytes as f64),
         node_rss_over_budget: footprint as f64 / budget,
         node_footprint_bytes: footprint,
         node_memory: mem,
@@ -477,10 +551,13 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         memcpy_all_gbps: memcpy_all,
         memcpy_threads: threads,
         assembly_threads: blocks_cfg.threads(),
+        warm_bytes_vs_fixed: warm_fixed.as_ref().map(|f| ratio(warm.gb_per_s, f.gb_per_s)),
         opts: opts.clone(),
         conditions: Conditions::current(),
     };
-    Ok((vec![copy, assembly, ceiling, naive, cold, warm, blocks], summary))
+    let mut scenarios = vec![copy, assembly, ceiling, naive, cold, warm, blocks];
+    scenarios.extend(warm_fixed);
+    Ok((scenarios, summary))
 }
 
 /// A copy of `bytes` in a heap buffer whose whole 2 MiB extents are put in

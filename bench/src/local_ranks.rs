@@ -70,7 +70,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, ranks: u32, mut say: impl FnMut(&str)) 
     // Converted chunks are about the size of the Parquet here, give or take
     // compression: the SSD tier and the mapping caches get room for twice.
     let room = 2 * report.bytes;
-    let (daemon, socket) = start_daemon(exe, work.path(), &data, opts, room)?;
+    let (daemon, socket) = start_daemon(exe, work.path(), &data, opts, room, None)?;
     let sockets = vec![socket; ranks.max(1) as usize];
     let mut common = vec![
         "--batch-size".to_string(),

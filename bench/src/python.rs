@@ -56,6 +56,10 @@ pub struct PythonOpts {
     pub ram_bytes: u64,
     /// The Python interpreter (with `granary` installed).
     pub python: String,
+    /// Generate list and byte columns and serve them as jagged tensors
+    /// (`granary.Jagged` in Python: its offsets and values are made and
+    /// copied like any array).
+    pub jagged: bool,
 }
 
 impl Default for PythonOpts {
@@ -67,6 +71,7 @@ impl Default for PythonOpts {
             epochs: 15,
             ram_bytes: 1 << 30,
             python: "python3".into(),
+            jagged: false,
         }
     }
 }
@@ -194,10 +199,18 @@ fn rust_ready_us(socket: &Path, batch_size: u32, epoch: u64) -> Result<f64> {
 pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(Vec<Scenario>, PythonSummary)> {
     let python_version = check_python(&opts.python)?;
     let work = tempfile::tempdir()?;
-    let gen_opts = LocalOpts { rows: opts.rows, files: 4, row_group_rows: opts.row_group_rows, ..LocalOpts::default() };
-    // 748 bytes a converted row (150 + 32 f32, 2 i64, 1 f32): every
-    // chunk must stay in the RAM tier for warm epochs to be warm.
-    let converted = opts.rows * 748;
+    let gen_opts = LocalOpts {
+        rows: opts.rows,
+        files: 4,
+        row_group_rows: opts.row_group_rows,
+        jagged: opts.jagged,
+        ..LocalOpts::default()
+    };
+    // 748 bytes a converted row (150 + 32 f32, 2 i64, 1 f32), about 4,300
+    // with the jagged columns (blob's 1-4 KiB, hist's and cats' values,
+    // three row offsets): every chunk must stay in the RAM tier for warm
+    // epochs to be warm.
+    let converted = opts.rows * if opts.jagged { 4_300 } else { crate::local::FIXED_ROW_BYTES };
     if converted > opts.ram_bytes / 10 * 9 {
         bail!("{} rows convert to {converted} bytes: more than the RAM tier holds (--ram-mib)", opts.rows);
     }
@@ -214,7 +227,8 @@ pub fn run(exe: &Path, opts: &PythonOpts, mut say: impl FnMut(&str)) -> Result<(
         loads: 4,
         convert_threads: 2,
         throttle: None,
-        jagged: false,
+        jagged: opts.jagged,
+        fixed_dir: None,
     };
     std::fs::write(&config, settings.toml())?;
     let _daemon = NodeProcess::spawn(exe, &config, &socket, &work.path().join("node.log"), Duration::from_secs(60))

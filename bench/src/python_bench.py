@@ -1,7 +1,7 @@
 """The Python side of `granary bench python` (written to a temporary file and run by the benchmark).
 
 argv: socket, dataset, batch_size, seed. Reads commands on stdin, one per line, and answers each with
-one JSON line on stdout:
+one JSON line on stdout (a jagged tensor, granary.Jagged, is its offsets and values arrays):
   python E       epoch E through granary.Loader: every batch's arrays made (views, no copy), nothing else
   python_copy E  epoch E through granary.Loader, every array copied into a preallocated staging dict
   load_copy E    epoch E's batches copied into RAM as numpy arrays (untimed set-up of numpy_copy)
@@ -25,11 +25,21 @@ staging = {}
 kept = []
 
 
-def stage(name, arr):
-    dst = staging.get(name)
-    if dst is None or dst.shape != arr.shape:
-        dst = staging[name] = np.empty_like(arr)
-    np.copyto(dst, arr)
+def parts(arr):
+    """The arrays of one tensor: a dense tensor's, or a jagged tensor's offsets and values."""
+    if isinstance(arr, granary.Jagged):
+        return (arr.offsets, arr.values)
+    return (arr,)
+
+
+def stage(key, arr):
+    """Copies ``arr`` into the front of a staging buffer kept for ``key`` (grown when too small: a
+    jagged tensor's values vary in size from batch to batch)."""
+    flat = arr.reshape(-1)
+    dst = staging.get(key)
+    if dst is None or dst.dtype != flat.dtype or len(dst) < len(flat):
+        dst = staging[key] = np.empty(max(len(flat), 0 if dst is None else 2 * len(dst)), dtype=flat.dtype)
+    np.copyto(dst[: len(flat)], flat)
 
 
 def say(**kw):
@@ -50,17 +60,21 @@ for line in sys.stdin:
     elif cmd == "python_copy":
         for batch in loader.epoch(epoch):
             for name, arr in batch.items():
-                stage(name, arr)
-                nbytes += arr.nbytes
+                for k, part in enumerate(parts(arr)):
+                    stage((name, k), part)
+                    nbytes += part.nbytes
             rows += batch.rows
     elif cmd == "load_copy":
-        kept = [{name: arr.copy() for name, arr in b.items()} for b in loader.epoch(epoch)]
+        kept = [
+            (b.rows, {name: tuple(p.copy() for p in parts(arr)) for name, arr in b.items()}) for b in loader.epoch(epoch)
+        ]
     elif cmd == "numpy_copy":
-        for b in kept:
-            for name, arr in b.items():
-                stage(name, arr)
-                nbytes += arr.nbytes
-            rows += len(next(iter(b.values())))
+        for n, b in kept:
+            for name, ps in b.items():
+                for k, part in enumerate(ps):
+                    stage((name, k), part)
+                    nbytes += part.nbytes
+            rows += n
     elif cmd == "ready":
         ahead = granary.Loader(socket, dataset, batch_size, seed=seed, prefetch_batches=32)
         it = ahead.epoch(epoch)

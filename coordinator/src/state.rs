@@ -472,7 +472,7 @@ mod tests {
                     path: format!("part-{i}.parquet"),
                     size_bytes: 100,
                     version_tag: "t".into(),
-                    row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }; 4],
+                    row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50, values_bytes: None }; 4],
                     footer_sha256: None,
                 })
                 .collect(),

@@ -180,3 +180,50 @@ async fn a_node_takes_a_jagged_shard_from_its_owner_without_reading_it() {
     assert_eq!((stats.remote_bytes, stats.conversions), (read_at_start, 0), "node 2 read nothing: {stats:?}");
     assert_eq!(stats.peer_fetched, shards.len() as u64, "{stats:?}");
 }
+
+/// A chunk of jagged tensors takes about the bytes Arrow decodes the same
+/// columns into: the values once, offsets 8 bytes a row (Arrow's are 4 for
+/// `List` and `Binary`), each tensor padded to 64 bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jagged_chunk_is_about_the_size_of_arrows_decoded_columns() {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    generate(tmp.path());
+    let node = Node::start(&config(tmp.path())).await.expect("node");
+    let info = node.describe("ads", None).expect("describe");
+    let file = std::fs::read_dir(tmp.path())
+        .expect("data")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .min()
+        .expect("a parquet file");
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&file).expect("open"))
+        .expect("reader")
+        .with_row_groups(vec![0])
+        .with_batch_size(1 << 20)
+        .build()
+        .expect("build");
+    let mut decoded = 0usize;
+    for batch in reader {
+        let batch = batch.expect("decode");
+        for name in ["label", "hist", "cats", "blob"] {
+            decoded += batch.column_by_name(name).expect("column").to_data().get_slice_memory_size().expect("size");
+        }
+    }
+    let shard = info.shards.iter().find(|s| {
+        s.shard.row_group == 0
+            && info.files[s.shard.file as usize].ends_with(file.file_name().and_then(|n| n.to_str()).expect("name"))
+    });
+    let chunk = node.chunk(info.version, shard.expect("the file's first shard").shard).await.expect("chunk");
+    let ratio = chunk.bytes().len() as f64 / decoded as f64;
+    assert!((0.95..=1.1).contains(&ratio), "chunk {} bytes, Arrow {decoded}: {ratio:.3}", chunk.bytes().len());
+    // Memory and prefetch budgets estimate every chunk from the footer's
+    // column chunk metadata: never below it, and close.
+    let ds = node.dataset(info.version).expect("dataset");
+    for s in &info.shards {
+        let len = node.chunk(info.version, s.shard).await.expect("chunk").bytes().len() as f64;
+        let estimate = ds.chunk_len_estimate(s.shard) as f64 / len;
+        assert!((1.0..=1.2).contains(&estimate), "shard {}: estimate / chunk {estimate:.3}", s.shard);
+    }
+}

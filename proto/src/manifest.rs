@@ -19,6 +19,14 @@ pub struct RowGroupEntry {
     pub rows: u64,
     /// Compressed bytes of the row group's column chunks.
     pub compressed_bytes: u64,
+    /// Bytes the view's jagged tensors' values decode to, from the column
+    /// chunks' metadata (an upper bound: a list's value count, nulls and
+    /// empty rows included, times the element size; a byte column's
+    /// unencoded bytes). `None` without jagged tensors, or from a manifest
+    /// that predates it. For memory and prefetch estimates only: not part
+    /// of the version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values_bytes: Option<u64>,
 }
 
 /// One Parquet file of the dataset.
@@ -244,7 +252,7 @@ mod tests {
                 path: "a.parquet".into(),
                 size_bytes: 100,
                 version_tag: "t1".into(),
-                row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50 }],
+                row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50, values_bytes: None }],
                 footer_sha256: None,
             }],
             tensors: vec![TensorLayout { name: "x".into(), dtype: DType::F32, shape: vec![], jagged: false }],

@@ -6,19 +6,26 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import granary_bin
 
 
-def test_bench_python_compares_the_clients_on_the_same_node_and_data(tmp_path):
+@pytest.mark.parametrize("jagged", [False, True], ids=["fixed", "jagged"])
+def test_bench_python_compares_the_clients_on_the_same_node_and_data(tmp_path, jagged):
+    rows = 8000 if jagged else 40000
+    cmd = [granary_bin(), "bench", "python", "--rows", str(rows), "--epochs", "2", "--json", "--python", sys.executable]
     out = subprocess.run(
-        [granary_bin(), "bench", "python", "--rows", "40000", "--epochs", "2", "--json", "--python", sys.executable],
+        cmd + (["--jagged"] if jagged else []),
         capture_output=True, text=True, timeout=600, env=dict(os.environ, RUST_BACKTRACE="0"), cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [d["scenario"] for d in lines] == ["rust", "python", "rust_copy", "python_copy", "numpy_copy", "summary"]
     for d in lines[:-1]:
-        assert d["rows_per_s"] > 0 and len(d["epochs"]) == 2 and all(e["rows"] == 40000 for e in d["epochs"])
+        assert d["rows_per_s"] > 0 and len(d["epochs"]) == 2 and all(e["rows"] == rows for e in d["epochs"])
+    # Every scenario moved the same bytes (a jagged tensor's offsets and values).
+    assert len({d["epochs"][0]["bytes"] for d in lines[:-1]}) == 1, [d["epochs"][0]["bytes"] for d in lines[:-1]]
     s = lines[-1]
     assert s["streams_identical"] is True
     assert s["python_vs_rust"] > 0 and s["python_vs_numpy_copy"] > 0 and s["python_ready_us"] > 0

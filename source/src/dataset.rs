@@ -91,6 +91,36 @@ pub enum OpenError {
     },
 }
 
+/// Bytes the jagged tensors of `resolved` take in row group `rg`, from its
+/// column chunks' metadata: a list's leaf value count (nulls and empty
+/// rows included: an upper bound) times the tensor's element size; a byte
+/// column's unencoded bytes, or where the writer did not record them its
+/// uncompressed size. `None` without jagged tensors.
+fn jagged_values_bytes(rg: &parquet::file::metadata::RowGroupMetaData, resolved: &Resolved) -> Option<u64> {
+    use parquet::basic::Type;
+    let jagged: Vec<_> = resolved.tensors.iter().filter(|t| t.kind == crate::schema::Kind::Jagged).collect();
+    if jagged.is_empty() {
+        return None;
+    }
+    let schema = rg.schema_descr();
+    let mut total = 0u64;
+    for t in jagged {
+        for (i, col) in rg.columns().iter().enumerate() {
+            if schema.get_column_root(i).name() != t.columns[0] {
+                continue;
+            }
+            let bytes = match col.column_type() {
+                Type::BYTE_ARRAY | Type::FIXED_LEN_BYTE_ARRAY => {
+                    col.unencoded_byte_array_data_bytes().unwrap_or_else(|| col.uncompressed_size())
+                }
+                _ => col.num_values().saturating_mul(t.dtype.size_bytes() as i64),
+            };
+            total = total.saturating_add(bytes.max(0) as u64);
+        }
+    }
+    Some(total)
+}
+
 /// What identifies one version of an object: its ETag, else its
 /// modification time.
 fn version_tag(m: &object_store::ObjectMeta) -> String {
@@ -135,6 +165,7 @@ impl Dataset {
                 .map(|rg| RowGroupEntry {
                     rows: rg.num_rows().max(0) as u64,
                     compressed_bytes: rg.compressed_size().max(0) as u64,
+                    values_bytes: jagged_values_bytes(rg, &resolved),
                 })
                 .collect();
             let tag = version_tag(&m);
@@ -363,10 +394,12 @@ impl Dataset {
     }
 
     /// [`Dataset::chunk_len`], or with jagged tensors an estimate: the
-    /// dense tensors and the row offsets exactly, and four times the row
-    /// group's compressed bytes for the jagged tensors' values (for memory
-    /// admission and prefetch budgets, never for checking a chunk). 0 for
-    /// an unknown shard.
+    /// dense tensors and the row offsets exactly, and the jagged tensors'
+    /// values from the footer's column chunk metadata
+    /// ([`RowGroupEntry::values_bytes`]; four times the row group's
+    /// compressed bytes where the manifest lacks it). For memory admission
+    /// and prefetch budgets, never for checking a chunk. 0 for an unknown
+    /// shard.
     pub fn chunk_len_estimate(&self, shard: ShardId) -> u64 {
         if let Some(exact) = self.chunk_len(shard) {
             return exact as u64;
@@ -379,6 +412,6 @@ impl Dataset {
         let empty = vec![0u64; self.manifest.tensors.len()];
         granary_proto::ChunkLayout::with_values(self.version, shard, g.rows, &self.manifest.tensors, &empty)
             .map_or(0, |l| l.total_len() as u64)
-            .saturating_add(g.compressed_bytes.saturating_mul(4))
+            .saturating_add(g.values_bytes.unwrap_or_else(|| g.compressed_bytes.saturating_mul(4)))
     }
 }

@@ -79,9 +79,15 @@ pub(crate) struct LocalArgs {
     /// SVG file here.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Rows in the generated dataset.
-    #[arg(long, default_value_t = 500_000)]
-    rows: u64,
+    /// Rows in the generated dataset (default 500,000; 100,000 with
+    /// --jagged, whose rows are about 4.5 times larger).
+    #[arg(long)]
+    rows: Option<u64>,
+    /// Also generate list and byte columns (hist, cats, blob) and serve
+    /// them as jagged tensors; a fixed-width dataset of the same converted
+    /// size is measured beside it (warm_fixed, warm_bytes_vs_fixed).
+    #[arg(long)]
+    jagged: bool,
     /// Rows per row group.
     #[arg(long, default_value_t = 10_000)]
     row_group_rows: u64,
@@ -125,9 +131,14 @@ pub(crate) struct LocalArgs {
 /// Options of `granary bench python`.
 #[derive(Args)]
 pub(crate) struct PythonArgs {
-    /// Rows in the generated dataset.
-    #[arg(long, default_value_t = 400_000)]
-    rows: u64,
+    /// Rows in the generated dataset (default 400,000; 160,000 with
+    /// --jagged, whose rows are about 6 times larger: 40 batches an epoch).
+    #[arg(long)]
+    rows: Option<u64>,
+    /// Also generate list and byte columns (hist, cats, blob) and serve
+    /// them as jagged tensors (granary.Jagged in Python).
+    #[arg(long)]
+    jagged: bool,
     /// Rows per batch.
     #[arg(long, default_value_t = 4096)]
     batch_size: u32,
@@ -291,7 +302,8 @@ fn bench_cluster(a: ClusterArgs) -> Result<()> {
 /// processes on one daemon with `--ranks` > 1, and prints them.
 fn bench_local(a: LocalArgs) -> Result<()> {
     let opts = granary_bench::local::LocalOpts {
-        rows: a.rows,
+        rows: a.rows.unwrap_or(if a.jagged { 100_000 } else { 500_000 }),
+        jagged: a.jagged,
         row_group_rows: a.row_group_rows,
         batch_size: a.batch_size,
         epochs: a.epochs.max(2),
@@ -306,6 +318,9 @@ fn bench_local(a: LocalArgs) -> Result<()> {
     };
     let exe = std::env::current_exe()?;
     let json = a.json;
+    if a.ranks > 1 && a.jagged {
+        anyhow::bail!("--jagged runs the one-rank scenarios; run it without --ranks");
+    }
     if a.ranks > 1 && a.plot.is_some() {
         anyhow::bail!("--plot draws the one-rank scenarios epoch by epoch; run it without --ranks");
     }
@@ -348,12 +363,15 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&summary)?);
         return Ok(());
     }
-    println!("{:<8} {:>12} {:>8} {:>10}", "scenario", "rows/s", "GB/s", "epochs");
+    println!("{:<10} {:>12} {:>8} {:>10}", "scenario", "rows/s", "GB/s", "epochs");
     for s in &scenarios {
-        println!("{:<8} {:>12.0} {:>8.2} {:>10}", s.scenario, s.rows_per_s, s.gb_per_s, s.epochs.len());
+        println!("{:<10} {:>12.0} {:>8.2} {:>10}", s.scenario, s.rows_per_s, s.gb_per_s, s.epochs.len());
     }
     println!();
     println!("warm / copy          {:.3}   (target >= 0.85)", summary.warm_vs_copy);
+    if let Some(r) = summary.warm_bytes_vs_fixed {
+        println!("warm bytes / fixed   {r:.3}   (target >= 0.8: jagged GB/s over a fixed-width dataset's, same size)");
+    }
     println!(
         "blocks / copy        {:.3}   (target >= 0.95; {:.0}% of its batches were views)",
         summary.blocks_vs_copy,
@@ -397,7 +415,8 @@ fn write_plot(path: &std::path::Path, svg: &str, json: bool) -> Result<()> {
 /// `bench python`: the Python client against the Rust client and numpy.
 fn bench_python(a: PythonArgs) -> Result<()> {
     let opts = granary_bench::python::PythonOpts {
-        rows: a.rows,
+        rows: a.rows.unwrap_or(if a.jagged { 160_000 } else { 400_000 }),
+        jagged: a.jagged,
         batch_size: a.batch_size,
         epochs: a.epochs.max(1),
         ram_bytes: a.ram_mib << 20,

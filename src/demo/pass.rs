@@ -118,6 +118,7 @@ pub(super) fn pass(
         convert_threads: s.convert_threads,
         throttle: Some((a.latency_ms, bandwidth)),
         jagged: a.jagged,
+        fixed_dir: None,
     };
     std::fs::write(&config, settings.toml())?;
     let node = NodeProcess::spawn(exe, &config, &socket, &dir.join("node.log"), Duration::from_secs(60))?;

@@ -38,7 +38,10 @@ impl Coord {
                     path: format!("part-{f}.parquet"),
                     size_bytes: 1 << 20,
                     version_tag: "v".into(),
-                    row_groups: vec![RowGroupEntry { rows: 1_000, compressed_bytes: 1 << 18 }; (shards - 4 * f).min(4)],
+                    row_groups: vec![
+                        RowGroupEntry { rows: 1_000, compressed_bytes: 1 << 18, values_bytes: None };
+                        (shards - 4 * f).min(4)
+                    ],
                     footer_sha256: None,
                 })
                 .collect(),

@@ -41,6 +41,9 @@ pub(super) fn plan_slot(
     capacity: usize,
     out: &mut Vec<Placement>,
 ) -> Result<usize, ClientError> {
+    if let Some(l) = layouts.iter().find(|l| l.jagged) {
+        return Err(ClientError::Gpu(GpuError::Jagged { tensor: l.name.clone() }));
+    }
     let used = place(layouts, rows, out).ok_or_else(|| {
         ClientError::Gpu(GpuError::Buffers(format!("a batch of {rows} rows overflows the address space")))
     })?;
@@ -139,6 +142,15 @@ mod tests {
         let got: Vec<(usize, usize)> = p.iter().map(|p| (p.offset, p.len)).collect();
         assert_eq!(got, vec![(0, 7), (64, 364), (448, 168), (640, 70)]);
         assert_eq!(used, 710);
+    }
+
+    #[test]
+    fn cuda_slot_layout_refuses_a_jagged_tensor_by_name() {
+        let layouts = [TensorLayout::dense("d", DType::F32, vec![4]), TensorLayout::jagged("hist", DType::I64, vec![])];
+        match plan_slot(&layouts, 8, 1 << 20, &mut Vec::new()) {
+            Err(ClientError::Gpu(GpuError::Jagged { tensor })) => assert_eq!(tensor, "hist"),
+            other => panic!("expected GpuError::Jagged, got {other:?}"),
+        }
     }
 
     #[test]

@@ -84,9 +84,6 @@ impl Slot {
     /// that each holds the bytes its layout implies; returns the bytes used.
     pub(super) fn place(&mut self, batch: &Batch, capacity: usize) -> Result<usize, ClientError> {
         let layouts = batch.layouts();
-        if let Some(l) = layouts.iter().find(|l| l.jagged) {
-            return Err(ClientError::Gpu(GpuError::Jagged { tensor: l.name.clone() }));
-        }
         let used = plan_slot(layouts, batch.rows(), capacity, &mut self.placements)?;
         for (i, (layout, p)) in layouts.iter().zip(&self.placements).enumerate() {
             // A Batch holds one byte range per layout, in view order.

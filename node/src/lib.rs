@@ -60,6 +60,7 @@ mod service;
 mod session;
 mod shm;
 mod tier;
+mod timings;
 
 use granary_source::{dataset, remote};
 

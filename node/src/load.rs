@@ -136,7 +136,7 @@ pub(crate) async fn read_and_convert(
     footer_from_peer: Option<(String, BoxFuture<'static, Result<bytes::Bytes, String>>)>,
     _load_permit: tokio::sync::SemaphorePermit<'_>,
     converts: &Arc<Semaphore>,
-    clock: &crate::metrics::StageClock,
+    clock: &crate::timings::StageClock,
 ) -> Result<SealedChunk, FetchError> {
     let started = std::time::Instant::now();
     let (file, rg) = ds.locate(key.shard)?;

@@ -96,9 +96,9 @@ struct Inner {
     converts: Arc<Semaphore>,
     counters: Counters,
     /// Latency histograms for the metrics endpoint.
-    timings: crate::metrics::Timings,
+    timings: crate::timings::Timings,
     /// Stage clocks and rank reports for `granary doctor`.
-    stages: crate::metrics::StageClock,
+    stages: crate::timings::StageClock,
     /// The settings `granary doctor` names.
     settings: granary_proto::doctor::NodeSettings,
     remote: Arc<RemoteCounters>,
@@ -367,7 +367,7 @@ impl Node {
     }
 
     /// The latency histograms the metrics endpoint shows.
-    pub(crate) fn timings(&self) -> &crate::metrics::Timings {
+    pub(crate) fn timings(&self) -> &crate::timings::Timings {
         &self.inner.timings
     }
 

@@ -28,7 +28,7 @@
 //! Remote reads beyond one per shard are counted by cause and reported
 //! whether or not they break an invariant.
 
-use super::node::{FETCH_DEADLINE, LEASE, checksum};
+use super::params::{FETCH_DEADLINE, LEASE, checksum};
 use super::world::Micros;
 use granary_node::decide::MAX_OWNERS_ASKED;
 use std::collections::{BTreeMap, BTreeSet};

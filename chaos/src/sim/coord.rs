@@ -7,7 +7,7 @@
 //! table sees of an election.
 
 use super::check::Record;
-use super::node::LEASE;
+use super::params::LEASE;
 use super::world::{Addr, Event, Msg, World};
 use granary_coordinator::leases::Leases;
 use granary_coordinator::state::ClusterState;
@@ -118,7 +118,7 @@ impl Coord {
             Msg::Register { token, sent } => {
                 let cmd = Command::RegisterNode {
                     node,
-                    addr: super::node::addr_of(from).to_string(),
+                    addr: super::params::addr_of(from).to_string(),
                     ram_bytes: 1 << 30,
                     ssd_bytes: 0,
                     registration: token,

@@ -26,6 +26,7 @@
 pub mod check;
 pub mod coord;
 pub mod node;
+pub mod params;
 pub mod scenario;
 pub mod swarm;
 pub mod world;

@@ -11,6 +11,9 @@
 //! not fetched.
 
 use super::check::Record;
+pub use super::params::{
+    CONNECT_TIMEOUT, DOWN_FOR, FETCH_DEADLINE, HANDOFF_WAIT, LEASE, REROUTE_WAIT, addr_of, checksum,
+};
 use super::world::{Addr, Event, IDLE_TIMEOUT, KEEP_ALIVE, Micros, Msg, Timer, World, ms};
 use granary_node::decide::{
     Admission, Asked, Asker, InFlight, LeaseView, Liveness, Owner, Route, StallClock, Step, TimerFired, Verdict, admit,
@@ -23,30 +26,6 @@ use granary_proto::{ChunkError, NodeId, ShardId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
-
-/// The fabric's fetch deadline and reroute wait (`FabricConfig` defaults).
-pub const FETCH_DEADLINE: Duration = Duration::from_secs(30);
-/// How long a load waits for the placement to move a failed owner's shard.
-pub const REROUTE_WAIT: Duration = Duration::from_secs(10);
-/// How long a failed peer is not dialed again (`FabricConfig::down_for`).
-pub const DOWN_FOR: Micros = ms(2_000);
-/// How long a dial waits for its handshake (`FabricConfig::connect_timeout`).
-pub const CONNECT_TIMEOUT: Micros = ms(3_000);
-/// The coordinator's lease (its default).
-pub const LEASE: Micros = ms(3_000);
-/// How long a node asked for a held copy may take to answer
-/// (`FabricConfig::handoff_wait`).
-pub const HANDOFF_WAIT: Micros = ms(1_000);
-
-/// A shard's true checksum.
-pub fn checksum(shard: u32) -> u64 {
-    granary_proto::rng::seed_of(&[0xC4A0_5000, shard as u64])
-}
-
-/// The address a node serves peers at.
-pub fn addr_of(node: usize) -> SocketAddr {
-    SocketAddr::from(([10, 0, 0, node as u8 + 1], 7000))
-}
 
 fn node_of(idx: usize) -> NodeId {
     NodeId(idx as u64 + 1)

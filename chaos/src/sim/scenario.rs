@@ -7,7 +7,7 @@
 //! Target: the cold epoch takes at most `secs` + one lease longer than
 //! without the fault; warm epochs read nothing from remote storage.
 
-use super::node::LEASE;
+use super::params::LEASE;
 use super::swarm::Swarm;
 use super::world::{Addr, Fault, Micros, ms};
 use super::{Outcome, run_schedule, run_watched};

@@ -80,14 +80,14 @@ pub(super) async fn serve_api(
             };
             tracing::warn!(%peer, %identity, request = kind, "answering unavailable: {why}");
             let resp = failed(FailureKind::Unavailable, format!("{why}; try again"));
-            super::metrics::count(&ctx.api_requests, kind, &resp);
+            super::requests::count(&ctx.api_requests, kind, &resp);
             return ctx.responses.send(&mut send, resp, None, kind, peer).await;
         }
     };
     if !req.allowed(role) {
         tracing::warn!(%role, request = req.kind(), "refused: wrong role");
         let resp = failed(FailureKind::Forbidden, format!("a {role} certificate may not send {}", req.kind()));
-        super::metrics::count(&ctx.api_requests, kind, &resp);
+        super::requests::count(&ctx.api_requests, kind, &resp);
         return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
     if let (
@@ -109,7 +109,7 @@ pub(super) async fn serve_api(
                 req.kind()
             ),
         );
-        super::metrics::count(&ctx.api_requests, kind, &resp);
+        super::requests::count(&ctx.api_requests, kind, &resp);
         return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
     if let (
@@ -125,11 +125,11 @@ pub(super) async fn serve_api(
             FailureKind::Forbidden,
             format!("this certificate is bound to {b} and may not send {} for {node}", req.kind()),
         );
-        super::metrics::count(&ctx.api_requests, kind, &resp);
+        super::requests::count(&ctx.api_requests, kind, &resp);
         return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
     if let ApiRequest::WatchPlacement { after_revision } = req {
-        ctx.api_requests.get_or_create(&super::metrics::ApiLabels::watch()).inc();
+        ctx.api_requests.get_or_create(&super::requests::ApiLabels::watch()).inc();
         return watch(ctx, after_revision, send, peer).await;
     }
     // An answer that can be large waits for its turn to be built, so
@@ -138,7 +138,7 @@ pub(super) async fn serve_api(
         match ctx.responses.turn_to_build().await {
             Ok(turn) => Some(turn),
             Err(busy) => {
-                super::metrics::count(&ctx.api_requests, kind, &busy);
+                super::requests::count(&ctx.api_requests, kind, &busy);
                 return ctx.responses.send(&mut send, busy, None, kind, peer).await;
             }
         }
@@ -146,7 +146,7 @@ pub(super) async fn serve_api(
         None
     };
     let resp = handle(ctx, req, peer).await;
-    super::metrics::count(&ctx.api_requests, kind, &resp);
+    super::requests::count(&ctx.api_requests, kind, &resp);
     ctx.responses.send(&mut send, resp, turn, kind, peer).await
 }
 

@@ -43,7 +43,7 @@ pub(super) struct Ctx {
     /// Last AppendEntries accepted from a leader.
     pub(super) contact: LeaderContact,
     /// API requests answered, by kind and result (the metrics endpoint).
-    pub(super) api_requests: super::metrics::ApiRequests,
+    pub(super) api_requests: super::requests::ApiRequests,
     /// API requests in flight, in all and per certificate identity
     /// ([`super::respond`]).
     pub(super) requests: Arc<Mutex<granary_net::budget::Budget<String>>>,

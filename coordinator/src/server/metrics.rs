@@ -2,56 +2,19 @@
 //! view (term, leader, log, applied and snapshot indexes), the applied
 //! cluster state (placement epoch, datasets, nodes with their leases as the
 //! leader sees them, shards owned), and the API requests answered by kind
-//! and result. Everything but the request counter is read at each scrape.
+//! and result (counted as they are answered: `requests.rs`). Everything but
+//! the request counter is read at each scrape.
 //!
 //! openraft 0.9's metrics carry no commit index: the applied index trails
 //! it by the entries waiting to be applied.
 
 use super::ctx::{Ctx, node_statuses};
-use granary_net::api::{ApiResponse, FailureKind};
 use openraft::ServerState;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
-
-/// The labels of the API request counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct ApiLabels {
-    /// The request's kind (`register-node`, `heartbeat`, ...).
-    kind: &'static str,
-    /// `ok`, `not-leader`, or the failure's kind.
-    result: &'static str,
-}
-
-impl ApiLabels {
-    /// A placement watch stream opened.
-    pub(super) fn watch() -> Self {
-        Self { kind: "watch-placement", result: "ok" }
-    }
-}
-
-/// API requests answered, by kind and result.
-pub(super) type ApiRequests = Family<ApiLabels, Counter>;
-
-/// Counts one answered request of `kind`.
-pub(super) fn count(requests: &ApiRequests, kind: &'static str, resp: &ApiResponse) {
-    let result = match resp {
-        ApiResponse::NotLeader { .. } => "not-leader",
-        ApiResponse::Failed { kind, .. } => match kind {
-            FailureKind::Forbidden => "forbidden",
-            FailureKind::NotFound => "not-found",
-            FailureKind::BadRequest => "bad-request",
-            FailureKind::Unavailable => "unavailable",
-            FailureKind::Internal => "internal",
-        },
-        _ => "ok",
-    };
-    requests.get_or_create(&ApiLabels { kind, result }).inc();
-}
 
 /// Every metric of the voter that `ctx` belongs to.
 pub(super) fn registry(ctx: &Arc<Ctx>) -> Registry {

@@ -20,6 +20,7 @@
 mod api;
 mod ctx;
 mod metrics;
+mod requests;
 mod respond;
 mod timers;
 mod watch;

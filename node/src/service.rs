@@ -12,14 +12,14 @@
 //! The decisions are pure and tested on their own: who may join a load
 //! ([`crate::flight`]), where a load gets its chunk
 //! ([`crate::fabric::route`]), and what to prefetch
-//! ([`crate::prefetch`]); this file executes them, with two children:
-//! `fetch` runs a load's route, `peer_check` decides what a chunk from a
-//! peer becomes (a guest copy, or verified).
-//!
-//! [`Follower`] prefetches along one rank's plan: the shard order of the same
-//! plan the trainer computes, kept loading up to `prefetch_bytes` ahead of
-//! the last shard the trainer asked for; after the epoch's own shards come
-//! the next epochs'.
+//! ([`crate::prefetch`]); this file executes them, with its children, one
+//! concern each: `fetch` runs a load's route, `peer_check` decides what a
+//! chunk from a peer becomes (a guest copy, or verified), `peers` answers
+//! other nodes (chunks, handoffs, footers), `versions` opens, publishes,
+//! describes and closes dataset versions, and `follow` prefetches along one
+//! rank's plan ([`Follower`]: the shard order of the same plan the trainer
+//! computes, kept loading up to `prefetch_bytes` ahead of the last shard the
+//! trainer asked for; after the epoch's own shards come the next epochs').
 
 use crate::config::NodeConfig;
 use crate::dataset::{Dataset, OpenError};
@@ -27,18 +27,20 @@ use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
 
 mod fetch;
+mod follow;
 mod peer_check;
-use crate::fabric::route::{FooterAnswer, answer_footer};
+mod peers;
+mod versions;
 use crate::flight::{Admission, Asker, InFlight, admit, start_for_peer};
-use crate::holds::{HoldRegistry, VersionUse};
+use crate::holds::HoldRegistry;
 use crate::load;
-use crate::prefetch::{PrefetchWindow, plan_order};
 use crate::remote::{Remote, RemoteCounters, Throttle};
 use crate::shm::SealedChunk;
 use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
+pub use follow::Follower;
 use futures::FutureExt;
-use granary_proto::wire::{DatasetInfo, NodeStats};
-use granary_proto::{DatasetVersion, PlanParams, ShardId};
+use granary_proto::wire::NodeStats;
+use granary_proto::{DatasetVersion, ShardId};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -268,78 +270,6 @@ impl Node {
         &self.inner.failed
     }
 
-    /// Describes dataset `name`; a cluster node that has not yet opened the
-    /// datasets of its first placement (it just started, and learns them
-    /// from the coordinator) first waits for that, up to `wait`, so that a
-    /// trainer connecting right after a restart is not told a registered
-    /// dataset is unknown.
-    pub async fn describe_when_known(
-        &self,
-        name: &str,
-        version: Option<DatasetVersion>,
-        wait: std::time::Duration,
-    ) -> Result<DatasetInfo, FetchError> {
-        if self.inner.cluster.get().is_some() && self.describe(name, version).is_err() {
-            let mut known = self.inner.datasets_known.subscribe();
-            // Timing out is fine: the answer below says what is known.
-            let _ = tokio::time::timeout(wait, known.wait_for(|k| *k)).await;
-        }
-        if let Some(v) = version
-            && self.inner.cluster.get().is_some()
-            && self.describe(name, version).is_err()
-        {
-            // A pinned version this node never opened: the coordinator
-            // keeps every registered version's manifest.
-            let mut answered = self.inner.wanted_answered.subscribe();
-            answered.mark_unchanged();
-            self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner()).push((name.to_string(), v));
-            self.inner.wanted_added.notify_one();
-            let gone =
-                || self.inner.wanted_gone.lock().unwrap_or_else(|p| p.into_inner()).contains(&(name.to_string(), v));
-            let _ = tokio::time::timeout(VERSION_WAIT, async {
-                while answered.changed().await.is_ok() && self.describe(name, version).is_err() && !gone() {}
-            })
-            .await;
-        }
-        self.describe(name, version)
-    }
-
-    /// Waits until a trainer asks for a version this node does not serve,
-    /// and returns every such (name, version) (the placement follower
-    /// opens them).
-    pub(crate) async fn wanted_versions(&self) -> Vec<(String, DatasetVersion)> {
-        loop {
-            let taken = std::mem::take(&mut *self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner()));
-            if !taken.is_empty() {
-                return taken;
-            }
-            self.inner.wanted_added.notified().await;
-        }
-    }
-
-    /// The follower has answered the versions it took: opened them, or
-    /// learned that the coordinator knows none of `gone`.
-    pub(crate) fn wanted_answered(&self, gone: Vec<(String, DatasetVersion)>) {
-        *self.inner.wanted_gone.lock().unwrap_or_else(|p| p.into_inner()) = gone;
-        self.inner.wanted_answered.send_modify(|n| *n += 1);
-    }
-
-    /// Serves `manifest`'s version of dataset `name` for trainers that ask
-    /// for it by version, without making it the name's current version
-    /// (a job pinned it). Returns the version.
-    pub fn open_version(
-        &self,
-        name: &str,
-        view: granary_proto::View,
-        manifest: granary_proto::Manifest,
-    ) -> Result<DatasetVersion, OpenError> {
-        let ds = self.open_manifest(name, view, manifest)?;
-        let version = ds.version;
-        tracing::info!(dataset = %name, %version, "serving a pinned version");
-        self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert(ds);
-        Ok(version)
-    }
-
     /// Prefetch loads under way: the depth of the prefetch along the
     /// ranks' plans (a gauge for the metrics endpoint).
     pub(crate) fn prefetch_in_flight(&self) -> u64 {
@@ -369,134 +299,6 @@ impl Node {
     /// The latency histograms the metrics endpoint shows.
     pub(crate) fn timings(&self) -> &crate::timings::Timings {
         &self.inner.timings
-    }
-
-    /// Every (dataset, version) this node serves by version.
-    pub(crate) fn served_versions(&self) -> Vec<(String, DatasetVersion)> {
-        let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
-        by_version.iter().map(|(v, d)| (d.name.clone(), *v)).collect()
-    }
-
-    /// Stops serving `version` of dataset `name`, which the coordinator
-    /// collected (no trainer used it for the retention), and drops its
-    /// chunks from RAM, SSD and the guest area. A version that is some
-    /// name's current one, or that trainers here follow, is kept. Returns
-    /// whether it was dropped.
-    pub(crate) fn close_version(&self, name: &str, version: DatasetVersion) -> bool {
-        let current =
-            self.inner.datasets.read().unwrap_or_else(|p| p.into_inner()).values().any(|d| d.version == version);
-        let used = self.inner.holds.in_use(&(name.to_string(), version));
-        if current || used {
-            return false;
-        }
-        let Some(ds) = self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).remove(&version) else {
-            return false;
-        };
-        for s in ds.manifest.shards() {
-            let key = ChunkKey { version, shard: s.shard };
-            self.inner.tier.remove(key);
-            self.inner.guests.remove(key);
-        }
-        tracing::info!(dataset = %name, %version, "the coordinator collected this version: chunks dropped");
-        true
-    }
-
-    /// After a placement update: a load that a peer waits on, and that asks
-    /// a former owner of a shard the placement now gives this node, stops
-    /// asking and reads the shard here (`crate::flight`; the cluster's
-    /// follower calls this).
-    pub(crate) fn placement_changed(&self) {
-        let Some(c) = self.inner.cluster.get() else { return };
-        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        for (key, p) in inflight.iter() {
-            let owned_at = (c.placed_owner(key.version, key.shard) == Some(c.me())).then(|| c.owner_epoch(key.version));
-            let asking = *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner());
-            if crate::flight::reads_here_after_placement(asking, owned_at, p.asking.peer_waits.load(Ordering::Relaxed))
-            {
-                p.asking.read_here.notify_one();
-            }
-        }
-    }
-
-    /// Marks the datasets of a placement as opened (the cluster's follower
-    /// calls this).
-    pub(crate) fn datasets_opened(&self) {
-        self.inner.datasets_known.send_replace(true);
-    }
-
-    /// Describes `version` of dataset `name` (any version this node served
-    /// under that name since it started), or its current version when
-    /// `version` is `None`.
-    pub fn describe(&self, name: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, FetchError> {
-        let datasets = self.inner.datasets.read().unwrap_or_else(|p| p.into_inner());
-        let current = datasets.get(name);
-        let found = match version {
-            None => current.cloned(),
-            Some(v) => {
-                let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
-                by_version.get(&v).filter(|d| d.name == name).cloned()
-            }
-        };
-        if found.is_none()
-            && current.is_none()
-            && let Some(reason) = self.inner.failed.get(name)
-        {
-            return Err(FetchError::DatasetFailed { dataset: name.to_string(), reason: reason.clone() });
-        }
-        let advice = self.inner.mapping_advice;
-        found.map(|d| DatasetInfo { mapping_budget_bytes: advice, ..d.info() }).ok_or_else(|| FetchError::NotServed {
-            dataset: name.to_string(),
-            version,
-            current: current.map(|d| d.version),
-            served: datasets.keys().cloned().collect(),
-        })
-    }
-
-    /// Serves the dataset version `manifest` describes under `name` from now
-    /// on (the versions served before stay servable), reading nothing yet:
-    /// each file's footer is read when a shard of it is first converted. A
-    /// cluster node calls this with the coordinator's manifest. Returns the
-    /// version.
-    pub fn serve_manifest(
-        &self,
-        name: &str,
-        view: granary_proto::View,
-        manifest: granary_proto::Manifest,
-    ) -> Result<DatasetVersion, OpenError> {
-        let ds = self.open_manifest(name, view, manifest)?;
-        Ok(self.publish(name, ds))
-    }
-
-    /// The dataset `manifest` describes, read through this node's remote
-    /// options, throttle and counters; reads nothing yet.
-    fn open_manifest(
-        &self,
-        name: &str,
-        view: granary_proto::View,
-        manifest: granary_proto::Manifest,
-    ) -> Result<Arc<Dataset>, OpenError> {
-        let remote = Remote::open(
-            &manifest.source,
-            &self.inner.remote_options,
-            self.inner.throttle.clone(),
-            self.inner.remote.clone(),
-        )?;
-        Ok(Arc::new(Dataset::from_manifest(name, remote, view, manifest)?))
-    }
-
-    fn publish(&self, name: &str, ds: Arc<Dataset>) -> DatasetVersion {
-        let version = ds.version;
-        tracing::info!(dataset = %name, %version, files = ds.files.len(),
-            shards = ds.manifest.shards().len(), rows = ds.manifest.total_rows(), "serving dataset");
-        self.inner.by_version.write().unwrap_or_else(|p| p.into_inner()).entry(version).or_insert_with(|| ds.clone());
-        self.inner.datasets.write().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), ds);
-        version
-    }
-
-    /// The dataset of `version`.
-    pub fn dataset(&self, version: DatasetVersion) -> Result<Arc<Dataset>, FetchError> {
-        let by_version = self.inner.by_version.read().unwrap_or_else(|p| p.into_inner());
-        by_version.get(&version).cloned().ok_or_else(|| FetchError::UnknownVersion(version))
     }
 
     /// Counters since start.
@@ -539,107 +341,6 @@ impl Node {
     /// fetched from that owner. False if the node already joined one.
     pub fn join_cluster(&self, cluster: Arc<Cluster>) -> bool {
         self.inner.cluster.set(cluster).is_ok()
-    }
-
-    /// A chunk for another node (at `requester`, which placement epoch
-    /// `epoch` told this node owns it): like [`Node::chunk`], but never
-    /// forwarded to a third node (this node reads the shard itself if it
-    /// must), and refused at once while this node's own load of it is
-    /// asking `requester` (the two disagree about the owner) or asking a
-    /// node an older placement named (see `crate::flight`).
-    pub async fn chunk_for_peer(
-        &self,
-        version: DatasetVersion,
-        shard: ShardId,
-        requester: std::net::SocketAddr,
-        epoch: u64,
-    ) -> Shared {
-        self.inner.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        self.chunk_from(version, shard, Asker::Peer { addr: requester, epoch })
-            .instrument(tracing::info_span!("serve_peer", peer = %requester, version = %version, shard = %shard))
-            .await
-    }
-
-    /// A handoff ([`granary_proto::peer::PeerRequest::HandOver`]): the
-    /// chunk of `shard` if this node holds it (RAM, SSD, guest area) or a
-    /// load of its own is reading it from remote storage; `None` (not held)
-    /// otherwise, at once. Never starts a load, and never waits on a load
-    /// that asks a peer, so a handoff cannot close a wait cycle.
-    pub async fn held_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Option<Shared> {
-        let key = ChunkKey { version, shard };
-        if let Some(chunk) = self.inner.guests.get(key, false) {
-            return Some(Ok(chunk));
-        }
-        match self.inner.tier.get(key).await {
-            Ok(Some((chunk, _))) => return Some(Ok(chunk)),
-            Ok(None) => {}
-            Err(e) => {
-                self.inner.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(shard = %shard, error = %e, "corrupt SSD entry removed; not handing it over");
-            }
-        }
-        let mut rx = {
-            let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-            let pending = inflight.get(&key)?;
-            // Only a load that holds its load permit and reads: one queued
-            // for a permit may route again when it gets one (`load`), and
-            // a long queue is no cheaper than the asker's own read.
-            if !pending.asking.reading.load(Ordering::Relaxed) {
-                return None;
-            }
-            pending.rx.clone()
-        };
-        match rx.wait_for(Option::is_some).await {
-            Ok(v) => v.clone(),
-            Err(_) => None,
-        }
-    }
-
-    /// A file's footer for another node: from memory, or read from remote
-    /// storage by this node, never asked of a third node. A node that
-    /// believes another node reads that footer (their placements disagree
-    /// for now) answers at once that it does not, instead of joining its
-    /// own load of the footer, which would be asking that other node: two
-    /// nodes that each think the other reads a footer would otherwise wait
-    /// on each other until the footer deadline.
-    pub async fn footer_for_peer(&self, version: DatasetVersion, file: u32) -> Result<bytes::Bytes, FetchError> {
-        let ds = self.dataset(version)?;
-        if file as usize >= ds.files.len() {
-            return Err(FetchError::UnknownFile(u64::from(file)));
-        }
-        let held = ds.held_footer(file as usize);
-        let first = ShardId { file, row_group: 0 };
-        let first_owner = || self.inner.cluster.get().and_then(|c| c.owner(version, first)).map(|o| o.node);
-        match answer_footer(held.is_some(), if held.is_some() { None } else { first_owner() }) {
-            FooterAnswer::Held => Ok(held.map(|f| f.raw.clone()).unwrap_or_default()),
-            FooterAnswer::NotOwner(owner) => Err(FetchError::NotFooterOwner { file, owner }),
-            FooterAnswer::ReadHere => Ok(ds.footer(file as usize).await?.raw.clone()),
-        }
-    }
-
-    /// In a cluster, the fetch of file `file`'s footer from the owner of
-    /// its first row group (so each footer is read from remote storage
-    /// once per cluster); `None` when this node owns it or is alone.
-    fn footer_from_peer(
-        &self,
-        version: DatasetVersion,
-        file: u32,
-    ) -> Option<(String, futures::future::BoxFuture<'static, Result<bytes::Bytes, String>>)> {
-        let cluster = self.inner.cluster.get()?.clone();
-        let owner = cluster.owner(version, ShardId { file, row_group: 0 })?;
-        let file_size = self.dataset(version).ok()?.files.get(file as usize)?.size;
-        let deadline = cluster.config().fetch_deadline.min(cluster.config().footer_deadline);
-        let name = format!("{} at {}", owner.node, owner.addr);
-        Some((
-            name,
-            Box::pin(async move {
-                cluster
-                    .link()
-                    .fetch_footer(owner.addr, version, file, file_size, deadline)
-                    .await
-                    .map_err(|e| format!("{}: {e}", owner.node))
-            }),
-        ))
     }
 
     /// Waits (up to 30 s) for loads in flight to reach the SSD tier, if
@@ -899,41 +600,6 @@ impl Node {
             .is_some_and(|c| c.owner(version, shard).is_some() || c.handed_from(version, shard).is_some())
             && !self.inner.guests.contains(key)
     }
-
-    /// Whether a plan of `params` over `version` fits this node's limit
-    /// (`max_plan_bytes`, for every shuffle): checked before planning takes
-    /// one of the few planning slots, so a huge plan is refused at once and
-    /// never holds up other ranks' plans.
-    pub fn admit_follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), FetchError> {
-        let ds = self.dataset(version)?;
-        let cost = granary_proto::plan_cost(&ds.manifest.shards(), params);
-        let limit = self.inner.max_plan_bytes;
-        if cost.bytes > limit {
-            return Err(FetchError::PlanTooLarge { cost, batch_size: params.batch_size, limit });
-        }
-        Ok(())
-    }
-
-    /// Starts prefetching along one rank's plan: the shards of its epoch in
-    /// the order it needs them, then the new shards of its next
-    /// [`PREFETCH_EPOCHS_AHEAD`] epochs (every epoch's plan is known in
-    /// advance). Later epochs' shards are fetched only while the budget
-    /// ahead of the rank has room, after the current epoch's, so they never
-    /// delay it; in a cluster their peer transfers overlap the current epoch
-    /// (above all the cold one, which waits on remote storage) instead of
-    /// stalling the next.
-    pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
-        self.admit_follow(version, params)?;
-        let ds = self.dataset(version)?;
-        let order = plan_order(ds.plan_key, &ds.manifest.shards(), params, PREFETCH_EPOCHS_AHEAD, |s| {
-            ds.chunk_len_estimate(s)
-        })?;
-        let window = PrefetchWindow::new(order, self.inner.prefetch_bytes, self.inner.guests.capacity_bytes());
-        let used = self.inner.holds.use_version((ds.name.clone(), version));
-        let mut f = Follower { node: self.clone(), version, window, _used: used };
-        f.top_up();
-        Ok(f)
-    }
 }
 
 /// A load in flight: its result channel, and whether anything other than
@@ -976,57 +642,5 @@ struct InflightGuard<'a> {
 impl Drop for InflightGuard<'_> {
     fn drop(&mut self) {
         self.node.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
-    }
-}
-
-/// One prefetch load in the `prefetching` gauge, for as long as it lives
-/// (a load that panics or is cancelled leaves the gauge too).
-struct Prefetching(Node);
-
-impl Prefetching {
-    fn start(node: Node) -> Self {
-        node.inner.counters.prefetching.fetch_add(1, Ordering::Relaxed);
-        Self(node)
-    }
-}
-
-impl Drop for Prefetching {
-    fn drop(&mut self) {
-        self.0.inner.counters.prefetching.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Prefetch for one rank's plan: the shell of a [`PrefetchWindow`], which
-/// spawns a load for each shard the window issues.
-pub struct Follower {
-    node: Node,
-    version: DatasetVersion,
-    window: PrefetchWindow,
-    /// Holds the version while the rank follows it.
-    _used: VersionUse,
-}
-
-impl Follower {
-    /// Records that the rank asked for `shard`, and prefetches ahead of it.
-    pub fn advance(&mut self, shard: ShardId) {
-        if self.window.handle_asked(shard) {
-            self.top_up();
-        }
-    }
-
-    /// Issues the loads the window wants.
-    fn top_up(&mut self) {
-        while let Some(issue) = self.window.poll_issue(|s| self.node.arrives_as_guest(self.version, s)) {
-            let node = self.node.clone();
-            let version = self.version;
-            node.inner.counters.prefetched.fetch_add(1, Ordering::Relaxed);
-            let counted = Prefetching::start(node.clone());
-            tokio::spawn(async move {
-                let _counted = counted;
-                // Not a trainer's request: not timed as one.
-                let asker = if issue.later { Asker::Ahead } else { Asker::Trainer };
-                let _ = node.chunk_from(version, issue.shard, asker).await;
-            });
-        }
     }
 }

@@ -28,7 +28,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG_FILES = {
     "chaos/src/run/mod.rs": "issue 33: one step of chaos run per file, run_seed under ~80 lines",
     "chaos/src/sim/node.rs": "issue 33: gone into the node engine the simulation drives",
-    "chaos/src/run/powerfs.rs": "issue 33: the power-cut filesystem split by concern",
 }
 
 # (file, file) pairs, sorted -> reason.

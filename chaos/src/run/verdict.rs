@@ -22,7 +22,7 @@
 //! - `clean_stop`: every process stops cleanly at the end (ranks exit 0,
 //!   nodes and voters exit 0 after SIGTERM).
 
-use super::Job;
+use super::job::Job;
 use super::schedule::{Fault, Schedule};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -123,7 +123,11 @@ impl Runs {
 
     /// Values in the batch of each tensor (0 for a dense one), its rows'
     /// offsets read from `chunks` (by slot).
+    /// Empty when no tensor is jagged (nothing to count, nothing allocated).
     pub(crate) fn values(&self, chunks: &[Chunk], layouts: &[TensorLayout]) -> Vec<u64> {
+        if !layouts.iter().any(|l| l.jagged) {
+            return Vec::new();
+        }
         (0..layouts.len())
             .map(|t| {
                 if !layouts[t].jagged {

@@ -139,7 +139,8 @@ pub(crate) enum Storage {
         /// The batch's first row in the chunk.
         first_row: usize,
         /// Per tensor, view order: a jagged tensor's row offsets rebased to
-        /// the batch's first value (rows + 1); empty for a dense tensor.
+        /// the batch's first value (rows + 1); empty for a dense tensor
+        /// (and no entry at all when no tensor is jagged).
         offsets: Vec<Vec<u64>>,
     },
     /// The buffer went back to the pool (only while dropping).

@@ -593,6 +593,9 @@ impl Walker {
 /// rows`, rebased to the first row's first value (empty for dense tensors):
 /// all a view into the chunk copies.
 fn rebased(chunk: &Chunk, first: usize, rows: usize) -> Vec<Vec<u64>> {
+    if !chunk.header().tensors.iter().any(|t| t.is_jagged()) {
+        return Vec::new();
+    }
     (0..chunk.header().tensors.len())
         .map(|i| match chunk.row_offsets(i).and_then(|o| o.get(first..=first + rows)) {
             Some(o) => o.iter().map(|&x| x - o[0]).collect(),

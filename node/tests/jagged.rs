@@ -16,31 +16,14 @@ use common::fabric;
 
 const SEED: u64 = 30;
 
-/// `label`, and the three variable-length columns as jagged tensors.
-const VIEW: &str = r#"
-[[tensor]]
-name = "label"
-dtype = "f32"
-columns = ["label"]
-
-[[tensor]]
-name = "hist"
-dtype = "i64"
-columns = ["hist"]
-
-[[tensor]]
-name = "cats"
-dtype = "i32"
-columns = ["cats"]
-
-[[tensor]]
-name = "blob"
-dtype = "u8"
-columns = ["blob"]
-"#;
+/// `label`, and the three variable-length columns as jagged tensors (the
+/// generator's [`datagen::JAGGED_VIEW_TOML`]).
+fn view_toml() -> String {
+    format!("[[tensor]]\nname = \"label\"\ndtype = \"f32\"\ncolumns = [\"label\"]\n{}", datagen::JAGGED_VIEW_TOML)
+}
 
 fn config(data: &std::path::Path) -> NodeConfig {
-    let view: View = toml::from_str::<View>(VIEW).expect("view").validated().expect("valid");
+    let view: View = toml::from_str::<View>(&view_toml()).expect("view").validated().expect("valid");
     NodeConfig {
         datasets: vec![DatasetConfig {
             name: "ads".into(),

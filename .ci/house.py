@@ -2,7 +2,9 @@
 """The house rules `.ci/run` checks (issue 33, item 4): every library file of
 the workspace holds at most MAX_LINES non-test lines, and no two library
 files import each other (no cycle among the `use crate::` / `super::` /
-`self::` paths of a crate's files).
+`self::` paths of a crate's files), and the pure crates stay pure: `cargo
+tree -e normal` of each crate in PURE shows none of the crates it must not
+pull in (no async runtime, no network, no I/O libraries).
 
 A library file is a `.rs` file under a crate's `src/` (tests/, benches and
 examples are not). Non-test lines: every line outside `#[cfg(test)]` items.
@@ -25,8 +27,12 @@ MAX_LINES = 700
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # file -> reason. Issue 33 rebuilds these halls; each leaves the list when it does.
-LONG_FILES = {
-    "chaos/src/sim/node.rs": "issue 33: gone into the node engine the simulation drives",
+LONG_FILES = {}
+
+# Pure crates -> the crates their normal dependency tree must not contain.
+PURE = {
+    "granary-proto": ("tokio", "quinn", "mio", "socket2"),
+    "granary-node-core": ("tokio", "quinn", "mio", "socket2"),
 }
 
 # (file, file) pairs, sorted -> reason.
@@ -264,6 +270,7 @@ def main():
                 arrows = sorted(f"{os.path.relpath(files[a], ROOT)} -> {os.path.relpath(files[b], ROOT)}"
                                 for a in comp for b in edges[a] if b in comp)
                 breaches.append("files import each other: " + ", ".join(names) + " (" + "; ".join(arrows) + ")")
+    breaches.extend(impurities())
     for rel in sorted(set(LONG_FILES) - long_seen):
         breaches.append(f"{rel} is listed as a long file but is not one now: take it off LONG_FILES")
     for pair in sorted(set(CYCLES) - cycles_seen):
@@ -272,8 +279,27 @@ def main():
         print(f"house: {b}")
     if breaches:
         sys.exit(1)
-    print(f"house: every library file within {MAX_LINES} non-test lines and no import cycle "
+    print(f"house: every library file within {MAX_LINES} non-test lines, no import cycle, "
+          f"{', '.join(PURE)} pure "
           f"(exceptions: {len(LONG_FILES)} long files, {len(CYCLES)} cycles, each issue 33's)")
+
+
+def impurities():
+    """A breach for each crate of PURE whose dependency tree holds a crate it must not."""
+    import subprocess
+    found = []
+    for crate, banned in PURE.items():
+        tree = subprocess.run(
+            ["cargo", "tree", "-p", crate, "-e", "normal", "--prefix", "none", "--offline"],
+            cwd=ROOT, capture_output=True, text=True)
+        if tree.returncode != 0:
+            found.append(f"cargo tree -p {crate} failed: {tree.stderr.strip()[:300]}")
+            continue
+        names = {line.split(" ")[0] for line in tree.stdout.splitlines() if line.strip()}
+        for b in banned:
+            if b in names:
+                found.append(f"{crate} depends on {b}: it must stay pure (no runtime, no network, no I/O)")
+    return found
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@
 //!
 //! Every resource a connection holds is bounded (issue 29): the node holds
 //! at most `max_connections` (at the cap the longest-idle one is closed to
-//! make room: [`crate::conns`]); a connection that sends no request for
+//! make room: [`granary_node_core::conns`]); a connection that sends no request for
 //! `idle_timeout_ms`, or does not send a whole request within
 //! [`REQUEST_WAIT`] of its header, is closed (and counts as idle, so
 //! evictable, until its whole request is in); at most
@@ -23,10 +23,10 @@
 //! by the connections), and its loader reports take one slot.
 
 use crate::access::{self, LocalAccess};
-use crate::conns::{Admit, ConnId, ConnTable, SocketLimits};
 use crate::error::FetchError;
 use crate::service::Node;
 use crate::session::Session;
+use granary_node_core::conns::{Admit, ConnId, ConnTable, SocketLimits};
 use granary_proto::frame;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
 use rustix::fd::BorrowedFd;

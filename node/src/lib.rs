@@ -16,19 +16,23 @@
 //! - `session` — one trainer's session: the plan it follows and its requests.
 //! - [`daemon`] — the Unix-socket endpoint for trainers.
 //! - [`access`] — who may use that socket, and where it lives.
-//! - `conns` — the socket's connection table (the cap and who makes room),
-//!   a pure core; [`SocketLimits`] are its settings.
+//!   Its connection table (the cap and who makes room) is a pure core,
+//!   `granary_node_core::conns`; [`SocketLimits`] are its settings.
 //! - [`embedded`] — in-process mode, implementing the client's source trait.
 //! - `membership` — registering with the coordinators, lease renewal, the placement watch.
 //! - [`fabric`] — the peer fabric: chunks of shards other nodes own, fetched from them over QUIC;
-//!   its decisions (fetch route, stall clock) are pure cores in it.
-//! - `flight` — single-flight admission (pure).
+//!   its decisions (fetch route, stall clock) are pure cores in
+//!   `granary_node_core`.
 //! - `holds` — the versions this node's trainers use, held at the coordinator (pure core).
-//! - `prefetch` — the prefetch window along a rank's plan (pure).
+//! - `granary_node_core` (its own crate: no tokio, no quinn) — the node's
+//!   decisions: the engine of every load in flight (single flight, each
+//!   load's route, the permit and placement waits; `service` executes its
+//!   commands, and the chaos simulation drives the same engine), the fetch
+//!   route, the stall clock, the prefetch window, the connection table.
 //! - [`error`] — error types.
 //! - [`metrics`] — the Prometheus registry (counters read at scrape time,
 //!   latency histograms).
-//! - [`decide`] — the pure decision cores above, exported for the chaos
+//! - [`decide`] — the pure decision cores, exported for the chaos
 //!   simulation (`granary-chaos`), which runs them on a virtual clock and
 //!   network; not needed to embed a node.
 //!
@@ -43,18 +47,15 @@
 // peer fabric, and errors. Everything else is the node's own business.
 pub mod access;
 pub mod config;
-mod conns;
 mod convert;
 pub mod daemon;
 pub mod embedded;
 pub mod error;
 pub mod fabric;
-mod flight;
 mod holds;
 mod load;
 mod membership;
 pub mod metrics;
-mod prefetch;
 pub mod process;
 mod service;
 mod session;
@@ -65,21 +66,26 @@ mod timings;
 use granary_source::{dataset, remote};
 
 /// The node's pure decision cores (no I/O, `now` as an argument): the
-/// fetch route of one load, single-flight admission, the stall clock and
-/// the liveness probe. The node's async shells execute what they decide;
+/// engine of the loads in flight, the fetch route of one load,
+/// single-flight admission, the stall clock and the liveness probe. The node's async shells execute what they decide;
 /// `granary-chaos` drives the same code on a simulated clock and network.
 pub mod decide {
-    pub use crate::fabric::route::{
+    pub use granary_node_core::engine::{
+        Admitted, AwaitOutcome, Back, Command, Engine, PLACEMENT_WAIT, Permit, Placement, Timing, Waiting, moved_away,
+    };
+    pub use granary_node_core::flight::{
+        Admission, Asked, Asker, InFlight, admit, reads_here_after_placement, start_for_peer,
+    };
+    pub use granary_node_core::route::{
         AfterPermit, AskFailure, FooterAnswer, LeaseView, MAX_OWNERS_ASKED, Owner, Route, Step, after_permit,
         answer_footer, may_read_as_owner,
     };
-    pub use crate::fabric::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
-    pub use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement, start_for_peer};
+    pub use granary_node_core::stall::{LIVENESS_SAMPLE, LIVENESS_SLACK, Liveness, StallClock, TimerFired, Verdict};
 }
 
 pub use config::NodeConfig;
-pub use conns::SocketLimits;
 pub use embedded::EmbeddedNode;
+pub use granary_node_core::conns::SocketLimits;
 pub use membership::{JoinError, node_identity};
 pub use service::{Follower, Node, PREFETCH_EPOCHS_AHEAD, Shared, StartError};
 pub use session::Session;

@@ -49,9 +49,13 @@ pub(crate) struct Standing {
 }
 
 impl Standing {
-    /// What the fetch route needs of it ([`crate::fabric::route::may_read_as_owner`]).
-    pub(crate) fn lease_view(&self) -> crate::fabric::route::LeaseView {
-        crate::fabric::route::LeaseView { renewed_at: self.renewed_at, lease: self.lease, epoch: self.placement_epoch }
+    /// What the fetch route needs of it ([`granary_node_core::route::may_read_as_owner`]).
+    pub(crate) fn lease_view(&self) -> granary_node_core::route::LeaseView {
+        granary_node_core::route::LeaseView {
+            renewed_at: self.renewed_at,
+            lease: self.lease,
+            epoch: self.placement_epoch,
+        }
     }
 }
 

@@ -10,9 +10,9 @@
 //! shard is in neither place (which would cost a second remote read).
 //!
 //! The decisions are pure and tested on their own: who may join a load
-//! ([`crate::flight`]), where a load gets its chunk
-//! ([`crate::fabric::route`]), and what to prefetch
-//! ([`crate::prefetch`]); this file executes them, with its children, one
+//! ([`granary_node_core::flight`]), where a load gets its chunk
+//! ([`granary_node_core::route`]), and what to prefetch
+//! ([`granary_node_core::prefetch`]); this file executes them, with its children, one
 //! concern each: `fetch` runs a load's route, `peer_check` decides what a
 //! chunk from a peer becomes (a guest copy, or verified), `peers` answers
 //! other nodes (chunks, handoffs, footers), `versions` opens, publishes,
@@ -31,7 +31,6 @@ mod follow;
 mod peer_check;
 mod peers;
 mod versions;
-use crate::flight::{Admission, Asker, InFlight, admit, start_for_peer};
 use crate::holds::HoldRegistry;
 use crate::load;
 use crate::remote::{Remote, RemoteCounters, Throttle};
@@ -39,13 +38,15 @@ use crate::shm::SealedChunk;
 use crate::tier::{ChunkKey, ChunkTier, GuestArea, HitTier, SsdConfig, TierError};
 pub use follow::Follower;
 use futures::FutureExt;
+use granary_node_core::engine::{Admitted, Engine};
+use granary_node_core::flight::Asker;
 use granary_proto::wire::NodeStats;
 use granary_proto::{DatasetVersion, ShardId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tracing::Instrument;
 
 /// Epochs after the current one whose shards a rank's prefetch may fetch,
@@ -87,7 +88,8 @@ struct Inner {
     throttle: Option<Arc<Throttle>>,
     tier: ChunkTier,
     guests: GuestArea,
-    inflight: Mutex<HashMap<ChunkKey, Pending>>,
+    /// Every load in flight ([`granary_node_core::engine`]).
+    engine: Mutex<Engine<ChunkKey, Pending>>,
     loads: Semaphore,
     /// KiB of memory loads in progress may take ([`load::memory_admission`]).
     load_memory: Semaphore,
@@ -133,11 +135,6 @@ struct Inner {
 /// How long a trainer's describe of a pinned version waits for the
 /// coordinator's manifest of it.
 const VERSION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How long a load on a cluster node waits for the placement of its
-/// version when the node knows none yet (it has just joined), at most the
-/// reroute wait.
-const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A running node (cheap to clone).
 #[derive(Clone)]
@@ -225,7 +222,7 @@ impl Node {
                 throttle,
                 tier,
                 guests: GuestArea::new(guest_bytes),
-                inflight: Mutex::new(HashMap::new()),
+                engine: Mutex::new(Engine::new(crate::fabric::FabricConfig::default().timing())),
                 loads: Semaphore::new(cfg.max_concurrent_loads.max(1)),
                 load_memory: Semaphore::new(
                     usize::try_from(load_memory_bytes.div_ceil(1024))
@@ -328,7 +325,7 @@ impl Node {
             peer_verified: c.peer_verified.load(Ordering::Relaxed),
             peer_mismatched: c.peer_mismatched.load(Ordering::Relaxed),
             peers_quarantined: self.inner.cluster.get().map_or(0, |c| c.quarantined() as u64),
-            loads_in_flight: self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+            loads_in_flight: self.engine().len() as u64,
         }
     }
 
@@ -340,7 +337,12 @@ impl Node {
     /// Joins a cluster: from now on a shard another live node owns is
     /// fetched from that owner. False if the node already joined one.
     pub fn join_cluster(&self, cluster: Arc<Cluster>) -> bool {
-        self.inner.cluster.set(cluster).is_ok()
+        let timing = cluster.config().timing();
+        let joined = self.inner.cluster.set(cluster).is_ok();
+        if joined {
+            self.engine().set_timing(timing);
+        }
+        joined
     }
 
     /// Waits (up to 30 s) for loads in flight to reach the SSD tier, if
@@ -353,7 +355,7 @@ impl Node {
         // waiting for a placement that no longer changes, this node having
         // left, could hold the stop for the whole reroute wait).
         while self.inner.tier.has_ssd() {
-            let pending = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).len();
+            let pending = self.engine().len();
             if pending == 0 {
                 break;
             }
@@ -414,81 +416,54 @@ impl Node {
                 }
             }
             let mut rx = {
-                // The map is only touched briefly; a poisoned lock still
-                // holds a consistent map.
-                let mut inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-                let pending = inflight.get(&key);
-                let seen = pending.map(|p| {
-                    let asking = *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner());
-                    // Read only when it matters: a load asking a peer.
-                    let owned_here = asking.is_some()
-                        && self
-                            .inner
-                            .cluster
-                            .get()
-                            .is_some_and(|c| c.placed_owner(key.version, key.shard) == Some(c.me()));
-                    InFlight { asking, owned_here }
-                });
+                let view = self.view();
+                let mut engine = self.engine();
                 let finished = || self.inner.tier.contains(key) || self.inner.guests.contains(key);
-                match (admit(seen, asker, finished, attempt < 2), pending) {
-                    (Admission::Refuse, _) => return Err(Arc::new(FetchError::Forwarding { shard })),
-                    (Admission::Join { promote }, Some(pending)) => {
+                let mut started = None;
+                let shell = || {
+                    let (tx, rx) = watch::channel(None);
+                    let read_here = Arc::new(tokio::sync::Notify::new());
+                    started = Some((tx, read_here.clone()));
+                    Pending { rx, read_here }
+                };
+                let admitted = engine.request(key, asker, attempt < 2, finished, &view, shell);
+                let pending = engine.shell(key);
+                match (admitted, pending) {
+                    (Admitted::LookAgain, _) => continue,
+                    (Admitted::Refused { .. }, _) => return Err(Arc::new(FetchError::Forwarding { shard })),
+                    (Admitted::NotOwner(owner), _) => {
+                        self.inner.counters.peer_refused.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(shard = %shard, %owner, asker = ?asker,
+                            "a peer asked this node for a shard its placement gives to another node: refused");
+                        return Err(Arc::new(FetchError::NotOwner { shard, owner }));
+                    }
+                    (Admitted::Joined, Some(pending)) => {
                         self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
-                        if asker.forwards() {
-                            pending.asking.local_waits.store(true, Ordering::Relaxed);
-                        } else {
-                            pending.asking.peer_waits.store(true, Ordering::Relaxed);
-                        }
-                        if promote {
-                            // A load started for a later epoch is needed
-                            // now: its guest copy becomes a regular one.
-                            pending.wanted_now.store(true, Ordering::Relaxed);
-                        }
                         pending.rx.clone()
                     }
-                    (Admission::JoinAndConvert, Some(pending)) => {
+                    (Admitted::JoinedAndLeftAsk, Some(pending)) => {
+                        // Stop asking, read it here (see `granary_node_core::flight`).
                         self.inner.counters.joined.fetch_add(1, Ordering::Relaxed);
-                        pending.wanted_now.store(true, Ordering::Relaxed);
-                        pending.asking.peer_waits.store(true, Ordering::Relaxed);
-                        pending.asking.read_here.notify_one();
+                        pending.read_here.notify_one();
                         pending.rx.clone()
                     }
-                    (Admission::LookAgain, _) => continue,
-                    (Admission::Start | Admission::Join { .. } | Admission::JoinAndConvert, _) => {
-                        // A peer's request starts a read here only where the
-                        // placement lets this node serve as the owner.
-                        if let (Asker::Peer { epoch, .. }, Some(c)) = (asker, self.inner.cluster.get())
-                            && let Err(owner) = start_for_peer(
-                                c.me(),
-                                c.placed_owner(key.version, key.shard),
-                                c.former_owner(key.version, key.shard),
-                                c.owner_epoch(key.version),
-                                epoch,
-                            )
-                        {
-                            self.inner.counters.peer_refused.fetch_add(1, Ordering::Relaxed);
-                            tracing::info!(shard = %shard, %owner, asked_on = epoch,
-                                "a peer asked this node for a shard its placement gives to another node: refused");
-                            return Err(Arc::new(FetchError::NotOwner { shard, owner }));
-                        }
+                    (Admitted::Started, Some(pending)) => {
+                        let rx = pending.rx.clone();
+                        drop(engine);
+                        let Some((tx, read_here)) = started else {
+                            // `request` made the shell when it started the load.
+                            return Err(Arc::new(FetchError::LoadLost { shard }));
+                        };
                         self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
-                        let (tx, rx) = watch::channel(None);
-                        let wanted_now = Arc::new(std::sync::atomic::AtomicBool::new(!ahead));
-                        let asking = Asking::default();
-                        inflight.insert(
-                            key,
-                            Pending { rx: rx.clone(), wanted_now: wanted_now.clone(), asking: asking.clone() },
-                        );
                         let node = self.clone();
-                        let forward = asker.forwards();
                         // Every line the load logs carries its dataset, version and shard.
                         let dataset = self.dataset(version).map(|d| d.name.clone()).unwrap_or_default();
                         let span = tracing::info_span!("load", dataset = %dataset, version = %version, shard = %shard);
-                        tokio::spawn(
-                            async move { node.load_and_publish(key, tx, forward, wanted_now, asking).await }
-                                .instrument(span),
-                        );
+                        tokio::spawn(async move { node.load_and_publish(key, tx, read_here).await }.instrument(span));
                         rx
+                    }
+                    (Admitted::Joined | Admitted::JoinedAndLeftAsk | Admitted::Started, None) => {
+                        return Err(Arc::new(FetchError::LoadLost { shard }));
                     }
                 }
             };
@@ -501,22 +476,14 @@ impl Node {
         Err(Arc::new(FetchError::LoadLost { shard }))
     }
 
-    /// `wanted_now`: false while only prefetch for a later epoch waits on
-    /// this load (its guest copy is then kept at low priority).
-    async fn load_and_publish(
-        self,
-        key: ChunkKey,
-        tx: watch::Sender<Option<Shared>>,
-        forward: bool,
-        wanted_now: Arc<std::sync::atomic::AtomicBool>,
-        asking: Asking,
-    ) {
-        // Whatever happens below, even a panic, the shard must leave the
-        // in-flight map, or every later request for it would wait forever.
+    /// Runs the load of `key` and publishes its result to every waiter.
+    async fn load_and_publish(self, key: ChunkKey, tx: watch::Sender<Option<Shared>>, read_here: Arc<Notify>) {
+        // Whatever happens below, even a panic, the load must leave the
+        // engine, or every later request for it would wait forever.
         let _leave = InflightGuard { node: &self, key };
         // The Parquet decoder can panic on hostile page headers; a panic is
         // turned into an error naming the shard instead of killing the task.
-        let result = match AssertUnwindSafe(self.load(key, forward, &asking)).catch_unwind().await {
+        let result = match AssertUnwindSafe(self.load(key, read_here)).catch_unwind().await {
             Ok(r) => r,
             Err(panic) => Err(load::panicked(&self.site(key), &*panic)),
         };
@@ -536,7 +503,7 @@ impl Node {
             // A chunk fetched from its owner is a guest copy: kept apart,
             // never in the owned tier, never on SSD.
             if guest {
-                self.inner.guests.insert(key, chunk, !wanted_now.load(Ordering::Relaxed));
+                self.inner.guests.insert(key, chunk, !self.engine().wanted_now(key));
             } else {
                 self.inner.tier.insert(key, chunk).await;
             }
@@ -602,38 +569,16 @@ impl Node {
     }
 }
 
-/// A load in flight: its result channel, and whether anything other than
-/// prefetch for a later epoch waits on it.
-struct Pending {
+/// The shell's part of a load in flight (the engine keeps the rest): the
+/// channel its waiters watch, and the signal to leave an ask.
+pub(super) struct Pending {
     rx: watch::Receiver<Option<Shared>>,
-    wanted_now: Arc<std::sync::atomic::AtomicBool>,
-    /// The peer the load is asking for the chunk right now, if any.
-    asking: Asking,
+    /// Told when the engine leaves the load's ask ([`Admitted::JoinedAndLeftAsk`],
+    /// [`Engine::placement_changed`]): stop asking, read it here.
+    read_here: Arc<Notify>,
 }
 
-/// What a load is asking right now, shared with the admission.
-type Asking = Arc<AskingState>;
-
-#[derive(Default)]
-struct AskingState {
-    /// The peer the load is fetching from at the moment, and the placement
-    /// epoch that named it.
-    asked: std::sync::Mutex<Option<crate::flight::Asked>>,
-    /// Whether a peer's request waits on the load.
-    peer_waits: std::sync::atomic::AtomicBool,
-    /// Whether a request of this node's own (a trainer's, prefetch) joined
-    /// the load.
-    local_waits: std::sync::atomic::AtomicBool,
-    /// Told when a newer asker joined and this node owns the shard now
-    /// ([`Admission::JoinAndConvert`]): stop asking, read it here.
-    read_here: tokio::sync::Notify,
-    /// Set once the load holds its load permit and reads remote storage
-    /// (it asks nobody any more): a handoff may wait on it
-    /// ([`Node::held_for_peer`]).
-    reading: std::sync::atomic::AtomicBool,
-}
-
-/// Removes a shard from the in-flight map when dropped.
+/// Ends a load in the engine when dropped.
 struct InflightGuard<'a> {
     node: &'a Node,
     key: ChunkKey,
@@ -641,6 +586,6 @@ struct InflightGuard<'a> {
 
 impl Drop for InflightGuard<'_> {
     fn drop(&mut self) {
-        self.node.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+        self.node.engine().finish(self.key);
     }
 }

@@ -28,7 +28,7 @@
 //! Remote reads beyond one per shard are counted by cause and reported
 //! whether or not they break an invariant.
 
-use super::params::{FETCH_DEADLINE, LEASE, checksum};
+use super::params::{LEASE, checksum, fetch_deadline, micros};
 use super::world::Micros;
 use granary_node::decide::MAX_OWNERS_ASKED;
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,7 +45,9 @@ pub struct Violation {
 }
 
 /// Time after a fault during which extra remote reads are expected.
-const CALM_AFTER: Micros = 2 * LEASE + FETCH_DEADLINE.as_micros() as Micros;
+fn calm_after() -> Micros {
+    2 * LEASE + micros(fetch_deadline())
+}
 
 /// The run's record.
 #[derive(Debug, Default)]
@@ -129,7 +131,7 @@ impl Record {
 
     /// A fault began or ended at `now`.
     pub fn disturbed(&mut self, now: Micros) {
-        self.disturbed_until = self.disturbed_until.max(now + CALM_AFTER);
+        self.disturbed_until = self.disturbed_until.max(now + calm_after());
     }
 
     /// `node` crashed: its chunks are gone.
@@ -182,7 +184,7 @@ impl Record {
         if asks > MAX_OWNERS_ASKED {
             self.violate("route-bounds", now, format!("n{node} asked owner number {asks} for s{shard}"));
         }
-        if now > started + FETCH_DEADLINE.as_micros() as Micros {
+        if now > started + micros(fetch_deadline()) {
             self.violate("route-bounds", now, format!("n{node} asked for s{shard} past the fetch deadline"));
         }
     }
@@ -190,7 +192,7 @@ impl Record {
     /// `node` reads `shard` from remote storage at `now`; `failures` are
     /// what its route met first.
     pub fn remote_read(&mut self, node: usize, shard: u32, now: Micros, failures: Vec<String>) {
-        let window = FETCH_DEADLINE.as_micros() as Micros;
+        let window = micros(fetch_deadline());
         let recent = |t: Option<&Micros>| t.is_some_and(|&t| now.saturating_sub(t) <= window);
         for other in 0..self.nodes {
             let refused = |a: usize, b: usize| self.refused_at.get(&(a.min(b), a.max(b), shard));

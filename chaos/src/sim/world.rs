@@ -211,6 +211,9 @@ pub enum Timer {
     Redial(u64, usize),
     /// A remote read of a load (by load id) finished.
     RemoteDone(u64),
+    /// The wait of a load (by load id) for a placement of its version ran
+    /// out.
+    VersionWait(u64),
     /// The trainer issues its next requests.
     Trainer,
 }

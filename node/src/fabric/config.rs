@@ -105,6 +105,17 @@ pub struct FabricConfig {
     pub verify_peer_chunks: super::verify::Fraction,
 }
 
+impl FabricConfig {
+    /// The times that bound a load's route, for the node engine.
+    pub fn timing(&self) -> granary_node_core::engine::Timing {
+        granary_node_core::engine::Timing {
+            fetch_deadline: self.fetch_deadline,
+            reroute_wait: self.reroute_wait,
+            placement_wait: granary_node_core::engine::PLACEMENT_WAIT.min(self.reroute_wait),
+        }
+    }
+}
+
 impl Default for FabricConfig {
     fn default() -> Self {
         Self {

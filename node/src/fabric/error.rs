@@ -4,8 +4,8 @@
 //! connection still answered ([`Stall`]), or its bytes failed validation
 //! ([`Corruption`]). Every variant names the peer, and the shard or file.
 
-use super::route::AskFailure;
 use granary_net::conn::DialError;
+use granary_node_core::route::AskFailure;
 use granary_proto::wire::ErrorKind;
 use granary_proto::{ChunkError, DatasetVersion, ShardId};
 use std::net::SocketAddr;

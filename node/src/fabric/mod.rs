@@ -3,10 +3,10 @@
 //! are immutable and versioned, so a chunk from any node is as good as the
 //! owner's. Wire format: `granary_proto::peer`.
 //!
-//! Pure cores (no tokio, no sockets, `now` as an argument):
-//! - `route` — where one load gets its chunk: owner, stall vs dead, wait
-//!   for the placement, read remote storage; the footer rule.
-//! - `stall` — the stall clock and the liveness probe.
+//! Pure cores (no tokio, no sockets, `now` as an argument): the fetch
+//! route and the footer rule (`granary_node_core::route`), the stall clock
+//! and the liveness probe (`granary_node_core::stall`), in the pure crate;
+//! here:
 //! - `config` — [`FabricConfig`], every time and size, validated.
 //! - `verify` — which peer chunks are checked against this node's own
 //!   conversion, the comparison, and the quarantine of a peer that lied.
@@ -21,8 +21,8 @@
 //! - `server` — answering other nodes.
 //! - this file — [`ClusterHandle`], a node's part in the cluster.
 //!
-//! Files depend one way: `server`, `follow` → `owners` → `link` → `read` →
-//! `stall`; `route` and `verify` depend on nothing here, `config` on `verify`.
+//! Files depend one way: `server`, `follow` → `owners` → `link` → `read`;
+//! `verify` depends on nothing here, `config` on `verify`.
 
 pub(crate) mod config;
 mod error;
@@ -31,17 +31,15 @@ mod holds;
 mod link;
 pub(crate) mod owners;
 mod read;
-pub(crate) mod route;
 mod server;
-pub(crate) mod stall;
 pub mod verify;
 
 pub use config::{FabricConfig, FabricConfigError};
 pub use error::{Corruption, LinkFault, PeerError, Stall};
 pub use follow::follow_placement;
+pub use granary_node_core::route::Owner;
 pub use link::PeerLink;
 pub use owners::Cluster;
-pub use route::Owner;
 pub use server::{PeerAnswers, serve, serve_with};
 
 use crate::service::Node;

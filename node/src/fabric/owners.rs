@@ -6,8 +6,8 @@
 
 use super::config::FabricConfig;
 use super::link::PeerLink;
-use super::route::{LeaseView, Owner, may_read_as_owner};
 use super::verify::{Quarantine, Quarantined, Sampler};
+use granary_node_core::route::{LeaseView, Owner, may_read_as_owner};
 use granary_proto::{DatasetVersion, NodeId, ShardId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -150,7 +150,7 @@ impl Cluster {
 
     /// For a shard this node owns that a placement handed over from
     /// another live node: that node, asked for a copy it holds before this
-    /// node reads remote storage ([`super::route::Step::AskHeld`]).
+    /// node reads remote storage ([`granary_node_core::route::Step::AskHeld`]).
     pub fn handed_from(&self, version: DatasetVersion, shard: ShardId) -> Option<Owner> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         if *map.owners.get(&version)?.get(&shard)? != self.me {
@@ -271,8 +271,8 @@ impl Cluster {
     ) -> Result<Option<Owner>, ()> {
         let mut updates = self.updates.subscribe();
         let moved = |c: &Self| {
-            let owner = c.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version)?.get(&shard).copied()?;
-            (owner != failed).then_some(())
+            let owner = c.map.read().unwrap_or_else(|p| p.into_inner()).owners.get(&version)?.get(&shard).copied();
+            granary_node_core::engine::moved_away(owner, failed).then_some(())
         };
         let waited = tokio::time::timeout(wait, async {
             loop {

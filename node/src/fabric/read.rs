@@ -6,8 +6,8 @@
 //! only waits for what they say.
 
 use super::error::{LinkFault, Stall};
-use super::stall::{Liveness, StallClock, TimerFired, Verdict};
 use crate::shm::ChunkFile;
+use granary_node_core::stall::{Liveness, StallClock, TimerFired, Verdict};
 use granary_proto::frame::{self, FrameError, HEADER_LEN};
 use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{decode, encode};

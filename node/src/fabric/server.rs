@@ -3,7 +3,7 @@
 //! the tier or from one load (single flight with local requests). A peer's
 //! request is never forwarded, and is answered at once when it meets a load
 //! of this node that is asking that peer, or asking a node an older
-//! placement named (`crate::flight`), so nodes that disagree about
+//! placement named (`granary_node_core::flight`), so nodes that disagree about
 //! placement cannot chase or wait on each other. A handoff
 //! ([`PeerRequest::HandOver`]) is answered from what this node holds, or
 //! from a load of its own already reading remote storage, else at once with

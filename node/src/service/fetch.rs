@@ -1,150 +1,156 @@
-//! Where one load gets its chunk, executed: the shell of the pure route
-//! ([`crate::fabric::route`]): ask the owner, or the node the shard was
-//! handed over from, wait for the placement to move the shard, or read
-//! remote storage here, as each [`Step`] says.
+//! One load, executed: the shell of the node engine ([`granary_node_core::engine`]).
+//! It polls the engine for the load's next [`Command`], does it (ask the
+//! owner, or the node the shard was handed over from, wait for the
+//! placement, a permit or the lease, read remote storage here), and
+//! reports what came of it; every decision is the engine's. The engine
+//! reads what the node knows of placement and its lease through
+//! [`NodeView`].
 
-use super::{Asking, Node, PLACEMENT_WAIT};
+use super::{Node, Pending};
 use crate::error::FetchError;
-use crate::fabric::route::{AfterPermit, Route, Step, after_permit};
+use crate::fabric::Owner;
+use crate::fabric::owners::Cluster;
 use crate::shm::SealedChunk;
 use crate::tier::ChunkKey;
-use std::sync::atomic::Ordering;
+use granary_node_core::engine::{AwaitOutcome, Back, Command, Engine, Permit, Placement};
+use granary_node_core::route::AfterPermit;
+use granary_proto::NodeId;
+use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
-impl Node {
-    /// The chunk from the shard's owner when another live node owns it
-    /// (and `forward`), else read and converted here; [`Route`] decides
-    /// what to do when the owner fails. The flag is true for a chunk
-    /// fetched from another node.
-    pub(super) async fn load(
-        &self,
-        key: ChunkKey,
-        forward: bool,
-        asking: &Asking,
-    ) -> Result<(SealedChunk, bool), FetchError> {
-        let permit = || async { self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown) };
-        let here = |permit| {
-            asking.reading.store(true, Ordering::Relaxed);
-            self.convert_here(key, permit, true)
-        };
-        let Some(cluster) = self.inner.cluster.get() else {
-            return here(permit().await?).await.map(|c| (c, false));
-        };
+/// What the node knows of placement and its lease, for the engine.
+pub(super) struct NodeView<'a> {
+    node: &'a Node,
+    cluster: Option<&'a Cluster>,
+}
+
+impl Placement<ChunkKey> for NodeView<'_> {
+    fn me(&self) -> NodeId {
+        self.cluster.map_or(NodeId(0), Cluster::me)
+    }
+    fn routes(&self, key: ChunkKey) -> bool {
         // A peer's chunk must have the length the manifest's layout gives
-        // (with jagged tensors: its rows and tensors).
-        let Some(expected) = self.dataset(key.version).ok().and_then(|d| d.expected(key.shard)) else {
-            return here(permit().await?).await.map(|c| (c, false));
-        };
-        let config = cluster.config();
-        // A node that has just joined (or restarted) can be asked for a
-        // shard before it knows the version's placement: with no owner to
-        // ask it would read the shard itself, though another node owns and
-        // may hold it (find 13, soak seed 4064: a node back from a kill
-        // read 17 shards its peers held, its restarted ranks' and
-        // prefetch's first requests). Wait a moment for the placement.
-        if forward
-            && !cluster.version_known(key.version)
-            && !cluster.version_placed(key.version, PLACEMENT_WAIT.min(config.reroute_wait)).await
-        {
-            tracing::warn!(shard = %key.shard, "no placement of this version known yet; reading the shard here");
-        }
-        // A peer's request is never forwarded to the owner; but a handoff
-        // is asked for whoever waits (its answer never waits on a load that
-        // asks a peer, so no cycle can form through it).
-        let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
-        // The load permit the route's final step took.
-        let reading;
-        let mut route =
-            Route::new(tokio::time::Instant::now().into_std(), owner, config.fetch_deadline, config.reroute_wait)
-                .with_handoff(cluster.handed_from(key.version, key.shard));
+        // (with jagged tensors: its rows and tensors): without that, read
+        // here.
+        self.cluster.is_some() && self.node.dataset(key.version).ok().and_then(|d| d.expected(key.shard)).is_some()
+    }
+    fn version_known(&self, key: ChunkKey) -> bool {
+        self.cluster.is_some_and(|c| c.version_known(key.version))
+    }
+    fn placed_owner(&self, key: ChunkKey) -> Option<NodeId> {
+        self.cluster?.placed_owner(key.version, key.shard)
+    }
+    fn owner(&self, key: ChunkKey) -> Option<Owner> {
+        self.cluster?.owner(key.version, key.shard)
+    }
+    fn handed_from(&self, key: ChunkKey) -> Option<Owner> {
+        self.cluster?.handed_from(key.version, key.shard)
+    }
+    fn former_owner(&self, key: ChunkKey) -> Option<NodeId> {
+        self.cluster?.former_owner(key.version, key.shard)
+    }
+    fn owner_epoch(&self, key: ChunkKey) -> u64 {
+        self.cluster.map_or(0, |c| c.owner_epoch(key.version))
+    }
+    fn lease_ok(&self, _now: Instant) -> bool {
+        self.cluster.is_none_or(Cluster::may_read_as_owner)
+    }
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl Node {
+    /// The engine of the loads in flight (held briefly: never across an
+    /// await).
+    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<ChunkKey, Pending>> {
+        // A poisoned lock still holds a consistent engine: every method
+        // changes it in one step.
+        self.inner.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What this node knows of placement, for the engine.
+    pub(super) fn view(&self) -> NodeView<'_> {
+        NodeView { node: self, cluster: self.inner.cluster.get().map(|c| &**c) }
+    }
+
+    /// Runs the load of `key` as the engine commands: the chunk from the
+    /// shard's owner (or the node it was handed over from), or read and
+    /// converted here. The flag is true for a chunk kept as a guest copy.
+    /// `read_here` is told when the engine leaves an ask.
+    pub(super) async fn load(&self, key: ChunkKey, read_here: Arc<Notify>) -> Result<(SealedChunk, bool), FetchError> {
+        let view = self.view();
+        let permit = || async { self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown) };
+        // The load permit the engine said to keep.
+        let mut held = None;
         loop {
-            match route.poll(tokio::time::Instant::now().into_std()) {
-                Step::ReadRemote => {
-                    // A load permit first: a load queued behind others, or
-                    // across a stop, checks what it knows when it may read.
-                    // A load that reads as the shard's owner (and may ask
-                    // others) stops waiting if the placement gives the
-                    // shard to another node meanwhile.
-                    let me = cluster.me();
-                    let as_owner = cluster.placed_owner(key.version, key.shard) == Some(me);
-                    let p = if forward && as_owner && route.may_recheck() {
-                        tokio::select! {
+            let Some(command) = self.engine().poll(key, now(), &view) else {
+                return Err(FetchError::LoadLost { shard: key.shard });
+            };
+            match command {
+                Command::Read => break,
+                Command::NotOwner(owner) => return Err(FetchError::NotOwner { shard: key.shard, owner }),
+                Command::AcquirePermit { unless_moved } => {
+                    let got = match (unless_moved, view.cluster) {
+                        (Some(within), Some(cluster)) => tokio::select! {
                             biased;
                             p = permit() => Some(p?),
-                            moved = cluster.reroute(key.version, key.shard, me, config.fetch_deadline) => match moved {
+                            moved = cluster.reroute(key.version, key.shard, cluster.me(), within) => match moved {
                                 Ok(_) => None,
                                 Err(()) => Some(permit().await?),
                             },
-                        }
-                    } else {
-                        Some(permit().await?)
+                        },
+                        _ => Some(permit().await?),
                     };
-                    // Then, once per route (`after_permit`): the shard moved
-                    // to another node while the load waited (a peer's load
-                    // refuses, a forwarding one asks it); or it reads as the
-                    // owner on a placement that may be stale (its lease is
-                    // in doubt): wait for the lease and the placement that
-                    // comes with it, and route again.
-                    let after = match p {
-                        // The wait ended because the shard moved.
-                        None => AfterPermit::RouteAgain { wait_for_lease: false },
-                        Some(_) => after_permit(
-                            me,
-                            forward,
-                            as_owner,
-                            cluster.placed_owner(key.version, key.shard),
-                            cluster.may_read_as_owner(),
-                            route.may_recheck(),
-                            asking.local_waits.load(Ordering::Relaxed),
-                        ),
-                    };
-                    match (after, p) {
-                        (AfterPermit::Read, Some(p)) => {
-                            reading = p;
-                            break;
-                        }
-                        (AfterPermit::Read, None) => {
-                            reading = permit().await?;
-                            break;
-                        }
-                        (AfterPermit::NotOwner(owner), _) => {
-                            return Err(FetchError::NotOwner { shard: key.shard, owner });
-                        }
-                        (AfterPermit::RouteAgain { wait_for_lease }, p) => {
-                            drop(p);
-                            if wait_for_lease {
-                                tracing::info!(shard = %key.shard,
-                                    "this node's lease is in doubt; waiting for it before reading the shard as its owner");
-                                cluster.lease_settled(config.reroute_wait).await;
-                            } else {
-                                tracing::info!(shard = %key.shard,
-                                    "the placement gave the shard to another node while the load waited to read it; asking it");
-                            }
-                            let owner = if forward { cluster.owner(key.version, key.shard) } else { None };
-                            route.recheck_as_owner(owner, cluster.handed_from(key.version, key.shard));
-                            continue;
-                        }
+                    let outcome = if got.is_some() { Permit::Granted } else { Permit::Moved };
+                    match self.engine().handle_permit(key, outcome, now(), &view) {
+                        AfterPermit::Read => held = got,
+                        AfterPermit::RouteAgain { wait_for_lease: true } => tracing::info!(shard = %key.shard,
+                            "this node's lease is in doubt; waiting for it before reading the shard as its owner"),
+                        AfterPermit::RouteAgain { wait_for_lease: false } => tracing::info!(shard = %key.shard,
+                            "the placement gave the shard to another node while the load waited to read it; asking it"),
+                        AfterPermit::NotOwner(_) => {}
                     }
                 }
-                Step::AskHeld { former, within } => {
+                Command::AwaitLease { within } => {
+                    if let Some(cluster) = view.cluster {
+                        cluster.lease_settled(within).await;
+                    }
+                    self.engine().handle_lease_settled(key, &view);
+                }
+                Command::AwaitVersion { within } => {
+                    if let Some(cluster) = view.cluster
+                        && !cluster.version_placed(key.version, within).await
+                    {
+                        tracing::warn!(shard = %key.shard, "no placement of this version known yet; routing on what is known");
+                    }
+                    self.engine().handle_version_waited(key);
+                }
+                Command::AskHeld { former, within } => {
+                    let (Some(cluster), Some(expected)) = (view.cluster, self.expected(key)) else {
+                        self.engine().handle_held(key, "not in a cluster");
+                        continue;
+                    };
                     match cluster.link().fetch_held(former.addr, key.version, key.shard, &expected, within).await {
                         Ok(chunk) => {
-                            let c = &self.inner.counters;
-                            c.peer_fetched.fetch_add(1, Ordering::Relaxed);
-                            c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            self.count_peer_chunk(&chunk);
                             tracing::debug!(shard = %key.shard, from = %former.node, "handed over by the node that owned it before");
                             return self.take_peer_chunk(cluster, key, chunk, former.node).await;
                         }
                         Err(e) => {
                             tracing::debug!(shard = %key.shard, from = %former.node, "no copy handed over: {e}");
-                            route.handle_held(&e.to_string());
+                            self.engine().handle_held(key, &e.to_string());
                         }
                     }
                 }
-                Step::Ask { owner, within } => {
-                    let c = &self.inner.counters;
-                    *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(crate::flight::Asked { addr: owner.addr, epoch: owner.epoch });
+                Command::Ask { owner, within } => {
+                    let (Some(cluster), Some(expected)) = (view.cluster, self.expected(key)) else {
+                        self.engine().handle_ask_left(key);
+                        continue;
+                    };
                     let started = std::time::Instant::now();
                     let span = tracing::info_span!("peer_fetch", peer = %owner.node, addr = %owner.addr);
                     let fetched = tokio::select! {
@@ -153,74 +159,86 @@ impl Node {
                             .fetch(owner.addr, owner.epoch, key.version, key.shard, &expected, within)
                             .instrument(span) =>
                             Some(fetched),
-                        () = asking.read_here.notified() => None,
+                        () = read_here.notified() => None,
                     };
-                    *asking.asked.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     self.inner.stages.peer_fetch(started.elapsed());
-                    let Some(fetched) = fetched else {
-                        tracing::info!(shard = %key.shard, owner = %owner.node,
-                            "a newer placement names this node the owner (its own, or a peer's that asks it) while asking the owner an older one named; reading it here");
-                        route.handle_owned_here();
-                        continue;
-                    };
                     match fetched {
-                        Ok(chunk) => {
+                        None => {
+                            tracing::info!(shard = %key.shard, owner = %owner.node,
+                                "a newer placement names this node the owner (its own, or a peer's that asks it) while asking the owner an older one named; reading it here");
+                            self.engine().handle_ask_left(key);
+                        }
+                        Some(Ok(chunk)) => {
+                            self.engine().handle_asked(key, Ok(()));
                             self.inner.timings.peer_fetch(started.elapsed());
-                            c.peer_fetched.fetch_add(1, Ordering::Relaxed);
-                            c.peer_fetched_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            self.count_peer_chunk(&chunk);
                             return self.take_peer_chunk(cluster, key, chunk, owner.node).await;
                         }
-                        Err(e) => {
-                            c.peer_failures.fetch_add(1, Ordering::Relaxed);
-                            route.handle_failed(e.as_ask_failure());
-                            // Polling again returns the same step: say
-                            // which way the route went (a stalled owner, or
-                            // the last owner, is read around at once).
-                            match route.poll(tokio::time::Instant::now().into_std()) {
-                                Step::AwaitPlacement { .. } => tracing::warn!(shard = %key.shard, owner = %owner.node,
-                                    "owner could not serve; waiting for the placement to move it: {e}"),
+                        Some(Err(e)) => {
+                            self.inner.counters.peer_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let mut engine = self.engine();
+                            engine.handle_asked(key, Err(e.as_ask_failure()));
+                            // Say which way the load goes (a stalled owner,
+                            // or the last owner, is read around at once).
+                            match engine.poll(key, now(), &view) {
+                                Some(Command::AwaitMove { .. }) => {
+                                    tracing::warn!(shard = %key.shard, owner = %owner.node,
+                                    "owner could not serve; waiting for the placement to move it: {e}")
+                                }
                                 _ => tracing::warn!(shard = %key.shard, owner = %owner.node,
                                     "owner could not serve; reading remote storage: {e}"),
                             }
                         }
                     }
                 }
-                Step::AwaitPlacement { failed, addr, within } => {
+                Command::AwaitMove { failed, addr, within } => {
+                    let Some(cluster) = view.cluster else {
+                        self.engine().handle_await(key, AwaitOutcome::NotMoved, &view);
+                        continue;
+                    };
                     // Whichever comes first: the placement moves the shard,
                     // or the owner answers a handshake again (it was cut
                     // off or stopped and keeps its lease and its shards, or
                     // it refused while the placements disagreed). The
                     // placement wins a tie.
-                    let moved = tokio::select! {
+                    let outcome = tokio::select! {
                         biased;
-                        moved = cluster.reroute(key.version, key.shard, failed, within) => Some(moved),
-                        () = cluster.link().reachable_again(addr) => None,
-                    };
-                    match moved {
-                        Some(Ok(next)) => route.handle_moved(next),
-                        Some(Err(())) => {
-                            tracing::warn!(shard = %key.shard, owner = %failed, "placement did not move it in time; reading remote storage");
-                            route.handle_not_moved();
-                        }
-                        // Back, but the placement may have moved the shard
-                        // meanwhile (its lease ran out while it was away):
-                        // then ask the owner the placement gives.
-                        None => match cluster.placed_owner(key.version, key.shard) {
-                            Some(owner) if owner != failed => route.handle_moved(cluster.owner(key.version, key.shard)),
-                            _ => {
-                                tracing::info!(shard = %key.shard, owner = %failed, "owner answers again; asking it again");
-                                route.handle_owner_back();
+                        moved = cluster.reroute(key.version, key.shard, failed, within) => match moved {
+                            Ok(next) => AwaitOutcome::Moved(next),
+                            Err(()) => {
+                                tracing::warn!(shard = %key.shard, owner = %failed,
+                                    "placement did not move it in time; reading remote storage");
+                                AwaitOutcome::NotMoved
                             }
                         },
+                        () = cluster.link().reachable_again(addr) => AwaitOutcome::OwnerBack,
+                    };
+                    if self.engine().handle_await(key, outcome, &view) == Back::AskAgain {
+                        tracing::info!(shard = %key.shard, owner = %failed, "owner answers again; asking it again");
                     }
                 }
             }
         }
-        let tried = route.into_tried();
-        match here(reading).await {
+        let held = match held {
+            Some(p) => p,
+            None => permit().await?,
+        };
+        let tried = self.engine().tried(key);
+        match self.convert_here(key, held, true).await {
             Ok(c) => Ok((c, false)),
             Err(e) if !tried.is_empty() => Err(FetchError::NoSource { shard: key.shard, tried, source: Box::new(e) }),
             Err(e) => Err(e),
         }
+    }
+
+    /// What a peer's chunk of `key` must look like.
+    fn expected(&self, key: ChunkKey) -> Option<granary_proto::chunk::Expected> {
+        self.dataset(key.version).ok().and_then(|d| d.expected(key.shard))
+    }
+
+    fn count_peer_chunk(&self, chunk: &SealedChunk) {
+        let c = &self.inner.counters;
+        c.peer_fetched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.peer_fetched_bytes.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -4,9 +4,9 @@
 
 use super::{Node, PREFETCH_EPOCHS_AHEAD};
 use crate::error::FetchError;
-use crate::flight::Asker;
 use crate::holds::VersionUse;
-use crate::prefetch::{PrefetchWindow, plan_order};
+use granary_node_core::flight::Asker;
+use granary_node_core::prefetch::{PrefetchWindow, plan_order};
 use granary_proto::{DatasetVersion, PlanParams, ShardId};
 use std::sync::atomic::Ordering;
 

@@ -4,9 +4,9 @@
 
 use super::{Node, Shared};
 use crate::error::FetchError;
-use crate::fabric::route::{FooterAnswer, answer_footer};
-use crate::flight::Asker;
 use crate::tier::ChunkKey;
+use granary_node_core::flight::Asker;
+use granary_node_core::route::{FooterAnswer, answer_footer};
 use granary_proto::{DatasetVersion, ShardId};
 use std::sync::atomic::Ordering;
 use tracing::Instrument;
@@ -17,7 +17,7 @@ impl Node {
     /// forwarded to a third node (this node reads the shard itself if it
     /// must), and refused at once while this node's own load of it is
     /// asking `requester` (the two disagree about the owner) or asking a
-    /// node an older placement named (see `crate::flight`).
+    /// node an older placement named (see `granary_node_core::flight`).
     pub async fn chunk_for_peer(
         &self,
         version: DatasetVersion,
@@ -49,17 +49,10 @@ impl Node {
                 tracing::warn!(shard = %shard, error = %e, "corrupt SSD entry removed; not handing it over");
             }
         }
-        let mut rx = {
-            let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-            let pending = inflight.get(&key)?;
-            // Only a load that holds its load permit and reads: one queued
-            // for a permit may route again when it gets one (`load`), and
-            // a long queue is no cheaper than the asker's own read.
-            if !pending.asking.reading.load(Ordering::Relaxed) {
-                return None;
-            }
-            pending.rx.clone()
-        };
+        // Only a load that holds its load permit and reads: one queued for
+        // a permit may route again when it gets one, and a long queue is
+        // no cheaper than the asker's own read.
+        let mut rx = self.engine().reading(key)?.rx.clone();
         match rx.wait_for(Option::is_some).await {
             Ok(v) => v.clone(),
             Err(_) => None,

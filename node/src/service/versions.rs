@@ -11,7 +11,6 @@ use crate::tier::ChunkKey;
 use granary_proto::DatasetVersion;
 use granary_proto::wire::DatasetInfo;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 impl Node {
     /// Describes dataset `name`; a cluster node that has not yet opened the
@@ -118,17 +117,17 @@ impl Node {
 
     /// After a placement update: a load that a peer waits on, and that asks
     /// a former owner of a shard the placement now gives this node, stops
-    /// asking and reads the shard here (`crate::flight`; the cluster's
+    /// asking and reads the shard here (`granary_node_core::flight`; the cluster's
     /// follower calls this).
     pub(crate) fn placement_changed(&self) {
-        let Some(c) = self.inner.cluster.get() else { return };
-        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        for (key, p) in inflight.iter() {
-            let owned_at = (c.placed_owner(key.version, key.shard) == Some(c.me())).then(|| c.owner_epoch(key.version));
-            let asking = *p.asking.asked.lock().unwrap_or_else(|p| p.into_inner());
-            if crate::flight::reads_here_after_placement(asking, owned_at, p.asking.peer_waits.load(Ordering::Relaxed))
-            {
-                p.asking.read_here.notify_one();
+        if self.inner.cluster.get().is_none() {
+            return;
+        }
+        let view = self.view();
+        let mut engine = self.engine();
+        for key in engine.placement_changed(&view) {
+            if let Some(pending) = engine.shell(key) {
+                pending.read_here.notify_one();
             }
         }
     }

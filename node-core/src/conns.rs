@@ -10,7 +10,7 @@
 //! trainer out: its connections are the idle ones, closed first (a trainer
 //! whose idle connection is closed reconnects and announces its plan
 //! again: `granary_client`'s reconnect). Idle and write deadlines are the
-//! shell's timers (`crate::daemon`); this table only orders.
+//! shell's timers (`granary_node::daemon`); this table only orders.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -36,11 +36,11 @@ impl Default for SocketLimits {
 }
 
 /// A connection's number in the table, unique for the node's life.
-pub(crate) type ConnId = u64;
+pub type ConnId = u64;
 
 /// What to do with a new connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Admit {
+pub enum Admit {
     /// Serve it as `id`; first close `evict` (the longest idle), if any.
     Accepted {
         /// The new connection's id.
@@ -57,7 +57,7 @@ pub(crate) enum Admit {
 
 /// The table. See the module docs for the rule.
 #[derive(Debug)]
-pub(crate) struct ConnTable {
+pub struct ConnTable {
     cap: usize,
     next: ConnId,
     /// Each connection, with when it began to wait idle (`None`: inside a
@@ -67,19 +67,23 @@ pub(crate) struct ConnTable {
 
 impl ConnTable {
     /// An empty table holding at most `cap` connections (at least one).
-    pub(crate) fn new(cap: usize) -> Self {
+    pub fn new(cap: usize) -> Self {
         Self { cap: cap.max(1), next: 0, conns: BTreeMap::new() }
     }
 
     /// Connections held.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Whether no connection is held.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
     }
 
     /// A connection arrived at `now`: accepted (waiting idle for its first
     /// request), possibly in place of the longest-idle one, or refused.
-    pub(crate) fn handle_open(&mut self, now: Instant) -> Admit {
+    pub fn handle_open(&mut self, now: Instant) -> Admit {
         let mut evict = None;
         if self.conns.len() >= self.cap {
             // The longest idle; ties go to the older connection.
@@ -99,21 +103,21 @@ impl ConnTable {
     }
 
     /// Connection `id` read a request and is serving it.
-    pub(crate) fn handle_busy(&mut self, id: ConnId) {
+    pub fn handle_busy(&mut self, id: ConnId) {
         if let Some(since) = self.conns.get_mut(&id) {
             *since = None;
         }
     }
 
     /// Connection `id` answered and waits for its next request from `now`.
-    pub(crate) fn handle_idle(&mut self, id: ConnId, now: Instant) {
+    pub fn handle_idle(&mut self, id: ConnId, now: Instant) {
         if let Some(since) = self.conns.get_mut(&id) {
             *since = Some(now);
         }
     }
 
     /// Connection `id` ended (or was evicted: then it is already gone).
-    pub(crate) fn handle_closed(&mut self, id: ConnId) {
+    pub fn handle_closed(&mut self, id: ConnId) {
         self.conns.remove(&id);
     }
 }

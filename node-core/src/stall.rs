@@ -4,7 +4,7 @@
 //! counts of the connection; no timer lives here.
 //!
 //! - [`StallClock`]: an owner answering a request sends something (chunk
-//!   bytes, or a progress frame every progress interval ([`super::FabricConfig::progress_interval`])) at least
+//!   bytes, or a progress frame every progress interval (the fabric's `progress_interval`)) at least
 //!   every stall timeout. A transfer that keeps moving, however slowly, is
 //!   not a stall (the fetch deadline bounds it). One timer per quiet
 //!   period, not one per read: each read notes the time, and a timer that

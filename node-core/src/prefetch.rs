@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 /// A rank's prefetch order: shards with their chunk sizes, this epoch's
 /// first (`epoch_len` of them), then the new shards of later epochs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PrefetchOrder {
+pub struct PrefetchOrder {
     /// Shards in the order the plan first needs them, with chunk sizes.
     pub order: Vec<(ShardId, u64)>,
     /// Entries from here on belong to later epochs.
@@ -27,7 +27,7 @@ pub(crate) struct PrefetchOrder {
 
 /// The order of `params`' epoch and the new shards of its next
 /// `epochs_ahead` epochs; `size` gives a shard's chunk length.
-pub(crate) fn plan_order(
+pub fn plan_order(
     key: PlanKey,
     shards: &[ShardRows],
     params: &PlanParams,
@@ -56,7 +56,7 @@ pub(crate) fn plan_order(
 
 /// A load the window wants issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Issue {
+pub struct Issue {
     /// The shard.
     pub shard: ShardId,
     /// True for a later epoch's shard (prefetch "ahead").
@@ -65,7 +65,7 @@ pub(crate) struct Issue {
 
 /// The prefetch window of one rank.
 #[derive(Debug)]
-pub(crate) struct PrefetchWindow {
+pub struct PrefetchWindow {
     order: Vec<(ShardId, u64)>,
     /// Position of each of this epoch's shards in `order`.
     position: HashMap<ShardId, usize>,
@@ -84,7 +84,7 @@ impl PrefetchWindow {
     /// A window over `order` keeping up to `budget_bytes` ahead of the rank
     /// (0 turns prefetch off), and later epochs' guest copies within
     /// `guest_capacity_bytes`.
-    pub(crate) fn new(order: PrefetchOrder, budget_bytes: u64, guest_capacity_bytes: u64) -> Self {
+    pub fn new(order: PrefetchOrder, budget_bytes: u64, guest_capacity_bytes: u64) -> Self {
         let position = order.order[..order.epoch_len].iter().enumerate().map(|(i, (s, _))| (*s, i)).collect();
         Self {
             order: order.order,
@@ -100,7 +100,7 @@ impl PrefetchWindow {
 
     /// The rank asked for `shard`: the window moves past it. False for a
     /// shard not of this epoch, which changes nothing (and issues nothing).
-    pub(crate) fn handle_asked(&mut self, shard: ShardId) -> bool {
+    pub fn handle_asked(&mut self, shard: ShardId) -> bool {
         match self.position.get(&shard) {
             Some(&p) => {
                 self.next = self.next.max(p + 1);
@@ -113,7 +113,7 @@ impl PrefetchWindow {
     /// The next load to issue, if the budget has room; `arrives_as_guest`
     /// says whether loading a shard would bring a new guest copy (another
     /// live node owns it and none is held). Call until it returns None.
-    pub(crate) fn poll_issue(&mut self, arrives_as_guest: impl FnOnce(ShardId) -> bool) -> Option<Issue> {
+    pub fn poll_issue(&mut self, arrives_as_guest: impl FnOnce(ShardId) -> bool) -> Option<Issue> {
         if self.budget_bytes == 0 {
             return None;
         }

@@ -327,7 +327,6 @@ impl Route {
     }
 
     /// Every owner that failed and why, in the order asked.
-    #[cfg(test)]
     pub fn tried(&self) -> &[String] {
         &self.tried
     }

@@ -9,7 +9,7 @@
 
 use crate::types::{TypeConfig, VoterId};
 use granary_net::conn::{Connections, DialError};
-use granary_net::frame::{self, FrameError, MAX_FRAME_BYTES};
+use granary_net::frame::{self, MAX_FRAME_BYTES, StreamError};
 use granary_net::tls::Role;
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -76,7 +76,7 @@ pub enum LinkError {
         /// Its address.
         addr: SocketAddr,
         /// What failed.
-        error: FrameError,
+        error: StreamError,
     },
     /// No answer within the RPC's time to live.
     #[error("{voter} at {addr}: no answer within {ttl:?}")]
@@ -356,7 +356,7 @@ pub async fn serve_rpc(
     allow_unbound: bool,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-) -> Result<(), frame::FrameError> {
+) -> Result<(), frame::StreamError> {
     let Some(rpc) = frame::read_frame::<RaftRpc>(&mut recv, MAX_FRAME_BYTES).await? else {
         return Ok(());
     };

@@ -66,6 +66,7 @@ pub type RaftStorageError = StorageError<VoterId>;
 
 /// Why the coordinator's storage (this log or the state machine's snapshot) failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The redb file could not be created or opened: its folder is missing or
     /// not writable, another process holds it, or its bytes are not an intact

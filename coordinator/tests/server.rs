@@ -44,7 +44,7 @@ async fn a_trainer_cannot_heartbeat_or_register_as_a_node() {
     f.coordinator.shutdown().await;
 }
 
-async fn vote(conn: &quinn::Connection) -> Result<RaftReply, frame::FrameError> {
+async fn vote(conn: &quinn::Connection) -> Result<RaftReply, frame::StreamError> {
     let rpc = RaftRpc::Vote(VoteRequest::new(Vote::new(1, VoterId(9)), None));
     tokio::time::timeout(Duration::from_secs(5), frame::call::<_, RaftReply>(conn, &rpc, frame::MAX_FRAME_BYTES))
         .await

@@ -9,7 +9,7 @@
 use crate::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
 use crate::conn::Connections;
 use crate::error::TlsError;
-use crate::frame::{self, FrameError, MAX_FRAME_BYTES};
+use crate::frame::{self, MAX_FRAME_BYTES, StreamError};
 use crate::identity::Identity;
 use crate::role::Role;
 use crate::transport::{self, ALPN_API};
@@ -49,6 +49,7 @@ impl Default for ClientOptions {
 
 /// A call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// No coordinator addresses were given.
     #[error("no coordinator addresses given")]
@@ -219,7 +220,7 @@ impl CoordinatorClient {
             };
             let attempt = async {
                 let conn = self.connection(target).await?;
-                frame::call::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES).await.map_err(|e: FrameError| {
+                frame::call::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES).await.map_err(|e: StreamError| {
                     self.forget(target);
                     format!("{target}: {e}")
                 })
@@ -342,7 +343,7 @@ impl PlacementWatch {
 
     /// The next view; `Ok(None)` when the voter ended the stream (it lost
     /// leadership or is shutting down).
-    pub async fn next(&mut self) -> Result<Option<PlacementView>, FrameError> {
+    pub async fn next(&mut self) -> Result<Option<PlacementView>, StreamError> {
         if let Some(v) = self.first.take() {
             return Ok(Some(v));
         }

@@ -5,7 +5,7 @@
 //! before it allocates or reads the body, and grows its buffer only as bytes
 //! arrive, so a peer cannot make us reserve memory it never sends. A stream
 //! that ends before a frame starts is a clean end (`Ok(None)`); one that ends
-//! inside a frame is [`FrameError::Truncated`].
+//! inside a frame is [`codec::FrameError::Frame(codec::FrameError::Truncated`].
 //!
 //! The framing is [`granary_proto::frame`], the sans-I/O codec every Granary
 //! stream shares (its cap rule, its incremental decoder); this module adds
@@ -26,10 +26,11 @@ pub const MAX_FRAME_BYTES: usize = 64 << 20;
 /// Bytes of the length prefix.
 pub const LEN_PREFIX_BYTES: usize = codec::HEADER_LEN;
 
-/// Why a frame could not be sent, received or decoded.
+/// Why a frame could not be sent or received on a stream: the stream's
+/// own failures, or the frame's ([`StreamError::Frame`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum FrameError {
+pub enum StreamError {
     /// Reading from the stream failed (reset by the peer, or the connection was lost).
     #[error("reading a frame: {}", Chain(.0))]
     Read(quinn::ReadError),
@@ -47,22 +48,11 @@ pub enum FrameError {
         /// Why the connection is gone.
         error: quinn::ConnectionError,
     },
-    /// A frame is longer than the limit; the body was neither sent nor read.
-    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
-    TooLarge {
-        /// The frame's (declared or encoded) length in bytes.
-        len: usize,
-        /// The limit in bytes.
-        max: usize,
-    },
-    /// A frame's body is not the JSON of the expected type.
-    #[error("malformed frame: expected {expected}: {error}")]
-    Malformed {
-        /// The Rust type that was expected.
-        expected: &'static str,
-        /// serde_json's error (with line and column).
-        error: serde_json::Error,
-    },
+    /// The frame itself: longer than the limit (the body neither sent nor
+    /// read), cut short by the stream's end, or not the JSON of the
+    /// expected type (the one codec error, [`codec::FrameError`]).
+    #[error(transparent)]
+    Frame(#[from] codec::FrameError),
     /// A message could not be encoded as JSON (for example, a map with non-string keys).
     #[error("encoding {type_name} as JSON: {error}")]
     Encode {
@@ -70,16 +60,6 @@ pub enum FrameError {
         type_name: &'static str,
         /// serde_json's error.
         error: serde_json::Error,
-    },
-    /// The stream ended inside a frame.
-    #[error("stream ended inside a frame: got {read} of {len} bytes of its {part}")]
-    Truncated {
-        /// "length prefix" or "body".
-        part: &'static str,
-        /// Bytes of that part received.
-        read: usize,
-        /// Bytes of that part expected.
-        len: usize,
     },
     /// The peer finished the response stream without sending a response.
     #[error("{peer} closed the stream without a response")]
@@ -105,58 +85,49 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
-impl From<codec::FrameError> for FrameError {
-    fn from(e: codec::FrameError) -> Self {
-        match e {
-            codec::FrameError::TooLarge { len, cap } => FrameError::TooLarge { len, max: cap },
-            codec::FrameError::Truncated { part, read, len } => {
-                FrameError::Truncated { part: part.as_str(), read, len }
-            }
-        }
-    }
-}
-
-impl FrameError {
+impl StreamError {
     /// Whether the error means the whole connection is gone (so a retry must use a new connection), as opposed to a
     /// failure of this one stream or message.
     pub fn is_connection_lost(&self) -> bool {
         matches!(
             self,
-            FrameError::ConnectionLost { .. }
-                | FrameError::Read(quinn::ReadError::ConnectionLost(_))
-                | FrameError::Write(quinn::WriteError::ConnectionLost(_))
+            StreamError::ConnectionLost { .. }
+                | StreamError::Read(quinn::ReadError::ConnectionLost(_))
+                | StreamError::Write(quinn::WriteError::ConnectionLost(_))
         )
     }
 }
 
 /// The frame of `msg`: the 4-byte little-endian length of its JSON, then the JSON. Refuses (`TooLarge`) a body above
 /// [`MAX_FRAME_BYTES`].
-pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, StreamError> {
     encode_capped(msg, MAX_FRAME_BYTES)
 }
 
 /// [`encode_frame`] with the cap `max` (at most [`MAX_FRAME_BYTES`]), so that tests need not build 64 MiB messages.
-fn encode_capped<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, FrameError> {
+fn encode_capped<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, StreamError> {
     let mut frame = FrameBuilder::new();
     serde_json::to_writer(&mut frame, msg)
-        .map_err(|error| FrameError::Encode { type_name: type_name::<T>(), error })?;
+        .map_err(|error| StreamError::Encode { type_name: type_name::<T>(), error })?;
     Ok(frame.finish(max.min(MAX_FRAME_BYTES))?)
 }
 
 /// The body length a prefix declares, if it is at most `max`.
-pub fn decode_len(prefix: [u8; LEN_PREFIX_BYTES], max: usize) -> Result<usize, FrameError> {
+pub fn decode_len(prefix: [u8; LEN_PREFIX_BYTES], max: usize) -> Result<usize, StreamError> {
     Ok(codec::decode_len(prefix, max)?)
 }
 
 /// The message in a frame body.
-pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    serde_json::from_slice(body).map_err(|error| FrameError::Malformed { expected: type_name::<T>(), error })
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, StreamError> {
+    serde_json::from_slice(body).map_err(|error| {
+        StreamError::Frame(codec::FrameError::Malformed { expected: type_name::<T>(), reason: error.to_string() })
+    })
 }
 
 /// Writes one frame holding `msg`. Refuses (`TooLarge`, before writing anything) a body above [`MAX_FRAME_BYTES`].
-pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) -> Result<(), FrameError> {
+pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) -> Result<(), StreamError> {
     let frame = encode_frame(msg)?;
-    send.write_all(&frame).await.map_err(FrameError::Write)
+    send.write_all(&frame).await.map_err(StreamError::Write)
 }
 
 /// Reads one frame and decodes it as a `T`.
@@ -166,14 +137,14 @@ pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) ->
 pub async fn read_frame<T: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     max: usize,
-) -> Result<Option<T>, FrameError> {
+) -> Result<Option<T>, StreamError> {
     let mut decoder = FrameDecoder::new(max);
     loop {
         if let Some(body) = decoder.poll_frame() {
             return decode_body(&body).map(Some);
         }
         // At most what the frame still needs, so bytes after it stay on the stream.
-        match recv.read_chunk(decoder.wanted(), true).await.map_err(FrameError::Read)? {
+        match recv.read_chunk(decoder.wanted(), true).await.map_err(StreamError::Read)? {
             Some(chunk) => {
                 decoder.push(&chunk.bytes)?;
             }
@@ -187,23 +158,23 @@ pub async fn read_frame<T: DeserializeOwned>(
 
 /// One request/response exchange: opens a bidirectional stream on `conn`, writes `req`, finishes the send side, and
 /// reads one response frame of at most `max` bytes. A stream that ends without a response is
-/// [`FrameError::NoResponse`].
+/// [`StreamError::NoResponse`].
 pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
     conn: &quinn::Connection,
     req: &Req,
     max: usize,
-) -> Result<Resp, FrameError> {
+) -> Result<Resp, StreamError> {
     let peer = conn.remote_address();
     // Encode first, so an unsendable request does not open (and abandon) a stream.
     let frame = encode_frame(req)?;
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|error| FrameError::ConnectionLost { peer, error })?;
-    send.write_all(&frame).await.map_err(FrameError::Write)?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|error| StreamError::ConnectionLost { peer, error })?;
+    send.write_all(&frame).await.map_err(StreamError::Write)?;
     // finish() fails only on a stream that is already closed; if the connection went down meanwhile, say so.
     send.finish().map_err(|closed| match conn.close_reason() {
-        Some(error) => FrameError::ConnectionLost { peer, error },
-        None => FrameError::Finish(closed),
+        Some(error) => StreamError::ConnectionLost { peer, error },
+        None => StreamError::Finish(closed),
     })?;
-    read_frame(&mut recv, max).await?.ok_or(FrameError::NoResponse { peer })
+    read_frame(&mut recv, max).await?.ok_or(StreamError::NoResponse { peer })
 }
 
 #[cfg(test)]
@@ -234,10 +205,13 @@ mod tests {
     fn decode_len_enforces_the_cap() {
         assert_eq!(decode_len(10u32.to_le_bytes(), 10).unwrap(), 10);
         assert_eq!(decode_len([0; 4], 0).unwrap(), 0);
-        assert!(matches!(decode_len(11u32.to_le_bytes(), 10), Err(FrameError::TooLarge { len: 11, max: 10 })));
+        assert!(matches!(
+            decode_len(11u32.to_le_bytes(), 10),
+            Err(StreamError::Frame(codec::FrameError::TooLarge { len: 11, cap: 10 }))
+        ));
         assert!(matches!(
             decode_len([0xff; 4], MAX_FRAME_BYTES),
-            Err(FrameError::TooLarge { len, max: MAX_FRAME_BYTES }) if len == u32::MAX as usize
+            Err(StreamError::Frame(codec::FrameError::TooLarge { len, cap: MAX_FRAME_BYTES })) if len == u32::MAX as usize
         ));
     }
 
@@ -245,22 +219,25 @@ mod tests {
     fn encode_refuses_oversized_messages() {
         // The JSON of a string of n characters is n + 2 bytes.
         assert_eq!(encode_capped(&"x".repeat(98), 100).unwrap().len(), 4 + 100);
-        assert!(matches!(encode_capped(&"x".repeat(99), 100), Err(FrameError::TooLarge { len: 101, max: 100 })));
+        assert!(matches!(
+            encode_capped(&"x".repeat(99), 100),
+            Err(StreamError::Frame(codec::FrameError::TooLarge { len: 101, cap: 100 }))
+        ));
     }
 
     #[test]
     fn encode_reports_unencodable_messages() {
         let map = BTreeMap::from([((1u8, 2u8), 3u8)]);
         let err = encode_frame(&map).unwrap_err();
-        assert!(matches!(err, FrameError::Encode { .. }), "{err}");
+        assert!(matches!(err, StreamError::Encode { .. }), "{err}");
     }
 
     #[test]
     fn decode_body_names_the_expected_type() {
         let err = decode_body::<Msg>(br#"{"id":"seven"}"#).unwrap_err();
-        assert!(matches!(err, FrameError::Malformed { .. }));
+        assert!(matches!(err, StreamError::Frame(codec::FrameError::Malformed { .. })));
         assert!(err.to_string().contains("Msg"), "{err}");
-        assert!(matches!(decode_body::<Msg>(b""), Err(FrameError::Malformed { .. })));
+        assert!(matches!(decode_body::<Msg>(b""), Err(StreamError::Frame(codec::FrameError::Malformed { .. }))));
     }
 
     proptest! {

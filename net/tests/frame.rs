@@ -3,7 +3,8 @@
 mod common;
 
 use common::{Echo, Pair, bounded};
-use granary_net::frame::{self, FrameError, MAX_FRAME_BYTES};
+use granary_net::frame::{self, MAX_FRAME_BYTES, StreamError};
+use granary_proto::frame::{FrameError, FramePart};
 
 /// Opens a stream from the client, writes `bytes`, optionally finishes it, and returns the server's receiving side
 /// (and the client's send side, which must stay alive while the server reads an unfinished stream).
@@ -28,13 +29,13 @@ async fn a_declared_length_above_the_cap_is_refused_before_the_body_arrives() {
     let (_send, mut recv) = send_raw(&pair, &prefix(u32::MAX), false).await;
     let result = bounded("read_frame", frame::read_frame::<Echo>(&mut recv, MAX_FRAME_BYTES)).await;
     assert!(
-        matches!(result, Err(FrameError::TooLarge { len, max: MAX_FRAME_BYTES }) if len == u32::MAX as usize),
+        matches!(result, Err(StreamError::Frame(FrameError::TooLarge { len, cap: MAX_FRAME_BYTES })) if len == u32::MAX as usize),
         "{result:?}"
     );
 
     let (_send, mut recv) = send_raw(&pair, &prefix(1001), false).await;
     let result = bounded("read_frame", frame::read_frame::<Echo>(&mut recv, 1000)).await;
-    assert!(matches!(result, Err(FrameError::TooLarge { len: 1001, max: 1000 })), "{result:?}");
+    assert!(matches!(result, Err(StreamError::Frame(FrameError::TooLarge { len: 1001, cap: 1000 }))), "{result:?}");
 }
 
 #[tokio::test]
@@ -44,14 +45,14 @@ async fn malformed_json_is_an_error() {
     bytes.extend_from_slice(b"{nope");
     let (_send, mut recv) = send_raw(&pair, &bytes, true).await;
     let result = bounded("read_frame", frame::read_frame::<Echo>(&mut recv, MAX_FRAME_BYTES)).await;
-    assert!(matches!(result, Err(FrameError::Malformed { .. })), "{result:?}");
+    assert!(matches!(result, Err(StreamError::Frame(FrameError::Malformed { .. }))), "{result:?}");
 
     // Valid JSON of the wrong shape is malformed too.
     let mut bytes = prefix(2);
     bytes.extend_from_slice(b"[]");
     let (_send, mut recv) = send_raw(&pair, &bytes, true).await;
     let result = bounded("read_frame", frame::read_frame::<Echo>(&mut recv, MAX_FRAME_BYTES)).await;
-    assert!(matches!(result, Err(FrameError::Malformed { .. })), "{result:?}");
+    assert!(matches!(result, Err(StreamError::Frame(FrameError::Malformed { .. }))), "{result:?}");
 }
 
 #[tokio::test]
@@ -61,11 +62,17 @@ async fn a_stream_that_ends_inside_a_frame_is_truncated() {
     bytes.extend_from_slice(&[b' '; 10]);
     let (_send, mut recv) = send_raw(&pair, &bytes, true).await;
     let result = bounded("read_frame", frame::read_frame::<Echo>(&mut recv, MAX_FRAME_BYTES)).await;
-    assert!(matches!(result, Err(FrameError::Truncated { part: "body", read: 10, len: 100 })), "{result:?}");
+    assert!(
+        matches!(result, Err(StreamError::Frame(FrameError::Truncated { part: FramePart::Body, read: 10, len: 100 }))),
+        "{result:?}"
+    );
 
     let (_send, mut recv) = send_raw(&pair, &[7, 0], true).await;
     let result = bounded("read_frame", frame::read_frame::<Echo>(&mut recv, MAX_FRAME_BYTES)).await;
-    assert!(matches!(result, Err(FrameError::Truncated { part: "length prefix", read: 2, len: 4 })), "{result:?}");
+    assert!(
+        matches!(result, Err(StreamError::Frame(FrameError::Truncated { part: FramePart::Header, read: 2, len: 4 }))),
+        "{result:?}"
+    );
 }
 
 #[tokio::test]
@@ -112,7 +119,7 @@ async fn call_reports_a_missing_response_and_a_lost_connection() {
     let req = Echo { seq: 9, text: "anyone?".into() };
     let result = bounded("call", frame::call::<_, Echo>(&pair.client, &req, MAX_FRAME_BYTES)).await;
     assert!(
-        matches!(result, Err(FrameError::NoResponse { peer }) if peer == pair.client.remote_address()),
+        matches!(result, Err(StreamError::NoResponse { peer }) if peer == pair.client.remote_address()),
         "{result:?}"
     );
     assert_eq!(bounded("responder", responder).await.unwrap(), Some(req.clone()));
@@ -121,6 +128,6 @@ async fn call_reports_a_missing_response_and_a_lost_connection() {
     bounded("client sees the close", pair.client.closed()).await;
     let result = bounded("call after close", frame::call::<_, Echo>(&pair.client, &req, MAX_FRAME_BYTES)).await;
     let err = result.unwrap_err();
-    assert!(matches!(err, FrameError::ConnectionLost { peer, .. } if peer == pair.client.remote_address()), "{err:?}");
+    assert!(matches!(err, StreamError::ConnectionLost { peer, .. } if peer == pair.client.remote_address()), "{err:?}");
     assert!(err.is_connection_lost());
 }

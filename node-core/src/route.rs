@@ -111,12 +111,14 @@ pub enum Step {
     ReadRemote,
 }
 
-/// How asking an owner failed, as far as the route cares.
+/// How asking an owner failed, as far as the route cares; `C` is the cause
+/// (the node's `PeerError`), kept as it is: the route never turns it into
+/// words.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AskFailure {
+pub enum AskFailure<C> {
     /// The owner is alive but gave no chunk: its answer stopped coming while
     /// its connection answered, or its chunk failed validation.
-    Alive(String),
+    Alive(C),
     /// Anything else: unreachable, gone quiet, reset, timed out, or refused
     /// (most often because its placement and this node's disagree for a
     /// moment). The route waits for the placement and redials the owner: a
@@ -124,7 +126,43 @@ pub enum AskFailure {
     /// redial interval, by which time the two placements usually agree (and
     /// it is often the owner after all: `granary-chaos sim --seed 19695`,
     /// where waiting the whole reroute wait made both nodes read the shard).
-    Unavailable(String),
+    Unavailable(C),
+}
+
+/// A node a load turned to that gave no chunk, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tried<C> {
+    /// The node.
+    pub node: NodeId,
+    /// What came of it.
+    pub outcome: Outcome<C>,
+}
+
+/// What came of turning to a node for a chunk ([`Tried`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome<C> {
+    /// Asked; it failed with this cause.
+    Failed(C),
+    /// Not asked at this address: the fetch deadline had passed.
+    DeadlinePassed(SocketAddr),
+    /// Left while asking: a newer placement names this node the owner.
+    Left,
+    /// Asked for a copy it holds (the shard was handed over from it): none
+    /// came, for this cause.
+    NoHeldCopy(C),
+}
+
+impl<C: std::fmt::Display> std::fmt::Display for Tried<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let node = self.node;
+        match &self.outcome {
+            Outcome::Failed(cause) => write!(f, "{node}: {cause}"),
+            Outcome::DeadlinePassed(addr) => write!(f, "{node} at {addr}: not asked, the fetch deadline passed"),
+            Outcome::Left => write!(f, "{node}: left, a newer placement names this node the owner"),
+            Outcome::NoHeldCopy(cause) => write!(f, "{node} (handed the shard over): {cause}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +182,7 @@ enum State {
 
 /// One load's route: see the module doc.
 #[derive(Debug)]
-pub struct Route {
+pub struct Route<C> {
     target: Option<Owner>,
     /// Whether the route was routed again after a lease in doubt.
     rechecked: bool,
@@ -154,11 +192,11 @@ pub struct Route {
     deadline: Instant,
     reroute_wait: Duration,
     asked: usize,
-    tried: Vec<String>,
+    tried: Vec<Tried<C>>,
     state: State,
 }
 
-impl Route {
+impl<C> Route<C> {
     /// A route starting at `owner` (None: this node owns the shard or no
     /// other owner is known), bounded by `fetch_deadline` from `now`; after
     /// an owner fails, the placement is waited for at most `reroute_wait`.
@@ -219,7 +257,7 @@ impl Route {
                 };
                 let left = self.deadline.saturating_duration_since(now);
                 if left.is_zero() {
-                    self.tried.push(format!("{} at {}: not asked, the fetch deadline passed", owner.node, owner.addr));
+                    self.tried.push(Tried { node: owner.node, outcome: Outcome::DeadlinePassed(owner.addr) });
                     return self.remote();
                 }
                 self.asked += 1;
@@ -229,16 +267,16 @@ impl Route {
         }
     }
 
-    /// The owner asked last failed (`reason` names the peer's error).
-    pub fn handle_failed(&mut self, failure: AskFailure) {
+    /// The owner asked last failed, for the cause `failure` carries.
+    pub fn handle_failed(&mut self, failure: AskFailure<C>) {
         let State::Asking(owner) = self.state else { return };
         match failure {
-            AskFailure::Alive(reason) => {
-                self.tried.push(format!("{}: {reason}", owner.node));
+            AskFailure::Alive(cause) => {
+                self.tried.push(Tried { node: owner.node, outcome: Outcome::Failed(cause) });
                 self.state = State::Remote;
             }
-            AskFailure::Unavailable(reason) => {
-                self.tried.push(format!("{}: {reason}", owner.node));
+            AskFailure::Unavailable(cause) => {
+                self.tried.push(Tried { node: owner.node, outcome: Outcome::Failed(cause) });
                 // No owner may be asked after this one: waiting for the
                 // placement could not change where the chunk comes from.
                 self.state = if self.asked < MAX_OWNERS_ASKED { State::Awaiting(owner) } else { State::Remote };
@@ -272,17 +310,17 @@ impl Route {
     /// it here. Only while asking; out of turn it changes nothing.
     pub fn handle_owned_here(&mut self) {
         if let State::Asking(owner) = self.state {
-            self.tried.push(format!("{}: left, a newer placement names this node the owner", owner.node));
+            self.tried.push(Tried { node: owner.node, outcome: Outcome::Left });
             self.state = State::Remote;
         }
     }
 
-    /// The node asked for a held copy ([`Step::AskHeld`]) gave none:
-    /// `reason` says why (it does not hold it, it failed, no answer in
+    /// The node asked for a held copy ([`Step::AskHeld`]) gave none, for
+    /// the cause `reason` (it does not hold it, it failed, no answer in
     /// time). Read remote storage.
-    pub fn handle_held(&mut self, reason: &str) {
+    pub fn handle_held(&mut self, reason: C) {
         if let State::AskingHeld(former) = self.state {
-            self.tried.push(format!("{} (handed the shard over): {reason}", former.node));
+            self.tried.push(Tried { node: former.node, outcome: Outcome::NoHeldCopy(reason) });
             self.state = State::Remote;
         }
     }
@@ -327,13 +365,19 @@ impl Route {
     }
 
     /// Every owner that failed and why, in the order asked.
-    pub fn tried(&self) -> &[String] {
+    pub fn tried(&self) -> &[Tried<C>] {
         &self.tried
     }
 
     /// Every owner that failed and why, in the order asked.
-    pub fn into_tried(self) -> Vec<String> {
+    pub fn into_tried(self) -> Vec<Tried<C>> {
         self.tried
+    }
+
+    /// Takes every owner that failed and why, in the order asked, leaving
+    /// none (for the error of a read that failed after them).
+    pub fn take_tried(&mut self) -> Vec<Tried<C>> {
+        std::mem::take(&mut self.tried)
     }
 
     fn remote(&mut self) -> Step {
@@ -443,6 +487,13 @@ mod tests {
     use super::*;
 
     const DEADLINE: Duration = Duration::from_secs(30);
+
+    /// Routes whose causes are words, as the tests write them.
+    type Route = super::Route<String>;
+
+    fn strings(tried: Vec<Tried<String>>) -> Vec<String> {
+        tried.iter().map(ToString::to_string).collect()
+    }
     const REROUTE: Duration = Duration::from_secs(10);
 
     #[test]
@@ -473,9 +524,9 @@ mod tests {
         // Reported out of turn, the other outcomes change nothing.
         r.handle_failed(AskFailure::Unavailable("reset".into()));
         r.handle_owned_here();
-        r.handle_held("it does not hold it");
+        r.handle_held("it does not hold it".into());
         assert_eq!(r.poll(t0), Step::ReadRemote);
-        assert_eq!(r.into_tried(), vec!["node-2 (handed the shard over): it does not hold it".to_string()]);
+        assert_eq!(strings(r.into_tried()), ["node-2 (handed the shard over): it does not hold it"]);
         // Never unreported twice: a shell that does not report reads.
         let mut r = Route::new(t0, None, DEADLINE, REROUTE).with_handoff(Some(owner(2)));
         assert!(matches!(r.poll(t0), Step::AskHeld { .. }));
@@ -565,7 +616,7 @@ mod tests {
         // Alive owners keep their lease: the placement will not move the
         // shard, so the route reads at once instead of waiting for it.
         assert_eq!(r.poll(t0 + Duration::from_secs(5)), Step::ReadRemote);
-        assert_eq!(r.into_tried(), vec!["node-2: stalled for 5s".to_string()]);
+        assert_eq!(strings(r.into_tried()), ["node-2: stalled for 5s"]);
     }
 
     #[test]
@@ -670,7 +721,10 @@ mod tests {
         r.poll(t0);
         r.handle_moved(Some(owner(3)));
         assert_eq!(r.poll(t0 + Duration::from_secs(2)), Step::ReadRemote);
-        assert_eq!(r.tried()[1], format!("node-3 at {}: not asked, the fetch deadline passed", owner(3).addr));
+        assert_eq!(
+            r.tried()[1].to_string(),
+            format!("node-3 at {}: not asked, the fetch deadline passed", owner(3).addr)
+        );
     }
 
     #[test]

@@ -179,15 +179,20 @@ pub enum FetchError {
     },
     /// No source delivered the chunk: the peers asked first, then remote
     /// storage.
-    #[error("no source delivered {shard}: peers tried: {}; then remote storage: {source}", tried.join("; "))]
+    #[error("no source delivered {shard}: peers tried: {}; then remote storage: {source}", joined(tried))]
     NoSource {
         /// The shard.
         shard: ShardId,
-        /// Each peer asked and why it did not deliver.
-        tried: Vec<String>,
+        /// Each peer turned to, and the error it gave no chunk with.
+        tried: Vec<granary_node_core::route::Tried<crate::fabric::PeerError>>,
         /// Why reading remote storage here failed.
         source: Box<FetchError>,
     },
+}
+
+/// Each of `tried`, as words, `; ` between them.
+fn joined<T: std::fmt::Display>(tried: &[T]) -> String {
+    tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 impl FetchError {

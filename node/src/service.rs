@@ -89,7 +89,7 @@ struct Inner {
     tier: ChunkTier,
     guests: GuestArea,
     /// Every load in flight ([`granary_node_core::engine`]).
-    engine: Mutex<Engine<ChunkKey, Pending>>,
+    engine: Mutex<Engine<ChunkKey, Pending, crate::fabric::PeerError>>,
     loads: Semaphore,
     /// KiB of memory loads in progress may take ([`load::memory_admission`]).
     load_memory: Semaphore,

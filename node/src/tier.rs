@@ -104,6 +104,7 @@ pub(crate) enum HitTier {
 
 /// A tier operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TierError {
     /// The SSD folder cannot be used.
     #[error("SSD tier at {dir}: {reason}")]

@@ -100,6 +100,7 @@ pub struct ChunkHeader {
 
 /// Why bytes are not a valid chunk.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ChunkError {
     /// Fewer bytes than the fixed prefix.
     #[error("chunk is {0} bytes, shorter than its {PREFIX_LEN}-byte prefix")]

@@ -59,8 +59,12 @@ impl std::fmt::Display for FramePart {
     }
 }
 
-/// Why a frame could not be encoded or decoded.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Error)]
+/// Why a frame could not be encoded or decoded: the one codec error of
+/// every frame (the local socket's rkyv messages, the peers', the
+/// coordinator's JSON ones; `granary_net::frame::StreamError` adds the
+/// stream's own failures around it).
+#[derive(Clone, PartialEq, Eq, Debug, Error)]
+#[non_exhaustive]
 pub enum FrameError {
     /// A body is longer than the cap (or than a u32 can say); nothing of it
     /// was encoded, or reserved and read.
@@ -70,6 +74,15 @@ pub enum FrameError {
         len: usize,
         /// The cap in bytes.
         cap: usize,
+    },
+    /// The body is not a valid message of the expected type.
+    #[error("malformed frame: expected {expected}: {reason}")]
+    Malformed {
+        /// The Rust type that was expected.
+        expected: &'static str,
+        /// The decoder's own words for what failed (rkyv's check, serde's
+        /// line and column).
+        reason: String,
     },
     /// The stream ended inside a frame.
     #[error("stream ended inside a frame: got {read} of {len} bytes of its {part}")]
@@ -212,7 +225,7 @@ impl FrameDecoder {
     pub fn push(&mut self, bytes: &[u8]) -> Result<usize, FrameError> {
         let take = bytes.len().min(self.wanted());
         match &mut self.state {
-            State::Refused(e) => return Err(*e),
+            State::Refused(e) => return Err(e.clone()),
             State::Header { buf, read } => {
                 buf[*read..*read + take].copy_from_slice(&bytes[..take]);
                 *read += take;
@@ -223,7 +236,7 @@ impl FrameDecoder {
                             self.state = State::Body { len, body };
                         }
                         Err(e) => {
-                            self.state = State::Refused(e);
+                            self.state = State::Refused(e.clone());
                             return Err(e);
                         }
                     }
@@ -265,7 +278,7 @@ impl FrameDecoder {
                 Err(FrameError::Truncated { part: FramePart::Body, read: body.len(), len: *len })
             }
             State::Body { .. } => Ok(()),
-            State::Refused(e) => Err(*e),
+            State::Refused(e) => Err(e.clone()),
         }
     }
 }
@@ -338,10 +351,10 @@ mod tests {
         let mut decoder = FrameDecoder::new(1000);
         assert_eq!(decoder.push(&1001u32.to_le_bytes()[..3]), Ok(3));
         let refused = FrameError::TooLarge { len: 1001, cap: 1000 };
-        assert_eq!(decoder.push(&[0, 9, 9, 9]), Err(refused));
+        assert_eq!(decoder.push(&[0, 9, 9, 9]), Err(refused.clone()));
         assert!(matches!(decoder.state, State::Refused(_)), "nothing reserved for the body");
         assert_eq!(decoder.wanted(), 0);
-        assert_eq!(decoder.push(b"more"), Err(refused));
+        assert_eq!(decoder.push(b"more"), Err(refused.clone()));
         assert_eq!(decoder.finish(), Err(refused));
     }
 

@@ -199,6 +199,7 @@ impl TensorLayout {
 
 /// A view that cannot be used, whatever the data.
 #[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
 pub enum ViewError {
     /// The view declares no tensor.
     #[error("the view declares no tensor")]

@@ -14,7 +14,6 @@ use crate::ids::{DatasetVersion, ShardId};
 use crate::manifest::ShardRows;
 use crate::plan::PlanParams;
 use crate::view::TensorLayout;
-use thiserror::Error;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_LEN: usize = 64 << 20;
@@ -218,16 +217,9 @@ mod response_def {
     }
 }
 
-/// A frame that cannot be decoded.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum FrameError {
-    /// The length prefix exceeds [`MAX_FRAME_LEN`].
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME_LEN}-byte limit")]
-    TooLarge(usize),
-    /// The archive does not validate.
-    #[error("malformed frame: {0}")]
-    Malformed(String),
-}
+/// A frame that cannot be encoded or decoded: the one codec error
+/// ([`crate::frame::FrameError`]), named here too where messages are.
+pub use crate::frame::FrameError;
 
 /// Encodes a message as a frame body (without the length prefix).
 pub fn encode<T>(msg: &T) -> Vec<u8>
@@ -259,7 +251,7 @@ where
         >,
 {
     let body = encode(msg);
-    frame::encode(&body, MAX_FRAME_LEN).map_err(|_| FrameError::TooLarge(body.len()))
+    frame::encode(&body, MAX_FRAME_LEN)
 }
 
 /// Validates and decodes a frame body.
@@ -269,10 +261,11 @@ where
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>
         + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
 {
-    frame::check_len(body.len(), MAX_FRAME_LEN).map_err(|_| FrameError::TooLarge(body.len()))?;
+    frame::check_len(body.len(), MAX_FRAME_LEN)?;
     let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(body.len());
     aligned.extend_from_slice(body);
-    rkyv::from_bytes::<T, rkyv::rancor::Error>(&aligned).map_err(|e| FrameError::Malformed(e.to_string()))
+    rkyv::from_bytes::<T, rkyv::rancor::Error>(&aligned)
+        .map_err(|e| FrameError::Malformed { expected: std::any::type_name::<T>(), reason: e.to_string() })
 }
 
 #[cfg(test)]
@@ -314,8 +307,11 @@ mod tests {
     fn frames_over_the_limit_are_refused_on_both_sides() {
         let huge = LocalResponse::Failed { kind: ErrorKind::BadInput, message: "x".repeat(MAX_FRAME_LEN) };
         let len = encode(&huge).len();
-        assert_eq!(encode_frame(&huge), Err(FrameError::TooLarge(len)));
-        assert_eq!(decode::<LocalResponse>(&vec![0; MAX_FRAME_LEN + 1]), Err(FrameError::TooLarge(MAX_FRAME_LEN + 1)));
+        assert_eq!(encode_frame(&huge), Err(FrameError::TooLarge { len, cap: MAX_FRAME_LEN }));
+        assert_eq!(
+            decode::<LocalResponse>(&vec![0; MAX_FRAME_LEN + 1]),
+            Err(FrameError::TooLarge { len: MAX_FRAME_LEN + 1, cap: MAX_FRAME_LEN })
+        );
     }
 
     proptest! {

@@ -72,6 +72,7 @@ pub struct Dataset {
 
 /// Opening a dataset failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum OpenError {
     /// The source could not be read.
     #[error(transparent)]

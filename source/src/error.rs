@@ -5,6 +5,7 @@ use thiserror::Error;
 
 /// Reading remote storage failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum RemoteError {
     /// The source URL or its options are unusable.
     #[error("cannot open source {url}: {reason}")]

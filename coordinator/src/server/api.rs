@@ -12,7 +12,7 @@ use granary_net::api::{
     ApiRequest, ApiResponse, ClusterStatus, DatasetSummary, FailureKind, PlacementReport, VersionStatus,
     VersionSummary, VoterStatus,
 };
-use granary_net::frame::{self, FrameError};
+use granary_net::frame::{self, StreamError};
 use granary_net::tls::Role;
 use granary_proto::NodeId;
 use granary_source::dataset::Dataset;
@@ -44,7 +44,7 @@ pub(super) async fn serve_api(
     peer: std::net::SocketAddr,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-) -> Result<(), FrameError> {
+) -> Result<(), StreamError> {
     let read =
         tokio::time::timeout(API_REQUEST_WAIT, frame::read_frame::<ApiRequest>(&mut recv, MAX_API_REQUEST_BYTES));
     let req = match read.await {

@@ -172,6 +172,7 @@ impl CoordinatorConfig {
 
 /// Starting a voter failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// The data folder could not be created.
     #[error("data folder {path}: {source}")]

@@ -31,7 +31,7 @@
 //! and unit-tested; [`Responses::send`] is the shell.
 
 use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
-use granary_net::frame::{self, FrameError};
+use granary_net::frame::{self, StreamError};
 use granary_net::tls::Role;
 use granary_proto::NodeId;
 use std::sync::Arc;
@@ -139,7 +139,7 @@ impl Responses {
         turn: Option<OwnedSemaphorePermit>,
         what: &str,
         peer: std::net::SocketAddr,
-    ) -> Result<(), FrameError> {
+    ) -> Result<(), StreamError> {
         let bytes = frame::encode_frame(&resp)?;
         drop(resp);
         let Some(_taken) = self.room(bytes.len()).await else {
@@ -184,7 +184,7 @@ impl Responses {
         send: &mut quinn::SendStream,
         resp: &ApiResponse,
         peer: std::net::SocketAddr,
-    ) -> Result<bool, FrameError> {
+    ) -> Result<bool, StreamError> {
         let bytes = frame::encode_frame(resp)?;
         let Some(_taken) = self.room(bytes.len()).await else {
             tracing::warn!(%peer, bytes = bytes.len(), "ending a placement watch: no room for its view");
@@ -192,7 +192,7 @@ impl Responses {
             return Ok(false);
         };
         match tokio::time::timeout(self.write_wait, send.write_all(&bytes)).await {
-            Ok(written) => written.map(|()| true).map_err(FrameError::Write),
+            Ok(written) => written.map(|()| true).map_err(StreamError::Write),
             Err(_) => {
                 tracing::warn!(%peer, wait = ?self.write_wait,
                     "ending a placement watch whose client did not take a view within the write deadline");
@@ -210,9 +210,9 @@ impl Responses {
         bytes: Vec<u8>,
         what: &str,
         peer: std::net::SocketAddr,
-    ) -> Result<(), FrameError> {
+    ) -> Result<(), StreamError> {
         let written = tokio::time::timeout(self.write_wait, async {
-            send.write_all(&bytes).await.map_err(FrameError::Write)?;
+            send.write_all(&bytes).await.map_err(StreamError::Write)?;
             drop(bytes);
             let _ = send.finish();
             let _ = send.stopped().await;

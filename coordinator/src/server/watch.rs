@@ -4,7 +4,7 @@
 
 use super::ctx::{Ctx, is_leader, leads_with_quorum, node_statuses, not_leader};
 use granary_net::api::{ApiResponse, PlacementView};
-use granary_net::frame::{self, FrameError};
+use granary_net::frame::{self, StreamError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ pub(super) async fn watch(
     after_revision: u64,
     mut send: quinn::SendStream,
     peer: std::net::SocketAddr,
-) -> Result<(), FrameError> {
+) -> Result<(), StreamError> {
     if !is_leader(ctx) {
         frame::write_frame(&mut send, &not_leader(ctx)).await?;
         let _ = send.finish();

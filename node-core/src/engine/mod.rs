@@ -32,7 +32,7 @@
 //! replay of a seed must not depend on a hash seed.
 
 use crate::flight::{Admission, Asked, Asker, InFlight, admit, reads_here_after_placement, start_for_peer};
-use crate::route::{AfterPermit, AskFailure, Owner, Route, Step, after_permit};
+use crate::route::{AfterPermit, AskFailure, Owner, Route, Step, Tried, after_permit};
 use granary_proto::NodeId;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -237,7 +237,7 @@ enum Phase {
 
 /// One load in flight.
 #[derive(Debug)]
-struct Load<W> {
+struct Load<W, C> {
     shell: W,
     /// May ask other nodes (a trainer's or prefetch's load, not a peer's).
     forward: bool,
@@ -255,19 +255,21 @@ struct Load<W> {
     version_waited: bool,
     /// The placement named this node the owner when the route said read.
     routed_as_owner: bool,
-    route: Option<Route>,
+    route: Option<Route<C>>,
     phase: Phase,
 }
 
 /// Every load in flight on one node (see the module doc). `K` names a
-/// shard of a version; `W` is the shell's state of a load (its waiters).
+/// shard of a version; `W` is the shell's state of a load (its waiters);
+/// `C` the cause a peer gave no chunk for (the node's `PeerError`), kept
+/// typed to the error a failed load reports.
 #[derive(Debug)]
-pub struct Engine<K, W> {
+pub struct Engine<K, W, C> {
     timing: Timing,
-    loads: BTreeMap<K, Load<W>>,
+    loads: BTreeMap<K, Load<W, C>>,
 }
 
-impl<K: Ord + Copy, W> Engine<K, W> {
+impl<K: Ord + Copy, W, C> Engine<K, W, C> {
     /// No loads, routes bounded by `timing`.
     pub fn new(timing: Timing) -> Self {
         Self { timing, loads: BTreeMap::new() }
@@ -382,7 +384,7 @@ impl<K: Ord + Copy, W> Engine<K, W> {
 
     /// The ask of [`Command::Ask`] ended: `Ok` when a chunk came (the load
     /// is then finished by the shell), or how it failed.
-    pub fn handle_asked(&mut self, key: K, outcome: Result<(), AskFailure>) {
+    pub fn handle_asked(&mut self, key: K, outcome: Result<(), AskFailure<C>>) {
         let Some(load) = self.loads.get_mut(&key) else { return };
         load.asking = None;
         if let (Err(failure), Some(route)) = (outcome, load.route.as_mut()) {
@@ -404,8 +406,8 @@ impl<K: Ord + Copy, W> Engine<K, W> {
         }
     }
 
-    /// The ask of [`Command::AskHeld`] gave no copy; `reason` says why.
-    pub fn handle_held(&mut self, key: K, reason: &str) {
+    /// The ask of [`Command::AskHeld`] gave no copy, for the cause `reason`.
+    pub fn handle_held(&mut self, key: K, reason: C) {
         if let Some(load) = self.loads.get_mut(&key) {
             if let Some(route) = load.route.as_mut() {
                 route.handle_held(reason);
@@ -545,9 +547,14 @@ impl<K: Ord + Copy, W> Engine<K, W> {
         self.loads.get(&key).is_some_and(|l| l.wanted_now)
     }
 
-    /// Every node the load of `key` asked that failed, and why.
-    pub fn tried(&self, key: K) -> Vec<String> {
-        self.loads.get(&key).and_then(|l| l.route.as_ref()).map(|r| r.tried().to_vec()).unwrap_or_default()
+    /// Every node the load of `key` turned to that gave no chunk, and why.
+    pub fn tried(&self, key: K) -> &[Tried<C>] {
+        self.loads.get(&key).and_then(|l| l.route.as_ref()).map_or(&[], |r| r.tried())
+    }
+
+    /// Takes them (for the error of a read that failed after them).
+    pub fn take_tried(&mut self, key: K) -> Vec<Tried<C>> {
+        self.loads.get_mut(&key).and_then(|l| l.route.as_mut()).map(Route::take_tried).unwrap_or_default()
     }
 
     /// The peer the load of `key` asks now.
@@ -599,7 +606,7 @@ pub fn moved_away(placed: Option<NodeId>, from: NodeId) -> bool {
     placed.is_some_and(|owner| owner != from)
 }
 
-impl<W> Load<W> {
+impl<W, C> Load<W, C> {
     fn waiting(&self) -> Option<Waiting> {
         Some(match self.phase {
             Phase::AwaitingVersion => Waiting::Version,

@@ -72,7 +72,7 @@ impl Placement<u32> for View {
     }
 }
 
-type E = Engine<u32, &'static str>;
+type E = Engine<u32, &'static str, String>;
 
 fn start(e: &mut E, asker: Asker, view: &View) -> Admitted {
     e.request(7, asker, true, || false, view, || "shell")
@@ -213,7 +213,7 @@ fn a_read_as_owner_with_the_lease_in_doubt_waits_for_the_lease_then_routes_again
     view.former = Some(NodeId(2));
     e.handle_lease_settled(7, &view);
     commands.push(e.poll(7, t0, &view));
-    e.handle_held(7, "it does not hold it");
+    e.handle_held(7, "it does not hold it".into());
     commands.push(e.poll(7, t0, &view));
     assert_eq!(
         commands,
@@ -275,7 +275,7 @@ fn single_flight_joins_refuses_a_cycle_and_leaves_an_outdated_ask() {
 #[test]
 fn a_placement_that_names_this_node_stops_only_asks_a_peer_waits_on() {
     let (t0, view) = (Instant::now(), View::placed(2, 4));
-    let mut e: Engine<u32, &str> = E::new(timing());
+    let mut e = E::new(timing());
     e.request(7, Asker::Trainer, true, || false, &view, || "a");
     e.request(8, Asker::Trainer, true, || false, &view, || "b");
     e.poll(7, t0, &view);
@@ -312,7 +312,7 @@ fn reports_out_of_turn_change_nothing() {
     let mut e = E::new(timing());
     start(&mut e, Asker::Trainer, &view);
     e.handle_version_waited(7);
-    e.handle_held(7, "late");
+    e.handle_held(7, "late".into());
     assert_eq!(e.handle_await(7, AwaitOutcome::OwnerBack, &view), Back::NotBack);
     assert_eq!(e.handle_permit(7, Permit::Granted, t0, &view), AfterPermit::Read);
     e.handle_lease_settled(7, &view);

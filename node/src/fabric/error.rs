@@ -112,15 +112,22 @@ impl PeerError {
     /// placement settles it within moments; reading here at once made both
     /// nodes read the shard (`tests/cluster.rs`, a node killed during an
     /// epoch: 19 conversions for 16 shards).
-    pub fn as_ask_failure(&self) -> AskFailure {
+    pub fn into_ask_failure(self) -> AskFailure<PeerError> {
+        if self.is_alive() { AskFailure::Alive(self) } else { AskFailure::Unavailable(self) }
+    }
+
+    /// Whether the peer is known to be alive: it stalled while its
+    /// connection answered, or sent a chunk that failed validation
+    /// ([`PeerError::into_ask_failure`]).
+    pub fn is_alive(&self) -> bool {
         match self {
-            PeerError::Stalled { .. } | PeerError::Corrupt { .. } => AskFailure::Alive(self.to_string()),
+            PeerError::Stalled { .. } | PeerError::Corrupt { .. } => true,
             PeerError::Connect { .. }
             | PeerError::Transfer { .. }
             | PeerError::Refused { .. }
             | PeerError::NotHeld { .. }
             | PeerError::Footer { .. }
-            | PeerError::Timeout { .. } => AskFailure::Unavailable(self.to_string()),
+            | PeerError::Timeout { .. } => false,
         }
     }
 }
@@ -281,7 +288,8 @@ mod tests {
             PeerError::Corrupt { addr, shard, corruption: Corruption::Empty },
         ];
         for e in alive {
-            assert!(matches!(e.as_ask_failure(), AskFailure::Alive(_)), "{e}");
+            assert!(e.is_alive(), "{e}");
+            assert!(matches!(e.into_ask_failure(), AskFailure::Alive(_)));
         }
         let maybe_dead = [
             PeerError::Refused { addr, shard, kind: ErrorKind::Unavailable, message: "its load asks this node".into() },
@@ -290,7 +298,8 @@ mod tests {
             PeerError::Timeout { addr, shard, deadline: Duration::from_secs(30) },
         ];
         for e in maybe_dead {
-            assert!(matches!(e.as_ask_failure(), AskFailure::Unavailable(_)), "{e}");
+            assert!(!e.is_alive(), "{e}");
+            assert!(matches!(e.into_ask_failure(), AskFailure::Unavailable(_)));
         }
     }
 }

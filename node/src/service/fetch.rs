@@ -8,8 +8,8 @@
 
 use super::{Node, Pending};
 use crate::error::FetchError;
-use crate::fabric::Owner;
 use crate::fabric::owners::Cluster;
+use crate::fabric::{Owner, PeerError};
 use crate::shm::SealedChunk;
 use crate::tier::ChunkKey;
 use granary_node_core::engine::{AwaitOutcome, Back, Command, Engine, Permit, Placement};
@@ -66,7 +66,7 @@ fn now() -> Instant {
 impl Node {
     /// The engine of the loads in flight (held briefly: never across an
     /// await).
-    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<ChunkKey, Pending>> {
+    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<ChunkKey, Pending, PeerError>> {
         // A poisoned lock still holds a consistent engine: every method
         // changes it in one step.
         self.inner.engine.lock().unwrap_or_else(|p| p.into_inner())
@@ -130,9 +130,9 @@ impl Node {
                     self.engine().handle_version_waited(key);
                 }
                 Command::AskHeld { former, within } => {
+                    // The engine routes only where both are known (`routes`).
                     let (Some(cluster), Some(expected)) = (view.cluster, self.expected(key)) else {
-                        self.engine().handle_held(key, "not in a cluster");
-                        continue;
+                        return Err(FetchError::UnknownVersion(key.version));
                     };
                     match cluster.link().fetch_held(former.addr, key.version, key.shard, &expected, within).await {
                         Ok(chunk) => {
@@ -142,14 +142,14 @@ impl Node {
                         }
                         Err(e) => {
                             tracing::debug!(shard = %key.shard, from = %former.node, "no copy handed over: {e}");
-                            self.engine().handle_held(key, &e.to_string());
+                            self.engine().handle_held(key, e);
                         }
                     }
                 }
                 Command::Ask { owner, within } => {
+                    // The engine routes only where both are known (`routes`).
                     let (Some(cluster), Some(expected)) = (view.cluster, self.expected(key)) else {
-                        self.engine().handle_ask_left(key);
-                        continue;
+                        return Err(FetchError::UnknownVersion(key.version));
                     };
                     let started = std::time::Instant::now();
                     let span = tracing::info_span!("peer_fetch", peer = %owner.node, addr = %owner.addr);
@@ -176,18 +176,15 @@ impl Node {
                         }
                         Some(Err(e)) => {
                             self.inner.counters.peer_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let error = e.to_string();
                             let mut engine = self.engine();
-                            engine.handle_asked(key, Err(e.as_ask_failure()));
+                            engine.handle_asked(key, Err(e.into_ask_failure()));
                             // Say which way the load goes (a stalled owner,
                             // or the last owner, is read around at once).
-                            match engine.poll(key, now(), &view) {
-                                Some(Command::AwaitMove { .. }) => {
-                                    tracing::warn!(shard = %key.shard, owner = %owner.node,
-                                    "owner could not serve; waiting for the placement to move it: {e}")
-                                }
-                                _ => tracing::warn!(shard = %key.shard, owner = %owner.node,
-                                    "owner could not serve; reading remote storage: {e}"),
-                            }
+                            let waits = matches!(engine.poll(key, now(), &view), Some(Command::AwaitMove { .. }));
+                            let next =
+                                if waits { "waiting for the placement to move it" } else { "reading remote storage" };
+                            tracing::warn!(shard = %key.shard, owner = %owner.node, "owner could not serve; {next}: {error}");
                         }
                     }
                 }
@@ -223,7 +220,7 @@ impl Node {
             Some(p) => p,
             None => permit().await?,
         };
-        let tried = self.engine().tried(key);
+        let tried = self.engine().take_tried(key);
         match self.convert_here(key, held, true).await {
             Ok(c) => Ok((c, false)),
             Err(e) if !tried.is_empty() => Err(FetchError::NoSource { shard: key.shard, tried, source: Box::new(e) }),

@@ -33,6 +33,7 @@ pub struct NodeWeight {
 
 /// Inputs that admit no placement.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PlacementError {
     /// The node list is empty.
     #[error("no live nodes to place shards on")]

@@ -137,6 +137,7 @@ pub struct RowRef {
 
 /// Parameters that admit no plan.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PlanError {
     /// `world_size` is zero or `rank` is not below it.
     #[error("rank {rank} is not in a world of {world_size}")]

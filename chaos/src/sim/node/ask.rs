@@ -4,7 +4,7 @@
 //! asks for a held copy.
 
 use super::{Node, Record};
-use crate::sim::params::{addr_of, checksum, fetch_deadline, micros};
+use crate::sim::params::{addr_of, checksum, fabric, fetch_deadline, micros};
 use crate::sim::world::{IDLE_TIMEOUT, KEEP_ALIVE, Timer, World};
 use granary_node::decide::{Liveness, TimerFired, Verdict};
 use granary_node::fabric::{Corruption, LinkFault, PeerError, Stall};
@@ -17,7 +17,7 @@ impl Node {
     /// An owner answered `stream`: a chunk with checksum `sum`, or a
     /// refusal (`refused`) or reset (`None`).
     pub(super) fn answered(&mut self, w: &mut World, rec: &mut Record, stream: u64, sum: Option<u64>, refused: bool) {
-        if let Some(&(load, _)) = self.held_asks.get(&stream) {
+        if let Some(&(load, _, _)) = self.held_asks.get(&stream) {
             let Some(shard) = self.load_by_id(load) else {
                 self.held_asks.remove(&stream);
                 return;
@@ -28,11 +28,17 @@ impl Node {
                     w.log(format_args!("n{} got its s{shard} from the node it was handed over from", self.idx));
                     self.finish(w, rec, shard, sum);
                 }
-                Some(_) => {
+                Some(actual) => {
                     rec.corrupt_caught();
-                    self.held_missing(w, rec, stream, "its copy failed validation");
+                    let corruption =
+                        Corruption::Invalid(ChunkError::PayloadChecksum { expected: checksum(shard), actual });
+                    self.held_missing(w, rec, stream, |addr, shard| PeerError::Corrupt { addr, shard, corruption });
                 }
-                None => self.held_missing(w, rec, stream, "the stream was reset"),
+                None => {
+                    let error = quinn::ReadError::ConnectionLost(quinn::ConnectionError::Reset);
+                    let fault = LinkFault::Read { what: "response header", error };
+                    self.held_missing(w, rec, stream, |addr, shard| PeerError::Transfer { addr, shard, fault });
+                }
             }
             return;
         }
@@ -68,11 +74,19 @@ impl Node {
         }
     }
 
-    /// The ask for a held copy on `stream` gave none (`reason`): the load
-    /// reads remote storage.
-    pub(super) fn held_missing(&mut self, w: &mut World, rec: &mut Record, stream: u64, reason: &str) {
-        let Some((load, _)) = self.held_asks.remove(&stream) else { return };
+    /// The ask for a held copy on `stream` gave none, for the peer error
+    /// `reason` makes (as the node's link reports it): the load reads
+    /// remote storage.
+    pub(super) fn held_missing(
+        &mut self,
+        w: &mut World,
+        rec: &mut Record,
+        stream: u64,
+        reason: impl FnOnce(std::net::SocketAddr, ShardId) -> PeerError,
+    ) {
+        let Some((load, peer, _)) = self.held_asks.remove(&stream) else { return };
         let Some(shard) = self.load_by_id(load) else { return };
+        let reason = reason(addr_of(peer), super::shard_id(shard));
         w.log(format_args!("n{} gets no held copy of s{shard}: {reason}", self.idx));
         self.engine.handle_held(shard, reason);
         self.drive(w, rec, shard);
@@ -101,7 +115,7 @@ impl Node {
     ) {
         let Some(ask) = self.asks.remove(&stream) else { return };
         let Some(shard) = self.load_by_id(ask.load) else { return };
-        let failure = error(super::shard_id(shard)).as_ask_failure();
+        let failure = error(super::shard_id(shard)).into_ask_failure();
         let Some(load) = self.engine.shell_mut(shard) else { return };
         if load.ask.map(|(_, s)| s) != Some(stream) {
             return;
@@ -132,10 +146,16 @@ impl Node {
         // Once the node asked says it is reading the shard, its progress
         // frames keep the ask alive (the stall clock).
         let stall = micros(PEER_STALL_TIMEOUT);
-        match self.held_asks.get(&stream).and_then(|a| a.1) {
+        match self.held_asks.get(&stream).and_then(|a| a.2) {
             Some(at) if w.now < at + stall => w.timer(self.idx, self.life, at + stall - w.now, timer),
-            Some(_) => self.held_missing(w, rec, stream, "it stalled"),
-            None => self.held_missing(w, rec, stream, "no answer within the handoff wait"),
+            Some(_) => {
+                let stall = Stall { idle: PEER_STALL_TIMEOUT, what: "chunk bytes", got: 0, len: 1 };
+                self.held_missing(w, rec, stream, |addr, shard| PeerError::Stalled { addr, shard, stall });
+            }
+            None => {
+                let deadline = fabric().handoff_wait;
+                self.held_missing(w, rec, stream, |addr, shard| PeerError::Timeout { addr, shard, deadline });
+            }
         }
     }
 

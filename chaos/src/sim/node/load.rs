@@ -169,7 +169,7 @@ impl Node {
                 Command::AskHeld { former, within } => {
                     let peer = index_of(former.addr);
                     let stream = rec.new_stream();
-                    self.held_asks.insert(stream, (load.id, None));
+                    self.held_asks.insert(stream, (load.id, peer, None));
                     w.log(format_args!("n{} asks n{peer} for a held copy of s{shard} (stream {stream})", self.idx));
                     self.send(w, Addr::Node(peer), Msg::AskHeld { stream, shard });
                     let wait = handoff_wait().min(micros(within));

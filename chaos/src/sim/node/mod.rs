@@ -185,13 +185,13 @@ pub struct Node {
     coord_epoch: u64,
     token: u64,
     known: Known,
-    engine: Engine<u32, SimLoad>,
+    engine: Engine<u32, SimLoad, PeerError>,
     /// Load permits free, and the loads queued for one, in order.
     permits: usize,
     queue: VecDeque<u32>,
-    /// Asks for a held copy: stream -> (load id, when the node asked last
-    /// said it is still working on it).
-    held_asks: BTreeMap<u64, (u64, Option<Micros>)>,
+    /// Asks for a held copy: stream -> (load id, the node asked, when it
+    /// last said it is still working on it).
+    held_asks: BTreeMap<u64, (u64, usize, Option<Micros>)>,
     /// Chunks held: shard -> guest (not owned when fetched).
     held: BTreeMap<u32, bool>,
     asks: BTreeMap<u64, Ask>,
@@ -382,10 +382,12 @@ impl Node {
                     self.send(w, from, Msg::NotHeld { stream });
                 }
             }
-            Msg::NotHeld { stream } => self.held_missing(w, rec, stream, "it does not hold it"),
+            Msg::NotHeld { stream } => {
+                self.held_missing(w, rec, stream, |addr, shard| PeerError::NotHeld { addr, shard })
+            }
             Msg::Working { stream } => {
                 if let Some(ask) = self.held_asks.get_mut(&stream) {
-                    ask.1 = Some(w.now);
+                    ask.2 = Some(w.now);
                 }
                 let now = w.instant_now();
                 if let Some(a) = self.asks.get_mut(&stream) {

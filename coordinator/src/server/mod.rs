@@ -19,13 +19,15 @@
 
 mod api;
 mod ctx;
+mod handlers;
 mod metrics;
 mod requests;
 mod respond;
 mod timers;
 mod watch;
 
-pub use api::{MAX_API_REQUEST_BYTES, MAX_COMMAND_BYTES};
+pub use api::MAX_API_REQUEST_BYTES;
+pub use handlers::datasets::MAX_COMMAND_BYTES;
 pub use respond::{
     BUDGET_WAIT, MAX_ANSWERS_BUILDING, MAX_REQUESTS_IN_FLIGHT, MAX_REQUESTS_PER_IDENTITY, SMALL_ANSWER_BYTES,
 };

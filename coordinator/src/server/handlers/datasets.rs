@@ -1,0 +1,176 @@
+//! The datasets' requests: add a dataset (a new version), list them,
+//! describe one version, report a version's placement.
+
+use super::{Answer, leading};
+use crate::server::ctx::{Ctx, failed, linearize, write};
+use crate::state::{ClusterState, DatasetRecord, VersionRecord};
+use crate::types::{Command, CommandResult};
+use granary_net::api::{ApiResponse, DatasetSummary, FailureKind, PlacementReport, VersionStatus, VersionSummary};
+use granary_proto::DatasetVersion;
+use granary_proto::view::View;
+use granary_source::dataset::Dataset;
+use granary_source::remote::{Remote, RemoteCounters};
+use std::sync::Arc;
+
+/// Largest command one log entry may carry (a dataset's manifest). With at
+/// most [`MAX_PAYLOAD_ENTRIES`](crate::server::MAX_PAYLOAD_ENTRIES)
+/// entries per AppendEntries, a replication message stays under the
+/// 64 MiB frame limit.
+pub const MAX_COMMAND_BYTES: usize = 3 << 20;
+
+/// Registers dataset `name` read from `source` through `view`: the leader
+/// reads the footers and commits the manifest as one log entry.
+pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view: View) -> Answer {
+    if !valid_name(&name) {
+        return Err(failed(FailureKind::BadRequest, format!("dataset name {name:?}: use 1-128 of [A-Za-z0-9._-]")));
+    }
+    let view = view.validated().map_err(|e| failed(FailureKind::BadRequest, format!("dataset {name}: view: {e}")))?;
+    leading(ctx)?;
+    let remote = Remote::open(&source, &ctx.remote_options, None, Arc::new(RemoteCounters::default()))
+        .map_err(|e| failed(FailureKind::BadRequest, e.to_string()))?;
+    let dataset = Dataset::open(&name, remote, view.clone())
+        .await
+        .map_err(|e| failed(FailureKind::BadRequest, format!("dataset {name}: {e}")))?;
+    if dataset.manifest.files.is_empty() {
+        return Err(failed(FailureKind::BadRequest, format!("dataset {name}: {source} holds no .parquet files")));
+    }
+    let cmd = Command::AddDataset { name: name.clone(), view, manifest: dataset.manifest.clone() };
+    let size = serde_json::to_vec(&cmd).map(|b| b.len()).unwrap_or(usize::MAX);
+    if size > MAX_COMMAND_BYTES {
+        return Err(failed(
+            FailureKind::BadRequest,
+            format!(
+                "dataset {name}: its manifest ({} files) encodes to {size} bytes, over the {MAX_COMMAND_BYTES}-byte limit of one log entry",
+                dataset.manifest.files.len()
+            ),
+        ));
+    }
+    let new = match write(ctx, cmd).await? {
+        CommandResult::DatasetAdded { new, .. } => new,
+        other => return Err(failed(FailureKind::Internal, format!("add applied as {other:?}"))),
+    };
+    let summary = ctx
+        .shared
+        .read(|a| a.cluster.datasets.get(&name).and_then(|r| summary(&name, r, ctx.retention_ms())))
+        .ok_or_else(|| failed(FailureKind::Internal, format!("dataset {name} missing after commit")))?;
+    tracing::info!(dataset = %name, version = %summary.version, new, "dataset added");
+    Ok(ApiResponse::DatasetAdded { summary, new })
+}
+
+/// Every dataset, on linearized state.
+pub(in crate::server) async fn list(ctx: &Ctx) -> Answer {
+    linearize(ctx).await?;
+    Ok(ApiResponse::Datasets(ctx.shared.read(|a| summaries(&a.cluster, ctx.retention_ms()))))
+}
+
+/// One version of a dataset (its current one without `version`): its
+/// summary, manifest and view.
+pub(in crate::server) async fn describe(ctx: &Ctx, name: String, version: Option<DatasetVersion>) -> Answer {
+    linearize(ctx).await?;
+    ctx.shared.read(|a| {
+        let r = a.cluster.datasets.get(&name);
+        let v = r.and_then(|r| version_of(r, version));
+        match (r.and_then(|r| summary(&name, r, ctx.retention_ms())), v) {
+            (Some(summary), Some(v)) => {
+                Ok(ApiResponse::Dataset { summary, manifest: v.manifest.clone(), view: v.view.clone() })
+            }
+            (Some(_), None) => Err(no_version(&name, version)),
+            _ => Err(failed(FailureKind::NotFound, format!("no dataset named {name:?}"))),
+        }
+    })
+}
+
+/// Who owns each shard of a version (and, for the current one, the nodes
+/// shards were handed over from).
+pub(in crate::server) async fn placement(ctx: &Ctx, name: String, version: Option<DatasetVersion>) -> Answer {
+    linearize(ctx).await?;
+    ctx.shared.read(|a| {
+        let r = a
+            .cluster
+            .datasets
+            .get(&name)
+            .ok_or_else(|| failed(FailureKind::NotFound, format!("no dataset named {name:?}")))?;
+        let v = version_of(r, version).ok_or_else(|| no_version(&name, version))?;
+        let current = r.current().is_some_and(|c| c.version == v.version);
+        let owners = v
+            .manifest
+            .shards()
+            .iter()
+            .zip(a.cluster.owners_of(&name, v.version))
+            .map(|(s, &o)| (s.shard.file, s.shard.row_group, o))
+            .collect();
+        let handed = if current { a.cluster.handed_from(&name) } else { Vec::new() };
+        let handed_from = v
+            .manifest
+            .shards()
+            .iter()
+            .zip(handed)
+            .filter_map(|(s, from)| Some((s.shard.file, s.shard.row_group, from?)))
+            .collect();
+        Ok(ApiResponse::Placement(PlacementReport {
+            name: name.clone(),
+            version: v.version,
+            placement_epoch: a.cluster.placement_epoch,
+            owners,
+            handed_from,
+        }))
+    })
+}
+
+/// `version` of `record`, or its current version without one.
+fn version_of(record: &DatasetRecord, version: Option<DatasetVersion>) -> Option<&VersionRecord> {
+    match version {
+        None => record.current(),
+        Some(want) => record.versions.iter().find(|v| v.version == want),
+    }
+}
+
+fn no_version(name: &str, version: Option<DatasetVersion>) -> ApiResponse {
+    failed(
+        FailureKind::NotFound,
+        format!("dataset {name:?} has no version {}", version.map(|v| v.to_hex()).unwrap_or_default()),
+    )
+}
+
+fn summary(name: &str, record: &DatasetRecord, retention_ms: u64) -> Option<DatasetSummary> {
+    let v = record.current()?;
+    let version_list = record
+        .versions
+        .iter()
+        .map(|r| VersionSummary {
+            version: r.version,
+            state: if r.version == v.version {
+                VersionStatus::Current
+            } else if !r.held_by.is_empty() {
+                VersionStatus::Held { nodes: r.held_by.iter().copied().collect() }
+            } else {
+                VersionStatus::Unused { collect_at_ms: r.unused_since_ms.map(|s| s.saturating_add(retention_ms)) }
+            },
+            held_by: r.held_by.iter().copied().collect(),
+            rows: r.manifest.total_rows(),
+            files: r.manifest.files.len(),
+        })
+        .collect();
+    Some(DatasetSummary {
+        name: name.to_string(),
+        version: v.version,
+        versions: record.versions.len(),
+        source: v.manifest.source.clone(),
+        files: v.manifest.files.len(),
+        shards: v.manifest.files.iter().map(|f| f.row_groups.len()).sum(),
+        rows: v.manifest.total_rows(),
+        source_bytes: v.manifest.total_file_bytes(),
+        version_list,
+    })
+}
+
+/// Every dataset's summary in `state`.
+pub(super) fn summaries(state: &ClusterState, retention_ms: u64) -> Vec<DatasetSummary> {
+    state.datasets.iter().filter_map(|(n, r)| summary(n, r, retention_ms)).collect()
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}

@@ -1,0 +1,127 @@
+//! The nodes' requests: register, heartbeat, set a weight, hold versions.
+
+use super::{Answer, confirmed, leading};
+use crate::server::ctx::{Ctx, failed, leads_with_quorum, write};
+use crate::state::ClusterState;
+use crate::types::{Command, CommandResult};
+use granary_net::api::{ApiResponse, FailureKind};
+use granary_proto::{DatasetVersion, NodeId};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// A node registers (a new incarnation), unless another daemon holds its
+/// id live from another address (the lease table decides).
+pub(in crate::server) async fn register(
+    ctx: &Ctx,
+    node: NodeId,
+    addr: String,
+    ram_bytes: u64,
+    ssd_bytes: u64,
+    registration: u64,
+    peer: SocketAddr,
+) -> Answer {
+    leading(ctx)?;
+    let live =
+        ctx.shared.read(|a| a.cluster.nodes.get(&node).filter(|r| r.live).map(|r| (r.incarnation, r.addr.clone())));
+    let refused = ctx.leases().refuse_registration(
+        node,
+        live.as_ref().map(|(i, a)| (*i, a.as_str())),
+        &addr,
+        peer,
+        Instant::now(),
+    );
+    if let Some(r) = refused {
+        tracing::warn!(
+            %node, live_addr = %r.live_addr, incarnation = r.incarnation, refused_addr = %addr, from = %peer,
+            "refused a second daemon: the node is live elsewhere"
+        );
+        return Err(failed(
+            FailureKind::Forbidden,
+            format!(
+                "{node} is live at {} (incarnation {}, lease renewed {} ms ago): a second daemon at {addr} \
+                 (from {peer}) may not register as it; stop one of them (each host needs its own node id and \
+                 certificate)",
+                r.live_addr,
+                r.incarnation,
+                r.since_renewal.as_millis()
+            ),
+        ));
+    }
+    match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
+        CommandResult::NodeRegistered { incarnation, placement_epoch } => {
+            ctx.leases().handle_registered(node, incarnation, peer, Instant::now());
+            tracing::info!(%node, incarnation, placement_epoch, %peer, "node registered");
+            Ok(ApiResponse::Registered { incarnation, placement_epoch, lease_ms: ctx.lease.as_millis() as u64 })
+        }
+        other => Err(failed(FailureKind::Internal, format!("register applied as {other:?}"))),
+    }
+}
+
+/// A node renews its lease: accepted only while the leader has heard from
+/// a quorum recently and the node's incarnation is live.
+pub(in crate::server) async fn heartbeat(ctx: &Ctx, node: NodeId, incarnation: u64) -> Answer {
+    leading(ctx)?;
+    if !leads_with_quorum(ctx) {
+        return Err(failed(FailureKind::Unavailable, "the leader has not heard from a quorum recently"));
+    }
+    let (live, epoch, _) = confirmed(ctx, node, incarnation, |c| c.placement_epoch).await?;
+    if !live {
+        return Ok(ApiResponse::LeaseLost { node });
+    }
+    ctx.leases().handle_renewed(node, incarnation, Instant::now());
+    Ok(ApiResponse::HeartbeatAccepted { placement_epoch: epoch })
+}
+
+/// An operator sets (or clears) a node's placement weight.
+pub(in crate::server) async fn set_weight(ctx: &Ctx, node: NodeId, weight: Option<u64>) -> Answer {
+    leading(ctx)?;
+    if weight == Some(0) {
+        return Err(failed(FailureKind::BadRequest, format!("a weight of 0 for {node}: weights are at least 1")));
+    }
+    match write(ctx, Command::SetNodeWeight { node, weight }).await? {
+        CommandResult::WeightSet { placement_epoch } => {
+            tracing::info!(%node, ?weight, placement_epoch, "node weight set");
+            Ok(ApiResponse::WeightSet { placement_epoch })
+        }
+        other => Err(failed(FailureKind::Internal, format!("set-node-weight applied as {other:?}"))),
+    }
+}
+
+/// A node says which versions its trainers use; a repeat of what the state
+/// already holds commits nothing, so the log does not grow with repeats.
+pub(in crate::server) async fn hold_versions(
+    ctx: &Ctx,
+    node: NodeId,
+    incarnation: u64,
+    versions: Vec<(String, DatasetVersion)>,
+) -> Answer {
+    leading(ctx)?;
+    let wanted: BTreeSet<_> = versions.iter().cloned().collect();
+    let (live, same, _) = confirmed(ctx, node, incarnation, |c| holds_of(c, node) == wanted).await?;
+    if !live {
+        return Ok(ApiResponse::LeaseLost { node });
+    }
+    if same {
+        return Ok(ApiResponse::VersionsHeld { unknown: Vec::new() });
+    }
+    let held = versions.len();
+    match write(ctx, Command::HoldVersions { node, incarnation, versions }).await? {
+        CommandResult::VersionsHeld { stale: true, .. } => Ok(ApiResponse::LeaseLost { node }),
+        CommandResult::VersionsHeld { unknown, stale: false } => {
+            tracing::info!(%node, held, unknown = unknown.len(), "versions held");
+            Ok(ApiResponse::VersionsHeld { unknown })
+        }
+        other => Err(failed(FailureKind::Internal, format!("hold applied as {other:?}"))),
+    }
+}
+
+/// The (dataset, version) pairs `node` holds in `state` that the state
+/// knows.
+fn holds_of(state: &ClusterState, node: NodeId) -> BTreeSet<(String, DatasetVersion)> {
+    let mut out = BTreeSet::new();
+    for (name, r) in &state.datasets {
+        out.extend(r.versions.iter().filter(|v| v.held_by.contains(&node)).map(|v| (name.clone(), v.version)));
+    }
+    out
+}

@@ -320,9 +320,9 @@ impl<K: Ord + Copy, W, C> Engine<K, W, C> {
             (Admission::LookAgain, _) => Admitted::LookAgain,
             (Admission::Start | Admission::Join { .. } | Admission::JoinAndConvert, _) => {
                 // A peer's request starts a read here only where the
-                // placement lets this node serve as the owner.
+                // placement lets this node serve as the owner (a node that
+                // knows no placement of the shard cannot judge: served).
                 if let Asker::Peer { epoch, .. } = asker
-                    && view.routes(key)
                     && let Err(owner) = start_for_peer(
                         view.me(),
                         view.placed_owner(key),

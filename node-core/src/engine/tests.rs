@@ -296,6 +296,11 @@ fn a_peer_is_refused_a_read_where_the_placement_names_another_node() {
     assert!(e.is_empty());
     // On a newer placement than this node knows, it may own it there.
     assert_eq!(start(&mut e, peer(3, 6), &view), Admitted::Started);
+    // The rule does not wait on the load being routable (a version this
+    // node has not opened, or closed): the placement decides.
+    let mut e = E::new(timing());
+    let unopened = View { routes: false, ..View::placed(2, 5) };
+    assert_eq!(start(&mut e, peer(3, 5), &unopened), Admitted::NotOwner(NodeId(2)));
 }
 
 #[test]

@@ -353,6 +353,7 @@ impl Node {
                     && w.now - sent <= connect_timeout()
                     && let Some(shard) = self.load_by_id(load_id)
                     && self.engine.shell(shard).is_some_and(|l| l.asks == asks)
+                    && matches!(self.engine.waiting_for(shard), Some(Waiting::Move(_)))
                 {
                     let view = View { known: &self.known, lease_ok: self.lease_ok(w) };
                     if self.engine.handle_await(shard, AwaitOutcome::OwnerBack, &view) == Back::AskAgain {
@@ -495,7 +496,9 @@ impl Node {
                 }
             }
             Timer::VersionWait(id) => {
-                if let Some(shard) = self.load_by_id(id) {
+                if let Some(shard) = self.load_by_id(id)
+                    && self.engine.waiting_for(shard) == Some(Waiting::Version)
+                {
                     self.engine.handle_version_waited(shard);
                     self.drive(w, rec, shard);
                 }

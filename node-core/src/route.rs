@@ -369,11 +369,6 @@ impl<C> Route<C> {
         &self.tried
     }
 
-    /// Every owner that failed and why, in the order asked.
-    pub fn into_tried(self) -> Vec<Tried<C>> {
-        self.tried
-    }
-
     /// Takes every owner that failed and why, in the order asked, leaving
     /// none (for the error of a read that failed after them).
     pub fn take_tried(&mut self) -> Vec<Tried<C>> {
@@ -526,7 +521,7 @@ mod tests {
         r.handle_owned_here();
         r.handle_held("it does not hold it".into());
         assert_eq!(r.poll(t0), Step::ReadRemote);
-        assert_eq!(strings(r.into_tried()), ["node-2 (handed the shard over): it does not hold it"]);
+        assert_eq!(strings(r.take_tried()), ["node-2 (handed the shard over): it does not hold it"]);
         // Never unreported twice: a shell that does not report reads.
         let mut r = Route::new(t0, None, DEADLINE, REROUTE).with_handoff(Some(owner(2)));
         assert!(matches!(r.poll(t0), Step::AskHeld { .. }));
@@ -616,7 +611,7 @@ mod tests {
         // Alive owners keep their lease: the placement will not move the
         // shard, so the route reads at once instead of waiting for it.
         assert_eq!(r.poll(t0 + Duration::from_secs(5)), Step::ReadRemote);
-        assert_eq!(strings(r.into_tried()), ["node-2: stalled for 5s"]);
+        assert_eq!(strings(r.take_tried()), ["node-2: stalled for 5s"]);
     }
 
     #[test]

@@ -83,6 +83,9 @@ impl Node {
     /// `read_here` is told when the engine leaves an ask.
     pub(super) async fn load(&self, key: ChunkKey, read_here: Arc<Notify>) -> Result<(SealedChunk, bool), FetchError> {
         let view = self.view();
+        // What a peer's chunk must look like: looked up once, as the
+        // engine's `routes` did when the load started.
+        let expected = self.expected(key);
         let permit = || async { self.inner.loads.acquire().await.map_err(FetchError::ShuttingDown) };
         // The load permit the engine said to keep.
         let mut held = None;
@@ -131,10 +134,10 @@ impl Node {
                 }
                 Command::AskHeld { former, within } => {
                     // The engine routes only where both are known (`routes`).
-                    let (Some(cluster), Some(expected)) = (view.cluster, self.expected(key)) else {
+                    let (Some(cluster), Some(expected)) = (view.cluster, expected.as_ref()) else {
                         return Err(FetchError::UnknownVersion(key.version));
                     };
-                    match cluster.link().fetch_held(former.addr, key.version, key.shard, &expected, within).await {
+                    match cluster.link().fetch_held(former.addr, key.version, key.shard, expected, within).await {
                         Ok(chunk) => {
                             self.count_peer_chunk(&chunk);
                             tracing::debug!(shard = %key.shard, from = %former.node, "handed over by the node that owned it before");
@@ -148,7 +151,7 @@ impl Node {
                 }
                 Command::Ask { owner, within } => {
                     // The engine routes only where both are known (`routes`).
-                    let (Some(cluster), Some(expected)) = (view.cluster, self.expected(key)) else {
+                    let (Some(cluster), Some(expected)) = (view.cluster, expected.as_ref()) else {
                         return Err(FetchError::UnknownVersion(key.version));
                     };
                     let started = std::time::Instant::now();
@@ -156,7 +159,7 @@ impl Node {
                     let fetched = tokio::select! {
                         fetched = cluster
                             .link()
-                            .fetch(owner.addr, owner.epoch, key.version, key.shard, &expected, within)
+                            .fetch(owner.addr, owner.epoch, key.version, key.shard, expected, within)
                             .instrument(span) =>
                             Some(fetched),
                         () = read_here.notified() => None,

@@ -7,6 +7,8 @@
 //!   that applies a command to it.
 //! - [`store`]: the log and vote on redb, synced before acknowledged.
 //! - [`sm`]: the state machine and its snapshots on disk.
+//! - [`staged`]: manifests in the log as pieces, and the compact form the
+//!   state and its snapshots keep them in.
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
 //! - [`leases`]: the leader's lease table, pure: which live node's lease ran
 //!   out at `now`, with the grace a new leader grants.
@@ -30,6 +32,7 @@ pub mod leases;
 pub mod network;
 pub mod server;
 pub mod sm;
+pub mod staged;
 pub mod state;
 pub mod store;
 pub mod types;

@@ -39,8 +39,12 @@ use tokio::sync::watch;
 pub const SNAPSHOT_FILE: &str = "snapshot.json";
 /// Where a snapshot is written before it is renamed over [`SNAPSHOT_FILE`].
 const SNAPSHOT_TMP_FILE: &str = "snapshot.json.tmp";
-/// The snapshot file format this code writes and accepts.
-const SNAPSHOT_FORMAT: u32 = 1;
+/// The snapshot file format this code writes: 2 keeps manifests in their
+/// compact form ([`crate::staged`]); format 1 (manifests as JSON objects)
+/// is still read.
+const SNAPSHOT_FORMAT: u32 = 2;
+/// The oldest snapshot file format this code reads.
+const OLDEST_SNAPSHOT_FORMAT: u32 = 1;
 
 /// Snapshot metadata for this type configuration.
 pub type Meta = SnapshotMeta<VoterId, BasicNode>;
@@ -110,8 +114,11 @@ impl SnapshotFile {
         let file: Self =
             serde_json::from_slice(bytes).map_err(|source| StoreError::SnapshotDecode { origin: origin(), source })?;
         let invalid = |reason: String| StoreError::SnapshotInvalid { origin: origin(), reason };
-        if file.format != SNAPSHOT_FORMAT {
-            return Err(invalid(format!("format {} (this build reads {SNAPSHOT_FORMAT})", file.format)));
+        if !(OLDEST_SNAPSHOT_FORMAT..=SNAPSHOT_FORMAT).contains(&file.format) {
+            return Err(invalid(format!(
+                "format {} (this build reads {OLDEST_SNAPSHOT_FORMAT} to {SNAPSHOT_FORMAT})",
+                file.format
+            )));
         }
         if file.meta.last_log_id != file.applied.last_applied {
             return Err(invalid(format!(
@@ -697,7 +704,7 @@ mod tests {
         let future = SnapshotFile { format: SNAPSHOT_FORMAT + 1, meta: Meta::default(), applied: Applied::default() };
         std::fs::write(&path, future.encode()?)?;
         let err = StateMachineStore::open(dir.path()).expect_err("unknown format");
-        assert!(err.to_string().contains("format 2"), "{err}");
+        assert!(err.to_string().contains(&format!("format {}", SNAPSHOT_FORMAT + 1)), "{err}");
         Ok(())
     }
 

@@ -14,6 +14,7 @@
 //! function of the log, identical on every replica, and the placement epoch
 //! numbers them.
 
+use crate::staged::{self, Staging, StagingRefused};
 use crate::types::{Command, CommandResult};
 use granary_proto::placement::{NodeWeight, plan_placement, plan_rebalance, shard_key};
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
@@ -27,7 +28,8 @@ pub struct VersionRecord {
     pub version: DatasetVersion,
     /// The view.
     pub view: View,
-    /// The manifest.
+    /// The manifest (its compact form in base64 when serialized).
+    #[serde(with = "crate::staged::compact_manifest")]
     pub manifest: Manifest,
     /// Nodes whose trainers use this version, by their latest
     /// [`Command::HoldVersions`] (live incarnations only: an expiry or a
@@ -140,6 +142,10 @@ pub struct ClusterState {
     /// holds before reading remote storage (a handoff).
     #[serde(default)]
     pub handed_from: BTreeMap<String, Vec<Option<NodeId>>>,
+    /// Manifest pieces staged for versions no entry has registered yet
+    /// ([`crate::staged`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub staged: Staging,
 }
 
 impl ClusterState {
@@ -149,37 +155,20 @@ impl ClusterState {
         match cmd {
             Command::AddDataset { name, view, manifest } => {
                 let version = manifest.version(view);
-                let live = self.live_nodes();
-                let record = self.datasets.entry(name.clone()).or_default();
-                if record.current().map(|v| v.version) == Some(version) {
-                    return CommandResult::DatasetAdded { version, new: false };
+                self.add_version(name, view, version, || Ok(manifest.clone()))
+            }
+            Command::StageManifestPiece { version, index, of, data, at_ms } => CommandResult::PieceStaged {
+                refused: staged::stage(&mut self.staged, *version, *index, *of, data, *at_ms).err(),
+            },
+            Command::AddStagedDataset { name, view, version, pieces } => {
+                let from = self.staged.remove(version);
+                let result =
+                    self.add_version(name, view, *version, || staged::assemble(from.as_ref(), *version, pieces, view));
+                if let (CommandResult::DatasetRefused { .. }, Some(from)) = (&result, from) {
+                    // Kept for a retry; collected with the others if none comes.
+                    self.staged.insert(*version, from);
                 }
-                // The version that was current keeps its owners while a
-                // node holds it: jobs pinned to it keep the fabric.
-                let previous = self.owners.remove(name).unwrap_or_default();
-                if let Some(old) = record.versions.last_mut() {
-                    old.owners = if old.held_by.is_empty() { Vec::new() } else { previous };
-                }
-                // A version seen before (an older one re-added) becomes
-                // current again, from its owners if it was placed.
-                let mut v = match record.versions.iter().position(|v| v.version == version) {
-                    Some(i) => record.versions.remove(i),
-                    None => VersionRecord {
-                        version,
-                        view: view.clone(),
-                        manifest: manifest.clone(),
-                        held_by: BTreeSet::new(),
-                        owners: Vec::new(),
-                        unused_since_ms: None,
-                    },
-                };
-                let before = std::mem::take(&mut v.owners);
-                let owners = place(&v.shard_keys(), Some(&before).filter(|b| !b.is_empty()).map(|b| &b[..]), &live);
-                v.unused_since_ms = None;
-                record.versions.push(v);
-                self.owners.insert(name.clone(), owners);
-                self.handed_from.remove(name);
-                CommandResult::DatasetAdded { version, new: true }
+                result
             }
             Command::HoldVersions { node, incarnation, versions } => {
                 if !self.nodes.get(node).is_some_and(|r| r.live && r.incarnation == *incarnation) {
@@ -225,6 +214,7 @@ impl ClusterState {
                         }
                     });
                 }
+                staged::collect(&mut self.staged, *now_ms);
                 CommandResult::VersionsCollected { collected }
             }
             Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
@@ -282,6 +272,61 @@ impl ClusterState {
                 _ => CommandResult::NodeExpired { placement_epoch: None },
             },
         }
+    }
+
+    /// Registers `version` of dataset `name` (the manifest, built only if
+    /// the version is new to the dataset, from `manifest`): it becomes
+    /// current and is placed over the live nodes.
+    fn add_version(
+        &mut self,
+        name: &str,
+        view: &View,
+        version: DatasetVersion,
+        manifest: impl FnOnce() -> Result<Manifest, StagingRefused>,
+    ) -> CommandResult {
+        let known = self.datasets.get(name);
+        if known.and_then(DatasetRecord::current).map(|v| v.version) == Some(version) {
+            return CommandResult::DatasetAdded { version, new: false };
+        }
+        // A version seen before (an older one re-added) becomes current
+        // again, from its owners if it was placed; only a version never
+        // seen needs its manifest, and a refusal changes nothing.
+        let seen = known.and_then(|r| r.versions.iter().position(|v| v.version == version));
+        let fresh = match seen {
+            Some(_) => None,
+            None => match manifest() {
+                Ok(manifest) => Some(VersionRecord {
+                    version,
+                    view: view.clone(),
+                    manifest,
+                    held_by: BTreeSet::new(),
+                    owners: Vec::new(),
+                    unused_since_ms: None,
+                }),
+                Err(refused) => return CommandResult::DatasetRefused { refused },
+            },
+        };
+        let live = self.live_nodes();
+        let record = self.datasets.entry(name.to_string()).or_default();
+        // The version that was current keeps its owners while a node holds
+        // it: jobs pinned to it keep the fabric.
+        let previous = self.owners.remove(name).unwrap_or_default();
+        if let Some(old) = record.versions.last_mut() {
+            old.owners = if old.held_by.is_empty() { Vec::new() } else { previous };
+        }
+        let mut v = match (fresh, seen) {
+            (Some(v), _) => v,
+            (None, Some(i)) => record.versions.remove(i),
+            // `fresh` is None only where `seen` is Some.
+            (None, None) => return CommandResult::None,
+        };
+        let before = std::mem::take(&mut v.owners);
+        let owners = place(&v.shard_keys(), Some(&before).filter(|b| !b.is_empty()).map(|b| &b[..]), &live);
+        v.unused_since_ms = None;
+        record.versions.push(v);
+        self.owners.insert(name.to_string(), owners);
+        self.handed_from.remove(name);
+        CommandResult::DatasetAdded { version, new: true }
     }
 
     /// Live nodes with their weights, sorted by id.
@@ -349,7 +394,7 @@ impl ClusterState {
                 v.held_by.is_empty()
                     && v.unused_since_ms.is_none_or(|since| now_ms.saturating_sub(since) >= retention_ms)
             })
-        })
+        }) || staged::expired(&self.staged, now_ms)
     }
 
     /// Drops every hold of `node`.

@@ -6,6 +6,8 @@
 //! expired before proposing `ExpireNode`, so applying a command never reads
 //! a clock or the network and every replica reaches the same state.
 
+use crate::staged::{Blob, StagingRefused};
+use granary_proto::manifest::ManifestPieces;
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -24,7 +26,10 @@ impl fmt::Display for VoterId {
 /// A command in the replicated log.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub enum Command {
-    /// Registers a dataset version whose manifest the leader has built.
+    /// Registers a dataset version whose manifest the leader has built,
+    /// carried whole. Written by coordinators before manifests were staged
+    /// in pieces (a log may still hold it); leaders now write
+    /// [`Command::StageManifestPiece`]s and [`Command::AddStagedDataset`].
     AddDataset {
         /// Dataset name.
         name: String,
@@ -32,6 +37,35 @@ pub enum Command {
         view: View,
         /// Files, row groups and tensor layouts.
         manifest: Manifest,
+    },
+    /// One piece of a manifest's compact form, staged under the version it
+    /// belongs to until a [`Command::AddStagedDataset`] names it
+    /// ([`crate::staged`]).
+    StageManifestPiece {
+        /// The dataset version the manifest gives.
+        version: DatasetVersion,
+        /// The piece's index.
+        index: u32,
+        /// How many pieces the manifest has.
+        of: u32,
+        /// The piece's bytes (base64 in the log).
+        data: Blob,
+        /// The leader's clock (ms since the Unix epoch): staged pieces no
+        /// entry names are collected a while after it.
+        at_ms: u64,
+    },
+    /// Registers a dataset version from its staged pieces: assembled,
+    /// each piece checked against its digest and the manifest against
+    /// `version`, then as [`Command::AddDataset`].
+    AddStagedDataset {
+        /// Dataset name.
+        name: String,
+        /// The view the version was built with.
+        view: View,
+        /// The version (content hash of manifest and view).
+        version: DatasetVersion,
+        /// How the manifest's compact form is cut, with each piece's digest.
+        pieces: ManifestPieces,
     },
     /// A node (re)joins: it gets a new incarnation and the placement epoch
     /// advances.
@@ -87,6 +121,35 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The entries that register `manifest` under `view` as dataset `name`:
+    /// one [`Command::StageManifestPiece`]
+    /// per piece of `piece_bytes`, in order, then the
+    /// [`Command::AddStagedDataset`]
+    /// that names them. `at_ms` is the leader's clock.
+    pub fn registration(
+        name: &str,
+        view: &granary_proto::View,
+        manifest: &Manifest,
+        piece_bytes: usize,
+        at_ms: u64,
+    ) -> (Vec<Command>, Command) {
+        let version = manifest.version(view);
+        let compact = manifest.to_compact();
+        let pieces = ManifestPieces::cut(&compact, piece_bytes);
+        let of = pieces.count();
+        let staged = (0..of)
+            .filter_map(|index| {
+                let r = pieces.range(index)?;
+                let data = Blob(compact[r.start as usize..r.end as usize].to_vec());
+                Some(Command::StageManifestPiece { version, index, of, data, at_ms })
+            })
+            .collect();
+        let add = Command::AddStagedDataset { name: name.to_string(), view: view.clone(), version, pieces };
+        (staged, add)
+    }
+}
+
 /// What applying a [`Command`] returned.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum CommandResult {
@@ -96,6 +159,16 @@ pub enum CommandResult {
         version: DatasetVersion,
         /// False when this exact version was already registered.
         new: bool,
+    },
+    /// `StageManifestPiece` applied (or refused).
+    PieceStaged {
+        /// Why the piece was not staged, if it was not.
+        refused: Option<StagingRefused>,
+    },
+    /// `AddStagedDataset` refused: nothing changed.
+    DatasetRefused {
+        /// Why.
+        refused: StagingRefused,
     },
     /// `RegisterNode` applied.
     NodeRegistered {

@@ -25,6 +25,8 @@ pub(super) struct Ctx {
     pub(super) remote_options: BTreeMap<String, String>,
     /// How long an older version nobody uses is kept.
     pub(super) version_retention: Duration,
+    /// Bytes of compact manifest per staged piece.
+    pub(super) manifest_piece_bytes: usize,
     /// Whether node certificates without a node id may register.
     pub(super) allow_unbound_node_certs: bool,
     /// Whether coordinator certificates without a voter id may speak Raft.
@@ -98,6 +100,15 @@ pub(super) async fn write(ctx: &Ctx, cmd: Command) -> Result<CommandResult, ApiR
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(not_leader(ctx)),
         Err(e) => Err(failed(FailureKind::Unavailable, format!("commit failed: {e}"))),
     }
+}
+
+/// This voter's wall clock in ms since the Unix epoch, for commands that
+/// carry the leader's time (applying them reads no clock).
+pub(super) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 pub(super) fn is_leader(ctx: &Ctx) -> bool {

@@ -27,7 +27,6 @@ mod timers;
 mod watch;
 
 pub use api::MAX_API_REQUEST_BYTES;
-pub use handlers::datasets::MAX_COMMAND_BYTES;
 pub use respond::{
     BUDGET_WAIT, MAX_ANSWERS_BUILDING, MAX_REQUESTS_IN_FLIGHT, MAX_REQUESTS_PER_IDENTITY, SMALL_ANSWER_BYTES,
 };
@@ -146,6 +145,12 @@ pub struct CoordinatorConfig {
     /// taken this long after it was written is abandoned and its stream
     /// reset. Default 30 s.
     pub response_write_wait: Duration,
+    /// Bytes of a manifest's compact form per log entry when a dataset is
+    /// registered (clamped to 1 byte ..
+    /// [`MANIFEST_PIECE_BYTES`](granary_proto::manifest::MANIFEST_PIECE_BYTES),
+    /// the default). Smaller pieces only make more entries; tests use them
+    /// to cut small manifests into many pieces.
+    pub manifest_piece_bytes: usize,
 }
 
 impl CoordinatorConfig {
@@ -168,6 +173,7 @@ impl CoordinatorConfig {
             version_retention: Duration::from_secs(24 * 3600),
             response_budget_bytes: 256 << 20,
             response_write_wait: Duration::from_secs(30),
+            manifest_piece_bytes: granary_proto::manifest::MANIFEST_PIECE_BYTES,
         }
     }
 }
@@ -314,6 +320,7 @@ impl Coordinator {
             allow_unbound_node_certs: cfg.allow_unbound_node_certs,
             allow_unbound_voter_certs: cfg.allow_unbound_voter_certs,
             version_retention: cfg.version_retention,
+            manifest_piece_bytes: cfg.manifest_piece_bytes.clamp(1, granary_proto::manifest::MANIFEST_PIECE_BYTES),
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
             handshakes: Arc::new(Mutex::new(granary_net::budget::AddressBudget::new(

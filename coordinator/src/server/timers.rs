@@ -62,10 +62,7 @@ pub(super) async fn collect_loop(ctx: Arc<Ctx>) {
         if !super::ctx::leads_with_quorum(&ctx) {
             continue;
         }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
+        let now_ms = super::ctx::wall_ms();
         let retention_ms = ctx.retention_ms();
         if !ctx.shared.read(|a| a.cluster.collection_due(now_ms, retention_ms)) {
             continue;

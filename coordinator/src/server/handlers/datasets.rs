@@ -2,7 +2,8 @@
 //! describe one version, report a version's placement.
 
 use super::{Answer, leading};
-use crate::server::ctx::{Ctx, failed, linearize, write};
+use crate::server::ctx::{Ctx, failed, linearize, wall_ms, write};
+use crate::staged::MAX_LOG_ENTRY_BYTES;
 use crate::state::{ClusterState, DatasetRecord, VersionRecord};
 use crate::types::{Command, CommandResult};
 use granary_net::api::{ApiResponse, DatasetSummary, FailureKind, PlacementReport, VersionStatus, VersionSummary};
@@ -12,14 +13,11 @@ use granary_source::dataset::Dataset;
 use granary_source::remote::{Remote, RemoteCounters};
 use std::sync::Arc;
 
-/// Largest command one log entry may carry (a dataset's manifest). With at
-/// most [`MAX_PAYLOAD_ENTRIES`](crate::server::MAX_PAYLOAD_ENTRIES)
-/// entries per AppendEntries, a replication message stays under the
-/// 64 MiB frame limit.
-pub const MAX_COMMAND_BYTES: usize = 3 << 20;
-
 /// Registers dataset `name` read from `source` through `view`: the leader
-/// reads the footers and commits the manifest as one log entry.
+/// reads the footers, stages the manifest's compact form in pieces (each
+/// its own log entry, committed on a majority), then commits the small
+/// entry that names them ([`crate::staged`]). No entry passes
+/// [`MAX_LOG_ENTRY_BYTES`].
 pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view: View) -> Answer {
     if !valid_name(&name) {
         return Err(failed(FailureKind::BadRequest, format!("dataset name {name:?}: use 1-128 of [A-Za-z0-9._-]")));
@@ -34,19 +32,22 @@ pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view
     if dataset.manifest.files.is_empty() {
         return Err(failed(FailureKind::BadRequest, format!("dataset {name}: {source} holds no .parquet files")));
     }
-    let cmd = Command::AddDataset { name: name.clone(), view, manifest: dataset.manifest.clone() };
-    let size = serde_json::to_vec(&cmd).map(|b| b.len()).unwrap_or(usize::MAX);
-    if size > MAX_COMMAND_BYTES {
-        return Err(failed(
-            FailureKind::BadRequest,
-            format!(
-                "dataset {name}: its manifest ({} files) encodes to {size} bytes, over the {MAX_COMMAND_BYTES}-byte limit of one log entry",
-                dataset.manifest.files.len()
-            ),
-        ));
+    let version = dataset.manifest.version(&view);
+    let (pieces, add) = Command::registration(&name, &view, &dataset.manifest, ctx.manifest_piece_bytes, wall_ms());
+    drop(dataset);
+    let known = ctx
+        .shared
+        .read(|a| a.cluster.datasets.get(&name).is_some_and(|r| r.versions.iter().any(|v| v.version == version)));
+    if !known {
+        stage(ctx, &name, pieces).await?;
     }
+    fits_one_entry(&name, &add)?;
+    let cmd = add;
     let new = match write(ctx, cmd).await? {
         CommandResult::DatasetAdded { new, .. } => new,
+        CommandResult::DatasetRefused { refused } => {
+            return Err(failed(FailureKind::Unavailable, format!("dataset {name}: {refused}; add it again")));
+        }
         other => return Err(failed(FailureKind::Internal, format!("add applied as {other:?}"))),
     };
     let summary = ctx
@@ -55,6 +56,34 @@ pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view
         .ok_or_else(|| failed(FailureKind::Internal, format!("dataset {name} missing after commit")))?;
     tracing::info!(dataset = %name, version = %summary.version, new, "dataset added");
     Ok(ApiResponse::DatasetAdded { summary, new })
+}
+
+/// Commits every piece of a version's compact manifest, one entry each,
+/// in order.
+async fn stage(ctx: &Ctx, name: &str, pieces: Vec<Command>) -> Result<(), ApiResponse> {
+    for cmd in pieces {
+        fits_one_entry(name, &cmd)?;
+        match write(ctx, cmd).await? {
+            CommandResult::PieceStaged { refused: None } => {}
+            CommandResult::PieceStaged { refused: Some(why) } => {
+                return Err(failed(FailureKind::Unavailable, format!("dataset {name}: {why}")));
+            }
+            other => return Err(failed(FailureKind::Internal, format!("a manifest piece applied as {other:?}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a command whose log entry would pass [`MAX_LOG_ENTRY_BYTES`].
+fn fits_one_entry(name: &str, cmd: &Command) -> Result<(), ApiResponse> {
+    let size = serde_json::to_vec(cmd).map(|b| b.len()).unwrap_or(usize::MAX);
+    if size > MAX_LOG_ENTRY_BYTES {
+        return Err(failed(
+            FailureKind::BadRequest,
+            format!("dataset {name}: a log entry of {size} bytes, over the {MAX_LOG_ENTRY_BYTES}-byte limit"),
+        ));
+    }
+    Ok(())
 }
 
 /// Every dataset, on linearized state.

@@ -10,6 +10,12 @@ use crate::ids::{DatasetVersion, PlanKey, ShardId};
 use crate::view::{TensorLayout, View};
 use xxhash_rust::xxh3::Xxh3;
 
+mod compact;
+mod pieces;
+
+pub use compact::{CompactError, MAGIC as COMPACT_MAGIC};
+pub use pieces::{MANIFEST_PIECE_BYTES, ManifestPieces, PieceError, piece_digest};
+
 /// One row group of a file.
 #[derive(
     Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,

@@ -19,6 +19,7 @@
 //! (about 11 bytes per row group instead of ~45 as JSON objects); a
 //! snapshot of the old form (format 1) still loads.
 
+pub use granary_proto::manifest::Blob;
 use granary_proto::manifest::{MANIFEST_PIECE_BYTES, ManifestPieces, PieceError};
 use granary_proto::{DatasetVersion, Manifest};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -40,28 +41,6 @@ pub const MAX_MANIFEST_PIECES: u32 = 1024;
 pub const STAGED_TTL_MS: u64 = 60 * 60 * 1000;
 
 const _: () = assert!(MANIFEST_PIECE_BYTES / 3 * 4 + 4096 < MAX_LOG_ENTRY_BYTES);
-
-/// Bytes that serialize as one base64 string.
-#[derive(Clone, PartialEq, Eq, Debug, Default)]
-pub struct Blob(pub Vec<u8>);
-
-impl Serialize for Blob {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use base64::Engine;
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for Blob {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use base64::Engine;
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(s.as_bytes())
-            .map(Blob)
-            .map_err(|e| serde::de::Error::custom(format!("not base64: {e}")))
-    }
-}
 
 /// The pieces of one manifest staged so far.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

@@ -1,8 +1,10 @@
 //! Issue 31: a manifest reaches the log as pieces (one entry each) and one
 //! small entry naming them; the state it registers survives a restart
-//! through a snapshot that keeps it compact.
+//! through a snapshot that keeps it compact; nodes fetch it in pieces.
 
-use granary_net::api::{ApiRequest, ApiResponse};
+use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
+use granary_net::client::ClientError;
+use granary_node::fabric::manifest::fetch_manifest;
 use granary_proto::manifest::ManifestPieces;
 use std::time::Duration;
 
@@ -68,6 +70,23 @@ async fn a_manifest_registered_in_pieces_is_whole_after_a_restart_from_a_snapsho
     let f = start_tuned(tmp, Duration::from_secs(30), false, tune).await;
     let (_, after) = f.client("admin").call(&describe).await.expect("describe after the restart");
     let (summary2, manifest2, _) = described(after);
-    assert_eq!((summary2.version, manifest2), (summary.version, manifest));
+    assert_eq!((summary2.version, &manifest2), (summary.version, &manifest));
+    // A node fetches it in pieces, each checked, and gets the same.
+    let node = f.client("node");
+    let (view2, fetched) =
+        fetch_manifest(&node, "ads", summary.version).await.expect("the node fetches the manifest in pieces");
+    assert_eq!((view2, fetched), (view, manifest));
+    // A piece past the last, or of a version never registered, is not found, by name.
+    let past = ApiRequest::ManifestPiece { name: "ads".into(), version: summary.version, index: pieces.count() };
+    match node.call(&past).await {
+        Err(ClientError::Failed { kind: FailureKind::NotFound, message, .. }) => {
+            assert!(message.contains(&format!("no manifest piece {}", pieces.count())), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let unknown = granary_proto::DatasetVersion([7; 16]);
+    let err = fetch_manifest(&node, "ads", unknown).await.expect_err("an unknown version");
+    assert!(err.not_found(), "{err}");
+    assert!(err.to_string().contains(&unknown.to_string()), "{err}");
     f.coordinator.shutdown().await;
 }

@@ -7,6 +7,7 @@
 //! the rule is in one place and tested without a network.
 
 use crate::role::Role;
+use granary_proto::manifest::{Blob, ManifestPieces};
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +68,17 @@ pub enum ApiRequest {
         #[serde(default)]
         version: Option<granary_proto::DatasetVersion>,
     },
+    /// One piece of a registered version's manifest in its compact form
+    /// (linearizable): how nodes fetch a manifest of any size in answers
+    /// of at most [`MANIFEST_PIECE_BYTES`](granary_proto::manifest::MANIFEST_PIECE_BYTES).
+    ManifestPiece {
+        /// Name.
+        name: String,
+        /// The version.
+        version: DatasetVersion,
+        /// The piece (0 first; the answer says how many there are).
+        index: u32,
+    },
     /// Which node owns each shard of a dataset's current version, or of a
     /// held older one (linearizable).
     DescribePlacement {
@@ -108,6 +120,7 @@ impl ApiRequest {
             Self::ListDatasets => "list-datasets",
             Self::DescribeDataset { .. } => "describe-dataset",
             Self::DescribePlacement { .. } => "describe-placement",
+            Self::ManifestPiece { .. } => "manifest-piece",
             Self::HoldVersions { .. } => "hold-versions",
             Self::Status => "status",
             Self::WatchPlacement { .. } => "watch-placement",
@@ -123,6 +136,7 @@ impl ApiRequest {
             Self::AddDataset { .. } | Self::SetNodeWeight { .. } => role == Role::Admin,
             Self::ListDatasets
             | Self::DescribeDataset { .. }
+            | Self::ManifestPiece { .. }
             | Self::DescribePlacement { .. }
             | Self::Status
             | Self::WatchPlacement { .. } => true,
@@ -363,6 +377,19 @@ pub enum ApiResponse {
         manifest: Manifest,
         /// View of that version.
         view: View,
+    },
+    /// `ManifestPiece`.
+    ManifestPiece {
+        /// The version.
+        version: DatasetVersion,
+        /// Its view.
+        view: View,
+        /// How its compact manifest is cut, with each piece's digest.
+        pieces: ManifestPieces,
+        /// The piece's index.
+        index: u32,
+        /// The piece (base64).
+        data: Blob,
     },
     /// `DescribePlacement`.
     Placement(PlacementReport),

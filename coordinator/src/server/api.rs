@@ -153,6 +153,7 @@ async fn handle(ctx: &Arc<Ctx>, req: ApiRequest, peer: std::net::SocketAddr) -> 
         ApiRequest::ListDatasets => datasets::list(ctx).await,
         ApiRequest::DescribeDataset { name, version } => datasets::describe(ctx, name, version).await,
         ApiRequest::DescribePlacement { name, version } => datasets::placement(ctx, name, version).await,
+        ApiRequest::ManifestPiece { name, version, index } => datasets::manifest_piece(ctx, name, version, index).await,
         ApiRequest::Status => status::status(ctx).await,
         ApiRequest::WatchPlacement { .. } => Err(failed(FailureKind::Internal, "watch is served as a stream")),
     };

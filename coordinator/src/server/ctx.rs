@@ -51,6 +51,20 @@ pub(super) struct Ctx {
     pub(super) requests: Arc<Mutex<granary_net::budget::Budget<String>>>,
     /// The byte budget and write deadline of answers.
     pub(super) responses: super::respond::Responses,
+    /// The compact manifests last served in pieces, newest last (at most
+    /// [`COMPACT_CACHED`]): a thousand nodes fetching one version's pieces
+    /// encode it once.
+    pub(super) compact: Mutex<Vec<Compact>>,
+}
+
+/// How many versions' compact manifests a voter keeps for serving pieces.
+pub(super) const COMPACT_CACHED: usize = 4;
+
+/// A version's compact manifest and how it is cut into the pieces served.
+pub(super) struct Compact {
+    pub(super) version: granary_proto::DatasetVersion,
+    pub(super) bytes: Arc<Vec<u8>>,
+    pub(super) pieces: Arc<granary_proto::manifest::ManifestPieces>,
 }
 
 impl Ctx {

@@ -146,7 +146,7 @@ pub struct CoordinatorConfig {
     /// reset. Default 30 s.
     pub response_write_wait: Duration,
     /// Bytes of a manifest's compact form per log entry when a dataset is
-    /// registered (clamped to 1 byte ..
+    /// registered, and per `ManifestPiece` answer (clamped to 1 byte ..
     /// [`MANIFEST_PIECE_BYTES`](granary_proto::manifest::MANIFEST_PIECE_BYTES),
     /// the default). Smaller pieces only make more entries; tests use them
     /// to cut small manifests into many pieces.
@@ -335,6 +335,7 @@ impl Coordinator {
                 MAX_REQUESTS_PER_IDENTITY,
             ))),
             responses: respond::Responses::new(cfg.response_budget_bytes, cfg.response_write_wait),
+            compact: Mutex::new(Vec::new()),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));

@@ -71,6 +71,7 @@ pub(super) fn builds_large_answer(req: &ApiRequest) -> bool {
         req,
         ApiRequest::ListDatasets
             | ApiRequest::DescribeDataset { .. }
+            | ApiRequest::ManifestPiece { .. }
             | ApiRequest::DescribePlacement { .. }
             | ApiRequest::Status
     )

@@ -4,18 +4,19 @@
 //! ask for the owners of each of those versions it serves, and replace
 //! what [`Cluster`] knows.
 
+use super::manifest::fetch_manifest;
 use super::owners::{Cluster, PlacementMap};
 use crate::service::Node;
-use granary_net::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
-use granary_net::client::{ClientError, CoordinatorClient};
+use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
+use granary_net::client::CoordinatorClient;
 use granary_proto::{DatasetVersion, ShardId};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
 
 /// Serves, on `node`, the coordinator's current version of each dataset in
-/// `view` that the node does not serve yet (manifest, source and view come
-/// from `DescribeDataset`; footers are read when first needed). Returns
+/// `view` that the node does not serve yet (manifest and view fetched in
+/// pieces, [`super::manifest`]; footers are read when first needed). Returns
 /// false if one could not be served, so the caller tries again later.
 async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &PlacementView) -> bool {
     let mut all = true;
@@ -23,21 +24,19 @@ async fn open_listed_datasets(node: &Node, client: &CoordinatorClient, view: &Pl
         if node.dataset(*version).is_ok() {
             continue;
         }
-        match client.call(&ApiRequest::DescribeDataset { name: name.clone(), version: None }).await {
-            Ok((_, ApiResponse::Dataset { manifest, view: dview, .. })) => {
-                if manifest.version(&dview) != *version {
-                    tracing::debug!(dataset = %name, "the coordinator's current version moved on; waiting for the next view");
-                    continue;
-                }
+        match fetch_manifest(client, name, *version).await {
+            Ok((dview, manifest)) => {
                 let source = manifest.source.clone();
                 if let Err(e) = node.serve_manifest(name, dview, manifest) {
                     tracing::warn!(dataset = %name, %source, "cannot serve the coordinator's dataset: {e}");
                     all = false;
                 }
             }
-            Ok((_, other)) => tracing::debug!(dataset = %name, "dataset not described: {other:?}"),
+            Err(e) if e.not_found() => {
+                tracing::debug!(dataset = %name, "the listed version is gone; waiting for the next view: {e}");
+            }
             Err(e) => {
-                tracing::warn!(dataset = %name, "cannot describe the dataset: {e}");
+                tracing::warn!(dataset = %name, "cannot fetch the dataset's manifest: {e}");
                 all = false;
             }
         }
@@ -172,19 +171,17 @@ async fn open_pinned(
         if node.dataset(version).is_ok() {
             continue;
         }
-        let ask = ApiRequest::DescribeDataset { name: name.clone(), version: Some(version) };
-        match client.call(&ask).await {
-            Ok((_, ApiResponse::Dataset { manifest, view, .. })) if manifest.version(&view) == version => {
+        match fetch_manifest(client, &name, version).await {
+            Ok((view, manifest)) => {
                 if let Err(e) = node.open_version(&name, view, manifest) {
                     tracing::warn!(dataset = %name, %version, "cannot serve the pinned version: {e}");
                 }
             }
-            Err(ClientError::Failed { kind: FailureKind::NotFound, message, .. }) => {
-                tracing::info!(dataset = %name, %version, "the coordinator has no such version: {message}");
+            Err(e) if e.not_found() => {
+                tracing::info!(dataset = %name, %version, "the coordinator has no such version: {e}");
                 gone.push((name, version));
             }
-            Ok(_) => tracing::warn!(dataset = %name, %version, "the coordinator answered for another version"),
-            Err(e) => tracing::warn!(dataset = %name, %version, "cannot ask for the pinned version: {e}"),
+            Err(e) => tracing::warn!(dataset = %name, %version, "cannot fetch the pinned version's manifest: {e}"),
         }
     }
     gone

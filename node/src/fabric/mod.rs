@@ -29,6 +29,7 @@ mod error;
 mod follow;
 mod holds;
 mod link;
+pub mod manifest;
 pub(crate) mod owners;
 mod read;
 mod server;

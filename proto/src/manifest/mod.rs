@@ -14,7 +14,7 @@ mod compact;
 mod pieces;
 
 pub use compact::{CompactError, MAGIC as COMPACT_MAGIC};
-pub use pieces::{MANIFEST_PIECE_BYTES, ManifestPieces, PieceError, piece_digest};
+pub use pieces::{Blob, MANIFEST_PIECE_BYTES, ManifestPieces, PieceError, piece_digest};
 
 /// One row group of a file.
 #[derive(

@@ -22,6 +22,28 @@ pub fn piece_digest(bytes: &[u8]) -> u128 {
     xxh3_128(bytes)
 }
 
+/// Bytes that serialize as one base64 string.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Blob(pub Vec<u8>);
+
+impl serde::Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine;
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use base64::Engine;
+        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map(Blob)
+            .map_err(|e| serde::de::Error::custom(format!("not base64: {e}")))
+    }
+}
+
 /// How a compact manifest is cut: its length, the size of every piece but
 /// the last, and each piece's digest, in order.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]

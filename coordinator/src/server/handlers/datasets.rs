@@ -2,12 +2,13 @@
 //! describe one version, report a version's placement.
 
 use super::{Answer, leading};
-use crate::server::ctx::{Ctx, failed, linearize, wall_ms, write};
-use crate::staged::MAX_LOG_ENTRY_BYTES;
+use crate::server::ctx::{COMPACT_CACHED, Compact, Ctx, failed, linearize, wall_ms, write};
+use crate::staged::{Blob, MAX_LOG_ENTRY_BYTES};
 use crate::state::{ClusterState, DatasetRecord, VersionRecord};
 use crate::types::{Command, CommandResult};
 use granary_net::api::{ApiResponse, DatasetSummary, FailureKind, PlacementReport, VersionStatus, VersionSummary};
 use granary_proto::DatasetVersion;
+use granary_proto::manifest::ManifestPieces;
 use granary_proto::view::View;
 use granary_source::dataset::Dataset;
 use granary_source::remote::{Remote, RemoteCounters};
@@ -107,6 +108,52 @@ pub(in crate::server) async fn describe(ctx: &Ctx, name: String, version: Option
             _ => Err(failed(FailureKind::NotFound, format!("no dataset named {name:?}"))),
         }
     })
+}
+
+/// Piece `index` of `version`'s compact manifest, with the view and the
+/// cut, on linearized state (a node that saw the version anywhere finds it).
+pub(in crate::server) async fn manifest_piece(ctx: &Ctx, name: String, version: DatasetVersion, index: u32) -> Answer {
+    linearize(ctx).await?;
+    let cached = {
+        let cache = ctx.compact.lock().unwrap_or_else(|p| p.into_inner());
+        cache.iter().find(|c| c.version == version).map(|c| (c.bytes.clone(), c.pieces.clone()))
+    };
+    let (view, cut) = ctx.shared.read(|a| {
+        let r = a
+            .cluster
+            .datasets
+            .get(&name)
+            .ok_or_else(|| failed(FailureKind::NotFound, format!("no dataset named {name:?}")))?;
+        let v = version_of(r, Some(version)).ok_or_else(|| no_version(&name, Some(version)))?;
+        // Encoded under the state's lock only when no cached copy exists.
+        let cut = match cached {
+            Some(c) => c,
+            None => {
+                let bytes = v.manifest.to_compact();
+                let pieces = ManifestPieces::cut(&bytes, ctx.manifest_piece_bytes);
+                (Arc::new(bytes), Arc::new(pieces))
+            }
+        };
+        Ok::<_, ApiResponse>((v.view.clone(), cut))
+    })?;
+    let (bytes, pieces) = cut;
+    {
+        let mut cache = ctx.compact.lock().unwrap_or_else(|p| p.into_inner());
+        if !cache.iter().any(|c| c.version == version) {
+            if cache.len() >= COMPACT_CACHED {
+                cache.remove(0);
+            }
+            cache.push(Compact { version, bytes: bytes.clone(), pieces: pieces.clone() });
+        }
+    }
+    let range = pieces.range(index).ok_or_else(|| {
+        failed(
+            FailureKind::NotFound,
+            format!("dataset {name:?} version {version}: no manifest piece {index} (it has {})", pieces.count()),
+        )
+    })?;
+    let data = Blob(bytes[range.start as usize..range.end as usize].to_vec());
+    Ok(ApiResponse::ManifestPiece { version, view, pieces: (*pieces).clone(), index, data })
 }
 
 /// Who owns each shard of a version (and, for the current one, the nodes

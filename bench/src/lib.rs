@@ -16,6 +16,9 @@
 //!   equal nodes, then one leave and one join (the clock-reading half of `granary_proto::placement`).
 //! - [`failover`] — `granary bench failover`: leader kills in a coordinator
 //!   group of real processes; election and commit times; durability.
+//! - [`scale`] — `granary bench scale`: the coordinator with a dataset of
+//!   many row groups on many simulated nodes: registration, log entries,
+//!   snapshots, re-placement, watch bytes, failover (issue 31).
 //! - [`report`] — conditions (commit, cores, flags) and output.
 //! - [`plot`] — `--plot out.svg`: rows/s per epoch per scenario, the ceiling dashed.
 
@@ -28,3 +31,4 @@ pub mod placement;
 pub mod plot;
 pub mod python;
 pub mod report;
+pub mod scale;

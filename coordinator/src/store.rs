@@ -197,6 +197,8 @@ struct Inner {
     /// The last purged index plus one (0: nothing purged), so an append
     /// can tell without a read whether the snapshot must catch up first.
     purged_next: AtomicU64,
+    /// Bytes of the largest entry appended since the store was opened.
+    largest_entry: Arc<AtomicU64>,
 }
 
 impl Inner {
@@ -261,6 +263,12 @@ impl Debug for LogStore {
 }
 
 impl LogStore {
+    /// Bytes of the largest entry appended since the store was opened (the
+    /// `log_entry_max_bytes` metric), shared.
+    pub fn largest_entry(&self) -> Arc<AtomicU64> {
+        self.inner.largest_entry.clone()
+    }
+
     /// Creates the redb file at `path` (for example `DIR/raft.redb`), or opens
     /// it if it exists. The folder must exist.
     ///
@@ -298,7 +306,13 @@ impl LogStore {
     }
 
     fn from_db(db: Database, path: &Path, snapshots: DurableSnapshot) -> Result<Self, StoreError> {
-        let inner = Inner { db, path: path.to_path_buf(), snapshots, purged_next: AtomicU64::new(0) };
+        let inner = Inner {
+            db,
+            path: path.to_path_buf(),
+            snapshots,
+            purged_next: AtomicU64::new(0),
+            largest_entry: Arc::new(AtomicU64::new(0)),
+        };
         // Create both tables up front so that read transactions never meet a
         // missing table, and bring the purge back to the durable snapshot.
         let txn = inner.db.begin_write().map_err(|e| inner.redb(e))?;
@@ -531,6 +545,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|e| encode("log entry", &e).map(|bytes| (e.log_id.index, bytes)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(write_logs_err)?;
+        let largest = encoded.iter().map(|(_, b)| b.len() as u64).max().unwrap_or(0);
+        self.inner.largest_entry.fetch_max(largest, Ordering::Relaxed);
         if encoded.is_empty() {
             // Nothing to make durable; spare the fsync.
             callback.log_io_completed(Ok(()));

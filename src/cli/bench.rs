@@ -7,6 +7,8 @@
 //! - `placement`: the placement function at cluster scale.
 //! - `cluster`: 1, 2 and 4 node daemons with a coordinator on loopback.
 //! - `failover`: leader kills in a coordinator group of real processes.
+//! - `scale`: a dataset of many row groups on many simulated nodes against
+//!   a coordinator group of real processes (issue 31).
 //! - `quic-serve` (hidden): the bare-QUIC peer `cluster` measures against.
 
 use anyhow::{Context, Result};
@@ -49,6 +51,35 @@ pub(crate) enum BenchCommand {
         /// Largest answer, bytes.
         #[arg(long)]
         bytes: u64,
+    },
+    /// A coordinator group (real processes) with a dataset of many row
+    /// groups and many simulated nodes: registration against its footer
+    /// reads, log entry and snapshot sizes, snapshot install, voter memory,
+    /// re-placement on a leave and a join with the API's latency meanwhile,
+    /// watch bytes per node, failover. Runs a tenth of the size first, to
+    /// show how cost grows.
+    Scale {
+        /// Row groups of the dataset.
+        #[arg(long, default_value_t = 1_000_000)]
+        row_groups: u64,
+        /// Files they are spread over.
+        #[arg(long, default_value_t = 20_000)]
+        files: u64,
+        /// Simulated nodes.
+        #[arg(long, default_value_t = 1_000)]
+        nodes: u64,
+        /// Skip the run at a tenth of the size.
+        #[arg(long)]
+        no_growth: bool,
+        /// Election timeout of the voters, ms.
+        #[arg(long, default_value_t = 500)]
+        election_timeout_ms: u64,
+        /// Node lease, ms (heartbeats every quarter of it).
+        #[arg(long, default_value_t = 10_000)]
+        lease_ms: u64,
+        /// JSON lines: one per run, the summary last.
+        #[arg(long)]
+        json: bool,
     },
     /// Kill the leader of a coordinator group (real processes) again and
     /// again: time to a new leader and to a committed write; no
@@ -210,6 +241,10 @@ pub(crate) fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Failover { voters, rounds, election_timeout_ms, heartbeat_ms, json } => {
             let opts = granary_bench::failover::FailoverOpts { voters, rounds, election_timeout_ms, heartbeat_ms };
             bench_failover(&opts, json)
+        }
+        BenchCommand::Scale { row_groups, files, nodes, no_growth, election_timeout_ms, lease_ms, json } => {
+            let big = granary_bench::scale::ScaleOpts { row_groups, files, nodes, election_timeout_ms, lease_ms };
+            super::bench_scale::run(big, !no_growth, json)
         }
     }
 }

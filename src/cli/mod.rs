@@ -13,7 +13,8 @@
 //!   the coordinators.
 //! - [`stats`]: `granary stats`, one node's counters.
 //! - [`doctor`]: `granary doctor`, which stage bounds a running job.
-//! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`.
+//! - [`bench`](mod@bench): `granary bench local|placement|cluster|failover`;
+//!   [`bench_scale`] prints `granary bench scale`.
 //! - [`view`]: `granary view check`, a view against a source before deploying it.
 //! - [`trainer`]: the hidden `granary trainer`, one rank driven by the demo
 //!   and the benchmarks.
@@ -23,6 +24,7 @@
 //! `status` use `connect`, and `status` prints `dataset`'s table.
 
 pub(crate) mod bench;
+pub(crate) mod bench_scale;
 pub(crate) mod certs;
 pub(crate) mod connect;
 pub(crate) mod coordinator;

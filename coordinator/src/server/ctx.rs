@@ -55,6 +55,8 @@ pub(super) struct Ctx {
     /// [`COMPACT_CACHED`]): a thousand nodes fetching one version's pieces
     /// encode it once.
     pub(super) compact: Mutex<Vec<Compact>>,
+    /// Bytes of the largest log entry this voter appended since it started.
+    pub(super) largest_entry: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How many versions' compact manifests a voter keeps for serving pieces.

@@ -61,6 +61,14 @@ impl Collector for VoterCollector {
             index(m.current_leader.map(|l| l.0)),
         )?;
         gauge(e, "last_log_index", "The last index in this voter's log (-1: empty)", None, index(m.last_log_index))?;
+        let largest = self.ctx.largest_entry.load(std::sync::atomic::Ordering::Relaxed);
+        gauge(
+            e,
+            "log_entry_max",
+            "The largest log entry this voter appended since it started (its encoding)",
+            Some(&Unit::Bytes),
+            i64::try_from(largest).unwrap_or(i64::MAX),
+        )?;
         gauge(
             e,
             "applied_index",

@@ -258,6 +258,7 @@ impl Coordinator {
             .map_err(|source| StartError::DataDir { path: cfg.data_dir.clone(), source })?;
         let sm = StateMachineStore::open(&cfg.data_dir)?;
         let log = LogStore::open(&cfg.data_dir.join("raft.redb"), sm.durable_snapshot())?;
+        let largest_entry = log.largest_entry();
         let shared = sm.shared();
 
         let server = cfg.identity.server_config(&[ALPN_API, ALPN_RAFT])?;
@@ -336,6 +337,7 @@ impl Coordinator {
             ))),
             responses: respond::Responses::new(cfg.response_budget_bytes, cfg.response_write_wait),
             compact: Mutex::new(Vec::new()),
+            largest_entry,
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));

@@ -1,0 +1,683 @@
+//! `granary bench scale`: where the coordinator's walls are for a dataset
+//! of many row groups on many nodes (issue 31).
+//!
+//! One run: a synthetic store of `files` Parquet files holding `row_groups`
+//! one-row row groups of one column (real footers, almost no data, so the
+//! run measures the coordinator and not the disk); three voters as
+//! processes; `nodes` simulated nodes (light clients in this process)
+//! registering and heartbeating; then the dataset registered; then one
+//! follower stopped and restarted behind the leader's purged log (it
+//! installs a snapshot); one node leaving
+//! (its heartbeats stop) and one joining; then a leader kill. Every figure
+//! is measured, none derived from a model:
+//! - `register_s`: the `dataset add` call, against `footers_s`, the same
+//!   footer reads in this process (the bound registration cannot beat);
+//! - `log_entry_max_bytes`: the voters' `log_entry_max_bytes` metric;
+//! - `snapshot_bytes`: the leader's snapshot file holding the version;
+//! - `snapshot_install_s`: a follower stopped until the leader purged
+//!   its log past what the follower holds, from its restart to it having
+//!   applied what the leader had (it installs a snapshot);
+//! - `voter_rss_bytes`: the largest peak RSS (`VmHWM`) of the voters;
+//! - `replace_s`: a leave (from its lease running out to the status showing
+//!   it gone) and a join (the registration's commit);
+//! - `api_p99_ms`: heartbeats answered while those two happen;
+//! - `watch_bytes_per_node`: what a node receives for the leave (the watch
+//!   view and the owners it asks for), against its share of the moved
+//!   shards' entries;
+//! - `failover_s`: from the leader kill to a committed write.
+
+use anyhow::{Context, Result, bail};
+use granary_net::api::{ApiRequest, ApiResponse, ClusterStatus, PlacementReport};
+use granary_net::client::{ClientOptions, CoordinatorClient};
+use granary_net::frame::encode_frame;
+use granary_net::tls::{self, Identity};
+use granary_proto::{DType, NodeId, TensorSpec, View};
+use granary_testkit::harness::{CoordinatorProcess, VoterSpec, reserve_tcp_port, reserve_udp_port};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Knobs of one scale run.
+#[derive(Clone, Debug)]
+pub struct ScaleOpts {
+    /// Row groups in the dataset.
+    pub row_groups: u64,
+    /// Files they are spread over.
+    pub files: u64,
+    /// Simulated nodes.
+    pub nodes: u64,
+    /// Election timeout lower bound of the voters.
+    pub election_timeout_ms: u64,
+    /// Node lease; heartbeats go every quarter of it.
+    pub lease_ms: u64,
+}
+
+/// One run's figures (`"scenario":"scale"`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleRun {
+    /// Always "scale".
+    pub scenario: &'static str,
+    /// Row groups registered.
+    pub row_groups: u64,
+    /// Files.
+    pub files: u64,
+    /// Simulated nodes.
+    pub nodes: u64,
+    /// Writing the synthetic store (not part of any figure).
+    pub generate_s: f64,
+    /// Registering the simulated nodes (no dataset yet).
+    pub nodes_register_s: f64,
+    /// Reading every footer in this process: the bound of `register_s`.
+    pub footers_s: f64,
+    /// The `dataset add` call.
+    pub register_s: f64,
+    /// The largest log entry any voter appended.
+    pub log_entry_max_bytes: u64,
+    /// The leader's snapshot file once it holds the version.
+    pub snapshot_bytes: u64,
+    /// `snapshot_bytes` over `row_groups`.
+    pub snapshot_bytes_per_row_group: f64,
+    /// A follower behind the leader's purged log, from its restart to
+    /// having applied what the leader had.
+    pub snapshot_install_s: f64,
+    /// The largest peak RSS of the voters.
+    pub voter_rss_bytes: u64,
+    /// A leave: from the lease running out to the status showing the node
+    /// gone.
+    pub replace_leave_s: f64,
+    /// A join: the registration's commit.
+    pub replace_join_s: f64,
+    /// Heartbeats answered during the leave and the join: 99th percentile.
+    pub api_p99_ms: f64,
+    /// The slowest of them.
+    pub api_max_ms: f64,
+    /// Heartbeats over the whole run that failed.
+    pub heartbeats_failed: u64,
+    /// Heartbeats over the whole run.
+    pub heartbeats: u64,
+    /// Shards whose owner the leave changed.
+    pub moved_shards: u64,
+    /// Bytes a node receives for the leave: the watch view and the owners
+    /// it asks for.
+    pub watch_bytes_per_node: u64,
+    /// `watch_bytes_per_node` over a node's share of the moved shards'
+    /// entries (moved / nodes left, at the bytes an entry takes).
+    pub watch_bytes_per_node_over_share: f64,
+    /// From the leader kill to a committed write.
+    pub failover_s: f64,
+    /// `failover_s` over the election timeout.
+    pub failover_vs_election_timeout: f64,
+}
+
+struct Voters {
+    exe: PathBuf,
+    dir: PathBuf,
+    certs: PathBuf,
+    specs: Vec<VoterSpec>,
+    metrics: Vec<SocketAddr>,
+    extra: Vec<String>,
+    procs: Vec<Option<CoordinatorProcess>>,
+}
+
+impl Voters {
+    fn start(&mut self, id: u64) -> Result<()> {
+        let i = (id - 1) as usize;
+        let mut extra = self.extra.clone();
+        extra.extend(["--metrics".to_string(), self.metrics[i].to_string()]);
+        let log = self.dir.join(format!("voter-{id}.log"));
+        let p = CoordinatorProcess::spawn(
+            &self.exe,
+            &self.specs[i],
+            &self.specs,
+            &self.certs,
+            &extra,
+            &log,
+            Duration::from_secs(60),
+        )?;
+        self.procs[i] = Some(p);
+        Ok(())
+    }
+
+    fn kill(&mut self, id: u64) {
+        if let Some(p) = self.procs[(id - 1) as usize].take() {
+            p.kill();
+        }
+    }
+
+    fn client(&self, name: &str, only: Option<u64>, deadline: Duration) -> Result<CoordinatorClient> {
+        let identity = Identity::load(&self.certs, name)?;
+        let addrs = self.specs.iter().filter(|s| only.is_none_or(|o| s.id == o)).map(|s| s.addr).collect();
+        let options = ClientOptions {
+            deadline,
+            connect_timeout: Duration::from_millis(500),
+            backoff: Duration::from_millis(20),
+            attempt_timeout: deadline,
+        };
+        Ok(CoordinatorClient::new(&identity, addrs, options)?)
+    }
+
+    /// The largest `VmHWM` of the running voters.
+    fn peak_rss(&self) -> u64 {
+        self.procs.iter().flatten().map(|p| vm_hwm(p.pid())).max().unwrap_or(0)
+    }
+}
+
+fn vm_hwm(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// A gauge's value from a voter's `/metrics` (plain HTTP/1.0).
+fn scrape(addr: SocketAddr, name: &str) -> Result<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .with_context(|| format!("{addr} exports no {name}"))
+}
+
+/// Writes `files` files of one float column `x` holding `row_groups` one-row
+/// row groups in all, on every core.
+fn generate_store(dir: &Path, files: u64, row_groups: u64) -> Result<()> {
+    use arrow::array::Float32Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::{EnabledStatistics, WriterProperties};
+    std::fs::create_dir_all(dir)?;
+    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float32, false)]));
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let schema = schema.clone();
+                scope.spawn(move || -> Result<()> {
+                    for f in (t..files).step_by(threads as usize) {
+                        // The first files take the remainder.
+                        let groups = row_groups / files + u64::from(f < row_groups % files);
+                        let props = WriterProperties::builder()
+                            .set_max_row_group_row_count(Some(1))
+                            .set_statistics_enabled(EnabledStatistics::None)
+                            .build();
+                        let path = dir.join(format!("part-{f:06}.parquet"));
+                        let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), Some(props))?;
+                        let values: Vec<f32> = (0..groups).map(|g| g as f32).collect();
+                        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Float32Array::from(values))])?;
+                        w.write(&batch)?;
+                        w.close()?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| anyhow::anyhow!("a generator thread panicked"))??;
+        }
+        Ok(())
+    })
+}
+
+fn view() -> View {
+    View { tensors: vec![TensorSpec::new("x", DType::F32, &["x"])] }
+}
+
+/// Heartbeats of the simulated nodes: each beats every quarter lease; each
+/// answer's time and latency are kept.
+struct Beats {
+    stopped: Vec<AtomicBool>,
+    /// (sent, latency, ok)
+    log: Mutex<Vec<(Instant, Duration, bool)>>,
+    last_ok: Vec<Mutex<Option<Instant>>>,
+    done: AtomicBool,
+}
+
+async fn beat(client: Arc<CoordinatorClient>, beats: Arc<Beats>, node: u64, incarnation: u64, every: Duration) {
+    let i = (node - 1) as usize;
+    // Spread the nodes over the period.
+    tokio::time::sleep(every.mul_f64((node % 97) as f64 / 97.0)).await;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !beats.done.load(Ordering::Relaxed) {
+        tick.tick().await;
+        if beats.stopped[i].load(Ordering::Relaxed) {
+            continue;
+        }
+        let sent = Instant::now();
+        let r = client.call(&ApiRequest::Heartbeat { node: NodeId(node), incarnation }).await;
+        let ok = matches!(r, Ok((_, ApiResponse::HeartbeatAccepted { .. })));
+        if ok {
+            *beats.last_ok[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(sent);
+        }
+        beats.log.lock().unwrap_or_else(|p| p.into_inner()).push((sent, sent.elapsed(), ok));
+    }
+}
+
+async fn register(c: &CoordinatorClient, node: u64) -> Result<u64> {
+    let req = ApiRequest::RegisterNode {
+        node: NodeId(node),
+        addr: format!("10.0.{}.{}:7100", node / 250, node % 250),
+        ram_bytes: 1 << 30,
+        ssd_bytes: 0,
+        registration: node,
+    };
+    match c.call(&req).await? {
+        (_, ApiResponse::Registered { incarnation, .. }) => Ok(incarnation),
+        (_, other) => bail!("register answered {other:?}"),
+    }
+}
+
+async fn status(c: &CoordinatorClient) -> Result<ClusterStatus> {
+    match c.call(&ApiRequest::Status).await? {
+        (_, ApiResponse::Status(s)) => Ok(s),
+        (_, other) => bail!("status answered {other:?}"),
+    }
+}
+
+async fn placement(c: &CoordinatorClient) -> Result<(PlacementReport, u64)> {
+    match c.call(&ApiRequest::DescribePlacement { name: "scale".into(), version: None }).await? {
+        (_, r @ ApiResponse::Placement(_)) => {
+            let bytes = encode_frame(&r)?.len() as u64;
+            let ApiResponse::Placement(p) = r else { unreachable!("matched above") };
+            Ok((p, bytes))
+        }
+        (_, other) => bail!("placement answered {other:?}"),
+    }
+}
+
+fn p99(mut v: Vec<f64>) -> (f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+    (v[i], v[v.len() - 1])
+}
+
+/// Runs one scale run with the `granary` binary at `exe`; `say` gets one
+/// line of progress per step.
+pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<ScaleRun> {
+    if opts.files == 0 || opts.row_groups < opts.files || opts.nodes < 3 {
+        bail!("need at least one row group per file and 3 nodes");
+    }
+    let tmp = tempfile::tempdir()?;
+    let store = tmp.path().join("store");
+    say(&format!("writing {} row groups in {} files", opts.row_groups, opts.files));
+    let t = Instant::now();
+    generate_store(&store, opts.files, opts.row_groups)?;
+    let generate_s = t.elapsed().as_secs_f64();
+    let source = format!("file://{}/", store.display());
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let _runtime = rt.enter();
+    say("reading every footer in this process (the bound of registration)");
+    let t = Instant::now();
+    let remote = granary_source::remote::Remote::open(
+        &source,
+        &Default::default(),
+        None,
+        Arc::new(granary_source::remote::RemoteCounters::default()),
+    )?;
+    let dataset = rt.block_on(granary_source::dataset::Dataset::open("scale", remote, view()))?;
+    let footers_s = t.elapsed().as_secs_f64();
+    let version = dataset.manifest.version(&view());
+    drop(dataset);
+
+    let certs = tmp.path().join("certs");
+    tls::init_cluster(&certs)?;
+    for id in 1..=3 {
+        tls::issue_bound(&certs, tls::Role::Coordinator, &format!("coordinator-{id}"), Some(id))?;
+    }
+    let specs = (1..=3)
+        .map(|id| {
+            Ok(VoterSpec {
+                id,
+                addr: reserve_udp_port()?,
+                data_dir: tmp.path().join(format!("voter-{id}")),
+                name: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut voters = Voters {
+        exe: exe.to_path_buf(),
+        dir: tmp.path().to_path_buf(),
+        certs: certs.clone(),
+        metrics: (0..3).map(|_| reserve_tcp_port()).collect::<Result<_>>()?,
+        specs,
+        extra: vec![
+            "--election-timeout-ms".into(),
+            opts.election_timeout_ms.to_string(),
+            "--lease-ms".into(),
+            opts.lease_ms.to_string(),
+            // A snapshot soon after the dataset's entries, and a log kept
+            // short behind it, so the wiped follower must install one.
+            "--snapshot-entries".into(),
+            "10".into(),
+            "--keep-log-entries".into(),
+            "10".into(),
+            "--allow-unbound-node-certs".into(),
+        ],
+        procs: (0..3).map(|_| None).collect(),
+    };
+    say("starting 3 voters");
+    for id in 1..=3 {
+        voters.start(id)?;
+    }
+    let admin = voters.client("admin", None, Duration::from_secs(3600))?;
+    let nodes = Arc::new(voters.client("node", None, Duration::from_secs(10))?);
+    let leader = rt.block_on(async {
+        let t = Instant::now();
+        loop {
+            match status(&admin).await {
+                Ok(s) if s.leader.is_some() => return s.leader.context("leader"),
+                _ if t.elapsed() > Duration::from_secs(30) => bail!("no leader within 30 s"),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })?;
+
+    say(&format!("registering {} nodes", opts.nodes));
+    let t = Instant::now();
+    let incarnations: Vec<u64> = rt.block_on(async {
+        use futures::StreamExt;
+        futures::stream::iter(1..=opts.nodes)
+            .map(|n| {
+                let c = nodes.clone();
+                async move { register(&c, n).await }
+            })
+            .buffered(16)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let nodes_register_s = t.elapsed().as_secs_f64();
+    let beats = Arc::new(Beats {
+        stopped: (0..opts.nodes + 1).map(|_| AtomicBool::new(false)).collect(),
+        log: Mutex::new(Vec::new()),
+        last_ok: (0..opts.nodes + 1).map(|_| Mutex::new(None)).collect(),
+        done: AtomicBool::new(false),
+    });
+    let every = Duration::from_millis(opts.lease_ms / 4);
+    for (i, inc) in incarnations.iter().enumerate() {
+        rt.spawn(beat(nodes.clone(), beats.clone(), i as u64 + 1, *inc, every));
+    }
+
+    say(&format!("registering the dataset ({} row groups)", opts.row_groups));
+    let t = Instant::now();
+    let add = ApiRequest::AddDataset { name: "scale".into(), source, view: view() };
+    match rt.block_on(admin.call(&add))? {
+        (_, ApiResponse::DatasetAdded { summary, .. }) if summary.version == version => {}
+        (_, other) => bail!("dataset add answered {other:?}"),
+    }
+    let register_s = t.elapsed().as_secs_f64();
+
+    say("waiting for the leader's snapshot to hold the version");
+    let snap = voters.specs[(leader - 1) as usize].data_dir.join("snapshot.json");
+    let t = Instant::now();
+    let mut spare = 0u64;
+    let snapshot_bytes = loop {
+        if let Ok(text) = std::fs::read_to_string(&snap)
+            && text.contains(&version.to_hex())
+        {
+            break text.len() as u64;
+        }
+        if t.elapsed() > Duration::from_secs(600) {
+            bail!("no snapshot with the version within 600 s");
+        }
+        // Snapshots follow log entries, and heartbeats are none: write
+        // entries that change no placement (the weight of a node id no node
+        // has) until the next snapshot is taken.
+        let weight = ApiRequest::SetNodeWeight { node: NodeId(u64::MAX), weight: Some(1 + spare % 2) };
+        spare += 1;
+        rt.block_on(admin.call(&weight))?;
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    let follower = (1..=3).find(|&id| id != leader).unwrap_or(1);
+    let leader_metrics = voters.metrics[(leader - 1) as usize];
+    let metrics = voters.metrics[(follower - 1) as usize];
+    say(&format!("stopping voter {follower} until the leader's log no longer holds what it lacks"));
+    let behind = scrape(metrics, "granary_coordinator_applied_index")?;
+    voters.kill(follower);
+    // Entries that change no placement, until the leader purged past the
+    // stopped voter's last entry: it must then install a snapshot. (A
+    // voter whose folder is wiped must rejoin under a new id: a Raft voter
+    // may not forget what it acknowledged.)
+    while scrape(leader_metrics, "granary_coordinator_purged_index").unwrap_or(0) <= behind {
+        let weight = ApiRequest::SetNodeWeight { node: NodeId(u64::MAX), weight: Some(1 + spare % 2) };
+        spare += 1;
+        rt.block_on(admin.call(&weight))?;
+        if spare > 10_000 {
+            bail!("the leader did not purge its log past {behind} after 10,000 entries");
+        }
+    }
+    rt.block_on(admin.call(&ApiRequest::SetNodeWeight { node: NodeId(u64::MAX), weight: None }))?;
+    let target = scrape(leader_metrics, "granary_coordinator_applied_index")?;
+    say(&format!("restarting voter {follower} (it installs the snapshot)"));
+    let t = Instant::now();
+    voters.start(follower)?;
+    // Its own view, from its metrics (a status request would be answered
+    // through the leader).
+    loop {
+        match scrape(metrics, "granary_coordinator_applied_index") {
+            Ok(applied) if applied >= target => break,
+            _ if t.elapsed() > Duration::from_secs(600) => bail!("voter {follower} did not catch up in 600 s"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let snapshot_install_s = t.elapsed().as_secs_f64();
+
+    let (before, _) = rt.block_on(placement(&admin))?;
+    let mut watch = rt.block_on(nodes.watch(0))?;
+    rt.block_on(async {
+        // The first view: what the node already had.
+        watch.next().await
+    })?;
+    let leaver = opts.nodes;
+    say(&format!("node {leaver} leaves (its heartbeats stop)"));
+    beats.stopped[(leaver - 1) as usize].store(true, Ordering::Relaxed);
+    let last =
+        beats.last_ok[(leaver - 1) as usize].lock().unwrap_or_else(|p| p.into_inner()).unwrap_or_else(Instant::now);
+    let expires = last + Duration::from_millis(opts.lease_ms);
+    let window_start = expires;
+    let gone = rt.block_on(async {
+        loop {
+            let s = status(&admin).await?;
+            if s.nodes.iter().any(|n| n.node == NodeId(leaver) && !n.live) {
+                return Ok::<_, anyhow::Error>(Instant::now());
+            }
+            if last.elapsed() > Duration::from_secs(600) {
+                bail!("node {leaver} still live 600 s after its last heartbeat");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })?;
+    let replace_leave_s = gone.saturating_duration_since(expires).as_secs_f64();
+    let view_bytes = rt.block_on(async {
+        loop {
+            match watch.next().await? {
+                Some(v) if !v.nodes.iter().any(|n| n.node == NodeId(leaver) && n.live) => {
+                    return Ok::<_, anyhow::Error>(encode_frame(&ApiResponse::PlacementChanged(v))?.len() as u64);
+                }
+                Some(_) => continue,
+                None => bail!("the watch ended"),
+            }
+        }
+    })?;
+    let (after, owners_bytes) = rt.block_on(placement(&admin))?;
+    let moved_shards = before.owners.iter().zip(&after.owners).filter(|(a, b)| a.2 != b.2).count() as u64;
+    let watch_bytes_per_node = view_bytes + owners_bytes;
+    let entry_bytes = owners_bytes as f64 / after.owners.len().max(1) as f64;
+    let share_bytes = (moved_shards as f64 / (opts.nodes - 1) as f64) * entry_bytes;
+
+    say(&format!("node {} joins", opts.nodes + 1));
+    let t = Instant::now();
+    let joined = rt.block_on(register(&nodes, opts.nodes + 1))?;
+    let replace_join_s = t.elapsed().as_secs_f64();
+    let window_end = Instant::now();
+    rt.spawn(beat(nodes.clone(), beats.clone(), opts.nodes + 1, joined, every));
+    let (api_p99_ms, api_max_ms) = {
+        let log = beats.log.lock().unwrap_or_else(|p| p.into_inner());
+        p99(log
+            .iter()
+            .filter(|(sent, lat, _)| *sent + *lat >= window_start && *sent <= window_end)
+            .map(|(_, lat, _)| lat.as_secs_f64() * 1e3)
+            .collect())
+    };
+
+    let leader = rt.block_on(status(&admin))?.leader.context("no leader")?;
+    say(&format!("killing the leader (voter {leader})"));
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    let writer = voters.client("node", Some(survivors[0]), Duration::from_secs(60))?;
+    let writer2 = voters.client("node", Some(survivors[1]), Duration::from_secs(60))?;
+    let t = Instant::now();
+    voters.kill(leader);
+    rt.block_on(async {
+        let hold = |n: u64, inc: u64| ApiRequest::HoldVersions { node: NodeId(n), incarnation: inc, versions: vec![] };
+        loop {
+            let req = hold(1, incarnations[0]);
+            let done = tokio::select! {
+                r = writer.call(&req) => r,
+                r = writer2.call(&req) => r,
+            };
+            match done {
+                Ok((_, ApiResponse::VersionsHeld { .. })) => return Ok(()),
+                _ if t.elapsed() > Duration::from_secs(120) => bail!("no write committed within 120 s of the kill"),
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    })?;
+    let failover_s = t.elapsed().as_secs_f64();
+    let voter_rss_bytes = voters.peak_rss();
+    let log_entry_max_bytes = survivors
+        .iter()
+        .filter_map(|&id| scrape(voters.metrics[(id - 1) as usize], "granary_coordinator_log_entry_max_bytes").ok())
+        .max()
+        .unwrap_or(0);
+    beats.done.store(true, Ordering::Relaxed);
+    let (heartbeats, heartbeats_failed) = {
+        let log = beats.log.lock().unwrap_or_else(|p| p.into_inner());
+        (log.len() as u64, log.iter().filter(|b| !b.2).count() as u64)
+    };
+    for id in 1..=3 {
+        voters.kill(id);
+    }
+    if std::env::var_os("GRANARY_BENCH_KEEP").is_some() {
+        let kept = tmp.keep();
+        say(&format!("voter folders and logs kept in {}", kept.display()));
+    }
+    Ok(ScaleRun {
+        scenario: "scale",
+        row_groups: opts.row_groups,
+        files: opts.files,
+        nodes: opts.nodes,
+        generate_s,
+        nodes_register_s,
+        footers_s,
+        register_s,
+        log_entry_max_bytes,
+        snapshot_bytes,
+        snapshot_bytes_per_row_group: snapshot_bytes as f64 / opts.row_groups as f64,
+        snapshot_install_s,
+        voter_rss_bytes,
+        replace_leave_s,
+        replace_join_s,
+        api_p99_ms,
+        api_max_ms,
+        heartbeats_failed,
+        heartbeats,
+        moved_shards,
+        watch_bytes_per_node,
+        watch_bytes_per_node_over_share: watch_bytes_per_node as f64 / share_bytes.max(1e-9),
+        failover_s,
+        failover_vs_election_timeout: failover_s * 1e3 / opts.election_timeout_ms as f64,
+    })
+}
+
+/// The last line (`"scenario":"summary"`): the largest run against the
+/// issue's targets, and how its costs grew from the run a tenth its size.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleSummary {
+    /// Always "summary".
+    pub scenario: &'static str,
+    /// Row groups of the largest run.
+    pub row_groups: u64,
+    /// Its nodes.
+    pub nodes: u64,
+    /// Its registration.
+    pub register_s: f64,
+    /// Its registration over its footer reads.
+    pub register_over_footers: f64,
+    /// Target ≤ 1 MiB.
+    pub log_entry_max_bytes: u64,
+    /// Target ≤ 64.
+    pub snapshot_bytes_per_row_group: f64,
+    /// A wiped follower catching up.
+    pub snapshot_install_s: f64,
+    /// Target ≤ 2 GiB.
+    pub voter_rss_bytes: u64,
+    /// The slower of the leave's and the join's re-placement.
+    pub replace_s: f64,
+    /// Target ≤ 50.
+    pub api_p99_ms: f64,
+    /// Target ≤ 2.
+    pub watch_bytes_per_node_over_share: f64,
+    /// Target ≤ 2.
+    pub failover_vs_election_timeout: f64,
+    /// Size of the largest run over the smaller one's (row groups), or
+    /// `None` without a smaller run.
+    pub size_ratio: Option<f64>,
+    /// `register_s`, `snapshot_bytes`, `voter_rss_bytes` and `replace_s` of
+    /// the largest run over the smaller one's (linear growth: at most
+    /// `size_ratio`).
+    pub register_growth: Option<f64>,
+    /// See `register_growth`.
+    pub snapshot_growth: Option<f64>,
+    /// See `register_growth`.
+    pub rss_growth: Option<f64>,
+    /// See `register_growth`.
+    pub replace_growth: Option<f64>,
+}
+
+impl ScaleSummary {
+    /// The summary of `big`, with growth from `small` where it ran.
+    pub fn of(small: Option<&ScaleRun>, big: &ScaleRun) -> Self {
+        let replace = |r: &ScaleRun| r.replace_leave_s.max(r.replace_join_s);
+        let grow = |f: &dyn Fn(&ScaleRun) -> f64| small.map(|s| f(big) / f(s).max(1e-9));
+        ScaleSummary {
+            scenario: "summary",
+            row_groups: big.row_groups,
+            nodes: big.nodes,
+            register_s: big.register_s,
+            register_over_footers: big.register_s / big.footers_s.max(1e-9),
+            log_entry_max_bytes: big.log_entry_max_bytes,
+            snapshot_bytes_per_row_group: big.snapshot_bytes_per_row_group,
+            snapshot_install_s: big.snapshot_install_s,
+            voter_rss_bytes: big.voter_rss_bytes,
+            replace_s: replace(big),
+            api_p99_ms: big.api_p99_ms,
+            watch_bytes_per_node_over_share: big.watch_bytes_per_node_over_share,
+            failover_vs_election_timeout: big.failover_vs_election_timeout,
+            size_ratio: small.map(|s| big.row_groups as f64 / s.row_groups as f64),
+            register_growth: grow(&|r| r.register_s),
+            snapshot_growth: grow(&|r| r.snapshot_bytes as f64),
+            rss_growth: grow(&|r| r.voter_rss_bytes as f64),
+            replace_growth: grow(&replace),
+        }
+    }
+}

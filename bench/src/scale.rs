@@ -149,7 +149,13 @@ impl Voters {
 
     /// A client of the voters (`only` one of them), each call bounded by
     /// `deadline` and each attempt at one voter by `attempt`.
-    fn client(&self, name: &str, only: Option<u64>, deadline: Duration, attempt: Duration) -> Result<CoordinatorClient> {
+    fn client(
+        &self,
+        name: &str,
+        only: Option<u64>,
+        deadline: Duration,
+        attempt: Duration,
+    ) -> Result<CoordinatorClient> {
         let identity = Identity::load(&self.certs, name)?;
         let addrs = self.specs.iter().filter(|s| only.is_none_or(|o| s.id == o)).map(|s| s.addr).collect();
         let options = ClientOptions {
@@ -549,8 +555,7 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
     // As `bench failover`: a client of the survivors only, 100 ms an
     // attempt; the write commits an entry and re-places nothing (the
     // weight of a node id no node has).
-    let survivors: Vec<SocketAddr> =
-        voters.specs.iter().filter(|s| s.id != leader).map(|s| s.addr).collect();
+    let survivors: Vec<SocketAddr> = voters.specs.iter().filter(|s| s.id != leader).map(|s| s.addr).collect();
     let writer = CoordinatorClient::new(
         &Identity::load(&certs, "admin")?,
         survivors,

@@ -60,6 +60,24 @@ pub struct Applied {
     pub cluster: ClusterState,
 }
 
+/// Applies `entries` in order to `a`.
+fn apply_all(a: &mut Applied, entries: Vec<Entry<TypeConfig>>) -> Vec<CommandResult> {
+    entries
+        .into_iter()
+        .map(|entry| {
+            a.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Normal(cmd) => a.cluster.apply(&cmd),
+                EntryPayload::Blank => CommandResult::None,
+                EntryPayload::Membership(m) => {
+                    a.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                    CommandResult::None
+                }
+            }
+        })
+        .collect()
+}
+
 /// Shared with the API server: readers take a consistent view;
 /// [`subscribe`](Self::subscribe) wakes on every change.
 #[derive(Debug)]
@@ -362,26 +380,26 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let re_places = entries.iter().any(|e| matches!(&e.payload, EntryPayload::Normal(c) if c.re_places()));
         // Applying a membership change re-places every dataset (0.1-0.3 s for
         // a million shards): tell the runtime, so that this worker's other
-        // tasks (Raft heartbeats among them) move to another thread.
+        // tasks (Raft heartbeats among them) move to another thread. Such a
+        // batch is applied to a copy of the state, outside the lock, and the
+        // copy then takes the state's place: heartbeats and reads are
+        // answered from the state before it meanwhile (this task is the only
+        // writer, so nothing is lost). Other batches apply in place.
         let results: Vec<CommandResult> = off_worker(|| {
-            self.shared.write(|a| {
-                entries
-                    .into_iter()
-                    .map(|entry| {
-                        a.last_applied = Some(entry.log_id);
-                        match entry.payload {
-                            EntryPayload::Normal(cmd) => a.cluster.apply(&cmd),
-                            EntryPayload::Blank => CommandResult::None,
-                            EntryPayload::Membership(m) => {
-                                a.last_membership = StoredMembership::new(Some(entry.log_id), m);
-                                CommandResult::None
-                            }
-                        }
-                    })
-                    .collect()
-            })
+            if re_places {
+                let mut next = self.shared.read(Applied::clone);
+                let results = apply_all(&mut next, entries);
+                // The state before is freed after the lock is released.
+                let before = self.shared.write(|a| std::mem::replace(a, next));
+                drop(before);
+                results
+            } else {
+                self.shared.write(|a| apply_all(a, entries))
+            }
         });
         if !results.is_empty() {
             self.shared.bump();

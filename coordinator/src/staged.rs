@@ -197,12 +197,12 @@ pub mod compact_manifest {
     use super::*;
 
     /// Writes the compact form.
-    pub fn serialize<S: Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(m: &std::sync::Arc<Manifest>, s: S) -> Result<S::Ok, S::Error> {
         Blob(m.to_compact()).serialize(s)
     }
 
     /// Reads either form.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Manifest, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<std::sync::Arc<Manifest>, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Either {
@@ -210,8 +210,10 @@ pub mod compact_manifest {
             Object(Manifest),
         }
         match Either::deserialize(d)? {
-            Either::Compact(b) => Manifest::from_compact(&b.0).map_err(serde::de::Error::custom),
-            Either::Object(m) => Ok(m),
+            Either::Compact(b) => {
+                Manifest::from_compact(&b.0).map(std::sync::Arc::new).map_err(serde::de::Error::custom)
+            }
+            Either::Object(m) => Ok(std::sync::Arc::new(m)),
         }
     }
 }

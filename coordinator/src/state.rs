@@ -20,6 +20,7 @@ use granary_proto::placement::{NodeWeight, plan_placement, plan_rebalance, shard
 use granary_proto::{DatasetVersion, Manifest, NodeId, View};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// One registered version of a dataset.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
@@ -28,9 +29,11 @@ pub struct VersionRecord {
     pub version: DatasetVersion,
     /// The view.
     pub view: View,
-    /// The manifest (its compact form in base64 when serialized).
+    /// The manifest (its compact form in base64 when serialized); shared,
+    /// so that the copy of the state a re-placement works on
+    /// (`crate::sm`) does not copy it.
     #[serde(with = "crate::staged::compact_manifest")]
-    pub manifest: Manifest,
+    pub manifest: Arc<Manifest>,
     /// Nodes whose trainers use this version, by their latest
     /// [`Command::HoldVersions`] (live incarnations only: an expiry or a
     /// new registration drops a node's holds).
@@ -298,7 +301,7 @@ impl ClusterState {
                 Ok(manifest) => Some(VersionRecord {
                     version,
                     view: view.clone(),
-                    manifest,
+                    manifest: Arc::new(manifest),
                     held_by: BTreeSet::new(),
                     owners: Vec::new(),
                     unused_since_ms: None,

@@ -122,6 +122,22 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether applying this command may re-place dataset versions (every
+    /// version over the live nodes on a membership or weight change, a new
+    /// version, held older versions): seconds of work at a million shards,
+    /// which the state machine does outside its state lock.
+    pub fn re_places(&self) -> bool {
+        match self {
+            Command::AddDataset { .. }
+            | Command::AddStagedDataset { .. }
+            | Command::RegisterNode { .. }
+            | Command::SetNodeWeight { .. }
+            | Command::ExpireNode { .. }
+            | Command::HoldVersions { .. } => true,
+            Command::StageManifestPiece { .. } | Command::CollectVersions { .. } => false,
+        }
+    }
+
     /// The entries that register `manifest` under `view` as dataset `name`:
     /// one [`Command::StageManifestPiece`]
     /// per piece of `piece_bytes`, in order, then the

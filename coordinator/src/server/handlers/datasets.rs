@@ -102,7 +102,7 @@ pub(in crate::server) async fn describe(ctx: &Ctx, name: String, version: Option
         let v = r.and_then(|r| version_of(r, version));
         match (r.and_then(|r| summary(&name, r, ctx.retention_ms())), v) {
             (Some(summary), Some(v)) => {
-                Ok(ApiResponse::Dataset { summary, manifest: v.manifest.clone(), view: v.view.clone() })
+                Ok(ApiResponse::Dataset { summary, manifest: (*v.manifest).clone(), view: v.view.clone() })
             }
             (Some(_), None) => Err(no_version(&name, version)),
             _ => Err(failed(FailureKind::NotFound, format!("no dataset named {name:?}"))),

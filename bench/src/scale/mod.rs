@@ -40,6 +40,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod store;
+
 /// Knobs of one scale run.
 #[derive(Clone, Debug)]
 pub struct ScaleOpts {
@@ -199,47 +201,6 @@ fn scrape(addr: SocketAddr, name: &str) -> Result<u64> {
         .with_context(|| format!("{addr} exports no {name}"))
 }
 
-/// Writes `files` files of one float column `x` holding `row_groups` one-row
-/// row groups in all, on every core.
-fn generate_store(dir: &Path, files: u64, row_groups: u64) -> Result<()> {
-    use arrow::array::Float32Array;
-    use arrow::datatypes::{DataType, Field, Schema};
-    use arrow::record_batch::RecordBatch;
-    use parquet::arrow::ArrowWriter;
-    use parquet::file::properties::{EnabledStatistics, WriterProperties};
-    std::fs::create_dir_all(dir)?;
-    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float32, false)]));
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let schema = schema.clone();
-                scope.spawn(move || -> Result<()> {
-                    for f in (t..files).step_by(threads as usize) {
-                        // The first files take the remainder.
-                        let groups = row_groups / files + u64::from(f < row_groups % files);
-                        let props = WriterProperties::builder()
-                            .set_max_row_group_row_count(Some(1))
-                            .set_statistics_enabled(EnabledStatistics::None)
-                            .build();
-                        let path = dir.join(format!("part-{f:06}.parquet"));
-                        let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), Some(props))?;
-                        let values: Vec<f32> = (0..groups).map(|g| g as f32).collect();
-                        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Float32Array::from(values))])?;
-                        w.write(&batch)?;
-                        w.close()?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().map_err(|_| anyhow::anyhow!("a generator thread panicked"))??;
-        }
-        Ok(())
-    })
-}
-
 fn view() -> View {
     View { tensors: vec![TensorSpec::new("x", DType::F32, &["x"])] }
 }
@@ -326,7 +287,7 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
     let store = tmp.path().join("store");
     say(&format!("writing {} row groups in {} files", opts.row_groups, opts.files));
     let t = Instant::now();
-    generate_store(&store, opts.files, opts.row_groups)?;
+    store::generate(&store, opts.files, opts.row_groups)?;
     let generate_s = t.elapsed().as_secs_f64();
     let source = format!("file://{}/", store.display());
 

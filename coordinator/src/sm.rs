@@ -701,6 +701,40 @@ mod tests {
     }
 
     #[test]
+    fn a_format_1_snapshot_with_manifests_as_objects_still_loads() -> anyhow::Result<()> {
+        use granary_proto::{FileEntry, Manifest, RowGroupEntry, View};
+        let manifest = Manifest {
+            source: "file:///data".into(),
+            files: vec![FileEntry {
+                path: "a.parquet".into(),
+                size_bytes: 10,
+                version_tag: "t".into(),
+                row_groups: vec![RowGroupEntry { rows: 3, compressed_bytes: 5, values_bytes: None }],
+                footer_sha256: None,
+            }],
+            tensors: vec![],
+        };
+        let mut applied = Applied { last_applied: Some(log_id(1, 2)), ..Applied::default() };
+        let add = Command::AddDataset { name: "d".into(), view: View { tensors: vec![] }, manifest: manifest.clone() };
+        applied.cluster.apply(&add);
+        let meta = Meta { last_log_id: Some(log_id(1, 2)), ..Meta::default() };
+        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta, applied: applied.clone() };
+        // What format 1 wrote: the manifest as a JSON object.
+        let mut json: serde_json::Value = serde_json::from_slice(&file.encode()?)?;
+        json["format"] = 1.into();
+        assert!(
+            json["applied"]["cluster"]["datasets"]["d"]["versions"][0]["manifest"].is_string(),
+            "format 2: compact"
+        );
+        json["applied"]["cluster"]["datasets"]["d"]["versions"][0]["manifest"] = serde_json::to_value(&manifest)?;
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join(SNAPSHOT_FILE), serde_json::to_vec(&json)?)?;
+        let sm = StateMachineStore::open(dir.path())?;
+        assert_eq!(sm.shared().read(|a| a.clone()), applied);
+        Ok(())
+    }
+
+    #[test]
     fn a_corrupt_or_inconsistent_snapshot_file_is_an_open_error_naming_it() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join(SNAPSHOT_FILE);

@@ -269,7 +269,7 @@ mod tests {
         let mut whole = cluster();
         whole.apply(&Command::AddDataset { name: "d".into(), view: v.clone(), manifest: m.clone() });
         let mut pieces = cluster();
-        let (staged, add) = Command::registration("d", &v, &m, 1_000, 5);
+        let (_, staged, add) = Command::registration("d", &v, &m, 1_000, 5);
         assert!(staged.len() > 5, "{} pieces", staged.len());
         for cmd in &staged {
             assert!(serde_json::to_vec(cmd).unwrap().len() < 1_000 * 4 / 3 + 200);
@@ -286,7 +286,7 @@ mod tests {
     fn a_missing_or_altered_piece_refuses_the_version_naming_the_piece() {
         let (m, v) = (manifest(200), View { tensors: vec![] });
         let version = m.version(&v);
-        let (staged, add) = Command::registration("d", &v, &m, 500, 5);
+        let (_, staged, add) = Command::registration("d", &v, &m, 500, 5);
         let mut s = cluster();
         for cmd in staged.iter().filter(|c| !matches!(c, Command::StageManifestPiece { index: 2, .. })) {
             s.apply(cmd);
@@ -317,8 +317,8 @@ mod tests {
     #[test]
     fn pieces_of_another_manifest_are_refused_by_version() {
         let v = View { tensors: vec![] };
-        let (staged, _) = Command::registration("d", &v, &manifest(10), 10_000, 5);
-        let (_, add) = Command::registration("d", &v, &manifest(11), 10_000, 5);
+        let (_, staged, _) = Command::registration("d", &v, &manifest(10), 10_000, 5);
+        let (_, _, add) = Command::registration("d", &v, &manifest(11), 10_000, 5);
         let Command::AddStagedDataset { version, .. } = add.clone() else { panic!() };
         let mut s = cluster();
         // The other manifest's pieces, staged under this version.

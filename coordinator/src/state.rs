@@ -22,6 +22,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+/// A version being registered: already in the dataset's list (at this
+/// index), or new.
+enum Found {
+    Seen(usize),
+    Fresh(VersionRecord),
+}
+
 /// One registered version of a dataset.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub struct VersionRecord {
@@ -294,11 +301,10 @@ impl ClusterState {
         // A version seen before (an older one re-added) becomes current
         // again, from its owners if it was placed; only a version never
         // seen needs its manifest, and a refusal changes nothing.
-        let seen = known.and_then(|r| r.versions.iter().position(|v| v.version == version));
-        let fresh = match seen {
-            Some(_) => None,
+        let found = match known.and_then(|r| r.versions.iter().position(|v| v.version == version)) {
+            Some(i) => Found::Seen(i),
             None => match manifest() {
-                Ok(manifest) => Some(VersionRecord {
+                Ok(manifest) => Found::Fresh(VersionRecord {
                     version,
                     view: view.clone(),
                     manifest: Arc::new(manifest),
@@ -317,11 +323,9 @@ impl ClusterState {
         if let Some(old) = record.versions.last_mut() {
             old.owners = if old.held_by.is_empty() { Vec::new() } else { previous };
         }
-        let mut v = match (fresh, seen) {
-            (Some(v), _) => v,
-            (None, Some(i)) => record.versions.remove(i),
-            // `fresh` is None only where `seen` is Some.
-            (None, None) => return CommandResult::None,
+        let mut v = match found {
+            Found::Seen(i) => record.versions.remove(i),
+            Found::Fresh(v) => v,
         };
         let before = std::mem::take(&mut v.owners);
         let owners = place(&v.shard_keys(), Some(&before).filter(|b| !b.is_empty()).map(|b| &b[..]), &live);

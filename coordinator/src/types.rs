@@ -142,14 +142,15 @@ impl Command {
     /// one [`Command::StageManifestPiece`]
     /// per piece of `piece_bytes`, in order, then the
     /// [`Command::AddStagedDataset`]
-    /// that names them. `at_ms` is the leader's clock.
+    /// that names them, with the version they register. `at_ms` is the
+    /// leader's clock.
     pub fn registration(
         name: &str,
         view: &granary_proto::View,
         manifest: &Manifest,
         piece_bytes: usize,
         at_ms: u64,
-    ) -> (Vec<Command>, Command) {
+    ) -> (DatasetVersion, Vec<Command>, Command) {
         let version = manifest.version(view);
         let compact = manifest.to_compact();
         let pieces = ManifestPieces::cut(&compact, piece_bytes);
@@ -162,7 +163,7 @@ impl Command {
             })
             .collect();
         let add = Command::AddStagedDataset { name: name.to_string(), view: view.clone(), version, pieces };
-        (staged, add)
+        (version, staged, add)
     }
 }
 

@@ -32,7 +32,7 @@ use granary_net::client::{ClientOptions, CoordinatorClient};
 use granary_net::frame::encode_frame;
 use granary_net::tls::{self, Identity};
 use granary_proto::{DType, NodeId, TensorSpec, View};
-use granary_testkit::harness::{CoordinatorProcess, VoterSpec, reserve_tcp_port, reserve_udp_port};
+use granary_testkit::harness::{CoordinatorProcess, VoterSpec, peak_rss, reserve_tcp_port, reserve_udp_port};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -171,18 +171,8 @@ impl Voters {
 
     /// The largest `VmHWM` of the running voters.
     fn peak_rss(&self) -> u64 {
-        self.procs.iter().flatten().map(|p| vm_hwm(p.pid())).max().unwrap_or(0)
+        self.procs.iter().flatten().filter_map(|p| peak_rss(p.pid()).ok()).max().unwrap_or(0)
     }
-}
-
-fn vm_hwm(pid: u32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
 }
 
 /// A gauge's value from a voter's `/metrics` (plain HTTP/1.0).

@@ -16,6 +16,6 @@ mod trainer;
 
 pub use cluster::{ClusterCounters, LocalCluster, LocalClusterSpec, NetHost, PEER_PORT, VOTER_PORT};
 pub use coordinator::{CoordinatorProcess, VoterSpec, reserve_tcp_port, reserve_udp_port};
-pub use memory::{ProcMemory, proc_memory};
+pub use memory::{ProcMemory, peak_rss, proc_memory};
 pub use node::NodeProcess;
 pub use trainer::{EpochOutcome, TrainerEvent, TrainerProcess, rank_args, run_epoch, spawn_ranks};

@@ -33,8 +33,8 @@ pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view
     if dataset.manifest.files.is_empty() {
         return Err(failed(FailureKind::BadRequest, format!("dataset {name}: {source} holds no .parquet files")));
     }
-    let version = dataset.manifest.version(&view);
-    let (pieces, add) = Command::registration(&name, &view, &dataset.manifest, ctx.manifest_piece_bytes, wall_ms());
+    let (version, pieces, add) =
+        Command::registration(&name, &view, &dataset.manifest, ctx.manifest_piece_bytes, wall_ms());
     drop(dataset);
     let known = ctx
         .shared

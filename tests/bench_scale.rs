@@ -26,7 +26,9 @@ fn bench_scale_measures_both_sizes_and_summarizes() {
         assert!(entry > 0 && entry <= 1 << 20, "{run}");
         assert!(run["snapshot_bytes"].as_u64().is_some_and(|b| b > 0), "{run}");
         assert!(run["moved_shards"].as_u64().is_some_and(|m| m > 0), "a leave moves the leaver's shards: {run}");
-        assert!(run["watch_bytes_per_node"].as_u64().is_some_and(|b| b > 0), "{run}");
+        let (leave, whole) = (run["watch_bytes_per_node"].as_u64(), run["watch_whole_bytes"].as_u64());
+        assert!(leave.is_some_and(|b| b > 0), "{run}");
+        assert!(leave < whole, "a leave sends the watch less than the whole placement: {run}");
         assert!(run["voter_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{run}");
         assert!(run["failover_s"].as_f64().is_some_and(|s| s > 0.0), "{run}");
     }
@@ -39,6 +41,7 @@ fn bench_scale_measures_both_sizes_and_summarizes() {
         "snapshot_bytes_per_row_group",
         "snapshot_install_s",
         "replace_s",
+        "watch_bytes_per_node_over_moved",
         "watch_bytes_per_node_over_share",
         "failover_vs_election_timeout",
         "register_growth",

@@ -84,11 +84,27 @@ fn apply_all(a: &mut Applied, entries: Vec<Entry<TypeConfig>>) -> Vec<CommandRes
 pub struct Shared {
     applied: RwLock<Applied>,
     changes: watch::Sender<u64>,
+    /// Advanced (under the write lock) whenever the owners may have
+    /// changed: a batch that re-places, a snapshot installed. Caches of
+    /// owner tables are keyed by it ([`Shared::read_placed`]).
+    placement_rev: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
     fn new(applied: Applied) -> Self {
-        Self { applied: RwLock::new(applied), changes: watch::Sender::new(0) }
+        Self { applied: RwLock::new(applied), changes: watch::Sender::new(0), placement_rev: Default::default() }
+    }
+
+    /// [`Shared::read`], with the placement revision of that state: two
+    /// reads that see the same revision see the same owners.
+    pub fn read_placed<R>(&self, f: impl FnOnce(&Applied, u64) -> R) -> R {
+        let guard = self.applied.read().unwrap_or_else(PoisonError::into_inner);
+        f(&guard, self.placement_rev.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Advances the placement revision; called under the write lock.
+    fn placed(&self) {
+        self.placement_rev.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     /// Runs `f` on a consistent view of the applied state (under a read lock,
@@ -394,7 +410,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let mut next = self.shared.read(Applied::clone);
                 let results = apply_all(&mut next, entries);
                 // The state before is freed after the lock is released.
-                let before = self.shared.write(|a| std::mem::replace(a, next));
+                let before = self.shared.write(|a| {
+                    self.shared.placed();
+                    std::mem::replace(a, next)
+                });
                 drop(before);
                 results
             } else {
@@ -441,7 +460,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(Some(signature), &e))?;
-        self.shared.write(|a| *a = applied);
+        self.shared.write(|a| {
+            self.shared.placed();
+            *a = applied;
+        });
         self.shared.bump();
         tracing::info!(snapshot = %meta, "installed a snapshot");
         Ok(())

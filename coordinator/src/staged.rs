@@ -357,8 +357,12 @@ mod tests {
         assert!(!expired(&st, 10 + STAGED_TTL_MS - 1));
         let mut s = cluster();
         s.staged = st;
-        assert!(s.collection_due(10 + STAGED_TTL_MS, 1 << 40));
-        s.apply(&Command::CollectVersions { now_ms: 10 + STAGED_TTL_MS, retention_ms: 1 << 40 });
+        assert!(s.collection_due(10 + STAGED_TTL_MS, 1 << 40, None));
+        s.apply(&Command::CollectVersions {
+            now_ms: 10 + STAGED_TTL_MS,
+            retention_ms: 1 << 40,
+            node_retention_ms: None,
+        });
         assert!(s.staged.is_empty());
     }
 

@@ -118,6 +118,11 @@ pub struct NodeRecord {
     /// The token of the registration that started `incarnation`.
     #[serde(default)]
     pub registration: u64,
+    /// When a [`Command::CollectVersions`] first found this node not live
+    /// (the leader's clock); its record is removed once the node retention
+    /// has passed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_since_ms: Option<u64>,
 }
 
 /// The placement weight of a node no admin has weighed: every such node
@@ -202,7 +207,7 @@ impl ClusterState {
                 self.place_older();
                 CommandResult::VersionsHeld { unknown, stale: false }
             }
-            Command::CollectVersions { now_ms, retention_ms } => {
+            Command::CollectVersions { now_ms, retention_ms, node_retention_ms } => {
                 let mut collected = Vec::new();
                 for (name, record) in &mut self.datasets {
                     let current = record.current().map(|v| v.version);
@@ -225,7 +230,11 @@ impl ClusterState {
                     });
                 }
                 staged::collect(&mut self.staged, *now_ms);
-                CommandResult::VersionsCollected { collected }
+                let nodes = match node_retention_ms {
+                    Some(keep) => self.collect_nodes(*now_ms, *keep),
+                    None => Vec::new(),
+                };
+                CommandResult::VersionsCollected { collected, nodes }
             }
             Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration } => {
                 if let Some(r) = self.nodes.get(node)
@@ -253,6 +262,7 @@ impl ClusterState {
                         incarnation,
                         live: true,
                         registration: *registration,
+                        down_since_ms: None,
                     },
                 );
                 self.placement_epoch += 1;
@@ -395,13 +405,59 @@ impl ClusterState {
     /// Whether [`Command::CollectVersions`] at `now_ms` would change
     /// anything: a version to mark unused, or one whose retention has
     /// passed. The leader proposes the command only then.
-    pub fn collection_due(&self, now_ms: u64, retention_ms: u64) -> bool {
+    pub fn collection_due(&self, now_ms: u64, retention_ms: u64, node_retention_ms: Option<u64>) -> bool {
+        let node_due = |r: &NodeRecord, keep: u64| {
+            !r.live && r.down_since_ms.is_none_or(|since| now_ms.saturating_sub(since) >= keep)
+        };
+        if let Some(keep) = node_retention_ms
+            && self.nodes.values().any(|r| node_due(r, keep))
+        {
+            return true;
+        }
         self.datasets.values().any(|r| {
             r.older().iter().any(|v| {
                 v.held_by.is_empty()
                     && v.unused_since_ms.is_none_or(|since| now_ms.saturating_sub(since) >= retention_ms)
             })
         }) || staged::expired(&self.staged, now_ms)
+    }
+
+    /// Marks the nodes that are not live as down since `now_ms` (those not
+    /// marked yet), and removes the records of those down for `keep_ms`,
+    /// with every hand-over naming them (a node that comes back registers
+    /// as new, holding nothing the owners would ask it for). Returns the
+    /// nodes removed. Changes no owner: a node that is not live owns
+    /// nothing, and is named as handed over from only while live.
+    fn collect_nodes(&mut self, now_ms: u64, keep_ms: u64) -> Vec<NodeId> {
+        let mut removed = Vec::new();
+        self.nodes.retain(|&node, r| {
+            if r.live {
+                r.down_since_ms = None;
+                return true;
+            }
+            match r.down_since_ms {
+                None => {
+                    r.down_since_ms = Some(now_ms);
+                    true
+                }
+                Some(since) if now_ms.saturating_sub(since) >= keep_ms => {
+                    removed.push(node);
+                    false
+                }
+                Some(_) => true,
+            }
+        });
+        if !removed.is_empty() {
+            self.handed_from.retain(|_, from| {
+                for f in from.iter_mut() {
+                    if f.is_some_and(|n| removed.contains(&n)) {
+                        *f = None;
+                    }
+                }
+                from.iter().any(Option::is_some)
+            });
+        }
+        removed
     }
 
     /// Drops every hold of `node`.
@@ -547,6 +603,44 @@ mod tests {
             CommandResult::NodeRegistered { incarnation, .. } => incarnation,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_node_down_for_the_node_retention_is_collected_with_the_hand_overs_naming_it() {
+        let mut s = ClusterState::default();
+        let inc: Vec<u64> = (1..=3).map(|n| register(&mut s, n)).collect();
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(40) });
+        s.apply(&Command::ExpireNode { node: NodeId(3), incarnation: inc[2] });
+        assert!(s.handed_from.get("d").is_some_and(|f| f.contains(&Some(NodeId(3)))), "kept while node 3 is down");
+        let owners = s.owners("d").to_vec();
+        let epoch = s.placement_epoch;
+        let collect = |s: &mut ClusterState, now_ms, keep: Option<u64>| match s.apply(&Command::CollectVersions {
+            now_ms,
+            retention_ms: 1 << 40,
+            node_retention_ms: keep,
+        }) {
+            CommandResult::VersionsCollected { nodes, .. } => nodes,
+            other => panic!("{other:?}"),
+        };
+        // Entries of older leaders carry no node retention: nothing changes.
+        assert!(!s.collection_due(5000, 1 << 40, None));
+        assert!(collect(&mut s, 5000, None).is_empty());
+        assert_eq!(s.nodes[&NodeId(3)].down_since_ms, None);
+        // The first pass marks it, the one after the retention removes it.
+        assert!(s.collection_due(5000, 1 << 40, Some(1000)));
+        assert!(collect(&mut s, 5000, Some(1000)).is_empty());
+        assert_eq!(s.nodes[&NodeId(3)].down_since_ms, Some(5000));
+        assert_eq!(s.nodes[&NodeId(1)].down_since_ms, None, "live nodes are not marked");
+        assert!(!s.collection_due(5999, 1 << 40, Some(1000)));
+        assert!(s.collection_due(6000, 1 << 40, Some(1000)));
+        assert_eq!(collect(&mut s, 6000, Some(1000)), [NodeId(3)]);
+        assert!(!s.nodes.contains_key(&NodeId(3)));
+        assert!(s.handed_from.get("d").is_none_or(|f| !f.contains(&Some(NodeId(3)))), "no hand-over names it");
+        assert_eq!((s.owners("d"), s.placement_epoch), (&owners[..], epoch), "no owner moved");
+        assert!(!s.collection_due(1 << 40, 1 << 40, Some(1000)), "nothing left to collect");
+        // It comes back as a new registration.
+        assert!(register(&mut s, 3) > inc[2]);
+        assert!(s.nodes[&NodeId(3)].live);
     }
 
     #[test]
@@ -720,20 +814,23 @@ mod tests {
         let v2 = add(&mut s, 3);
         let v3 = add(&mut s, 4);
         hold(&mut s, 1, &[v2]);
-        let collect =
-            |s: &mut ClusterState, now_ms| match s.apply(&Command::CollectVersions { now_ms, retention_ms: 1000 }) {
-                CommandResult::VersionsCollected { collected } => collected,
-                other => panic!("{other:?}"),
-            };
-        assert!(s.collection_due(0, 1000), "v1 is not marked yet");
+        let collect = |s: &mut ClusterState, now_ms| match s.apply(&Command::CollectVersions {
+            now_ms,
+            retention_ms: 1000,
+            node_retention_ms: None,
+        }) {
+            CommandResult::VersionsCollected { collected, .. } => collected,
+            other => panic!("{other:?}"),
+        };
+        assert!(s.collection_due(0, 1000, None), "v1 is not marked yet");
         assert!(collect(&mut s, 5000).is_empty(), "the first pass only marks");
         assert_eq!(s.version_state("d", v1), Some(VersionState::Unused { since_ms: Some(5000) }));
-        assert!(!s.collection_due(5999, 1000));
-        assert!(s.collection_due(6000, 1000));
+        assert!(!s.collection_due(5999, 1000, None));
+        assert!(s.collection_due(6000, 1000, None));
         // Used again before its retention ends: the mark is cleared.
         hold(&mut s, 1, &[v1, v2]);
         assert_eq!(s.version_state("d", v1), Some(VersionState::Held));
-        assert!(!s.collection_due(1 << 40, 1000), "nothing unused");
+        assert!(!s.collection_due(1 << 40, 1000, None), "nothing unused");
         hold(&mut s, 1, &[v2]);
         assert!(collect(&mut s, 7000).is_empty());
         assert_eq!(collect(&mut s, 8000), vec![("d".to_string(), v1)]);

@@ -112,12 +112,18 @@ pub enum Command {
         versions: Vec<(String, DatasetVersion)>,
     },
     /// The leader's collection pass: marks older versions nobody holds as
-    /// unused at `now_ms`, and removes those unused for `retention_ms`.
+    /// unused at `now_ms`, and removes those unused for `retention_ms`;
+    /// likewise the records of nodes that are not live.
     CollectVersions {
         /// The leader's clock (ms since the Unix epoch).
         now_ms: u64,
         /// How long an unused version is kept.
         retention_ms: u64,
+        /// How long the record of a node that is not live is kept (marked
+        /// at the first pass that finds it down, removed once this has
+        /// passed). None (entries of older leaders): node records are kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node_retention_ms: Option<u64>,
     },
 }
 
@@ -217,6 +223,9 @@ pub enum CommandResult {
     VersionsCollected {
         /// (dataset, version) pairs removed.
         collected: Vec<(String, DatasetVersion)>,
+        /// Node records removed.
+        #[serde(default)]
+        nodes: Vec<NodeId>,
     },
     /// Membership changes and blank entries carry no command.
     None,

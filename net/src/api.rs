@@ -106,6 +106,12 @@ pub enum ApiRequest {
     WatchPlacement {
         /// Send only views newer than this revision (0 for all).
         after_revision: u64,
+        /// Answer with [`crate::placement::PlacementUpdate`]s: the whole
+        /// placement with every version's owners first, then only what
+        /// changed. Without it (and from older clients), whole
+        /// [`PlacementView`]s without owners.
+        #[serde(default)]
+        deltas: bool,
     },
 }
 
@@ -289,6 +295,62 @@ pub struct PlacementView {
     pub older: Option<Vec<(String, DatasetVersion)>>,
 }
 
+/// One shard whose placement changed: its index in manifest order, its
+/// owner, and the live node it was handed over from (if any).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ShardChange(pub u32, pub NodeId, pub Option<NodeId>);
+
+/// How one version's owner table changed.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum OwnersChange {
+    /// The whole table: the owner of every shard in manifest order, and
+    /// `(index, node)` for shards handed over from a live node.
+    Whole {
+        /// Owners in manifest order.
+        owners: Vec<NodeId>,
+        /// Shards handed over, by index.
+        handed: Vec<(u32, NodeId)>,
+    },
+    /// Only these shards changed.
+    Changed(Vec<ShardChange>),
+}
+
+/// One message of a watch that asked for deltas
+/// (`WatchPlacement { deltas: true }`); [`crate::placement`] builds and
+/// folds them.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct PlacementUpdate {
+    /// Log revision the placement was taken at.
+    pub revision: u64,
+    /// Placement epoch.
+    pub placement_epoch: u64,
+    /// Whether this replaces everything known (a stream's first message);
+    /// otherwise it changes the placement the stream's last message left.
+    pub full: bool,
+    /// Nodes whose status changed (every node when `full`).
+    pub nodes: Vec<NodeStatus>,
+    /// Nodes whose records are gone.
+    #[serde(default)]
+    pub nodes_gone: Vec<NodeId>,
+    /// Current version of every dataset.
+    pub datasets: Vec<(String, DatasetVersion)>,
+    /// Older versions trainers still use (placed like the current ones).
+    pub held: Vec<(String, DatasetVersion)>,
+    /// Every registered version that is not current.
+    pub older: Vec<(String, DatasetVersion)>,
+    /// Owner tables that changed; a placed version (current or held) not
+    /// listed keeps its table, and a table of a version no longer placed is
+    /// dropped.
+    pub owners: Vec<(DatasetVersion, OwnersChange)>,
+}
+
+impl PlacementUpdate {
+    /// Whether this update changes nothing.
+    pub fn is_empty(&self) -> bool {
+        !self.full && self.nodes.is_empty() && self.nodes_gone.is_empty() && self.owners.is_empty()
+    }
+}
+
 /// The owner of every shard of a dataset version, in manifest order.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct PlacementReport {
@@ -397,6 +459,8 @@ pub enum ApiResponse {
     Status(ClusterStatus),
     /// One view of the placement watch.
     PlacementChanged(PlacementView),
+    /// One message of a placement watch that asked for deltas.
+    PlacementUpdate(PlacementUpdate),
     /// The request failed.
     Failed {
         /// Category.

@@ -11,11 +11,12 @@ use crate::conn::Connections;
 use crate::error::TlsError;
 use crate::frame::{self, MAX_FRAME_BYTES, StreamError};
 use crate::identity::Identity;
+use crate::placement::{Placement, UpdateError};
 use crate::role::Role;
 use crate::transport::{self, ALPN_API};
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -269,10 +270,23 @@ impl CoordinatorClient {
         ClientError::Unavailable { request, deadline: self.options.deadline, tried, last }
     }
 
-    /// Opens the placement watch on the leader. The stream ends when that
+    /// Opens the placement watch on the leader: whole [`PlacementView`]s
+    /// without owners ([`PlacementWatch::next`]). The stream ends when that
     /// voter loses leadership or goes away; open it again to continue.
     pub async fn watch(&self, after_revision: u64) -> Result<PlacementWatch, ClientError> {
-        let req = ApiRequest::WatchPlacement { after_revision };
+        self.open_watch(ApiRequest::WatchPlacement { after_revision, deltas: false }).await
+    }
+
+    /// Opens the placement watch on the leader asking for deltas: the whole
+    /// placement with every placed version's owners first, then only what
+    /// changed ([`PlacementWatch::next_placement`] folds them). From a
+    /// coordinator that sends whole views only, placements come without
+    /// owner tables.
+    pub async fn watch_placement(&self, after_revision: u64) -> Result<PlacementWatch, ClientError> {
+        self.open_watch(ApiRequest::WatchPlacement { after_revision, deltas: true }).await
+    }
+
+    async fn open_watch(&self, req: ApiRequest) -> Result<PlacementWatch, ClientError> {
         let deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
         while Instant::now() < deadline {
@@ -282,18 +296,20 @@ impl CoordinatorClient {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(|e| format!("{target}: {e}"))?;
                 frame::write_frame(&mut send, &req).await.map_err(|e| format!("{target}: {e}"))?;
                 let _ = send.finish();
-                let first = frame::read_frame::<ApiResponse>(&mut recv, MAX_FRAME_BYTES)
+                let first = frame::read_frame_sized::<ApiResponse>(&mut recv, MAX_FRAME_BYTES)
                     .await
                     .map_err(|e| format!("{target}: {e}"))?;
                 Ok::<_, String>((recv, first))
             };
             let left = deadline.saturating_duration_since(Instant::now());
+            let watch =
+                |recv, first, bytes| PlacementWatch { addr: target, recv, first: Some(first), known: None, bytes };
             match tokio::time::timeout(left, opened).await.unwrap_or_else(|_| Err(format!("{target}: timed out"))) {
-                Ok((recv, Some(ApiResponse::PlacementChanged(view)))) => {
+                Ok((recv, Some((first @ (ApiResponse::PlacementChanged(_) | ApiResponse::PlacementUpdate(_)), n)))) => {
                     self.set_leader_hint(Some(target));
-                    return Ok(PlacementWatch { addr: target, recv, first: Some(view) });
+                    return Ok(watch(recv, first, n as u64));
                 }
-                Ok((_, Some(ApiResponse::NotLeader { leader }))) => {
+                Ok((_, Some((ApiResponse::NotLeader { leader }, _)))) => {
                     let hint = leader.and_then(|(_, a)| a.parse::<SocketAddr>().ok()).filter(|a| *a != target);
                     self.set_leader_hint(hint);
                     last = format!("{target}: not the leader");
@@ -301,14 +317,14 @@ impl CoordinatorClient {
                         tokio::time::sleep(self.options.backoff).await;
                     }
                 }
-                Ok((_, Some(ApiResponse::Failed { kind, message }))) => {
+                Ok((_, Some((ApiResponse::Failed { kind, message }, _)))) => {
                     return Err(ClientError::Failed { addr: target, request: req.kind(), kind, message });
                 }
                 Ok((_, other)) => {
                     return Err(ClientError::Unexpected {
                         addr: target,
                         request: req.kind(),
-                        got: format!("{other:?}").chars().take(200).collect(),
+                        got: format!("{:?}", other.map(|(r, _)| r)).chars().take(200).collect(),
                     });
                 }
                 Err(e) => {
@@ -332,7 +348,22 @@ impl CoordinatorClient {
 pub struct PlacementWatch {
     addr: SocketAddr,
     recv: quinn::RecvStream,
-    first: Option<PlacementView>,
+    first: Option<ApiResponse>,
+    /// What the updates so far add up to ([`PlacementWatch::next_placement`]).
+    known: Option<Arc<Placement>>,
+    /// Bytes received on the stream so far.
+    bytes: u64,
+}
+
+/// Why a placement watch ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The stream failed.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// An update did not fit what the watch knew (open the watch again).
+    #[error(transparent)]
+    Update(#[from] UpdateError),
 }
 
 impl PlacementWatch {
@@ -341,15 +372,39 @@ impl PlacementWatch {
         self.addr
     }
 
+    /// Bytes received on this watch so far (frames, prefixes included).
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes
+    }
+
+    async fn next_message(&mut self) -> Result<Option<ApiResponse>, StreamError> {
+        if let Some(first) = self.first.take() {
+            return Ok(Some(first));
+        }
+        let read = frame::read_frame_sized::<ApiResponse>(&mut self.recv, MAX_FRAME_BYTES).await?;
+        Ok(read.map(|(msg, n)| {
+            self.bytes += n as u64;
+            msg
+        }))
+    }
+
     /// The next view; `Ok(None)` when the voter ended the stream (it lost
-    /// leadership or is shutting down).
-    pub async fn next(&mut self) -> Result<Option<PlacementView>, StreamError> {
-        if let Some(v) = self.first.take() {
-            return Ok(Some(v));
-        }
-        match frame::read_frame::<ApiResponse>(&mut self.recv, MAX_FRAME_BYTES).await? {
-            Some(ApiResponse::PlacementChanged(v)) => Ok(Some(v)),
-            Some(_) | None => Ok(None),
-        }
+    /// leadership or is shutting down). On a watch that asked for deltas,
+    /// the view the updates add up to.
+    pub async fn next(&mut self) -> Result<Option<PlacementView>, WatchError> {
+        Ok(self.next_placement().await?.map(|p| p.view.clone()))
+    }
+
+    /// The next placement: a whole view (without owner tables), or what the
+    /// updates so far add up to; `Ok(None)` when the voter ended the stream.
+    pub async fn next_placement(&mut self) -> Result<Option<Arc<Placement>>, WatchError> {
+        let next = match self.next_message().await? {
+            Some(ApiResponse::PlacementChanged(v)) => Placement::from_view(v),
+            Some(ApiResponse::PlacementUpdate(u)) => Placement::apply(self.known.as_deref(), u)?,
+            Some(_) | None => return Ok(None),
+        };
+        let next = Arc::new(next);
+        self.known = Some(next.clone());
+        Ok(Some(next))
     }
 }

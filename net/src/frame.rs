@@ -138,10 +138,19 @@ pub async fn read_frame<T: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     max: usize,
 ) -> Result<Option<T>, StreamError> {
+    Ok(read_frame_sized(recv, max).await?.map(|(msg, _)| msg))
+}
+
+/// [`read_frame`], with the frame's size on the stream (prefix included).
+pub async fn read_frame_sized<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    max: usize,
+) -> Result<Option<(T, usize)>, StreamError> {
     let mut decoder = FrameDecoder::new(max);
     loop {
         if let Some(body) = decoder.poll_frame() {
-            return decode_body(&body).map(Some);
+            let size = body.len() + LEN_PREFIX_BYTES;
+            return decode_body(&body).map(|msg| Some((msg, size)));
         }
         // At most what the frame still needs, so bytes after it stay on the stream.
         match recv.read_chunk(decoder.wanted(), true).await.map_err(StreamError::Read)? {

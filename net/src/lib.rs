@@ -17,6 +17,8 @@
 //! - [`conn`]: outgoing connections cached per peer, role-checked.
 //! - [`frame`]: length-prefixed, size-capped JSON messages on QUIC streams.
 //! - [`api`]: the coordinator's API messages.
+//! - [`placement`]: the placement a watch delivers, whole then as
+//!   updates (pure).
 //! - [`client`]: a coordinator client that finds the leader and follows
 //!   redirects.
 //! - [`metrics`]: the Prometheus endpoint (`GET /metrics` over HTTP) that
@@ -34,6 +36,7 @@ pub mod frame;
 pub mod identity;
 pub mod metrics;
 pub mod pki;
+pub mod placement;
 pub mod role;
 pub mod tls;
 pub mod transport;

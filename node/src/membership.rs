@@ -9,8 +9,9 @@
 //! safe (docs/DESIGN.md, failure semantics).
 
 use crate::config::ClusterConfig;
-use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
-use granary_net::client::{ClientError, ClientOptions, CoordinatorClient, parse_addrs};
+use granary_net::api::{ApiRequest, ApiResponse};
+use granary_net::client::{ClientError, ClientOptions, CoordinatorClient, WatchError, parse_addrs};
+use granary_net::placement::Placement;
 use granary_net::tls::{Identity, Role};
 use granary_proto::NodeId;
 use std::sync::Arc;
@@ -61,7 +62,7 @@ impl Standing {
 
 /// A running membership: registration, heartbeats and the placement watch.
 pub(crate) struct Membership {
-    view: watch::Receiver<Option<PlacementView>>,
+    view: watch::Receiver<Option<Arc<Placement>>>,
     standing: watch::Receiver<Standing>,
     tasks: JoinSet<()>,
 }
@@ -145,8 +146,9 @@ impl Membership {
         self.standing.clone()
     }
 
-    /// The latest cluster view from the placement watch.
-    pub(crate) fn view(&self) -> watch::Receiver<Option<PlacementView>> {
+    /// The latest placement from the placement watch (the cluster view and
+    /// every placed version's owners).
+    pub(crate) fn view(&self) -> watch::Receiver<Option<Arc<Placement>>> {
         self.view.clone()
     }
 
@@ -236,23 +238,31 @@ async fn lease_loop(
     }
 }
 
-async fn watch_loop(client: Arc<CoordinatorClient>, view: watch::Sender<Option<PlacementView>>) {
+async fn watch_loop(client: Arc<CoordinatorClient>, view: watch::Sender<Option<Arc<Placement>>>) {
     let mut revision = 0;
     loop {
-        match client.watch(revision).await {
+        // Deltas: the whole placement once per stream, then what changed;
+        // a stream that ends (or an update that does not fit) is opened
+        // again and starts from the whole.
+        match client.watch_placement(revision).await {
             Ok(mut w) => loop {
-                match w.next().await {
-                    Ok(Some(v)) => {
-                        revision = v.revision;
+                match w.next_placement().await {
+                    Ok(Some(p)) => {
+                        revision = p.view.revision;
                         tracing::info!(
-                            placement_epoch = v.placement_epoch,
-                            live_nodes = v.nodes.iter().filter(|n| n.live).count(),
-                            datasets = v.datasets.len(),
+                            placement_epoch = p.view.placement_epoch,
+                            live_nodes = p.view.nodes.iter().filter(|n| n.live).count(),
+                            datasets = p.view.datasets.len(),
+                            owner_tables = p.tables.len(),
                             "placement changed"
                         );
-                        view.send_replace(Some(v));
+                        view.send_replace(Some(p));
                     }
                     Ok(None) => break,
+                    Err(WatchError::Update(e)) => {
+                        tracing::warn!("a placement update did not fit; opening the watch again: {e}");
+                        break;
+                    }
                     Err(e) => {
                         tracing::debug!("placement watch ended: {e}");
                         break;

@@ -43,7 +43,10 @@ pub(crate) fn run(big: ScaleOpts, growth: bool, json: bool) -> Result<()> {
     println!("voter peak RSS      {:.0} MiB (target <= 2048)", mib(s.voter_rss_bytes));
     println!("re-placement        {:.2} s (the slower of a leave and a join)", s.replace_s);
     println!("API p99 meanwhile   {:.1} ms (target <= 50)", s.api_p99_ms);
-    println!("watch bytes / share {:.1} (target <= 2)", s.watch_bytes_per_node_over_share);
+    println!(
+        "watch on a leave    {:.2}x the moved shards' entries (target <= 2; {:.0}x one node's share of them)",
+        s.watch_bytes_per_node_over_moved, s.watch_bytes_per_node_over_share
+    );
     println!("failover            {:.2}x the election timeout (target <= 2)", s.failover_vs_election_timeout);
     if let Some(ratio) = s.size_ratio {
         let g = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}x"));
@@ -69,7 +72,8 @@ fn print_run(r: &ScaleRun, json: bool) -> Result<()> {
         "{} row groups, {} files, {} nodes: nodes registered in {:.1} s; footers {:.1} s, register {:.1} s; \
          largest entry {} B; snapshot {} B ({:.1} B/row group), installed in {:.2} s; voter peak RSS {:.0} MiB; \
          leave {:.2} s, join {:.2} s, heartbeat p99 {:.1} ms (max {:.1}); {} of {} heartbeats failed; \
-         {} shards moved, a node received {} B for the leave ({:.0}x its share); failover {:.2} s",
+         {} shards moved, a node's watch received {} B for the leave ({:.2}x the moved entries, {:.0}x its share of \
+         them; the whole placement was {} B); failover {:.2} s",
         r.row_groups,
         r.files,
         r.nodes,
@@ -89,7 +93,9 @@ fn print_run(r: &ScaleRun, json: bool) -> Result<()> {
         r.heartbeats,
         r.moved_shards,
         r.watch_bytes_per_node,
+        r.watch_bytes_per_node_over_moved,
         r.watch_bytes_per_node_over_share,
+        r.watch_whole_bytes,
         r.failover_s
     );
     Ok(())

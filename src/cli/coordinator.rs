@@ -68,6 +68,10 @@ pub(crate) struct CoordinatorArgs {
     /// before it is collected (coordinator state and nodes' tiers).
     #[arg(long, default_value_t = 24 * 3600)]
     version_retention_s: u64,
+    /// Seconds the record of a node that is not live is kept before it is
+    /// collected (a node that comes back later registers anew).
+    #[arg(long, default_value_t = 24 * 3600)]
+    node_retention_s: u64,
     /// MiB of large API answers (over 4 KiB) written and not yet
     /// acknowledged by their clients, at most; past it answers wait, then
     /// are answered "unavailable".
@@ -150,6 +154,7 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
     cfg.allow_unbound_node_certs = a.allow_unbound_node_certs;
     cfg.allow_unbound_voter_certs = a.allow_unbound_voter_certs;
     cfg.version_retention = Duration::from_secs(a.version_retention_s);
+    cfg.node_retention = Duration::from_secs(a.node_retention_s);
     cfg.response_budget_bytes = a.response_budget_mib << 20;
     cfg.response_write_wait = Duration::from_millis(a.response_write_wait_ms);
     // Four workers: Raft, the API and the lease clock keep running while one

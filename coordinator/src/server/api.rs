@@ -6,7 +6,7 @@
 use super::ctx::{Ctx, failed};
 use super::handlers::{datasets, nodes, status};
 use super::respond::{MAX_REQUESTS_IN_FLIGHT, MAX_REQUESTS_PER_IDENTITY};
-use super::watch::watch;
+use super::watch::{watch, watch_deltas};
 use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
 use granary_net::frame::{self, StreamError};
 use granary_net::tls::Role;
@@ -116,9 +116,12 @@ pub(super) async fn serve_api(
         super::requests::count(&ctx.api_requests, kind, &resp);
         return ctx.responses.send(&mut send, resp, None, kind, peer).await;
     }
-    if let ApiRequest::WatchPlacement { after_revision } = req {
+    if let ApiRequest::WatchPlacement { after_revision, deltas } = req {
         ctx.api_requests.get_or_create(&super::requests::ApiLabels::watch()).inc();
-        return watch(ctx, after_revision, send, peer).await;
+        return match deltas {
+            true => watch_deltas(ctx, send, peer).await,
+            false => watch(ctx, after_revision, send, peer).await,
+        };
     }
     // An answer that can be large waits for its turn to be built, so
     // answers waiting for room in the byte budget are few.

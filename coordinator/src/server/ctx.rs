@@ -25,6 +25,8 @@ pub(super) struct Ctx {
     pub(super) remote_options: BTreeMap<String, String>,
     /// How long an older version nobody uses is kept.
     pub(super) version_retention: Duration,
+    /// How long the record of a node that is not live is kept.
+    pub(super) node_retention: Duration,
     /// Bytes of compact manifest per staged piece.
     pub(super) manifest_piece_bytes: usize,
     /// Whether node certificates without a node id may register.
@@ -55,6 +57,8 @@ pub(super) struct Ctx {
     /// [`COMPACT_CACHED`]): a thousand nodes fetching one version's pieces
     /// encode it once.
     pub(super) compact: Mutex<Vec<Compact>>,
+    /// What the placement watch publishes to watchers of deltas, shared.
+    pub(super) feed: super::feed::Feed,
     /// Bytes of the largest log entry this voter appended since it started.
     pub(super) largest_entry: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -74,6 +78,11 @@ impl Ctx {
     /// still holds a consistent table.
     pub(super) fn leases(&self) -> MutexGuard<'_, Leases> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Ctx::node_retention`] in milliseconds.
+    pub(super) fn node_retention_ms(&self) -> u64 {
+        u64::try_from(self.node_retention.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// [`Ctx::version_retention`] in milliseconds.

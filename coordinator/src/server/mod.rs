@@ -19,6 +19,7 @@
 
 mod api;
 mod ctx;
+mod feed;
 mod handlers;
 mod metrics;
 mod requests;
@@ -137,6 +138,11 @@ pub struct CoordinatorConfig {
     /// (removed from the replicated state; nodes drop its chunks) this
     /// long after the leader first finds it unused. Default 24 h.
     pub version_retention: Duration,
+    /// The record of a node that is not live is removed from the replicated
+    /// state (with every hand-over naming it) this long after the leader
+    /// first finds it down; a node that comes back later registers anew.
+    /// Default 24 h.
+    pub node_retention: Duration,
     /// Bytes of large API answers (over 4 KiB) written and not yet
     /// acknowledged by their clients, at most; an answer that finds no room
     /// within 10 s is answered "unavailable". Default 256 MiB.
@@ -171,6 +177,7 @@ impl CoordinatorConfig {
             allow_unbound_node_certs: false,
             allow_unbound_voter_certs: false,
             version_retention: Duration::from_secs(24 * 3600),
+            node_retention: Duration::from_secs(24 * 3600),
             response_budget_bytes: 256 << 20,
             response_write_wait: Duration::from_secs(30),
             manifest_piece_bytes: granary_proto::manifest::MANIFEST_PIECE_BYTES,
@@ -321,6 +328,7 @@ impl Coordinator {
             allow_unbound_node_certs: cfg.allow_unbound_node_certs,
             allow_unbound_voter_certs: cfg.allow_unbound_voter_certs,
             version_retention: cfg.version_retention,
+            node_retention: cfg.node_retention,
             manifest_piece_bytes: cfg.manifest_piece_bytes.clamp(1, granary_proto::manifest::MANIFEST_PIECE_BYTES),
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
             connections: AtomicUsize::new(0),
@@ -337,6 +345,7 @@ impl Coordinator {
             ))),
             responses: respond::Responses::new(cfg.response_budget_bytes, cfg.response_write_wait),
             compact: Mutex::new(Vec::new()),
+            feed: Default::default(),
             largest_entry,
         });
         let mut tasks = JoinSet::new();

@@ -186,13 +186,23 @@ impl Responses {
         resp: &ApiResponse,
         peer: std::net::SocketAddr,
     ) -> Result<bool, StreamError> {
-        let bytes = frame::encode_frame(resp)?;
+        self.send_encoded(send, &frame::encode_frame(resp)?, peer).await
+    }
+
+    /// [`Responses::send_view`] of a frame already encoded (one encoding
+    /// is written to many watchers).
+    pub(super) async fn send_encoded(
+        &self,
+        send: &mut quinn::SendStream,
+        bytes: &[u8],
+        peer: std::net::SocketAddr,
+    ) -> Result<bool, StreamError> {
         let Some(_taken) = self.room(bytes.len()).await else {
             tracing::warn!(%peer, bytes = bytes.len(), "ending a placement watch: no room for its view");
             let _ = send.reset(1u32.into());
             return Ok(false);
         };
-        match tokio::time::timeout(self.write_wait, send.write_all(&bytes)).await {
+        match tokio::time::timeout(self.write_wait, send.write_all(bytes)).await {
             Ok(written) => written.map(|()| true).map_err(StreamError::Write),
             Err(_) => {
                 tracing::warn!(%peer, wait = ?self.write_wait,

@@ -50,7 +50,7 @@ pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
 }
 
 /// On the leader: collects older dataset versions nobody has used for the
-/// retention ([`crate::state::ClusterState::collection_due`] decides; the
+/// retention, and the records of nodes down for the node retention ([`crate::state::ClusterState::collection_due`] decides; the
 /// command carries the leader's clock, so applying it reads none). Checks
 /// once a second, and proposes only when the command would change
 /// something.
@@ -64,13 +64,17 @@ pub(super) async fn collect_loop(ctx: Arc<Ctx>) {
         }
         let now_ms = super::ctx::wall_ms();
         let retention_ms = ctx.retention_ms();
-        if !ctx.shared.read(|a| a.cluster.collection_due(now_ms, retention_ms)) {
+        let node_retention_ms = Some(ctx.node_retention_ms());
+        if !ctx.shared.read(|a| a.cluster.collection_due(now_ms, retention_ms, node_retention_ms)) {
             continue;
         }
-        match write(&ctx, Command::CollectVersions { now_ms, retention_ms }).await {
-            Ok(CommandResult::VersionsCollected { collected }) => {
+        match write(&ctx, Command::CollectVersions { now_ms, retention_ms, node_retention_ms }).await {
+            Ok(CommandResult::VersionsCollected { collected, nodes }) => {
                 for (dataset, version) in collected {
                     tracing::info!(%dataset, %version, "collected a version nobody used for the retention");
+                }
+                for node in nodes {
+                    tracing::info!(%node, "collected the record of a node down for the node retention");
                 }
             }
             Ok(_) => {}

@@ -1,6 +1,8 @@
 //! The placement watch: a stream of [`PlacementView`]s that the leader
 //! pushes to nodes and trainers whenever the placement epoch, a dataset's
-//! current version, or the set of older versions (held or not) changes.
+//! current version, or the set of older versions (held or not) changes;
+//! or, to watchers that ask for deltas, the whole placement with every
+//! placed version's owners, then only what changed ([`super::feed`]).
 
 use super::ctx::{Ctx, is_leader, leads_with_quorum, node_statuses, not_leader};
 use granary_net::api::{ApiResponse, PlacementView};
@@ -55,6 +57,45 @@ pub(super) async fn watch(
         }
         // Wake on a change, when the watcher stops reading, or every second
         // to notice a lost leadership.
+        tokio::select! {
+            _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()) => {}
+            _ = send.stopped() => return Ok(()),
+        }
+        if !leads_with_quorum(ctx) {
+            let _ = send.finish();
+            return Ok(());
+        }
+    }
+}
+
+/// The watch for a watcher that asked for deltas: the whole placement (the
+/// view and every placed version's owner table) at once, then, whenever the
+/// applied state moves, the update from what this watcher was last sent
+/// (nothing when nothing it sees changed), until this voter stops leading
+/// with a quorum or the watcher goes away. A watcher that reopens the watch
+/// (it fell behind, or the leader changed) starts from the whole again.
+pub(super) async fn watch_deltas(
+    ctx: &Arc<Ctx>,
+    mut send: quinn::SendStream,
+    peer: std::net::SocketAddr,
+) -> Result<(), StreamError> {
+    if !is_leader(ctx) {
+        frame::write_frame(&mut send, &not_leader(ctx)).await?;
+        let _ = send.finish();
+        return Ok(());
+    }
+    let mut changes = ctx.shared.subscribe();
+    let mut sent: Option<Arc<granary_net::placement::Placement>> = None;
+    loop {
+        let next = ctx.feed.current(&ctx.shared);
+        if sent.as_ref().map(|s| s.view.revision) != Some(next.view.revision) {
+            if let Some(bytes) = ctx.feed.frame(sent.as_ref(), &next)?
+                && !ctx.responses.send_encoded(&mut send, &bytes, peer).await?
+            {
+                return Ok(());
+            }
+            sent = Some(next);
+        }
         tokio::select! {
             _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()) => {}
             _ = send.stopped() => return Ok(()),

@@ -1,15 +1,21 @@
-//! Following the coordinator's placement: on every view from the placement
+//! Following the coordinator's placement: on every placement from the
 //! watch, open the datasets the coordinator lists that this node does not
 //! serve yet (current versions, and older ones trainers still hold), then
-//! ask for the owners of each of those versions it serves, and replace
-//! what [`Cluster`] knows.
+//! take the owners of each of those versions it serves from the watch's
+//! owner tables (the watch sends the whole placement once, then only the
+//! shards that moved: `granary_net::placement`), and replace what
+//! [`Cluster`] knows. A version without a table (a coordinator that sends
+//! whole views only) or whose table does not fit its manifest is asked for
+//! with `DescribePlacement`.
 
 use super::manifest::fetch_manifest;
 use super::owners::{Cluster, PlacementMap};
 use crate::service::Node;
 use granary_net::api::{ApiRequest, ApiResponse, PlacementView};
 use granary_net::client::CoordinatorClient;
+use granary_net::placement::{OwnerTable, Placement};
 use granary_proto::{DatasetVersion, ShardId};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -61,13 +67,14 @@ pub async fn follow_placement(
     cluster: Arc<Cluster>,
     node: Node,
     client: CoordinatorClient,
-    mut views: watch::Receiver<Option<PlacementView>>,
+    mut views: watch::Receiver<Option<Arc<Placement>>>,
 ) {
     loop {
-        let view = views.borrow_and_update().clone();
+        let placement = views.borrow_and_update().clone();
         let mut retry = false;
-        if let Some(view) = view {
-            retry = !open_listed_datasets(&node, &client, &view).await;
+        if let Some(placement) = placement {
+            let view = &placement.view;
+            retry = !open_listed_datasets(&node, &client, view).await;
             // Older versions trainers somewhere still use: this node may own
             // some of their shards, so it opens them too.
             let unopened: Vec<_> = view.held.iter().filter(|(_, v)| node.dataset(*v).is_err()).cloned().collect();
@@ -98,6 +105,17 @@ pub async fn follow_placement(
             for ((name, version), held) in current.chain(view.held.iter().map(|d| (d, true))) {
                 if node.dataset(*version).is_err() {
                     continue; // not a version this node serves
+                }
+                if let Some(table) = placement.tables.get(version) {
+                    match owners_from_table(&node, *version, table) {
+                        Ok((owners, handed)) => {
+                            map.owners.insert(*version, owners);
+                            map.owner_epochs.insert(*version, view.placement_epoch);
+                            map.former.insert(*version, handed);
+                            continue;
+                        }
+                        Err(e) => tracing::warn!(dataset = %name, "{e}; asking for the owners instead"),
+                    }
                 }
                 // The current version is asked for by name, so that an
                 // answer for a newer one is noticed; a held one by version.
@@ -156,6 +174,32 @@ pub async fn follow_placement(
             }
         }
     }
+}
+
+/// A node per shard.
+type Owners = HashMap<ShardId, granary_proto::NodeId>;
+
+/// Per shard of `version` (which `node` serves), its owner and the node
+/// it was handed over from, from the watch's owner table (in manifest
+/// order); an error naming the version when the table does not fit the
+/// manifest.
+fn owners_from_table(node: &Node, version: DatasetVersion, table: &OwnerTable) -> Result<(Owners, Owners), String> {
+    let dataset = node.dataset(version).map_err(|e| e.to_string())?;
+    let files = &dataset.manifest.files;
+    let count: usize = files.iter().map(|f| f.row_groups.len()).sum();
+    if !table.is_empty() && table.len() != count {
+        return Err(format!(
+            "the watch's owner table of version {version} has {} shards, its manifest {count}",
+            table.len()
+        ));
+    }
+    let shards = files
+        .iter()
+        .enumerate()
+        .flat_map(|(f, file)| (0..file.row_groups.len()).map(move |g| ShardId { file: f as u32, row_group: g as u32 }));
+    let owners = shards.clone().zip(&table.owners).map(|(s, &o)| (s, o)).collect();
+    let handed = shards.enumerate().filter_map(|(i, s)| Some((s, table.from(i)?))).collect();
+    Ok((owners, handed))
 }
 
 /// Opens each (name, version) from the coordinator's record of it (every

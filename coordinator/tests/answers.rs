@@ -52,6 +52,7 @@ async fn answers_nobody_reads_hold_at_most_the_budget_until_their_deadline() {
         name: "ads".into(),
         source: format!("file://{}/", data.display()),
         view: granary_testkit::datagen::view(),
+        progress: false,
     };
     f.client("admin").call(&add).await.expect("dataset added");
     let describe = ApiRequest::DescribeDataset { name: "ads".into(), version: None };

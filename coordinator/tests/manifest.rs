@@ -2,7 +2,7 @@
 //! small entry naming them; the state it registers survives a restart
 //! through a snapshot that keeps it compact; nodes fetch it in pieces.
 
-use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
+use granary_net::api::{AddProgress, AddStage, ApiRequest, ApiResponse, FailureKind};
 use granary_net::client::ClientError;
 use granary_node::fabric::manifest::fetch_manifest;
 use granary_proto::manifest::ManifestPieces;
@@ -36,11 +36,21 @@ async fn a_manifest_registered_in_pieces_is_whole_after_a_restart_from_a_snapsho
         name: "ads".into(),
         source: format!("file://{}/", data.display()),
         view: granary_testkit::datagen::view(),
+        progress: true,
     };
     let admin = f.client("admin");
-    let (_, added) = admin.call(&add).await.expect("dataset added");
+    // Asked with progress: each step's first frame comes at once, then at
+    // most four a second, then the answer on the same stream.
+    let mut seen: Vec<AddProgress> = Vec::new();
+    let (_, added) = admin.call_reporting(&add, |p| seen.push(*p)).await.expect("dataset added");
     let ApiResponse::DatasetAdded { summary, new: true } = added else { panic!("{added:?}") };
     assert_eq!(summary.shards, 1_600);
+    assert!(
+        seen.iter().any(|p| p.stage == AddStage::Footers && p.total == summary.files as u64),
+        "the footers' step, of every file: {seen:?}"
+    );
+    assert!(seen.iter().all(|p| p.done <= p.total), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].stage <= w[1].stage), "steps in order: {seen:?}");
     let describe = ApiRequest::DescribeDataset { name: "ads".into(), version: None };
     let (_, first) = admin.call(&describe).await.expect("describe");
     let (_, manifest, view) = described(first);

@@ -43,6 +43,7 @@ async fn a_leave_sends_watchers_only_the_moved_shards() {
         name: "ads".into(),
         source: format!("file://{}/", data.display()),
         view: granary_testkit::datagen::view(),
+        progress: false,
     };
     let admin = f.client("admin");
     admin.call(&add).await.expect("dataset added");

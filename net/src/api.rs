@@ -56,6 +56,10 @@ pub enum ApiRequest {
         source: String,
         /// The view.
         view: View,
+        /// Send [`ApiResponse::AddProgress`] frames (at most four a second)
+        /// before the answer. Older clients leave it out: one answer.
+        #[serde(default)]
+        progress: bool,
     },
     /// Lists datasets (linearizable).
     ListDatasets,
@@ -351,6 +355,43 @@ impl PlacementUpdate {
     }
 }
 
+/// Where a dataset registration stands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct AddProgress {
+    /// The step.
+    pub stage: AddStage,
+    /// Of that step: files whose footer was read, or manifest pieces
+    /// committed.
+    pub done: u64,
+    /// Of that step, in all.
+    pub total: u64,
+}
+
+/// The steps of a dataset registration on the leader, in order.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default, Serialize, Deserialize)]
+pub enum AddStage {
+    /// Listing the source.
+    #[default]
+    Listing,
+    /// Reading every file's footer.
+    Footers,
+    /// Committing the manifest's pieces to the log.
+    Staging,
+    /// Committing the entry that registers the version (and places it).
+    Registering,
+}
+
+impl std::fmt::Display for AddStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddStage::Listing => "listing the source",
+            AddStage::Footers => "reading footers",
+            AddStage::Staging => "committing manifest pieces",
+            AddStage::Registering => "registering and placing",
+        })
+    }
+}
+
 /// The owner of every shard of a dataset version, in manifest order.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct PlacementReport {
@@ -461,6 +502,8 @@ pub enum ApiResponse {
     PlacementChanged(PlacementView),
     /// One message of a placement watch that asked for deltas.
     PlacementUpdate(PlacementUpdate),
+    /// How far an `AddDataset { progress: true }` is; the answer follows.
+    AddProgress(AddProgress),
     /// The request failed.
     Failed {
         /// Category.
@@ -481,8 +524,12 @@ mod tests {
         for r in [Role::Trainer, Role::Admin, Role::Coordinator] {
             assert!(!hb.allowed(r), "{r} may not heartbeat");
         }
-        let add =
-            ApiRequest::AddDataset { name: "d".into(), source: "file:///x".into(), view: View { tensors: vec![] } };
+        let add = ApiRequest::AddDataset {
+            name: "d".into(),
+            source: "file:///x".into(),
+            view: View { tensors: vec![] },
+            progress: false,
+        };
         assert!(add.allowed(Role::Admin));
         for r in [Role::Trainer, Role::Node, Role::Coordinator] {
             assert!(!add.allowed(r), "{r} may not add a dataset");

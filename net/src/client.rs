@@ -6,7 +6,7 @@
 //! between rounds is fixed and short because an election takes a few
 //! hundred milliseconds.
 
-use crate::api::{ApiRequest, ApiResponse, FailureKind, PlacementView};
+use crate::api::{AddProgress, ApiRequest, ApiResponse, FailureKind, PlacementView};
 use crate::conn::Connections;
 use crate::error::TlsError;
 use crate::frame::{self, MAX_FRAME_BYTES, StreamError};
@@ -199,10 +199,23 @@ impl CoordinatorClient {
     /// Sends `req` to the leader, following redirects and retrying until the
     /// deadline. `Failed` answers become [`ClientError::Failed`].
     pub async fn call(&self, req: &ApiRequest) -> Result<(SocketAddr, ApiResponse), ClientError> {
+        self.call_reporting(req, |_| {}).await
+    }
+
+    /// [`CoordinatorClient::call`] for a request the leader answers with
+    /// progress first (`AddDataset { progress: true }`): `on_progress` gets
+    /// each [`AddProgress`], and the deadline counts from the last frame
+    /// heard, so a registration that keeps progressing is not cut off.
+    pub async fn call_reporting(
+        &self,
+        req: &ApiRequest,
+        mut on_progress: impl FnMut(&AddProgress) + Send,
+    ) -> Result<(SocketAddr, ApiResponse), ClientError> {
         let kind = req.kind();
-        let deadline = Instant::now() + self.options.deadline;
+        let mut deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
         let mut tried = 0usize;
+        let reports = matches!(req, ApiRequest::AddDataset { progress: true, .. });
         loop {
             let target = match self.leader_hint() {
                 Some(a) => a,
@@ -219,18 +232,41 @@ impl CoordinatorClient {
                 ApiRequest::AddDataset { .. } => left,
                 _ => left.min(self.options.attempt_timeout),
             };
+            let heard = Mutex::new(Instant::now());
+            let on_progress = &mut on_progress;
             let attempt = async {
                 let conn = self.connection(target).await?;
-                frame::call::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES).await.map_err(|e: StreamError| {
-                    self.forget(target);
-                    format!("{target}: {e}")
-                })
+                let progress = |r: &ApiResponse| match r {
+                    ApiResponse::AddProgress(p) => {
+                        *heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                        on_progress(p);
+                        true
+                    }
+                    _ => false,
+                };
+                frame::call_until::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES, progress).await.map_err(
+                    |e: StreamError| {
+                        self.forget(target);
+                        format!("{target}: {e}")
+                    },
+                )
             };
-            let outcome = match tokio::time::timeout(bound, attempt).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.forget(target);
-                    Err(format!("{target}: no answer within {bound:?}"))
+            tokio::pin!(attempt);
+            let mut until = Instant::now() + bound;
+            let outcome = loop {
+                match tokio::time::timeout_at(until, &mut attempt).await {
+                    Ok(r) => break r,
+                    Err(_) => {
+                        // Progress heard since: wait as long again from it.
+                        let since = *heard.lock().unwrap_or_else(|p| p.into_inner()) + self.options.deadline;
+                        if reports && since > Instant::now() {
+                            until = since;
+                            deadline = deadline.max(since);
+                            continue;
+                        }
+                        self.forget(target);
+                        break Err(format!("{target}: no answer within {bound:?}"));
+                    }
                 }
             };
             match outcome {

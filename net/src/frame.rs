@@ -173,6 +173,18 @@ pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
     req: &Req,
     max: usize,
 ) -> Result<Resp, StreamError> {
+    call_until(conn, req, max, |_| false).await
+}
+
+/// [`call`], for a request answered by frames that `more` consumes (it
+/// returns true: progress, say) before the one it returns false for, which
+/// is the answer.
+pub async fn call_until<Req: Serialize, Resp: DeserializeOwned>(
+    conn: &quinn::Connection,
+    req: &Req,
+    max: usize,
+    mut more: impl FnMut(&Resp) -> bool,
+) -> Result<Resp, StreamError> {
     let peer = conn.remote_address();
     // Encode first, so an unsendable request does not open (and abandon) a stream.
     let frame = encode_frame(req)?;
@@ -183,7 +195,12 @@ pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
         Some(error) => StreamError::ConnectionLost { peer, error },
         None => StreamError::Finish(closed),
     })?;
-    read_frame(&mut recv, max).await?.ok_or(StreamError::NoResponse { peer })
+    loop {
+        let resp = read_frame(&mut recv, max).await?.ok_or(StreamError::NoResponse { peer })?;
+        if !more(&resp) {
+            return Ok(resp);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -145,8 +145,21 @@ impl Dataset {
     /// Lists `remote`, reads every footer ([`FOOTER_READS`] at a time) and
     /// resolves `view`.
     pub async fn open(name: &str, remote: Remote, view: View) -> Result<Self, OpenError> {
+        Self::open_reporting(name, remote, view, &|_, _| {}).await
+    }
+
+    /// [`Dataset::open`], telling `footers_read(done, files)` once the
+    /// source is listed (0 done) and after every footer read.
+    pub async fn open_reporting(
+        name: &str,
+        remote: Remote,
+        view: View,
+        footers_read: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<Self, OpenError> {
         use futures::StreamExt;
         let metas = remote.list_parquet().await?;
+        let total = metas.len() as u64;
+        footers_read(0, total);
         let mut files = Vec::with_capacity(metas.len());
         let mut entries = Vec::with_capacity(metas.len());
         let mut layouts = None;
@@ -203,6 +216,7 @@ impl Dataset {
                 version_tag: tag,
                 footer: tokio::sync::OnceCell::new_with(Some(footer)),
             });
+            footers_read(files.len() as u64, total);
         }
         drop(footers);
         let manifest = Manifest {

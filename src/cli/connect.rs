@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use granary_net::api::{ApiRequest, ApiResponse};
+use granary_net::api::{AddProgress, ApiRequest, ApiResponse};
 use granary_net::client::{ClientOptions, CoordinatorClient, parse_addrs};
 use granary_net::tls::Identity;
 use std::path::PathBuf;
@@ -22,7 +22,8 @@ pub(crate) struct ConnectArgs {
     /// Certificate name in that folder. Default: `admin` if the folder holds it, else the folder's one identity.
     #[arg(long)]
     cert_name: Option<String>,
-    /// Give up after this many milliseconds.
+    /// Give up after this many milliseconds without an answer (for
+    /// `dataset add`, without an answer or progress).
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
     /// Print JSON.
@@ -40,6 +41,26 @@ pub(crate) fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse
     rt.block_on(async move {
         let client = CoordinatorClient::new(&identity, addrs, options)?;
         let (_, resp) = client.call(&req).await?;
+        client.close();
+        Ok(resp)
+    })
+}
+
+/// [`call`] for a request the leader answers with progress first
+/// (`AddDataset { progress: true }`): `on_progress` sees each step, and
+/// `--timeout-ms` counts from the last frame heard.
+pub(crate) fn call_reporting(
+    connect: &ConnectArgs,
+    req: ApiRequest,
+    on_progress: impl FnMut(&AddProgress) + Send,
+) -> Result<ApiResponse> {
+    let (identity, _) = Identity::load_in(&connect.certs, connect.cert_name.as_deref(), "admin")?;
+    let addrs = parse_addrs(&connect.coordinators)?;
+    let options = ClientOptions { deadline: Duration::from_millis(connect.timeout_ms), ..Default::default() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let client = CoordinatorClient::new(&identity, addrs, options)?;
+        let (_, resp) = client.call_reporting(&req, on_progress).await?;
         client.close();
         Ok(resp)
     })

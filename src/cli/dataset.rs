@@ -8,10 +8,10 @@
 //!
 //! [`print_datasets`] is also the dataset table of `granary status`.
 
-use super::connect::{ConnectArgs, call, unexpected};
+use super::connect::{ConnectArgs, call, call_reporting, unexpected};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use granary_net::api::{ApiRequest, ApiResponse, DatasetSummary, VersionStatus};
+use granary_net::api::{AddProgress, ApiRequest, ApiResponse, DatasetSummary, VersionStatus};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -191,7 +191,24 @@ fn registered(cmd: ClusterDatasetCommand) -> Result<()> {
             let parsed: granary_proto::View =
                 toml::from_str(&text).with_context(|| format!("parsing view {}", view.display()))?;
             let parsed = parsed.validated().with_context(|| format!("view {}", view.display()))?;
-            match call(&connect, ApiRequest::AddDataset { name, source, view: parsed })? {
+            // Progress on stderr (hidden with --json): reading 100,000
+            // footers takes minutes.
+            let bar = indicatif::ProgressBar::new(0);
+            if connect.json {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{msg}: {pos}/{len} [{elapsed}]") {
+                bar.set_style(style);
+            }
+            let show = |p: &AddProgress| {
+                bar.set_message(p.stage.to_string());
+                bar.set_length(p.total);
+                bar.set_position(p.done);
+            };
+            let req = ApiRequest::AddDataset { name, source, view: parsed, progress: true };
+            let answer = call_reporting(&connect, req, show);
+            bar.finish_and_clear();
+            match answer? {
                 ApiResponse::DatasetAdded { summary, new } => {
                     if connect.json {
                         println!("{}", serde_json::json!({ "added": summary, "new": new }));

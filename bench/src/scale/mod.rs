@@ -388,7 +388,7 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
 
     say(&format!("registering the dataset ({} row groups)", opts.row_groups));
     let t = Instant::now();
-    let add = ApiRequest::AddDataset { name: "scale".into(), source, view: view() };
+    let add = ApiRequest::AddDataset { name: "scale".into(), source, view: view(), progress: false };
     match rt.block_on(admin.call(&add))? {
         (_, ApiResponse::DatasetAdded { summary, .. }) if summary.version == version => {}
         (_, other) => bail!("dataset add answered {other:?}"),

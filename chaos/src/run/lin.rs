@@ -193,7 +193,12 @@ async fn add(
     let call = micros(t0);
     let pending = |m: &Mutex<BTreeMap<u64, Op>>| m.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
     in_flight.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Operation::crashed(id, input.clone(), call));
-    let req = ApiRequest::AddDataset { name: name.to_string(), source: source.to_string(), view: view.clone() };
+    let req = ApiRequest::AddDataset {
+        name: name.to_string(),
+        source: source.to_string(),
+        view: view.clone(),
+        progress: false,
+    };
     let answer = client.call(&req).await;
     // Answered: no longer in flight (the caller records the op at once;
     // `finish` aborts a client only at an await, never between the two).

@@ -136,7 +136,12 @@ pub(super) async fn serve_api(
     } else {
         None
     };
-    let resp = handle(ctx, req, peer).await;
+    let resp = match req {
+        ApiRequest::AddDataset { name, source, view, progress: true } => {
+            super::progress::add_reporting(ctx, name, source, view, &mut send).await?
+        }
+        req => handle(ctx, req, peer).await,
+    };
     super::requests::count(&ctx.api_requests, kind, &resp);
     ctx.responses.send(&mut send, resp, turn, kind, peer).await
 }
@@ -152,7 +157,9 @@ async fn handle(ctx: &Arc<Ctx>, req: ApiRequest, peer: std::net::SocketAddr) -> 
         ApiRequest::HoldVersions { node, incarnation, versions } => {
             nodes::hold_versions(ctx, node, incarnation, versions).await
         }
-        ApiRequest::AddDataset { name, source, view } => datasets::add(ctx, name, source, view).await,
+        ApiRequest::AddDataset { name, source, view, .. } => {
+            datasets::add(ctx, name, source, view, &tokio::sync::watch::channel(Default::default()).0).await
+        }
         ApiRequest::ListDatasets => datasets::list(ctx).await,
         ApiRequest::DescribeDataset { name, version } => datasets::describe(ctx, name, version).await,
         ApiRequest::DescribePlacement { name, version } => datasets::placement(ctx, name, version).await,

@@ -22,6 +22,7 @@ mod ctx;
 mod feed;
 mod handlers;
 mod metrics;
+mod progress;
 mod requests;
 mod respond;
 mod timers;

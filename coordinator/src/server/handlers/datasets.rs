@@ -6,20 +6,29 @@ use crate::server::ctx::{COMPACT_CACHED, Compact, Ctx, failed, linearize, wall_m
 use crate::staged::{Blob, MAX_LOG_ENTRY_BYTES};
 use crate::state::{ClusterState, DatasetRecord, VersionRecord};
 use crate::types::{Command, CommandResult};
-use granary_net::api::{ApiResponse, DatasetSummary, FailureKind, PlacementReport, VersionStatus, VersionSummary};
+use granary_net::api::{
+    AddProgress, AddStage, ApiResponse, DatasetSummary, FailureKind, PlacementReport, VersionStatus, VersionSummary,
+};
 use granary_proto::DatasetVersion;
 use granary_proto::manifest::ManifestPieces;
 use granary_proto::view::View;
 use granary_source::dataset::Dataset;
 use granary_source::remote::{Remote, RemoteCounters};
 use std::sync::Arc;
+use tokio::sync::watch;
 
 /// Registers dataset `name` read from `source` through `view`: the leader
 /// reads the footers, stages the manifest's compact form in pieces (each
 /// its own log entry, committed on a majority), then commits the small
 /// entry that names them ([`crate::staged`]). No entry passes
 /// [`MAX_LOG_ENTRY_BYTES`].
-pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view: View) -> Answer {
+pub(in crate::server) async fn add(
+    ctx: &Ctx,
+    name: String,
+    source: String,
+    view: View,
+    progress: &watch::Sender<AddProgress>,
+) -> Answer {
     if !valid_name(&name) {
         return Err(failed(FailureKind::BadRequest, format!("dataset name {name:?}: use 1-128 of [A-Za-z0-9._-]")));
     }
@@ -27,7 +36,10 @@ pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view
     leading(ctx)?;
     let remote = Remote::open(&source, &ctx.remote_options, None, Arc::new(RemoteCounters::default()))
         .map_err(|e| failed(FailureKind::BadRequest, e.to_string()))?;
-    let dataset = Dataset::open(&name, remote, view.clone())
+    let footers_read = |done: u64, total: u64| {
+        progress.send_replace(AddProgress { stage: AddStage::Footers, done, total });
+    };
+    let dataset = Dataset::open_reporting(&name, remote, view.clone(), &footers_read)
         .await
         .map_err(|e| failed(FailureKind::BadRequest, format!("dataset {name}: {e}")))?;
     if dataset.manifest.files.is_empty() {
@@ -40,9 +52,10 @@ pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view
         .shared
         .read(|a| a.cluster.datasets.get(&name).is_some_and(|r| r.versions.iter().any(|v| v.version == version)));
     if !known {
-        stage(ctx, &name, pieces).await?;
+        stage(ctx, &name, pieces, progress).await?;
     }
     fits_one_entry(&name, &add)?;
+    progress.send_replace(AddProgress { stage: AddStage::Registering, done: 0, total: 1 });
     let cmd = add;
     let new = match write(ctx, cmd).await? {
         CommandResult::DatasetAdded { new, .. } => new,
@@ -61,8 +74,15 @@ pub(in crate::server) async fn add(ctx: &Ctx, name: String, source: String, view
 
 /// Commits every piece of a version's compact manifest, one entry each,
 /// in order.
-async fn stage(ctx: &Ctx, name: &str, pieces: Vec<Command>) -> Result<(), ApiResponse> {
-    for cmd in pieces {
+async fn stage(
+    ctx: &Ctx,
+    name: &str,
+    pieces: Vec<Command>,
+    progress: &watch::Sender<AddProgress>,
+) -> Result<(), ApiResponse> {
+    let total = pieces.len() as u64;
+    for (done, cmd) in pieces.into_iter().enumerate() {
+        progress.send_replace(AddProgress { stage: AddStage::Staging, done: done as u64, total });
         fits_one_entry(name, &cmd)?;
         match write(ctx, cmd).await? {
             CommandResult::PieceStaged { refused: None } => {}

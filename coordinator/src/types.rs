@@ -238,7 +238,7 @@ openraft::declare_raft_types!(
         R = CommandResult,
         NodeId = VoterId,
         Node = openraft::BasicNode,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
 );
 
 /// The coordinator's Raft handle.

@@ -70,7 +70,7 @@ fn print_run(r: &ScaleRun, json: bool) -> Result<()> {
     }
     println!(
         "{} row groups, {} files, {} nodes: nodes registered in {:.1} s; footers {:.1} s, register {:.1} s; \
-         largest entry {} B; snapshot {} B ({:.1} B/row group), installed in {:.2} s; voter peak RSS {:.0} MiB; \
+         largest entry {} B; snapshot {} B ({:.1} B/row group), installed in {:.2} s (that voter's peak RSS {:.0} MiB); voter peak RSS {:.0} MiB; \
          leave {:.2} s, join {:.2} s, heartbeat p99 {:.1} ms (max {:.1}); {} of {} heartbeats failed; \
          {} shards moved, a node's watch received {} B for the leave ({:.2}x the moved entries, {:.0}x its share of \
          them; the whole placement was {} B); failover {:.2} s",
@@ -84,6 +84,7 @@ fn print_run(r: &ScaleRun, json: bool) -> Result<()> {
         r.snapshot_bytes,
         r.snapshot_bytes_per_row_group,
         r.snapshot_install_s,
+        r.snapshot_install_rss_bytes as f64 / (1 << 20) as f64,
         r.voter_rss_bytes as f64 / (1 << 20) as f64,
         r.replace_leave_s,
         r.replace_join_s,

@@ -16,7 +16,8 @@
 //! - `snapshot_bytes`: the leader's snapshot file holding the version;
 //! - `snapshot_install_s`: a follower stopped until the leader purged
 //!   its log past what the follower holds, from its restart to it having
-//!   applied what the leader had (it installs a snapshot);
+//!   applied what the leader had (it installs a snapshot), and
+//!   `snapshot_install_rss_bytes`, its peak RSS then;
 //! - `voter_rss_bytes`: the largest peak RSS (`VmHWM`) of the voters;
 //! - `replace_s`: a leave (from its lease running out to the status showing
 //!   it gone) and a join (the registration's commit);
@@ -86,6 +87,9 @@ pub struct ScaleRun {
     /// A follower behind the leader's purged log, from its restart to
     /// having applied what the leader had.
     pub snapshot_install_s: f64,
+    /// That follower's peak RSS once it caught up: a fresh process that
+    /// received, decoded and installed the snapshot, then applied the rest.
+    pub snapshot_install_rss_bytes: u64,
     /// The largest peak RSS of the voters.
     pub voter_rss_bytes: u64,
     /// A leave: from the lease running out to the status showing the node
@@ -176,6 +180,11 @@ impl Voters {
             attempt_timeout: attempt,
         };
         Ok(CoordinatorClient::new(&identity, addrs, options)?)
+    }
+
+    /// Voter `id`'s `VmHWM` (0 when it is not running).
+    fn peak_rss_of(&self, id: u64) -> u64 {
+        self.procs[(id - 1) as usize].as_ref().and_then(|p| peak_rss(p.pid()).ok()).unwrap_or(0)
     }
 
     /// The largest `VmHWM` of the running voters.
@@ -445,6 +454,7 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
         }
     }
     let snapshot_install_s = t.elapsed().as_secs_f64();
+    let snapshot_install_rss_bytes = voters.peak_rss_of(follower);
 
     // A new leader grants every live node a grace of one lease at its
     // first lease tick (crate `granary_coordinator::leases`), renewals it
@@ -579,6 +589,7 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
         snapshot_bytes,
         snapshot_bytes_per_row_group: snapshot_bytes as f64 / opts.row_groups as f64,
         snapshot_install_s,
+        snapshot_install_rss_bytes,
         voter_rss_bytes,
         replace_leave_s,
         replace_join_s,

@@ -222,3 +222,32 @@ async fn a_peers_footer_with_swapped_column_offsets_is_refused() {
         "the footer used is the one registered"
     );
 }
+
+/// What a registration reads (`Dataset::open_manifest`, the coordinator's)
+/// is the manifest `open` gives, with no footer kept in memory; each is
+/// read again when first needed, and reported as read meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_keeps_no_footer_and_reports_each_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec = GenSpec { seed: 5, rows: 3_000, files: 3, row_group_rows: 500, ..GenSpec::default() };
+    datagen::generate(tmp.path(), &spec, |_| {}).expect("generate");
+    let remote = || {
+        Remote::open(
+            &format!("file://{}", tmp.path().display()),
+            &BTreeMap::new(),
+            None,
+            Arc::new(RemoteCounters::default()),
+        )
+        .expect("remote")
+    };
+    let kept = Dataset::open("ads", remote(), datagen::view()).await.expect("open");
+    let seen = std::sync::Mutex::new(Vec::new());
+    let report = |done, total| seen.lock().unwrap().push((done, total));
+    let listed = Dataset::open_manifest("ads", remote(), datagen::view(), &report).await.expect("open_manifest");
+    assert_eq!(listed.manifest, kept.manifest);
+    assert_eq!(*seen.lock().unwrap(), [(0, 3), (1, 3), (2, 3), (3, 3)], "listed, then each footer");
+    assert!((0..3).all(|i| kept.held_footer(i).is_some()), "open keeps every footer");
+    assert!((0..3).all(|i| listed.held_footer(i).is_none()), "a registration keeps none");
+    listed.footer(1).await.expect("read again when needed");
+    assert!(listed.held_footer(1).is_some());
+}

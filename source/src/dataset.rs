@@ -156,6 +156,29 @@ impl Dataset {
         view: View,
         footers_read: &(dyn Fn(u64, u64) + Send + Sync),
     ) -> Result<Self, OpenError> {
+        Self::open_keeping(name, remote, view, footers_read, true).await
+    }
+
+    /// [`Dataset::open_reporting`] that keeps no footer once its manifest
+    /// entry is made (each is read again when first needed): what a
+    /// registration needs, without a parsed footer per file in memory
+    /// (about 1 GB at 20,000 files of 50 row groups, issue 31).
+    pub async fn open_manifest(
+        name: &str,
+        remote: Remote,
+        view: View,
+        footers_read: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<Self, OpenError> {
+        Self::open_keeping(name, remote, view, footers_read, false).await
+    }
+
+    async fn open_keeping(
+        name: &str,
+        remote: Remote,
+        view: View,
+        footers_read: &(dyn Fn(u64, u64) + Send + Sync),
+        keep_footers: bool,
+    ) -> Result<Self, OpenError> {
         use futures::StreamExt;
         let metas = remote.list_parquet().await?;
         let total = metas.len() as u64;
@@ -209,12 +232,12 @@ impl Dataset {
                 row_groups,
                 footer_sha256: Some(footer_sha256(&raw)),
             });
-            let footer = Footer { raw, metadata, resolved: Arc::new(resolved) };
+            let footer = keep_footers.then(|| Footer { raw, metadata, resolved: Arc::new(resolved) });
             files.push(DatasetFile {
                 path: m.location,
                 size: m.size,
                 version_tag: tag,
-                footer: tokio::sync::OnceCell::new_with(Some(footer)),
+                footer: tokio::sync::OnceCell::new_with(footer),
             });
             footers_read(files.len() as u64, total);
         }

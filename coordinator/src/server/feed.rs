@@ -16,7 +16,8 @@ use granary_net::frame::{StreamError, encode_frame};
 use granary_net::placement::{OwnerTable, Placement};
 use granary_proto::DatasetVersion;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tokio::sync::Mutex;
 
 /// How many encoded updates are kept: watchers stand at the last revision
 /// or two, so a few pairs serve them all.
@@ -39,11 +40,12 @@ pub(super) struct Feed {
 impl Feed {
     /// The placement at the applied revision (built under the state's read
     /// lock the first time; the owner tables are reused while no batch
-    /// re-placed anything).
-    pub(super) fn current(&self, shared: &Shared) -> Arc<Placement> {
+    /// re-placed anything). Watchers that wake together wait, without
+    /// holding a runtime thread, for the one that builds it.
+    pub(super) async fn current(&self, shared: &Shared) -> Arc<Placement> {
+        let mut latest = self.latest.lock().await;
         shared.read_placed(|a, placement_rev| {
             let revision = a.last_applied.map(|l| l.index).unwrap_or(0);
-            let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((_, p)) = latest.as_ref().filter(|(_, p)| p.view.revision == revision) {
                 return p.clone();
             }
@@ -56,15 +58,16 @@ impl Feed {
 
     /// The encoded update that takes a watcher from `from` (None: nothing)
     /// to `to`; None when it would change nothing.
-    pub(super) fn frame(
+    pub(super) async fn frame(
         &self,
         from: Option<&Arc<Placement>>,
         to: &Arc<Placement>,
     ) -> Result<Option<Arc<Vec<u8>>>, StreamError> {
         let key = (from.map(|f| f.view.revision), to.view.revision);
         // Held while the update is built: the watchers that wake together
-        // wait for the one that builds it rather than each building it.
-        let mut frames = self.frames.lock().unwrap_or_else(|p| p.into_inner());
+        // wait (without holding a runtime thread) for the one that builds
+        // it rather than each building it.
+        let mut frames = self.frames.lock().await;
         if let Some((_, bytes)) = frames.iter().find(|(k, _)| *k == key) {
             return Ok(bytes.clone());
         }

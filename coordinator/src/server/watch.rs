@@ -87,9 +87,9 @@ pub(super) async fn watch_deltas(
     let mut changes = ctx.shared.subscribe();
     let mut sent: Option<Arc<granary_net::placement::Placement>> = None;
     loop {
-        let next = ctx.feed.current(&ctx.shared);
+        let next = ctx.feed.current(&ctx.shared).await;
         if sent.as_ref().map(|s| s.view.revision) != Some(next.view.revision) {
-            if let Some(bytes) = ctx.feed.frame(sent.as_ref(), &next)?
+            if let Some(bytes) = ctx.feed.frame(sent.as_ref(), &next).await?
                 && !ctx.responses.send_encoded(&mut send, &bytes, peer).await?
             {
                 return Ok(());

@@ -39,7 +39,7 @@ pub(in crate::server) async fn add(
     let footers_read = |done: u64, total: u64| {
         progress.send_replace(AddProgress { stage: AddStage::Footers, done, total });
     };
-    let dataset = Dataset::open_reporting(&name, remote, view.clone(), &footers_read)
+    let dataset = Dataset::open_manifest(&name, remote, view.clone(), &footers_read)
         .await
         .map_err(|e| failed(FailureKind::BadRequest, format!("dataset {name}: {e}")))?;
     if dataset.manifest.files.is_empty() {

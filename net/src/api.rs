@@ -348,13 +348,6 @@ pub struct PlacementUpdate {
     pub owners: Vec<(DatasetVersion, OwnersChange)>,
 }
 
-impl PlacementUpdate {
-    /// Whether this update changes nothing.
-    pub fn is_empty(&self) -> bool {
-        !self.full && self.nodes.is_empty() && self.nodes_gone.is_empty() && self.owners.is_empty()
-    }
-}
-
 /// Where a dataset registration stands.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct AddProgress {

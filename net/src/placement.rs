@@ -155,9 +155,10 @@ impl Placement {
     }
 
     /// The update that takes a watcher from `base` (None: nothing, so the
-    /// whole placement) to this placement. Tables shared with `base` (the
-    /// same `Arc`) are not compared.
-    pub fn update_from(&self, base: Option<&Placement>) -> PlacementUpdate {
+    /// whole placement) to this placement; None when the watcher would see
+    /// no change (no node, owner, epoch or version list changed). Tables
+    /// shared with `base` (the same `Arc`) are not compared.
+    pub fn update_from(&self, base: Option<&Placement>) -> Option<PlacementUpdate> {
         let v = &self.view;
         let mut update = PlacementUpdate {
             revision: v.revision,
@@ -173,7 +174,7 @@ impl Placement {
         let Some(base) = base else {
             update.nodes = v.nodes.clone();
             update.owners = self.tables.iter().map(|(&ver, t)| (ver, t.whole())).collect();
-            return update;
+            return Some(update);
         };
         let before: BTreeMap<NodeId, &NodeStatus> = base.view.nodes.iter().map(|n| (n.node, n)).collect();
         let after: BTreeMap<NodeId, &NodeStatus> = v.nodes.iter().map(|n| (n.node, n)).collect();
@@ -191,7 +192,15 @@ impl Placement {
             };
             update.owners.push((ver, change));
         }
-        update
+        let b = &base.view;
+        let same = update.nodes.is_empty()
+            && update.nodes_gone.is_empty()
+            && update.owners.is_empty()
+            && v.placement_epoch == b.placement_epoch
+            && v.datasets == b.datasets
+            && v.held == b.held
+            && v.older.as_deref().unwrap_or_default() == b.older.as_deref().unwrap_or_default();
+        (!same).then_some(update)
     }
 
     /// Folds `update` into `base` (what the watcher knew; None before the
@@ -286,14 +295,14 @@ mod tests {
         nodes[3].live = false;
         let after = placement(nodes, vec![(ver(1), OwnerTable::new(moved, from))]);
 
-        let update = after.update_from(Some(&before));
+        let update = after.update_from(Some(&before)).expect("a change");
         assert!(!update.full);
         assert_eq!(update.nodes, vec![status(3, false)], "only the node that changed");
         let [(v, OwnersChange::Changed(changes))] = &update.owners[..] else { panic!("{:?}", update.owners) };
         assert_eq!((*v, changes.len()), (ver(1), 250), "only the moved quarter");
         assert_eq!(Placement::apply(Some(&before), update).unwrap(), after);
 
-        let whole = after.update_from(None);
+        let whole = after.update_from(None).expect("whole");
         assert!(whole.full);
         assert_eq!(Placement::apply(None, whole).unwrap(), after);
     }
@@ -306,7 +315,7 @@ mod tests {
         after
             .tables
             .insert(ver(1), Arc::new(OwnerTable::new(vec![NodeId(1), NodeId(1), NodeId(1), NodeId(2)], vec![])));
-        let update = after.update_from(Some(&before));
+        let update = after.update_from(Some(&before)).expect("a change");
         assert_eq!(Placement::apply(None, update.clone()), Err(UpdateError::NoBase { revision: 8 }));
 
         let mut past = update.clone();
@@ -326,12 +335,29 @@ mod tests {
         let t = OwnerTable::new(vec![NodeId(1); 3], vec![]);
         let before = placement(vec![status(1, true)], vec![(ver(1), t.clone()), (ver(2), t.clone())]);
         let mut after = before.clone();
+        after.view.revision = 8;
+        assert_eq!(after.update_from(Some(&before)), None, "a new revision that changes nothing a watcher sees");
         after.view.datasets.remove(0);
         after.tables.remove(&ver(1));
-        let update = after.update_from(Some(&before));
+        let update = after.update_from(Some(&before)).expect("the lists changed");
         assert!(update.owners.is_empty() && update.nodes.is_empty(), "{update:?}");
-        assert!(update.is_empty());
         assert_eq!(Placement::apply(Some(&before), update).unwrap(), after);
+    }
+
+    /// A version collected changes only the list of older versions: the
+    /// watcher is told, so that its node drops the version.
+    #[test]
+    fn a_change_to_the_version_lists_alone_is_sent() {
+        let t = OwnerTable::new(vec![NodeId(1); 3], vec![]);
+        let mut before = placement(vec![status(1, true)], vec![(ver(1), t)]);
+        before.view.older = Some(vec![("d0".into(), ver(5))]);
+        let mut after = before.clone();
+        after.view.revision = 8;
+        after.view.older = Some(Vec::new());
+        let update = after.update_from(Some(&before)).expect("the older list changed");
+        let folded = Placement::apply(Some(&before), update).unwrap();
+        assert_eq!(folded.view.older, Some(Vec::new()));
+        assert_eq!(folded, after);
     }
 
     fn table(len: usize, nodes: u64) -> impl Strategy<Value = OwnerTable> {
@@ -359,9 +385,9 @@ mod tests {
             let mut tables = vec![(ver(1), b), (ver(3), c)];
             if !keep_first { tables.remove(0); }
             let after = placement(nodes, tables);
-            let update = after.update_from(Some(&before));
+            let update = after.update_from(Some(&before)).expect("a change");
             prop_assert_eq!(Placement::apply(Some(&before), update).unwrap(), after.clone());
-            prop_assert_eq!(Placement::apply(None, after.update_from(None)).unwrap(), after);
+            prop_assert_eq!(Placement::apply(None, after.update_from(None).expect("whole")).unwrap(), after);
         }
     }
 }

@@ -71,10 +71,9 @@ impl Feed {
         if let Some((_, bytes)) = frames.iter().find(|(k, _)| *k == key) {
             return Ok(bytes.clone());
         }
-        let update = to.update_from(from.map(|f| &**f));
-        let bytes = match update.is_empty() {
-            true => None,
-            false => Some(Arc::new(encode_frame(&ApiResponse::PlacementUpdate(update))?)),
+        let bytes = match to.update_from(from.map(|f| &**f)) {
+            None => None,
+            Some(update) => Some(Arc::new(encode_frame(&ApiResponse::PlacementUpdate(update))?)),
         };
         if frames.len() >= FRAMES_KEPT {
             frames.pop_front();
@@ -184,7 +183,7 @@ mod tests {
         s.apply(&Command::ExpireNode { node: NodeId(3), incarnation });
         let after = build(&s, 2, Some((false, &before.tables)));
         let moved = before.tables[&version].owners.iter().filter(|&&o| o == NodeId(3)).count();
-        let update = after.update_from(Some(&before));
+        let update = after.update_from(Some(&before)).expect("a leave changes the placement");
         assert_eq!(update.nodes.len(), 1, "only the node that left: {:?}", update.nodes);
         let [(_, granary_net::api::OwnersChange::Changed(changes))] = &update.owners[..] else {
             panic!("{:?}", update.owners)

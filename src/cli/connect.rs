@@ -34,16 +34,7 @@ pub(crate) struct ConnectArgs {
 /// Sends one request and waits for its answer, on a runtime of its own:
 /// these commands make one call and exit.
 pub(crate) fn call(connect: &ConnectArgs, req: ApiRequest) -> Result<ApiResponse> {
-    let (identity, _) = Identity::load_in(&connect.certs, connect.cert_name.as_deref(), "admin")?;
-    let addrs = parse_addrs(&connect.coordinators)?;
-    let options = ClientOptions { deadline: Duration::from_millis(connect.timeout_ms), ..Default::default() };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async move {
-        let client = CoordinatorClient::new(&identity, addrs, options)?;
-        let (_, resp) = client.call(&req).await?;
-        client.close();
-        Ok(resp)
-    })
+    call_reporting(connect, req, |_| {})
 }
 
 /// [`call`] for a request the leader answers with progress first

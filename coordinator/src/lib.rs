@@ -6,7 +6,8 @@
 //! - [`state`]: the replicated [`state::ClusterState`] and the pure function
 //!   that applies a command to it.
 //! - [`store`]: the log and vote on redb, synced before acknowledged.
-//! - [`sm`]: the state machine and its snapshots on disk.
+//! - [`sm`]: the state machine and its snapshots on disk; [`checksum`]: the
+//!   checksum line that ends a snapshot file.
 //! - [`staged`]: manifests in the log as pieces, and the compact form the
 //!   state and its snapshots keep them in.
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
@@ -27,6 +28,7 @@
 //! missed heartbeats into `ExpireNode` commands, and the watchdog turns a
 //! silent leader into an election.
 
+pub mod checksum;
 pub mod election;
 pub mod leases;
 pub mod network;

@@ -14,7 +14,9 @@
 //! or the new snapshot, never half of one. The bytes openraft sends to a
 //! lagging follower are that same file; the follower decodes and validates
 //! them completely before it replaces anything, and a file that fails to
-//! decode at startup is an error, never an empty state.
+//! decode at startup is an error, never an empty state. The file ends with
+//! a checksum line ([`crate::checksum`]), so a changed byte that still
+//! decodes is an error too.
 //!
 //! Snapshots move as files, never as one buffer: a snapshot is encoded
 //! straight into its file (through a 1 MiB buffer), openraft reads the
@@ -26,6 +28,7 @@
 //! Readers (the API server) see the state through [`Shared`]: a read lock for
 //! a consistent view and a watch channel that wakes them on every change.
 
+use crate::checksum::{SummingReader, SummingWriter};
 use crate::state::ClusterState;
 use crate::store::{RaftStorageError, StoreError, blocking, show};
 use crate::types::{CommandResult, TypeConfig, VoterId};
@@ -51,10 +54,13 @@ const SNAPSHOT_TMP_FILE: &str = "snapshot.json.tmp";
 const SNAPSHOT_RECV_FILE: &str = "snapshot.json.recv";
 /// The buffer a snapshot is encoded and decoded through.
 const SNAPSHOT_BUFFER_BYTES: usize = 1 << 20;
-/// The snapshot file format this code writes: 2 keeps manifests in their
-/// compact form ([`crate::staged`]); format 1 (manifests as JSON objects)
-/// is still read.
-const SNAPSHOT_FORMAT: u32 = 2;
+/// The snapshot file format this code writes: 3 ends the file with a
+/// checksum line ([`crate::checksum`]); 2 (no checksum) keeps manifests in
+/// their compact form ([`crate::staged`]); format 1 (manifests as JSON
+/// objects) is still read.
+const SNAPSHOT_FORMAT: u32 = 3;
+/// The first format whose files end with a checksum line.
+const CHECKSUMMED_FORMAT: u32 = 3;
 /// The oldest snapshot file format this code reads.
 const OLDEST_SNAPSHOT_FORMAT: u32 = 1;
 
@@ -157,15 +163,28 @@ impl SnapshotFile {
     /// Decodes and validates snapshot bytes from `origin` (a path, or a
     /// received snapshot's id) without trusting any of them.
     fn decode(reader: impl Read, origin: &dyn Fn() -> String) -> Result<Self, StoreError> {
-        let reader = BufReader::with_capacity(SNAPSHOT_BUFFER_BYTES, reader);
-        let file: Self = serde_json::from_reader(reader)
-            .map_err(|source| StoreError::SnapshotDecode { origin: origin(), source })?;
+        let mut reader = SummingReader::new(BufReader::with_capacity(SNAPSHOT_BUFFER_BYTES, reader));
+        // The JSON value is read byte by byte up to its closing brace and not
+        // beyond (no trailing check), so the sum covers exactly the body.
+        let mut json = serde_json::Deserializer::from_reader(&mut reader);
+        let file = Self::deserialize(&mut json);
+        drop(json);
+        let file = file.map_err(|source| StoreError::SnapshotDecode { origin: origin(), source })?;
         let invalid = |reason: String| StoreError::SnapshotInvalid { origin: origin(), reason };
         if !(OLDEST_SNAPSHOT_FORMAT..=SNAPSHOT_FORMAT).contains(&file.format) {
             return Err(invalid(format!(
                 "format {} (this build reads {OLDEST_SNAPSHOT_FORMAT} to {SNAPSHOT_FORMAT})",
                 file.format
             )));
+        }
+        let io = |source: std::io::Error| StoreError::SnapshotInvalid {
+            origin: origin(),
+            reason: format!("its end could not be read: {source}"),
+        };
+        if file.format >= CHECKSUMMED_FORMAT {
+            reader.check_trailer().map_err(io)?.map_err(|e| invalid(e.to_string()))?;
+        } else if !reader.check_no_trailer().map_err(io)? {
+            return Err(invalid(format!("format {} but bytes follow its state", file.format)));
         }
         if file.meta.last_log_id != file.applied.last_applied {
             return Err(invalid(format!(
@@ -180,14 +199,19 @@ impl SnapshotFile {
         Ok(file)
     }
 
-    /// Encodes the snapshot into `out` as a stream.
+    /// Encodes the snapshot into `out` as a stream, with its checksum line.
     fn encode_to(&self, out: &mut dyn Write) -> std::io::Result<()> {
-        serde_json::to_writer(out, self).map_err(std::io::Error::other)
+        let mut summed = SummingWriter::new(out);
+        serde_json::to_writer(&mut summed, self).map_err(std::io::Error::other)?;
+        summed.finish().map(drop)
     }
 
     #[cfg(test)]
     fn encode(&self) -> Result<Vec<u8>, StoreError> {
-        serde_json::to_vec(self).map_err(|source| StoreError::Encode { what: "snapshot", source })
+        let mut out = Vec::new();
+        self.encode_to(&mut out)
+            .map_err(|e| StoreError::Encode { what: "snapshot", source: serde_json::Error::io(e) })?;
+        Ok(out)
     }
 }
 
@@ -768,17 +792,27 @@ mod tests {
 
         let mut wrong_meta = good.meta.clone();
         wrong_meta.last_log_id = Some(log_id(9, 99));
+        // Still JSON, another value: only the checksum line tells.
+        let mut flipped = good_bytes.clone();
+        flip_a_digit(&mut flipped, b"\"placement_epoch\":");
         let cases: Vec<(Vec<u8>, &Meta)> = vec![
+            (flipped, &good.meta),
+            (good_bytes[..good_bytes.len() - crate::checksum::TRAILER_BYTES].to_vec(), &good.meta),
             (b"\x00garbage\xff".to_vec(), &good.meta),
             (good_bytes[..good_bytes.len() / 2].to_vec(), &good.meta),
             (good_bytes.clone(), &wrong_meta),
             (Vec::new(), &good.meta),
         ];
-        for (bytes, meta) in cases {
+        for (i, (bytes, meta)) in cases.into_iter().enumerate() {
             let mut rx = sm.begin_receiving_snapshot().await?;
             tokio::io::AsyncWriteExt::write_all(&mut *rx, &bytes).await?;
             let err = sm.install_snapshot(meta, rx).await.expect_err("malformed snapshot");
             assert!(err.to_string().contains("received snapshot"), "{err}");
+            match i {
+                0 => assert!(err.to_string().contains("corrupt"), "{err}"),
+                1 => assert!(err.to_string().contains("without its checksum line"), "{err}"),
+                _ => {}
+            }
         }
         assert_eq!(sm.shared().read(|a| a.clone()), before);
         assert!(!changes.has_changed()?);
@@ -833,7 +867,9 @@ mod tests {
         let meta = Meta { last_log_id: Some(log_id(1, 2)), ..Meta::default() };
         let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta, applied: applied.clone() };
         // What format 1 wrote: the manifest as a JSON object.
-        let mut json: serde_json::Value = serde_json::from_slice(&file.encode()?)?;
+        let bytes = file.encode()?;
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&bytes[..bytes.len() - crate::checksum::TRAILER_BYTES])?;
         json["format"] = 1.into();
         assert!(
             json["applied"]["cluster"]["datasets"]["d"]["versions"][0]["manifest"].is_string(),
@@ -866,11 +902,33 @@ mod tests {
         assert!(matches!(err, StoreError::SnapshotInvalid { .. }), "{err:?}");
         assert!(err.to_string().contains(&path.display().to_string()), "{err}");
 
+        // A digit changed on disk: still JSON, and consistent.
+        let consistent = SnapshotFile {
+            format: SNAPSHOT_FORMAT,
+            meta: Meta { last_log_id: Some(log_id(1, 5)), ..Meta::default() },
+            applied: Applied { last_applied: Some(log_id(1, 5)), ..Applied::default() },
+        };
+        let mut bytes = consistent.encode()?;
+        std::fs::write(&path, &bytes)?;
+        StateMachineStore::open(dir.path())?;
+        flip_a_digit(&mut bytes, b"\"placement_epoch\":");
+        std::fs::write(&path, &bytes)?;
+        let err = StateMachineStore::open(dir.path()).expect_err("corrupt snapshot");
+        assert!(err.to_string().contains("corrupt"), "{err}");
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+
         let future = SnapshotFile { format: SNAPSHOT_FORMAT + 1, meta: Meta::default(), applied: Applied::default() };
         std::fs::write(&path, future.encode()?)?;
         let err = StateMachineStore::open(dir.path()).expect_err("unknown format");
         assert!(err.to_string().contains(&format!("format {}", SNAPSHOT_FORMAT + 1)), "{err}");
         Ok(())
+    }
+
+    /// Changes the digit after the first `key` in `bytes`.
+    fn flip_a_digit(bytes: &mut [u8], key: &[u8]) {
+        let at = bytes.windows(key.len()).position(|w| w == key).expect("key in the snapshot") + key.len();
+        assert!(bytes[at].is_ascii_digit());
+        bytes[at] = if bytes[at] == b'9' { b'8' } else { bytes[at] + 1 };
     }
 
     #[test]

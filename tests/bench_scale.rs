@@ -31,6 +31,8 @@ fn bench_scale_measures_both_sizes_and_summarizes() {
         assert!(leave < whole, "a leave sends the watch less than the whole placement: {run}");
         assert!(run["voter_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{run}");
         assert!(run["failover_s"].as_f64().is_some_and(|s| s > 0.0), "{run}");
+        assert!(run["watch_storm_s"].as_f64().is_some_and(|s| s > 0.0), "every watcher had the placement: {run}");
+        assert!(run["watch_storm_leader_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{run}");
     }
     let summary = &lines[2];
     assert_eq!(summary["scenario"], "summary");

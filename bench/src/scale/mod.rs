@@ -26,7 +26,10 @@
 //!   deltas) receives for the leave, against the moved shards' entries
 //!   (and against one node's share of them); `watch_whole_bytes` is its
 //!   first message, the whole placement;
-//! - `failover_s`: from the leader kill to a committed write.
+//! - `failover_s`: from the leader kill to a committed write;
+//! - `watch_storm_s`: then every node re-opening its watch on the new
+//!   leader at once, until the last has the whole placement (`storm.rs`),
+//!   with the leader's peak RSS before and after.
 
 use anyhow::{Context, Result, bail};
 use granary_net::api::{ApiRequest, ApiResponse, ClusterStatus, PlacementReport};
@@ -43,6 +46,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod store;
+mod storm;
+mod summary;
+
+pub use summary::ScaleSummary;
 
 /// Knobs of one scale run.
 #[derive(Clone, Debug)]
@@ -125,6 +132,21 @@ pub struct ScaleRun {
     pub failover_s: f64,
     /// `failover_s` over the election timeout.
     pub failover_vs_election_timeout: f64,
+    /// Then every node's watch re-opened on the new leader at once: until
+    /// the last watcher had the whole placement.
+    pub watch_storm_s: f64,
+    /// Until half of them had it.
+    pub watch_storm_p50_s: f64,
+    /// Dials refused and tried again meanwhile (every watcher here dials
+    /// from one address; a voter takes 32 handshakes from one address at a
+    /// time).
+    pub watch_storm_redials: u64,
+    /// Watches refused or ended before their first message, opened again.
+    pub watch_storm_reopens: u64,
+    /// The new leader's peak RSS before the storm.
+    pub watch_storm_leader_rss_before_bytes: u64,
+    /// Its peak RSS after it.
+    pub watch_storm_leader_rss_bytes: u64,
 }
 
 struct Voters {
@@ -559,6 +581,24 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
     })?;
     let failover_s = t.elapsed().as_secs_f64();
     let voter_rss_bytes = voters.peak_rss().max(rss_before_kill);
+
+    let new_leader = rt.block_on(status(&admin))?.leader.context("no leader after the kill")?;
+    say(&format!("every node re-opens its watch on the new leader (voter {new_leader}) at once"));
+    storm::issue_certs(&certs, opts.nodes)?;
+    let rss_before_storm = voters.peak_rss_of(new_leader);
+    let storm = rt.block_on(storm::run(&certs, voters.specs[(new_leader - 1) as usize].addr, opts.nodes))?;
+    let rss_after_storm = voters.peak_rss_of(new_leader);
+    say(&format!(
+        "{} watchers had the whole placement ({} bytes) within {:.2} s ({} dials and {} watches tried again); leader \
+         peak RSS {} MB -> {} MB",
+        opts.nodes,
+        storm.whole_bytes,
+        storm.all_s,
+        storm.redials,
+        storm.reopens,
+        rss_before_storm >> 20,
+        rss_after_storm >> 20
+    ));
     let log_entry_max_bytes = survivor_ids
         .iter()
         .filter_map(|&id| scrape(voters.metrics[(id - 1) as usize], "granary_coordinator_log_entry_max_bytes").ok())
@@ -604,83 +644,11 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
         watch_bytes_per_node_over_share: watch_bytes_per_node as f64 / share_bytes.max(1e-9),
         failover_s,
         failover_vs_election_timeout: failover_s * 1e3 / opts.election_timeout_ms as f64,
+        watch_storm_s: storm.all_s,
+        watch_storm_p50_s: storm.p50_s,
+        watch_storm_redials: storm.redials,
+        watch_storm_reopens: storm.reopens,
+        watch_storm_leader_rss_before_bytes: rss_before_storm,
+        watch_storm_leader_rss_bytes: rss_after_storm,
     })
-}
-
-/// The last line (`"scenario":"summary"`): the largest run against the
-/// issue's targets, and how its costs grew from the run a tenth its size.
-#[derive(Clone, Debug, Serialize)]
-pub struct ScaleSummary {
-    /// Always "summary".
-    pub scenario: &'static str,
-    /// Row groups of the largest run.
-    pub row_groups: u64,
-    /// Its nodes.
-    pub nodes: u64,
-    /// Its registration.
-    pub register_s: f64,
-    /// Its registration over its footer reads.
-    pub register_over_footers: f64,
-    /// Target ≤ 1 MiB.
-    pub log_entry_max_bytes: u64,
-    /// Target ≤ 64.
-    pub snapshot_bytes_per_row_group: f64,
-    /// A follower behind the leader's purged log catching up.
-    pub snapshot_install_s: f64,
-    /// Target ≤ 2 GiB.
-    pub voter_rss_bytes: u64,
-    /// The slower of the leave's and the join's re-placement.
-    pub replace_s: f64,
-    /// Target ≤ 50.
-    pub api_p99_ms: f64,
-    /// Target ≤ 2: what a node's watch receives for a leave over the moved
-    /// shards' entries.
-    pub watch_bytes_per_node_over_moved: f64,
-    /// The same over one node's share of them (the moved entries over the
-    /// nodes left).
-    pub watch_bytes_per_node_over_share: f64,
-    /// Target ≤ 2.
-    pub failover_vs_election_timeout: f64,
-    /// Size of the largest run over the smaller one's (row groups), or
-    /// `None` without a smaller run.
-    pub size_ratio: Option<f64>,
-    /// `register_s`, `snapshot_bytes`, `voter_rss_bytes` and `replace_s` of
-    /// the largest run over the smaller one's (linear growth: at most
-    /// `size_ratio`).
-    pub register_growth: Option<f64>,
-    /// See `register_growth`.
-    pub snapshot_growth: Option<f64>,
-    /// See `register_growth`.
-    pub rss_growth: Option<f64>,
-    /// See `register_growth`.
-    pub replace_growth: Option<f64>,
-}
-
-impl ScaleSummary {
-    /// The summary of `big`, with growth from `small` where it ran.
-    pub fn of(small: Option<&ScaleRun>, big: &ScaleRun) -> Self {
-        let replace = |r: &ScaleRun| r.replace_leave_s.max(r.replace_join_s);
-        let grow = |f: &dyn Fn(&ScaleRun) -> f64| small.map(|s| f(big) / f(s).max(1e-9));
-        ScaleSummary {
-            scenario: "summary",
-            row_groups: big.row_groups,
-            nodes: big.nodes,
-            register_s: big.register_s,
-            register_over_footers: big.register_s / big.footers_s.max(1e-9),
-            log_entry_max_bytes: big.log_entry_max_bytes,
-            snapshot_bytes_per_row_group: big.snapshot_bytes_per_row_group,
-            snapshot_install_s: big.snapshot_install_s,
-            voter_rss_bytes: big.voter_rss_bytes,
-            replace_s: replace(big),
-            api_p99_ms: big.api_p99_ms,
-            watch_bytes_per_node_over_moved: big.watch_bytes_per_node_over_moved,
-            watch_bytes_per_node_over_share: big.watch_bytes_per_node_over_share,
-            failover_vs_election_timeout: big.failover_vs_election_timeout,
-            size_ratio: small.map(|s| big.row_groups as f64 / s.row_groups as f64),
-            register_growth: grow(&|r| r.register_s),
-            snapshot_growth: grow(&|r| r.snapshot_bytes as f64),
-            rss_growth: grow(&|r| r.voter_rss_bytes as f64),
-            replace_growth: grow(&replace),
-        }
-    }
 }

@@ -7,16 +7,23 @@
 //! A thousand nodes watch the leader. Per placement epoch each needs the
 //! same bytes (the moved shards), so the leader copies the owners once per
 //! revision (not once per watcher), compares two tables once per pair of
-//! revisions, and encodes the result once.
+//! revisions, and encodes the result once. quinn sends slices of that one
+//! encoding to every watcher (no copy per watcher), and it is charged once
+//! to the byte budget until the last watcher has acknowledged it
+//! ([`Responses::charged`]): after a leader change a thousand nodes fetch
+//! the whole placement (4 MB at a million row groups) from one buffer.
 
+use super::respond::{BUDGET_WAIT, Responses};
 use crate::sm::Shared;
 use crate::state::ClusterState;
+use bytes::Bytes;
 use granary_net::api::{ApiResponse, NodeStatus, PlacementView};
 use granary_net::frame::{StreamError, encode_frame};
 use granary_net::placement::{OwnerTable, Placement};
 use granary_proto::DatasetVersion;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 /// How many encoded updates are kept: watchers stand at the last revision
@@ -24,8 +31,27 @@ use tokio::sync::Mutex;
 const FRAMES_KEPT: usize = 8;
 
 /// An encoded update: from which revision (None: the whole placement) to
-/// which.
-type Frame = ((Option<u64>, u64), Option<Arc<Vec<u8>>>);
+/// which, and its bytes (None: nothing changed), charged to the byte budget
+/// while anyone holds them.
+type Frame = ((Option<u64>, u64), Option<Bytes>);
+
+/// What a watcher is sent next.
+pub(super) enum Next {
+    /// Nothing it sees changed.
+    Nothing,
+    /// This frame, shared with every watcher at the same revisions.
+    Frame(Bytes),
+    /// No room in the byte budget for the frame: the watch ends, and the
+    /// watcher opens it again.
+    NoRoom,
+}
+
+/// The updates encoded lately, and when building one last found no room.
+#[derive(Default)]
+struct Frames {
+    kept: VecDeque<Frame>,
+    starved_at: Option<Instant>,
+}
 
 /// The leader's shared watch feed.
 #[derive(Default)]
@@ -34,7 +60,7 @@ pub(super) struct Feed {
     /// ([`crate::sm::Shared::read_placed`]).
     latest: Mutex<Option<(u64, Arc<Placement>)>>,
     /// Updates encoded lately, newest last.
-    frames: Mutex<VecDeque<Frame>>,
+    frames: Mutex<Frames>,
 }
 
 impl Feed {
@@ -57,30 +83,50 @@ impl Feed {
     }
 
     /// The encoded update that takes a watcher from `from` (None: nothing)
-    /// to `to`; None when it would change nothing.
+    /// to `to`, charged once to `responses`' byte budget however many
+    /// watchers it is written to.
     pub(super) async fn frame(
         &self,
         from: Option<&Arc<Placement>>,
         to: &Arc<Placement>,
-    ) -> Result<Option<Arc<Vec<u8>>>, StreamError> {
+        responses: &Responses,
+    ) -> Result<Next, StreamError> {
         let key = (from.map(|f| f.view.revision), to.view.revision);
         // Held while the update is built: the watchers that wake together
         // wait (without holding a runtime thread) for the one that builds
         // it rather than each building it.
         let mut frames = self.frames.lock().await;
-        if let Some((_, bytes)) = frames.iter().find(|(k, _)| *k == key) {
-            return Ok(bytes.clone());
+        if let Some((_, bytes)) = frames.kept.iter().find(|(k, _)| *k == key) {
+            return Ok(bytes.clone().map_or(Next::Nothing, Next::Frame));
         }
-        let bytes = match to.update_from(from.map(|f| &**f)) {
-            None => None,
-            Some(update) => Some(Arc::new(encode_frame(&ApiResponse::PlacementUpdate(update))?)),
+        let Some(update) = to.update_from(from.map(|f| &**f)) else {
+            keep(&mut frames.kept, (key, None));
+            return Ok(Next::Nothing);
         };
-        if frames.len() >= FRAMES_KEPT {
-            frames.pop_front();
-        }
-        frames.push_back((key, bytes.clone()));
-        Ok(bytes)
+        let encoded = encode_frame(&ApiResponse::PlacementUpdate(update))?;
+        // Waiting for room holds the lock, so after one wait that found
+        // none, the watchers queued behind it fail at once rather than
+        // each waiting in turn.
+        let wait = match frames.starved_at {
+            Some(t) if t.elapsed() < BUDGET_WAIT => Duration::ZERO,
+            _ => BUDGET_WAIT,
+        };
+        let Some(bytes) = responses.charged(encoded, wait).await else {
+            frames.starved_at = Some(Instant::now());
+            return Ok(Next::NoRoom);
+        };
+        frames.starved_at = None;
+        keep(&mut frames.kept, (key, Some(bytes.clone())));
+        Ok(Next::Frame(bytes))
     }
+}
+
+/// Keeps `frame`, dropping the oldest beyond [`FRAMES_KEPT`].
+fn keep(kept: &mut VecDeque<Frame>, frame: Frame) {
+    if kept.len() >= FRAMES_KEPT {
+        kept.pop_front();
+    }
+    kept.push_back(frame);
 }
 
 /// The placement of `state` at `revision`. `before` is the last placement's

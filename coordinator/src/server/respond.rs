@@ -24,12 +24,17 @@
 //!   [`BUDGET_WAIT`] is replaced by a short "unavailable". Small answers
 //!   (heartbeats, registrations, refusals) take none, so leases never wait
 //!   behind large answers.
+//! - A placement watch's frame is charged once, however many watchers it
+//!   is written to (quinn sends slices of one buffer, no copy per
+//!   watcher), until the last of them has acknowledged it
+//!   ([`Responses::charged`]).
 //! - An answer not delivered within `response_write_wait` (default 30 s)
 //!   is abandoned: its stream is reset, and its bytes are freed.
 //!
 //! The decisions (the identity's key, the units an answer takes) are pure
 //! and unit-tested; [`Responses::send`] is the shell.
 
+use bytes::Bytes;
 use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
 use granary_net::frame::{self, StreamError};
 use granary_net::tls::Role;
@@ -85,6 +90,19 @@ pub(super) fn units_for(len: usize, total: u32) -> u32 {
         return 0;
     }
     u32::try_from(len.div_ceil(UNIT)).unwrap_or(u32::MAX).clamp(1, total.max(1))
+}
+
+/// Encoded bytes and their room in the byte budget, freed together when
+/// the last [`Bytes`] made from them drops.
+struct Charged {
+    bytes: Vec<u8>,
+    _room: Option<OwnedSemaphorePermit>,
+}
+
+impl AsRef<[u8]> for Charged {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// The byte budget of answers in flight and the write deadline.
@@ -186,23 +204,46 @@ impl Responses {
         resp: &ApiResponse,
         peer: std::net::SocketAddr,
     ) -> Result<bool, StreamError> {
-        self.send_encoded(send, &frame::encode_frame(resp)?, peer).await
+        let bytes = frame::encode_frame(resp)?;
+        let len = bytes.len();
+        match self.charged(bytes, BUDGET_WAIT).await {
+            Some(charged) => self.send_shared(send, charged, peer).await,
+            None => {
+                tracing::warn!(%peer, bytes = len, "ending a placement watch: no room for its view");
+                let _ = send.reset(1u32.into());
+                Ok(false)
+            }
+        }
     }
 
-    /// [`Responses::send_view`] of a frame already encoded (one encoding
-    /// is written to many watchers).
-    pub(super) async fn send_encoded(
+    /// `bytes` charged to the byte budget (waiting at most `wait` for
+    /// room) until the last copy of the returned [`Bytes`] is dropped:
+    /// quinn keeps slices of what it sends until the client acknowledges
+    /// them, so a frame written to a thousand watchers is counted once, for
+    /// as long as any of them has not acknowledged it. `None`: no room came.
+    pub(super) async fn charged(&self, bytes: Vec<u8>, wait: Duration) -> Option<Bytes> {
+        let units = units_for(bytes.len(), self.total);
+        let room = match units {
+            0 => None,
+            _ => match tokio::time::timeout(wait, self.budget.clone().acquire_many_owned(units)).await {
+                Ok(Ok(p)) => Some(p),
+                _ => return None,
+            },
+        };
+        Some(Bytes::from_owner(Charged { bytes, _room: room }))
+    }
+
+    /// Writes a frame of the placement watch already encoded and charged
+    /// ([`Responses::charged`]; one encoding is written to many watchers,
+    /// without a copy): false when the client did not take it within the
+    /// write deadline (the stream is then reset) and the watch should end.
+    pub(super) async fn send_shared(
         &self,
         send: &mut quinn::SendStream,
-        bytes: &[u8],
+        bytes: Bytes,
         peer: std::net::SocketAddr,
     ) -> Result<bool, StreamError> {
-        let Some(_taken) = self.room(bytes.len()).await else {
-            tracing::warn!(%peer, bytes = bytes.len(), "ending a placement watch: no room for its view");
-            let _ = send.reset(1u32.into());
-            return Ok(false);
-        };
-        match tokio::time::timeout(self.write_wait, send.write_all(bytes)).await {
+        match tokio::time::timeout(self.write_wait, send.write_chunk(bytes)).await {
             Ok(written) => written.map(|()| true).map_err(StreamError::Write),
             Err(_) => {
                 tracing::warn!(%peer, wait = ?self.write_wait,
@@ -268,6 +309,25 @@ mod tests {
         assert_eq!(units_for(SMALL_ANSWER_BYTES + 1, 1024), 5);
         assert_eq!(units_for(3 << 20, 1024), 1024, "larger than the budget: all of it");
         assert_eq!(units_for(1 << 20, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn a_shared_frame_is_charged_once_until_its_last_copy_drops() {
+        let r = Responses::new(1 << 20, Duration::from_secs(1));
+        let frame = r.charged(vec![7; 100 << 10], Duration::ZERO).await.expect("room");
+        // What quinn keeps of it for a thousand watchers: slices, not copies.
+        let slices: Vec<Bytes> = (0..1000).map(|i| frame.slice(i..i + 1200)).collect();
+        assert_eq!(r.bytes_in_flight(), 100 << 10, "counted once");
+        drop(frame);
+        assert_eq!(r.bytes_in_flight(), 100 << 10, "the slices still hold it");
+        drop(slices);
+        assert_eq!(r.bytes_in_flight(), 0, "freed with the last slice");
+
+        let all = r.charged(vec![0; 1 << 20], Duration::ZERO).await.expect("the whole budget");
+        assert!(r.charged(vec![0; 8 << 10], Duration::from_millis(10)).await.is_none(), "no room left");
+        assert!(r.charged(vec![0; 100], Duration::ZERO).await.is_some(), "a small frame takes none");
+        drop(all);
+        assert!(r.charged(vec![0; 8 << 10], Duration::ZERO).await.is_some());
     }
 
     #[test]

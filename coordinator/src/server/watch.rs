@@ -5,6 +5,7 @@
 //! placed version's owners, then only what changed ([`super::feed`]).
 
 use super::ctx::{Ctx, is_leader, leads_with_quorum, node_statuses, not_leader};
+use super::feed::Next;
 use granary_net::api::{ApiResponse, PlacementView};
 use granary_net::frame::{self, StreamError};
 use std::sync::Arc;
@@ -89,10 +90,18 @@ pub(super) async fn watch_deltas(
     loop {
         let next = ctx.feed.current(&ctx.shared).await;
         if sent.as_ref().map(|s| s.view.revision) != Some(next.view.revision) {
-            if let Some(bytes) = ctx.feed.frame(sent.as_ref(), &next).await?
-                && !ctx.responses.send_encoded(&mut send, &bytes, peer).await?
-            {
-                return Ok(());
+            match ctx.feed.frame(sent.as_ref(), &next, &ctx.responses).await? {
+                Next::Nothing => {}
+                Next::Frame(bytes) => {
+                    if !ctx.responses.send_shared(&mut send, bytes, peer).await? {
+                        return Ok(());
+                    }
+                }
+                Next::NoRoom => {
+                    tracing::warn!(%peer, "ending a placement watch: no room in the answer budget for its update");
+                    let _ = send.reset(1u32.into());
+                    return Ok(());
+                }
             }
             sent = Some(next);
         }

@@ -55,8 +55,10 @@ use crate::rng::{Rng, seed_of};
 use thiserror::Error;
 
 mod cursor;
+mod global;
 
 pub use cursor::PlanCursor;
+pub use global::{GlobalParams, GlobalPlan};
 pub use shuffle_def::Shuffle;
 
 // rkyv derives undocumented resolver types for enums with fields.
@@ -162,6 +164,34 @@ pub enum PlanError {
         /// Rows of the rank's plan.
         rows: u64,
     },
+    /// A global plan's canonical partitions are zero or more than the
+    /// rows of a global batch.
+    #[error("{partitions} canonical partitions with a global batch of {global_batch} rows: need 1 to {global_batch}")]
+    BadPartitions {
+        /// The partitions given.
+        partitions: u32,
+        /// The global batch given.
+        global_batch: u32,
+    },
+    /// A global plan's world size that does not divide its global batch.
+    #[error(
+        "a world of {world_size} ranks cannot split a global batch of {global_batch} rows evenly: the world size \
+         must divide the global batch"
+    )]
+    WorldNotDividingBatch {
+        /// The world size given.
+        world_size: u32,
+        /// The global batch.
+        global_batch: u32,
+    },
+    /// A global step past the epoch's last.
+    #[error("step {step} is past the epoch's {steps} global steps")]
+    StepPastEnd {
+        /// The step asked for.
+        step: u64,
+        /// Steps in the epoch.
+        steps: u64,
+    },
 }
 
 /// A rank's plan for one epoch.
@@ -240,34 +270,50 @@ fn split(key: PlanKey, shards: &[ShardRows], params: &PlanParams) -> Result<Spli
     }
 
     // 1. Shard order.
-    let mut order: Vec<u32> = (0..shards.len() as u32).collect();
-    if let Shuffle::Windowed { .. } | Shuffle::Blocks { .. } = params.shuffle {
-        Rng::new(seed_of(&[key.0, params.seed, params.epoch, 0x5348_4152_4453])).shuffle(&mut order);
-    }
+    let order = shard_order(key, shards.len(), params.seed, params.epoch, params.shuffle);
 
     // 2. This rank's contiguous range of the ordered row sequence.
     let total: u64 = shards.iter().map(|s| s.rows).sum();
     let r = u64::from(params.rank);
     let lo = (u128::from(total) * u128::from(r) / u128::from(w)) as u64;
     let hi = (u128::from(total) * u128::from(r + 1) / u128::from(w)) as u64;
-    let mut segments: Vec<(u32, u32, u32)> = Vec::new();
+    let segments = segments_of(&order, shards, lo, hi);
+    let window = match params.shuffle {
+        Shuffle::Off | Shuffle::Blocks { .. } => segments.len().max(1),
+        Shuffle::Windowed { window_shards } => window_shards as usize,
+    };
+    Ok(Split { order, segments, total, lo, hi, window })
+}
+
+/// Step 1: the epoch's shard order (indices into the manifest's shards),
+/// permuted from (plan key, seed, epoch) unless the shuffle is `Off`.
+/// Shared by the rank plan and the global plan ([`global`]).
+fn shard_order(key: PlanKey, count: usize, seed: u64, epoch: u64, shuffle: Shuffle) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..count as u32).collect();
+    if let Shuffle::Windowed { .. } | Shuffle::Blocks { .. } = shuffle {
+        Rng::new(seed_of(&[key.0, seed, epoch, 0x5348_4152_4453])).shuffle(&mut order);
+    }
+    order
+}
+
+/// The rows `[lo, hi)` of the ordered row sequence as segments (shard
+/// index, first row, end row), in order. Shards hold at most 2^32 rows
+/// (checked by the callers).
+fn segments_of(order: &[u32], shards: &[ShardRows], lo: u64, hi: u64) -> Vec<(u32, u32, u32)> {
+    let mut segments = Vec::new();
     let mut pos = 0u64;
-    for &s in &order {
+    for &s in order {
+        if pos >= hi {
+            break;
+        }
         let rows = shards[s as usize].rows;
         let (start, end) = (pos.max(lo), (pos + rows).min(hi));
         if start < end {
             segments.push((s, (start - pos) as u32, (end - pos) as u32));
         }
         pos += rows;
-        if pos >= hi {
-            break;
-        }
     }
-    let window = match params.shuffle {
-        Shuffle::Off | Shuffle::Blocks { .. } => segments.len().max(1),
-        Shuffle::Windowed { window_shards } => window_shards as usize,
-    };
-    Ok(Split { order, segments, total, lo, hi, window })
+    segments
 }
 
 /// The most rows one shuffle window of a rank's plan can hold: what

@@ -65,6 +65,16 @@ mod request_def {
         Report(crate::doctor::RankReport),
         /// The node's stage clocks and its ranks' last reports.
         Doctor,
+        /// The trainer is about to walk this plan from this batch (the
+        /// rank plan or its slice of a global plan): the node prefetches
+        /// along it from there. Supersedes `Follow`, which a node still
+        /// takes as a rank plan walked from its first batch.
+        FollowWalk {
+            /// Dataset version.
+            version: DatasetVersion,
+            /// The plan and where the rank starts in it.
+            walk: crate::plan::Walk,
+        },
     }
 }
 
@@ -293,6 +303,22 @@ mod tests {
                 },
             },
             LocalRequest::Stats,
+            LocalRequest::FollowWalk {
+                version: DatasetVersion([3; 16]),
+                walk: crate::plan::Walk::Global {
+                    params: crate::plan::GlobalParams {
+                        seed: 1,
+                        epoch: 2,
+                        global_batch: 1024,
+                        partitions: 16,
+                        shuffle: Shuffle::Blocks { window_batches: 8 },
+                        drop_last: true,
+                    },
+                    world_size: 8,
+                    rank: 5,
+                    start: 77,
+                },
+            },
         ];
         for r in reqs {
             assert_eq!(decode::<LocalRequest>(&encode(&r)).unwrap(), r);

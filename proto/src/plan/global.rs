@@ -56,7 +56,18 @@ const GROUP_TAG: u64 = 0x474c_4f42_4752_5550;
 
 /// Everything a global plan depends on besides the shard list: no world
 /// size, no rank.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
 pub struct GlobalParams {
     /// The job's seed.
     pub seed: u64,
@@ -182,16 +193,17 @@ impl GlobalPlan {
         self.num_rows().saturating_sub(step.saturating_mul(g)).min(g)
     }
 
+    /// Whether rank `rank` of `world_size` can walk this plan: the world
+    /// size divides the global batch, and the rank is in the world.
+    pub fn check_world(&self, world_size: u32, rank: u32) -> Result<(), PlanError> {
+        check_world(&self.params, world_size, rank)
+    }
+
     /// Positions in the global sequence of rank `rank`'s slice of step
     /// `step` with `world_size` ranks.
     pub fn rank_span(&self, step: u64, world_size: u32, rank: u32) -> Result<(u64, u64), PlanError> {
         let g = self.params.global_batch;
-        if world_size == 0 || rank >= world_size {
-            return Err(PlanError::BadRank { rank, world_size });
-        }
-        if !g.is_multiple_of(world_size) {
-            return Err(PlanError::WorldNotDividingBatch { world_size, global_batch: g });
-        }
+        self.check_world(world_size, rank)?;
         if step >= self.steps {
             return Err(PlanError::StepPastEnd { step, steps: self.steps });
         }
@@ -349,6 +361,95 @@ impl GlobalPlan {
                 }
             }
         }
+    }
+}
+
+/// Whether rank `rank` of `world_size` can walk a global plan of `params`.
+pub(super) fn check_world(params: &GlobalParams, world_size: u32, rank: u32) -> Result<(), PlanError> {
+    if world_size == 0 || rank >= world_size {
+        return Err(PlanError::BadRank { rank, world_size });
+    }
+    if !params.global_batch.is_multiple_of(world_size) {
+        return Err(PlanError::WorldNotDividingBatch { world_size, global_batch: params.global_batch });
+    }
+    Ok(())
+}
+
+/// Rank `rank` of `world_size` walking a global plan from a step on: its
+/// batches one at a time, and which shards it still needs (so a loader
+/// drops a chunk after the last batch that reads it).
+#[derive(Debug)]
+pub struct GlobalCursor {
+    plan: GlobalPlan,
+    world_size: u32,
+    rank: u32,
+    next: u64,
+    /// Per shard, this rank's rows of it not yet handed out.
+    pending: Vec<u32>,
+}
+
+impl GlobalCursor {
+    /// The walk of rank `rank` of `world_size` from step `start` (the
+    /// epoch's end when past it).
+    pub fn new(
+        key: PlanKey,
+        shards: &[ShardRows],
+        params: &GlobalParams,
+        world_size: u32,
+        rank: u32,
+        start: u64,
+    ) -> Result<Self, PlanError> {
+        let mut plan = GlobalPlan::new(key, shards, params)?;
+        plan.check_world(world_size, rank)?;
+        let next = start.min(plan.steps);
+        // One pass over the rank's rest of the epoch, a batch at a time, to
+        // count what it needs of each shard.
+        let mut pending = vec![0u32; shards.len()];
+        let mut rows = Vec::new();
+        for k in next..plan.steps {
+            plan.rank_batch(k, world_size, rank, &mut rows)?;
+            for r in &rows {
+                pending[r.shard_index as usize] += 1;
+            }
+        }
+        Ok(Self { plan, world_size, rank, next, pending })
+    }
+
+    /// Batches in the epoch (its global steps), equal on every rank.
+    pub fn num_batches(&self) -> usize {
+        usize::try_from(self.plan.steps).unwrap_or(usize::MAX)
+    }
+
+    /// The next batch's rows into `out`, and its index; None at the end.
+    pub fn next_batch(&mut self, out: &mut Vec<RowRef>) -> Option<usize> {
+        let k = self.next;
+        self.plan.rank_batch(k, self.world_size, self.rank, out).ok()?;
+        for r in out.iter() {
+            self.pending[r.shard_index as usize] -= 1;
+        }
+        self.next += 1;
+        usize::try_from(k).ok()
+    }
+
+    /// Whether a later batch of this rank still reads shard `shard_index`.
+    pub fn pending(&self, shard_index: u32) -> bool {
+        self.pending.get(shard_index as usize).is_some_and(|&n| n > 0)
+    }
+
+    /// The shards the rest of the walk reads, in the order it first needs
+    /// them (what a node prefetches along).
+    pub fn shard_order(mut self) -> Vec<u32> {
+        let mut seen = vec![false; self.pending.len()];
+        let mut order = Vec::new();
+        let mut rows = Vec::new();
+        while self.next_batch(&mut rows).is_some() {
+            for r in &rows {
+                if !std::mem::replace(&mut seen[r.shard_index as usize], true) {
+                    order.push(r.shard_index);
+                }
+            }
+        }
+        order
     }
 }
 
@@ -550,6 +651,44 @@ mod tests {
                 assert_eq!(by_world(&mut backward, 4, k..k + 1)[0], all[k as usize], "shuffle {kind}, step {k}");
             }
         }
+    }
+
+    #[test]
+    fn a_cursor_walks_the_rank_slices_and_knows_what_it_still_needs() {
+        let shards = shards(&[7, 30, 12, 0, 25, 9, 18, 40, 3, 11]);
+        for kind in 0..7 {
+            let p = params(12, 4, kind, kind % 2 == 0);
+            let mut plan = GlobalPlan::new(V, &shards, &p).expect("valid");
+            for (w, r, start) in [(1, 0, 0), (3, 1, 0), (4, 3, 5), (6, 2, 100)] {
+                let mut cursor = GlobalCursor::new(V, &shards, &p, w, r, start).expect("valid");
+                assert_eq!(cursor.num_batches() as u64, plan.num_steps());
+                let mut rows = Vec::new();
+                let mut expected = Vec::new();
+                let mut k = start.min(plan.num_steps());
+                while let Some(i) = cursor.next_batch(&mut rows) {
+                    assert_eq!(i as u64, k);
+                    plan.rank_batch(k, w, r, &mut expected).expect("valid");
+                    assert_eq!(rows, expected);
+                    // A shard the rest of the walk reads is pending; one it
+                    // does not, not.
+                    for s in 0..shards.len() as u32 {
+                        let later = (k + 1..plan.num_steps()).any(|j| {
+                            plan.rank_batch(j, w, r, &mut expected).expect("valid");
+                            expected.iter().any(|row| row.shard_index == s)
+                        });
+                        assert_eq!(
+                            cursor.pending(s),
+                            later,
+                            "shuffle {kind}, world {w}, rank {r}, step {k}, shard {s}"
+                        );
+                    }
+                    k += 1;
+                }
+                assert_eq!(k, plan.num_steps());
+            }
+        }
+        let err = GlobalCursor::new(V, &shards, &params(12, 4, 0, false), 5, 0, 0).expect_err("5 does not divide 12");
+        assert!(matches!(err, PlanError::WorldNotDividingBatch { world_size: 5, global_batch: 12 }));
     }
 
     #[test]

@@ -56,10 +56,12 @@ use thiserror::Error;
 
 mod cursor;
 mod global;
+mod walk;
 
 pub use cursor::PlanCursor;
-pub use global::{GlobalParams, GlobalPlan};
+pub use global::{GlobalCursor, GlobalParams, GlobalPlan};
 pub use shuffle_def::Shuffle;
+pub use walk::{Cursor, Walk};
 
 // rkyv derives undocumented resolver types for enums with fields.
 #[allow(missing_docs)]

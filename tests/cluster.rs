@@ -367,7 +367,7 @@ fn a_job_pinned_to_an_older_version_reads_it_once_per_cluster_until_it_is_collec
         .map(|&id| {
             let src = LocalSource::connect(c.socket(id)).expect("connect");
             let v1 = src.describe("ads", None).expect("describe").version;
-            src.follow(v1, &cfg(Some(v1)).params(0)).expect("follow");
+            src.follow(v1, &cfg(Some(v1)).walk(0, 0)).expect("follow");
             src
         })
         .collect();

@@ -35,6 +35,7 @@
 mod assemble;
 pub mod batch;
 mod clock;
+pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
@@ -52,5 +53,5 @@ pub use hostbuf::HostMemory;
 pub use loader::{EpochStream, Loader, LoaderConfig, default_assembly_threads, default_assembly_threads_for};
 pub use local::LocalSource;
 pub use position::Position;
-pub use resume::{ResumeMismatch, ResumeState};
+pub use resume::{PlanKind, ResumeMismatch, ResumeState};
 pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};

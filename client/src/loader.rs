@@ -1,10 +1,11 @@
 //! The loader: plan, fetch, assemble, in that order, one epoch at a time.
 //!
-//! [`Loader::epoch`] walks the rank's plan locally ([`PlanCursor`]: a shuffle
+//! [`Loader::epoch`] walks the rank's plan locally (a [`Cursor`] of the rank
+//! plan or of the rank's slice of the global plan, [`PlanKind`]: a shuffle
 //! window of rows at a time, never the whole epoch's) on one background
 //! *walker* thread: it fetches each chunk when a batch first needs it and
 //! drops it after the last batch that reads it, so at most a shuffle window
-//! of chunks is held (with [`Shuffle::Blocks`], the chunks of a group of
+//! of chunks is held (with [`Shuffle::Blocks`](granary_proto::Shuffle::Blocks), the chunks of a group of
 //! `window_batches` batches: a shard's rows are spread over its group). Each
 //! batch is then either
 //! - a **view**: the batch is one contiguous run of rows of one chunk (a
@@ -33,138 +34,22 @@
 use crate::assemble::{Runs, assemble};
 use crate::batch::{Batch, Storage};
 use crate::clock::RankClock;
+pub use crate::config::{LoaderConfig, default_assembly_threads, default_assembly_threads_for};
 use crate::error::{ClientError, ProducerError, ProtocolError};
-use crate::hostbuf::{BufferPool, HostBuf, HostMemory, Placement, pack_values};
-use crate::local::{DEFAULT_MAPPING_CACHE_BYTES, LocalSource};
+use crate::hostbuf::{BufferPool, HostBuf, Placement, pack_values};
+use crate::local::LocalSource;
 pub use crate::position::Position;
+use crate::resume::PlanKind;
 use crate::resume::ResumeState;
 use crate::source::{Chunk, ChunkSource};
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{DatasetVersion, PlanCursor, PlanParams, RankPlan, RowRef, Shuffle, TensorLayout, plan_rank};
+use granary_proto::{Cursor, DatasetVersion, GlobalPlan, RankPlan, RowRef, TensorLayout, Walk, plan_rank};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
-
-/// What a rank asks for.
-#[derive(Clone, Debug)]
-pub struct LoaderConfig {
-    /// Dataset name.
-    pub dataset: String,
-    /// The dataset version to read; `None`: the node's current version
-    /// when the loader is made (then pinned: [`Loader::version`]). A
-    /// version the node no longer serves is
-    /// [`ClientError::VersionGone`]. Default: `None`.
-    pub version: Option<DatasetVersion>,
-    /// The job's seed.
-    pub seed: u64,
-    /// This rank.
-    pub rank: u32,
-    /// Number of data-parallel ranks.
-    pub world_size: u32,
-    /// Rows per batch.
-    pub batch_size: u32,
-    /// Shuffle settings. Default: windows of 4 shards.
-    pub shuffle: Shuffle,
-    /// Drop rows that do not fill a batch on every rank. Default: false.
-    pub drop_last: bool,
-    /// Batches assembled ahead of the consumer. Default: 2.
-    pub prefetch_batches: usize,
-    /// Threads that assemble batches (0: choose from the machine, see
-    /// [`default_assembly_threads`]). Up to `prefetch_batches +
-    /// assembly_threads - 1` batches are queued or being assembled, so
-    /// memory grows by one batch per thread. Default: 0.
-    pub assembly_threads: usize,
-    /// Bytes of chunk mappings a [`LocalSource`] made by [`Loader::connect`]
-    /// keeps for later epochs (0 keeps none; see [`LocalSource::mapping_cache`]).
-    /// A kept mapping holds its chunk's memory after the node evicts it, so
-    /// this bounds what one rank can hold on to. Default: 1 GiB.
-    pub mapping_cache_bytes: u64,
-    /// Memory batches are assembled into. Default: the heap; with the
-    /// `cuda` feature, [`crate::cuda::GpuFeed::host_memory`] makes it
-    /// page-locked, and the feed copies assembled batches to the device
-    /// straight from it.
-    pub host_memory: HostMemory,
-    /// How long [`Loader::connect`]'s connection keeps reconnecting to a
-    /// node that restarts, before the epoch fails with
-    /// [`ClientError::NodeGone`]; zero fails at once. Default 30 s.
-    pub reconnect: std::time::Duration,
-}
-
-/// The assembly threads a rank gets by default: the machine's cores shared
-/// by the ranks on this host (`LOCAL_WORLD_SIZE`, as torchrun sets it; 1
-/// when unset), at least 1 and at most 8 (past that, memory bandwidth, not
-/// threads, bounds assembly).
-pub fn default_assembly_threads() -> usize {
-    let local_ranks =
-        std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n > 0);
-    default_assembly_threads_for(local_ranks.unwrap_or(1))
-}
-
-/// The default assembly threads of one of `local_ranks` ranks on this host:
-/// its share of the cores, at least 1 and at most 8.
-pub fn default_assembly_threads_for(local_ranks: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    (cores / local_ranks.max(1)).clamp(1, 8)
-}
-
-impl LoaderConfig {
-    /// Defaults for a single rank: seed 0, shuffle windows of 4 shards, keep
-    /// the last partial batch, 2 batches ahead, assembly threads chosen from
-    /// the machine, 1 GiB of kept chunk mappings.
-    pub fn new(dataset: impl Into<String>, batch_size: u32) -> Self {
-        Self {
-            dataset: dataset.into(),
-            version: None,
-            seed: 0,
-            rank: 0,
-            world_size: 1,
-            batch_size,
-            shuffle: Shuffle::Windowed { window_shards: 4 },
-            drop_last: false,
-            prefetch_batches: 2,
-            assembly_threads: 0,
-            mapping_cache_bytes: DEFAULT_MAPPING_CACHE_BYTES,
-            host_memory: HostMemory::Heap,
-            reconnect: crate::local::DEFAULT_RECONNECT,
-        }
-    }
-
-    /// The configuration that reads what `state` was saved from: its
-    /// dataset, version and plan parameters, with the other settings at
-    /// their defaults (set them after).
-    pub fn resuming(state: &ResumeState) -> Self {
-        Self {
-            version: Some(state.version),
-            seed: state.seed,
-            rank: state.rank,
-            world_size: state.world_size,
-            shuffle: state.shuffle,
-            drop_last: state.drop_last,
-            ..Self::new(state.dataset.clone(), state.batch_size)
-        }
-    }
-
-    /// The assembly threads this configuration asks for (0 resolved).
-    pub fn threads(&self) -> usize {
-        if self.assembly_threads == 0 { default_assembly_threads() } else { self.assembly_threads }
-    }
-
-    /// The plan parameters for `epoch`.
-    pub fn params(&self, epoch: u64) -> PlanParams {
-        PlanParams {
-            seed: self.seed,
-            epoch,
-            world_size: self.world_size,
-            rank: self.rank,
-            batch_size: self.batch_size,
-            shuffle: self.shuffle,
-            drop_last: self.drop_last,
-        }
-    }
-}
 
 /// A rank's data loader.
 pub struct Loader {
@@ -190,10 +75,13 @@ impl Loader {
     }
 
     /// A loader reading from any source.
-    pub fn new(source: Arc<dyn ChunkSource>, cfg: LoaderConfig) -> Result<Self, ClientError> {
+    pub fn new(source: Arc<dyn ChunkSource>, mut cfg: LoaderConfig) -> Result<Self, ClientError> {
         let info = source.describe(&cfg.dataset, cfg.version)?;
-        // Validate the parameters once, up front (a cursor holds no rows).
-        PlanCursor::new(info.plan_key, &info.shards, &cfg.params(0), 0)?;
+        // Validate the parameters once, up front (nothing is walked).
+        let walk = cfg.walk(0, 0);
+        walk.check()?;
+        walk.num_batches(info.plan_key, &info.shards)?;
+        cfg.batch_size = walk.batch_rows();
         let layouts: Arc<[TensorLayout]> = info.tensors.clone().into();
         // Buffers in use at once: the queue (finished or being assembled),
         // the batch the consumer waits on, the consumer's, and the walker's.
@@ -237,6 +125,7 @@ impl Loader {
             batch_size: c.batch_size,
             shuffle: c.shuffle,
             drop_last: c.drop_last,
+            plan: c.plan,
             epoch: pos.epoch,
             batch: pos.batch,
         }
@@ -253,14 +142,28 @@ impl Loader {
     }
 
     /// This rank's plan for `epoch`, whole (every row of the epoch: for
-    /// inspection and tests; the loader itself walks a [`PlanCursor`]).
+    /// inspection and tests; the loader itself walks a cursor). With the
+    /// global plan, [`PlanError::NotTheRankPlan`](granary_proto::PlanError):
+    /// see [`Loader::global_plan`].
     pub fn plan(&self, epoch: u64) -> Result<RankPlan, ClientError> {
+        if let PlanKind::Global { .. } = self.cfg.plan {
+            return Err(granary_proto::PlanError::NotTheRankPlan.into());
+        }
         Ok(plan_rank(self.info.plan_key, &self.info.shards, &self.cfg.params(epoch))?)
+    }
+
+    /// The global plan of `epoch` (for inspection and tests: every rank's
+    /// batch of every step); None for a loader of the rank plan.
+    pub fn global_plan(&self, epoch: u64) -> Result<Option<GlobalPlan>, ClientError> {
+        match self.cfg.walk(epoch, 0) {
+            Walk::Global { params, .. } => Ok(Some(GlobalPlan::new(self.info.plan_key, &self.info.shards, &params)?)),
+            Walk::Rank { .. } => Ok(None),
+        }
     }
 
     /// Batches in `epoch` (equal on every rank), without building the plan.
     pub fn num_batches(&self, epoch: u64) -> Result<usize, ClientError> {
-        Ok(PlanCursor::new(self.info.plan_key, &self.info.shards, &self.cfg.params(epoch), 0)?.num_batches())
+        Ok(self.cfg.walk(epoch, 0).num_batches(self.info.plan_key, &self.info.shards)?)
     }
 
     /// All batches of `epoch`, from the first.
@@ -273,13 +176,13 @@ impl Loader {
     /// alone: [`Loader::resume_from`] also checks that the saved state
     /// was this loader's.
     pub fn resume(&self, pos: Position) -> Result<EpochStream, ClientError> {
-        let params = self.cfg.params(pos.epoch);
         let total = self.num_batches(pos.epoch)? as u64;
         if pos.batch > total {
             return Err(ClientError::PositionPastEnd { epoch: pos.epoch, batch: pos.batch, batches: total });
         }
         let start = pos.batch;
-        let cursor = PlanCursor::new(self.info.plan_key, &self.info.shards, &params, start as usize)?;
+        let walk = self.cfg.walk(pos.epoch, start);
+        let cursor = walk.cursor(self.info.plan_key, &self.info.shards)?;
         let ahead = self.cfg.prefetch_batches.max(1);
         let threads = self.cfg.threads();
         // Room for `ahead` finished batches while every thread works on one
@@ -291,6 +194,7 @@ impl Loader {
             info: self.info.clone(),
             layouts: self.layouts.clone(),
             cursor,
+            walk,
             epoch: pos.epoch,
             stop: stop.clone(),
             pool: self.pool.clone(),
@@ -450,7 +354,9 @@ struct Walker {
     info: Arc<DatasetInfo>,
     layouts: Arc<[TensorLayout]>,
     /// At the first batch to produce.
-    cursor: PlanCursor,
+    cursor: Cursor,
+    /// What the cursor walks, from where (announced to the source).
+    walk: Walk,
     epoch: u64,
     stop: Arc<AtomicBool>,
     /// Assembled batches' buffers come back here when dropped.
@@ -472,7 +378,7 @@ impl Walker {
             let job_rx = Arc::new(Mutex::new(job_rx));
             let layouts = self.layouts.clone();
             let clock = self.clock.clone();
-            let rank = self.cursor.params().rank;
+            let rank = self.walk.rank();
             std::thread::scope(|scope| {
                 for k in 0..threads {
                     let (job_rx, layouts, clock) = (job_rx.clone(), &layouts, &clock);
@@ -496,7 +402,7 @@ impl Walker {
 
     fn walk(&mut self, tx: &SyncSender<Slot>, jobs: Option<&SyncSender<Job>>) -> Result<(), ClientError> {
         let version = self.info.version;
-        self.source.follow(version, self.cursor.params())?;
+        self.source.follow(version, &self.walk)?;
         let mut held: Vec<(u32, Chunk)> = Vec::new();
         let mut rows: Vec<RowRef> = Vec::new();
         loop {

@@ -27,7 +27,7 @@ use crate::source::{Chunk, ChunkBytes, ChunkSource};
 use granary_proto::chunk::Verify;
 use granary_proto::frame;
 use granary_proto::wire::{self, DatasetInfo, LocalRequest, LocalResponse, MAX_FRAME_LEN, NodeStats};
-use granary_proto::{DatasetVersion, PlanParams, ShardId};
+use granary_proto::{DatasetVersion, ShardId, Walk};
 use rustix::fd::OwnedFd;
 use rustix::fs::SealFlags;
 use rustix::mm::{MapFlags, ProtFlags};
@@ -67,7 +67,7 @@ pub struct LocalSource {
     reconnect: Duration,
     /// The last plan announced, announced again on a new connection (the
     /// node keeps a trainer's plan per connection, to prefetch along it).
-    last_follow: Mutex<Option<(DatasetVersion, PlanParams)>>,
+    last_follow: Mutex<Option<(DatasetVersion, Walk)>>,
     /// A reply this client could not read left the connection out of step:
     /// it is not used again, nor replaced (the next reply would be no
     /// better understood).
@@ -288,8 +288,8 @@ impl LocalSource {
             };
             **guard = Some(stream);
             let follow = *self.last_follow.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((version, params)) = follow {
-                match self.exchange_on(guard, &LocalRequest::Follow { version, params }) {
+            if let Some((version, walk)) = follow {
+                match self.exchange_on(guard, &LocalRequest::FollowWalk { version, walk }) {
                     Ok((LocalResponse::Following, _)) => {}
                     Ok((other, _)) => return Err(unexpected("Follow", &other)),
                     // A cluster node takes connections before the
@@ -546,10 +546,10 @@ impl ChunkSource for LocalSource {
         }
     }
 
-    fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
-        match self.call(&LocalRequest::Follow { version, params: *params })?.0 {
+    fn follow(&self, version: DatasetVersion, walk: &Walk) -> Result<(), ClientError> {
+        match self.call(&LocalRequest::FollowWalk { version, walk: *walk })?.0 {
             LocalResponse::Following => {
-                *self.last_follow.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, *params));
+                *self.last_follow.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, *walk));
                 Ok(())
             }
             other => Err(unexpected("Follow", &other)),

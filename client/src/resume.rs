@@ -10,6 +10,39 @@ use granary_proto::{DatasetVersion, Shuffle};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+/// Which plan a loader walks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PlanKind {
+    /// The rank plan: rank `r` of `W` reads the `r`-th `1/W` of the epoch's
+    /// rows, in batches of `batch_size`. Its order depends on the world
+    /// size: a state resumes only on the same world size and rank.
+    #[default]
+    Rank,
+    /// The global plan ([`granary_proto::GlobalPlan`]): global batches of
+    /// `global_batch` rows drawn from `partitions` canonical partitions;
+    /// each rank takes its slice (`global_batch / world_size` rows) of each.
+    /// The same global order on every world size dividing `global_batch`:
+    /// a state resumes on any of them, at the same global step.
+    Global {
+        /// Rows of one global step, all ranks together.
+        global_batch: u32,
+        /// Canonical partitions, fixed for the job (`1..=global_batch`).
+        partitions: u32,
+    },
+}
+
+impl std::fmt::Display for PlanKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanKind::Rank => write!(f, "the rank plan"),
+            PlanKind::Global { global_batch, partitions } => {
+                write!(f, "the global plan (global batch {global_batch}, {partitions} partitions)")
+            }
+        }
+    }
+}
+
 /// Everything that defines a rank's batches, and its place in them.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct ResumeState {
@@ -29,9 +62,14 @@ pub struct ResumeState {
     pub shuffle: Shuffle,
     /// Whether rows that do not fill a batch on every rank are dropped.
     pub drop_last: bool,
+    /// The plan walked (states saved before plan kinds existed are of the
+    /// rank plan).
+    #[serde(default)]
+    pub plan: PlanKind,
     /// The epoch of the next batch.
     pub epoch: u64,
-    /// The index of the next batch within its epoch.
+    /// The index of the next batch within its epoch (with the global plan,
+    /// the next global step: the same on every rank).
     pub batch: u64,
 }
 
@@ -55,7 +93,9 @@ impl ResumeState {
 
     /// The first field that decides the batches (everything but the
     /// position) in which `self`, a saved state, differs from `now`, the
-    /// state of the loader asked to resume it.
+    /// state of the loader asked to resume it. With the global plan the
+    /// world size, rank and per-rank batch size are free: the global steps
+    /// are the same on every world size.
     pub fn mismatch(&self, now: &ResumeState) -> Option<ResumeMismatch> {
         let differ = |field: &'static str, saved: String, now: String| {
             (saved != now).then_some(ResumeMismatch { field, saved, now })
@@ -65,12 +105,20 @@ impl ResumeState {
             Shuffle::Windowed { window_shards } => format!("windows of {window_shards} shards"),
             Shuffle::Blocks { window_batches } => format!("blocks permuted in groups of {window_batches} batches"),
         };
+        let elastic = matches!(self.plan, PlanKind::Global { .. });
         differ("dataset", format!("{:?}", self.dataset), format!("{:?}", now.dataset))
             .or_else(|| differ("version", self.version.to_hex(), now.version.to_hex()))
+            .or_else(|| differ("plan", self.plan.to_string(), now.plan.to_string()))
             .or_else(|| differ("seed", self.seed.to_string(), now.seed.to_string()))
-            .or_else(|| differ("world_size", self.world_size.to_string(), now.world_size.to_string()))
-            .or_else(|| differ("rank", self.rank.to_string(), now.rank.to_string()))
-            .or_else(|| differ("batch_size", self.batch_size.to_string(), now.batch_size.to_string()))
+            .or_else(|| {
+                (!elastic)
+                    .then(|| {
+                        differ("world_size", self.world_size.to_string(), now.world_size.to_string())
+                            .or_else(|| differ("rank", self.rank.to_string(), now.rank.to_string()))
+                            .or_else(|| differ("batch_size", self.batch_size.to_string(), now.batch_size.to_string()))
+                    })
+                    .flatten()
+            })
             .or_else(|| differ("shuffle", shuffle(&self.shuffle), shuffle(&now.shuffle)))
             .or_else(|| differ("drop_last", self.drop_last.to_string(), now.drop_last.to_string()))
     }
@@ -90,9 +138,35 @@ mod tests {
             batch_size: 256,
             shuffle: Shuffle::Windowed { window_shards: 4 },
             drop_last: false,
+            plan: PlanKind::Rank,
             epoch: 3,
             batch: 17,
         }
+    }
+
+    #[test]
+    fn a_global_plan_state_resumes_on_another_world_size_but_not_another_plan() {
+        let global = PlanKind::Global { global_batch: 1024, partitions: 16 };
+        let saved = ResumeState { plan: global, ..state() };
+        let now = ResumeState { world_size: 2, rank: 0, batch_size: 512, epoch: 0, batch: 0, ..saved.clone() };
+        assert_eq!(saved.mismatch(&now), None, "any world size dividing the global batch");
+        let other = ResumeState { plan: PlanKind::Global { global_batch: 1024, partitions: 8 }, ..now.clone() };
+        let m = saved.mismatch(&other).expect("another partitioning is another order");
+        assert_eq!(m.field, "plan");
+        assert!(m.to_string().contains("16 partitions"), "{m}");
+        let rank_plan = ResumeState { plan: PlanKind::Rank, ..state() };
+        assert_eq!(saved.mismatch(&rank_plan).expect("another kind").field, "plan");
+    }
+
+    #[test]
+    fn a_state_saved_before_plan_kinds_is_of_the_rank_plan() {
+        let mut json: serde_json::Value = serde_json::to_value(state()).unwrap();
+        json.as_object_mut().unwrap().remove("plan");
+        let back: ResumeState = serde_json::from_value(json).unwrap();
+        assert_eq!(back.plan, PlanKind::Rank);
+        let global = ResumeState { plan: PlanKind::Global { global_batch: 64, partitions: 4 }, ..state() };
+        let json = serde_json::to_string(&global).unwrap();
+        assert!(json.contains(r#""plan":{"kind":"global","global_batch":64,"partitions":4}"#), "{json}");
     }
 
     #[test]

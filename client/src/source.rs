@@ -9,7 +9,7 @@
 use crate::error::ClientError;
 use granary_proto::chunk::Verify;
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{AlignedBuf, ChunkHeader, ChunkView, DatasetVersion, PlanParams, ShardId};
+use granary_proto::{AlignedBuf, ChunkHeader, ChunkView, DatasetVersion, ShardId, Walk};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -124,10 +124,11 @@ pub trait ChunkSource: Send + Sync {
     /// [`ClientError::VersionGone`] when not served.
     fn describe(&self, dataset: &str, version: Option<DatasetVersion>) -> Result<DatasetInfo, ClientError>;
 
-    /// Announces the plan a rank is about to walk, so the source can
-    /// prefetch along it. Sources without prefetch ignore it.
-    fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
-        let _ = (version, params);
+    /// Announces the plan a rank is about to walk and where it starts in
+    /// it, so the source can prefetch along it from there. Sources without
+    /// prefetch ignore it.
+    fn follow(&self, version: DatasetVersion, walk: &Walk) -> Result<(), ClientError> {
+        let _ = (version, walk);
         Ok(())
     }
 

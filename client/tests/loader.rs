@@ -260,3 +260,94 @@ fn fetch_errors_end_the_epoch_with_the_error() {
     }
     assert!(s.next().is_none());
 }
+
+/// The rows every rank of a world of `world` delivers for the steps of
+/// epoch `epoch` from `from` to `to`, step by step, ranks in order; each
+/// rank's loader made from `state` (as a restarted job makes them), or
+/// fresh when there is none.
+fn global_rows(
+    src: &Arc<MemorySource>,
+    state: Option<&ResumeState>,
+    world: u32,
+    epoch: u64,
+    steps: std::ops::Range<u64>,
+) -> Vec<Vec<i64>> {
+    let loaders: Vec<Loader> = (0..world)
+        .map(|rank| {
+            let cfg = match state {
+                Some(s) => LoaderConfig { world_size: world, rank, ..LoaderConfig::resuming(s) },
+                None => LoaderConfig {
+                    seed: 4,
+                    shuffle: Shuffle::Windowed { window_shards: 2 },
+                    ..LoaderConfig::global("t", 12, 3, world, rank)
+                },
+            };
+            Loader::new(src.clone(), cfg).unwrap()
+        })
+        .collect();
+    let mut streams: Vec<_> = loaders
+        .iter()
+        .map(|l| match state {
+            Some(s) => l.resume_from(&ResumeState { world_size: world, rank: l.config().rank, ..s.clone() }).unwrap(),
+            None => l.resume(Position { epoch, batch: steps.start }).unwrap(),
+        })
+        .collect();
+    steps
+        .map(|_| {
+            streams
+                .iter_mut()
+                .flat_map(|s| s.next().unwrap().unwrap().tensor::<i64>("id").unwrap().data().to_vec())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_global_plan_job_resumes_on_another_world_size_with_the_same_rows() {
+    let src = source(&[37, 50, 12, 41, 5, 29, 18]);
+    let one = Loader::new(
+        src.clone(),
+        LoaderConfig {
+            seed: 4,
+            shuffle: Shuffle::Windowed { window_shards: 2 },
+            ..LoaderConfig::global("t", 12, 3, 1, 0)
+        },
+    )
+    .unwrap();
+    let steps = one.num_batches(1).unwrap() as u64;
+    assert_eq!(steps, 192u64.div_ceil(12));
+    let reference = global_rows(&src, None, 1, 1, 0..steps);
+    // Every row of the epoch once.
+    let mut all: Vec<i64> = reference.concat();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 192);
+
+    // Four ranks, stopped after step 5; the state rank 2 saved resumes on
+    // two ranks, then again on three.
+    let four = global_rows(&src, None, 4, 1, 0..6);
+    assert_eq!(four, reference[..6]);
+    let rank2 = Loader::new(
+        src.clone(),
+        LoaderConfig {
+            seed: 4,
+            shuffle: Shuffle::Windowed { window_shards: 2 },
+            ..LoaderConfig::global("t", 12, 3, 4, 2)
+        },
+    )
+    .unwrap();
+    assert_eq!(rank2.config().batch_size, 3, "the global batch over the world size");
+    let saved = rank2.state_at(Position { epoch: 1, batch: 6 });
+    let two = global_rows(&src, Some(&saved), 2, 1, 6..11);
+    assert_eq!(two, reference[6..11]);
+    let saved = ResumeState { batch: 11, ..saved };
+    let three = global_rows(&src, Some(&saved), 3, 1, 11..steps);
+    assert_eq!(three, reference[11..]);
+
+    // A world size that does not divide the global batch is refused by name.
+    let err = Loader::new(src.clone(), LoaderConfig::global("t", 12, 3, 5, 0)).err().expect("5 does not divide 12");
+    assert!(err.to_string().contains("world of 5 ranks"), "{err}");
+    // The rank plan's whole-epoch view is not a global loader's.
+    assert!(matches!(rank2.plan(1), Err(ClientError::Plan(granary_proto::PlanError::NotTheRankPlan))));
+    assert!(rank2.global_plan(1).unwrap().is_some());
+}

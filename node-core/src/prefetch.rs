@@ -12,7 +12,7 @@
 //! The shell (`service::Follower`) spawns a load per [`Issue`].
 
 use granary_proto::plan::PlanError;
-use granary_proto::{PlanKey, PlanParams, ShardId, ShardRows, rank_shard_order};
+use granary_proto::{PlanKey, ShardId, ShardRows, Walk};
 use std::collections::{HashMap, HashSet};
 
 /// A rank's prefetch order: shards with their chunk sizes, this epoch's
@@ -25,12 +25,14 @@ pub struct PrefetchOrder {
     pub epoch_len: usize,
 }
 
-/// The order of `params`' epoch and the new shards of its next
-/// `epochs_ahead` epochs; `size` gives a shard's chunk length.
+/// The order of `walk`'s epoch from the rank's position (a resumed rank's
+/// node does not load what the rank already read) and the new shards of its
+/// next `epochs_ahead` epochs, from their starts; `size` gives a shard's
+/// chunk length.
 pub fn plan_order(
     key: PlanKey,
     shards: &[ShardRows],
-    params: &PlanParams,
+    walk: &Walk,
     epochs_ahead: u64,
     size: impl Fn(ShardId) -> u64,
 ) -> Result<PrefetchOrder, PlanError> {
@@ -38,17 +40,17 @@ pub fn plan_order(
         let s = shards[*i as usize].shard;
         (s, size(s))
     };
-    // Only the shard order is needed: computed a window at a time, not by
-    // materialising the rank's rows.
-    let mut order: Vec<(ShardId, u64)> = rank_shard_order(key, shards, params)?.iter().map(with_size).collect();
+    // Only the shard order is needed (from the epoch's start: computed a
+    // window at a time, not by materialising the rank's rows).
+    let mut order: Vec<(ShardId, u64)> = walk.shard_order(key, shards)?.iter().map(with_size).collect();
     let epoch_len = order.len();
     let mut seen: HashSet<ShardId> = order.iter().map(|(s, _)| *s).collect();
     for ahead in 1..=epochs_ahead {
         if seen.len() == shards.len() {
             break;
         }
-        let later = PlanParams { epoch: params.epoch.wrapping_add(ahead), ..*params };
-        let later_order = rank_shard_order(key, shards, &later)?;
+        let later = walk.in_epoch(walk.epoch().wrapping_add(ahead));
+        let later_order = later.shard_order(key, shards)?;
         order.extend(later_order.iter().map(with_size).filter(|(s, _)| seen.insert(*s)));
     }
     Ok(PrefetchOrder { order, epoch_len })
@@ -210,7 +212,7 @@ mod tests {
     fn the_order_is_the_ranks_epoch_then_the_new_shards_of_later_epochs() {
         use granary_proto::Shuffle;
         let shards: Vec<ShardRows> = (0..12).map(|i| ShardRows { shard: s(i), rows: 100 }).collect();
-        let params = PlanParams {
+        let params = granary_proto::PlanParams {
             seed: 7,
             epoch: 0,
             rank: 0,
@@ -220,14 +222,50 @@ mod tests {
             shuffle: Shuffle::Windowed { window_shards: 2 },
         };
         let v = PlanKey(9);
-        let o = plan_order(v, &shards, &params, 3, |sh| u64::from(sh.row_group)).expect("plan");
-        let own = rank_shard_order(v, &shards, &params).expect("plan");
+        let walk = Walk::Rank { params, start: 0 };
+        let o = plan_order(v, &shards, &walk, 3, |sh| u64::from(sh.row_group)).expect("plan");
+        let own = granary_proto::rank_shard_order(v, &shards, &params).expect("plan");
         assert_eq!(o.epoch_len, own.len());
         let mut seen = HashSet::new();
         assert!(o.order.iter().all(|(sh, _)| seen.insert(*sh)), "each shard once");
         assert!(o.order.iter().all(|(sh, b)| *b == u64::from(sh.row_group)), "sizes attached");
-        assert_eq!(o, plan_order(v, &shards, &params, 3, |sh| u64::from(sh.row_group)).expect("plan"), "pure");
-        let none = plan_order(v, &shards, &params, 0, |_| 0).expect("plan");
+        assert_eq!(o, plan_order(v, &shards, &walk, 3, |sh| u64::from(sh.row_group)).expect("plan"), "pure");
+        let none = plan_order(v, &shards, &walk, 0, |_| 0).expect("plan");
         assert_eq!(none.order.len(), none.epoch_len);
+    }
+
+    #[test]
+    fn a_resumed_rank_is_prefetched_from_where_it_stands() {
+        use granary_proto::{GlobalParams, Shuffle};
+        let shards: Vec<ShardRows> = (0..12).map(|i| ShardRows { shard: s(i), rows: 100 }).collect();
+        let params = granary_proto::PlanParams {
+            seed: 7,
+            epoch: 0,
+            rank: 1,
+            world_size: 2,
+            batch_size: 50,
+            drop_last: false,
+            shuffle: Shuffle::Blocks { window_batches: 1 },
+        };
+        let v = PlanKey(9);
+        let whole = plan_order(v, &shards, &Walk::Rank { params, start: 0 }, 0, |_| 1).expect("plan");
+        // Two batches per shard: from batch 6 the rank's first three shards
+        // are behind it, and the node does not load them again.
+        let resumed = plan_order(v, &shards, &Walk::Rank { params, start: 6 }, 0, |_| 1).expect("plan");
+        assert_eq!(resumed.order, whole.order[3..]);
+        // The same for a slice of a global plan, whose later epochs start
+        // from their first step.
+        let global = GlobalParams {
+            seed: 7,
+            epoch: 0,
+            global_batch: 100,
+            partitions: 2,
+            shuffle: Shuffle::Blocks { window_batches: 1 },
+            drop_last: false,
+        };
+        let walk = |start| Walk::Global { params: global, world_size: 2, rank: 1, start };
+        let whole = plan_order(v, &shards, &walk(0), 0, |_| 1).expect("plan");
+        let resumed = plan_order(v, &shards, &walk(6), 1, |_| 1).expect("plan");
+        assert_eq!(resumed.order[..resumed.epoch_len], whole.order[3..]);
     }
 }

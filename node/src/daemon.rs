@@ -27,6 +27,7 @@ use crate::error::FetchError;
 use crate::service::Node;
 use crate::session::Session;
 use granary_node_core::conns::{Admit, ConnId, ConnTable, SocketLimits};
+use granary_proto::Walk;
 use granary_proto::frame;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
 use rustix::fd::BorrowedFd;
@@ -349,8 +350,13 @@ async fn connection(
                 };
                 send(&stream, &reply, None, write).await?;
             }
-            LocalRequest::Follow { version, params } => {
-                let admitted = node.admit_follow(version, &params);
+            req @ (LocalRequest::Follow { .. } | LocalRequest::FollowWalk { .. }) => {
+                let (version, walk) = match req {
+                    LocalRequest::Follow { version, params } => (version, Walk::Rank { params, start: 0 }),
+                    LocalRequest::FollowWalk { version, walk } => (version, walk),
+                    _ => unreachable!("matched above"),
+                };
+                let admitted = node.admit_follow(version, &walk);
                 let planned = match admitted {
                     Err(e) => Err(e),
                     Ok(()) => match follows.clone().acquire_owned().await {
@@ -358,7 +364,7 @@ async fn connection(
                             let node = node.clone();
                             tokio::task::spawn_blocking(move || {
                                 let _permit = permit;
-                                node.follow(version, &params)
+                                node.follow(version, &walk)
                             })
                             .await
                             .unwrap_or_else(|source| Err(FetchError::Task { what: "planning", source }))

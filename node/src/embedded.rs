@@ -13,7 +13,7 @@ use crate::shm::SealedChunk;
 use granary_client::{Chunk, ChunkBytes, ChunkSource, ClientError};
 use granary_proto::chunk::Verify;
 use granary_proto::wire::DatasetInfo;
-use granary_proto::{DatasetVersion, PlanParams, ShardId};
+use granary_proto::{DatasetVersion, ShardId, Walk};
 use std::sync::{Arc, Mutex};
 
 /// A node running inside this process.
@@ -83,9 +83,9 @@ impl ChunkSource for EmbeddedNode {
         })
     }
 
-    fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), ClientError> {
+    fn follow(&self, version: DatasetVersion, walk: &Walk) -> Result<(), ClientError> {
         let _guard = self.runtime.enter();
-        let f = self.node.follow(version, params).map_err(|e| node_err(&e, e.kind()))?;
+        let f = self.node.follow(version, walk).map_err(|e| node_err(&e, e.kind()))?;
         self.session.lock().unwrap_or_else(|p| p.into_inner()).follow(f);
         Ok(())
     }

@@ -61,7 +61,7 @@ async fn prefetch_looks_ahead_only_while_guest_copies_fit() {
     assert!(ahead.len() as u64 > epoch0 + 1, "later epochs bring new shards");
     for (guest_chunks, want) in [(epoch0 + 1, epoch0 + 1), (64, ahead.len() as u64)] {
         let node2 = guest_node(&f, guest_chunks * chunk).await;
-        let _follower = node2.follow(f.version, &params).expect("follow");
+        let _follower = node2.follow(f.version, &granary_proto::Walk::Rank { params, start: 0 }).expect("follow");
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while node2.stats().peer_fetched < want {
             assert!(std::time::Instant::now() < deadline, "{:?}", node2.stats());
@@ -117,11 +117,11 @@ async fn look_ahead_copies_give_way_to_the_epochs_in_progress() {
         panic!("prefetch did not settle: {:?}", node2.stats());
     };
     // Rank 0 alone fills the whole area: its epoch, then later epochs'.
-    let _rank0 = node2.follow(f.version, &params(0)).expect("follow");
+    let _rank0 = node2.follow(f.version, &granary_proto::Walk::Rank { params: params(0), start: 0 }).expect("follow");
     let fetched = settle().await;
     assert!(fetched > current[0].len() as u64, "rank 0 looked ahead: {:?}", node2.stats());
     // Rank 1's epoch then needs room.
-    let _rank1 = node2.follow(f.version, &params(1)).expect("follow");
+    let _rank1 = node2.follow(f.version, &granary_proto::Walk::Rank { params: params(1), start: 0 }).expect("follow");
     let fetched = settle().await;
     for s in current.iter().flatten() {
         node2.chunk(f.version, *s).await.expect("chunk");

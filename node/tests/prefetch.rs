@@ -66,7 +66,11 @@ fn prefetch_reaches_into_the_next_epochs_within_the_budget() {
     }
     let epoch0 = plan_rank(info.plan_key, &shards, &params(0)).expect("plan").shard_order().len();
     assert!(expected.len() > epoch0, "later epochs use other shards");
-    let _follower = node.block_on(async { node.node().follow(info.version, &params(0)) }).expect("follow");
+    let _follower = node
+        .block_on(async {
+            node.node().follow(info.version, &granary_proto::Walk::Rank { params: params(0), start: 0 })
+        })
+        .expect("follow");
     wait_conversions(&node, expected.len() as u64);
     std::thread::sleep(Duration::from_millis(200));
     let stats = node.node().stats();
@@ -79,7 +83,11 @@ fn a_budget_of_one_chunk_prefetches_only_the_next_shard() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = start(dir.path(), 1);
     let info = node.node().describe("ads", None).expect("describe");
-    let _follower = node.block_on(async { node.node().follow(info.version, &params(0)) }).expect("follow");
+    let _follower = node
+        .block_on(async {
+            node.node().follow(info.version, &granary_proto::Walk::Rank { params: params(0), start: 0 })
+        })
+        .expect("follow");
     wait_conversions(&node, 1);
     std::thread::sleep(Duration::from_millis(300));
     let stats = node.node().stats();

@@ -52,6 +52,6 @@ pub use manifest::{FileEntry, Manifest, RowGroupEntry, ShardRows};
 pub use placement::{NodeWeight, Placement, PlacementError, plan_placement, shard_key};
 pub use plan::{
     Cursor, GlobalCursor, GlobalParams, GlobalPlan, PlanCost, PlanCursor, PlanError, PlanParams, RankPlan, RowRef,
-    Shuffle, plan_cost, plan_rank, rank_shard_order, window_rows_bound,
+    Shuffle, Walk, plan_cost, plan_rank, rank_shard_order, window_rows_bound,
 };
 pub use view::{NullRows, TensorLayout, TensorSpec, Truncate, View, ViewError};

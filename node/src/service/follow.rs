@@ -7,7 +7,7 @@ use crate::error::FetchError;
 use crate::holds::VersionUse;
 use granary_node_core::flight::Asker;
 use granary_node_core::prefetch::{PrefetchWindow, plan_order};
-use granary_proto::{DatasetVersion, PlanParams, ShardId};
+use granary_proto::{DatasetVersion, ShardId, Walk};
 use std::sync::atomic::Ordering;
 
 impl Node {
@@ -15,30 +15,31 @@ impl Node {
     /// (`max_plan_bytes`, for every shuffle): checked before planning takes
     /// one of the few planning slots, so a huge plan is refused at once and
     /// never holds up other ranks' plans.
-    pub fn admit_follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<(), FetchError> {
+    pub fn admit_follow(&self, version: DatasetVersion, walk: &Walk) -> Result<(), FetchError> {
+        walk.check()?;
         let ds = self.dataset(version)?;
-        let cost = granary_proto::plan_cost(&ds.manifest.shards(), params);
+        let cost = walk.cost(&ds.manifest.shards());
         let limit = self.inner.max_plan_bytes;
         if cost.bytes > limit {
-            return Err(FetchError::PlanTooLarge { cost, batch_size: params.batch_size, limit });
+            return Err(FetchError::PlanTooLarge { cost, batch_size: walk.batch_rows(), limit });
         }
         Ok(())
     }
 
     /// Starts prefetching along one rank's plan: the shards of its epoch in
-    /// the order it needs them, then the new shards of its next
+    /// the order it needs them from where it stands (a resumed rank's
+    /// position, not its epoch's start), then the new shards of its next
     /// [`PREFETCH_EPOCHS_AHEAD`] epochs (every epoch's plan is known in
     /// advance). Later epochs' shards are fetched only while the budget
     /// ahead of the rank has room, after the current epoch's, so they never
     /// delay it; in a cluster their peer transfers overlap the current epoch
     /// (above all the cold one, which waits on remote storage) instead of
     /// stalling the next.
-    pub fn follow(&self, version: DatasetVersion, params: &PlanParams) -> Result<Follower, FetchError> {
-        self.admit_follow(version, params)?;
+    pub fn follow(&self, version: DatasetVersion, walk: &Walk) -> Result<Follower, FetchError> {
+        self.admit_follow(version, walk)?;
         let ds = self.dataset(version)?;
-        let order = plan_order(ds.plan_key, &ds.manifest.shards(), params, PREFETCH_EPOCHS_AHEAD, |s| {
-            ds.chunk_len_estimate(s)
-        })?;
+        let order =
+            plan_order(ds.plan_key, &ds.manifest.shards(), walk, PREFETCH_EPOCHS_AHEAD, |s| ds.chunk_len_estimate(s))?;
         let window = PrefetchWindow::new(order, self.inner.prefetch_bytes, self.inner.guests.capacity_bytes());
         let used = self.inner.holds.use_version((ds.name.clone(), version));
         let mut f = Follower { node: self.clone(), version, window, _used: used };

@@ -186,6 +186,9 @@ pub enum PlanError {
         /// The global batch.
         global_batch: u32,
     },
+    /// A rank plan asked of a loader that walks the global plan.
+    #[error("this loader walks the global plan: its batches are slices of GlobalPlan's steps, not a rank plan")]
+    NotTheRankPlan,
     /// A global step past the epoch's last.
     #[error("step {step} is past the epoch's {steps} global steps")]
     StepPastEnd {

@@ -312,6 +312,34 @@ impl Batch {
         self.jagged::<u8>(name)
     }
 
+    /// One xxh3-64 per row over that row's bytes of every tensor, in view
+    /// order (a jagged tensor's row: its values, after their count): which
+    /// rows a batch holds and in what order, independent of how the batch
+    /// was cut (the same row has the same digest in a batch of 1,024 rows
+    /// as in a batch of 256). What `granary demo --elastic` compares across
+    /// world sizes.
+    pub fn row_digests(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.rows);
+        /// A tensor's bytes, row offsets (jagged) and bytes per row (value).
+        type Rows<'a> = (&'a [u8], Option<&'a [u64]>, usize);
+        let tensors: Vec<Rows<'_>> = (0..self.layouts.len())
+            .map(|i| (self.tensor_bytes(i), self.row_offsets(i), self.layouts[i].row_bytes()))
+            .collect();
+        for r in 0..self.rows {
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            for &(bytes, offsets, rb) in &tensors {
+                let (a, b) = match offsets {
+                    None => (r * rb, (r + 1) * rb),
+                    Some(o) => (o[r] as usize * rb, o[r + 1] as usize * rb),
+                };
+                h.update(&((b - a) as u64).to_le_bytes());
+                h.update(bytes.get(a..b).unwrap_or(&[]));
+            }
+            out.push(h.digest());
+        }
+        out
+    }
+
     /// xxh3-64 over every tensor's bytes in view order (a jagged tensor's
     /// row offsets, then its values): two batches with equal checksums hold
     /// (with overwhelming probability) equal bytes.

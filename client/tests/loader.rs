@@ -351,3 +351,20 @@ fn a_global_plan_job_resumes_on_another_world_size_with_the_same_rows() {
     assert!(matches!(rank2.plan(1), Err(ClientError::Plan(granary_proto::PlanError::NotTheRankPlan))));
     assert!(rank2.global_plan(1).unwrap().is_some());
 }
+
+#[test]
+fn row_digests_name_rows_whatever_batch_holds_them() {
+    let src = source(&[37, 50, 12]);
+    let digests = |batch_size| -> Vec<u64> {
+        let cfg = LoaderConfig { shuffle: Shuffle::Off, ..LoaderConfig::new("t", batch_size) };
+        let loader = Loader::new(src.clone(), cfg).unwrap();
+        loader.epoch(0).unwrap().flat_map(|b| b.unwrap().row_digests()).collect()
+    };
+    let small = digests(7);
+    assert_eq!(small.len(), 99);
+    assert_eq!(small, digests(64), "the same rows in the same order, cut differently");
+    let mut unique = small.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), 99, "rows of different values differ");
+}

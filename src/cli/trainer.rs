@@ -10,7 +10,9 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use granary_bench::consume::Staging;
-use granary_client::{Batch, ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource};
+use granary_client::{
+    Batch, ChunkSource, Loader, LoaderConfig, LocalSource, MemorySource, PlanKind, Position, ResumeState,
+};
 use granary_proto::{AlignedBuf, Shuffle};
 use granary_testkit::harness::TrainerEvent;
 use std::io::{BufRead, Write};
@@ -74,6 +76,18 @@ pub(crate) struct TrainerArgs {
     /// (tests compare them byte for byte).
     #[arg(long)]
     pub dump: Option<PathBuf>,
+    /// Walk the global plan with global batches of this many rows (each
+    /// rank gets global-batch / world of each); 0: the rank plan with
+    /// --batch-size.
+    #[arg(long, default_value_t = 0)]
+    pub global_batch: u32,
+    /// Canonical partitions of the global plan.
+    #[arg(long, default_value_t = 1)]
+    pub partitions: u32,
+    /// Resume from this saved state (`granary_client::ResumeState` as
+    /// JSON): its dataset, version and plan, with this rank and world.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
 }
 
 fn parse_version(s: &str) -> Result<granary_proto::DatasetVersion, String> {
@@ -116,16 +130,33 @@ fn drive(a: TrainerArgs) -> Result<()> {
         (0, w) => Shuffle::Windowed { window_shards: w },
         (b, _) => Shuffle::Blocks { window_batches: b },
     };
+    let resume: Option<ResumeState> = match &a.resume {
+        Some(path) => Some(
+            serde_json::from_slice(&std::fs::read(path).with_context(|| format!("reading {}", path.display()))?)
+                .with_context(|| format!("{} is not a resume state", path.display()))?,
+        ),
+        None => None,
+    };
+    let base = match &resume {
+        Some(state) => LoaderConfig::resuming(state),
+        None => LoaderConfig {
+            version: a.version,
+            seed: a.seed,
+            shuffle,
+            plan: match a.global_batch {
+                0 => PlanKind::Rank,
+                g => PlanKind::Global { global_batch: g, partitions: a.partitions },
+            },
+            ..LoaderConfig::new(a.dataset.clone(), a.batch_size)
+        },
+    };
     let cfg = LoaderConfig {
-        version: a.version,
-        seed: a.seed,
         rank: a.rank,
         world_size: a.world,
-        shuffle,
         prefetch_batches: a.prefetch_batches,
         assembly_threads: a.assembly_threads,
         mapping_cache_bytes: a.mapping_cache_bytes,
-        ..LoaderConfig::new(a.dataset.clone(), a.batch_size)
+        ..base
     };
     let loader = if a.ceiling {
         let info = source.describe(&a.dataset, a.version)?;
@@ -144,8 +175,12 @@ fn drive(a: TrainerArgs) -> Result<()> {
     emit(&TrainerEvent::Ready { rank: a.rank, batches: loader.num_batches(0)? as u64 });
     for line in std::io::stdin().lock().lines() {
         let line = line?;
+        if let Some(args) = line.strip_prefix("steps ") {
+            run_steps(&loader, a.rank, args, resume.as_ref())?;
+            continue;
+        }
         let Some(epoch) = line.strip_prefix("epoch ").and_then(|n| n.trim().parse::<u64>().ok()) else {
-            bail!("unexpected command {line:?} (expected `epoch N`)");
+            bail!("unexpected command {line:?} (expected `epoch N` or `steps EPOCH FROM TO`)");
         };
         let start = Instant::now();
         // Batches are borrowed from the preassembled epoch, or owned as they
@@ -203,6 +238,34 @@ fn drive(a: TrainerArgs) -> Result<()> {
             digest: format!("{:016x}", digest.digest()),
         });
     }
+    Ok(())
+}
+
+/// `steps EPOCH FROM TO`: batches `FROM..TO` of the epoch, each reported
+/// by the rows it held, then the resume state at `TO`. A rank started with
+/// `--resume` checks that the state is its loader's (any world size, with
+/// the global plan) and starts there.
+fn run_steps(loader: &Loader, rank: u32, args: &str, resume: Option<&ResumeState>) -> Result<()> {
+    let n: Vec<u64> = args.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
+    let [epoch, from, to] = n[..] else { bail!("expected `steps EPOCH FROM TO`, got `steps {args}`") };
+    let total = loader.num_batches(epoch)? as u64;
+    if from > to || to > total {
+        bail!("steps {from}..{to} of epoch {epoch}: the epoch has {total} batches");
+    }
+    let at = Position { epoch, batch: from };
+    let stream = match resume {
+        Some(state) if state.position() == at => {
+            let mine = ResumeState { rank, world_size: loader.config().world_size, ..state.clone() };
+            loader.resume_from(&mine)?
+        }
+        _ => loader.resume(at)?,
+    };
+    for (step, batch) in (from..to).zip(stream) {
+        let batch = batch?;
+        emit(&TrainerEvent::Rows { rank, epoch, step, rows: batch.row_digests() });
+    }
+    let state = serde_json::to_string(&loader.state_at(Position { epoch, batch: to }))?;
+    emit(&TrainerEvent::Stopped { rank, epoch, next: to, state });
     Ok(())
 }
 

@@ -44,6 +44,18 @@ pub(crate) struct DemoArgs {
     /// and row offsets, and the determinism replay covers them.
     #[arg(long)]
     pub jagged: bool,
+    /// Elastic determinism: ranks walk the global plan; 4 ranks run the
+    /// first third of an epoch, 2 ranks resume from a rank's saved state
+    /// for the second, 3 ranks for the rest; checks that every row came
+    /// exactly once and in the order of an uninterrupted 1-rank run.
+    #[arg(long)]
+    pub elastic: bool,
+    /// Rows of a global step (`--elastic`): divisible by 4, 2 and 3.
+    #[arg(long, default_value_t = 1200)]
+    pub global_batch: u32,
+    /// Canonical partitions of the global plan (`--elastic`).
+    #[arg(long, default_value_t = 4)]
+    pub partitions: u32,
     /// Print JSON lines instead of tables and bars.
     #[arg(long)]
     pub json: bool,

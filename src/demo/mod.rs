@@ -3,6 +3,8 @@
 //!
 //! - [`single`]: one node daemon and N trainer processes (the default).
 //! - [`cluster`]: a coordinator and N node daemons (`--nodes N`, N ≥ 2).
+//! - [`elastic`]: one node daemon, ranks of the global plan whose world
+//!   size changes mid-epoch (`--elastic`).
 //!
 //! Both are built from the same parts, which depend on neither of them:
 //! [`args`] (the flags), [`setup`] (the work folder and the generated
@@ -14,6 +16,7 @@
 
 mod args;
 mod cluster;
+mod elastic;
 mod pass;
 mod report;
 mod setup;
@@ -26,6 +29,9 @@ pub(crate) use args::DemoArgs;
 pub(crate) fn run(a: DemoArgs) -> Result<()> {
     if a.nodes == 0 {
         bail!("--nodes must be at least 1");
+    }
+    if a.elastic {
+        return elastic::run(a);
     }
     if a.nodes > 1 {
         return cluster::run(a);

@@ -17,7 +17,7 @@ use granary_testkit::harness::{NodeProcess, TrainerEvent, TrainerProcess, rank_a
 use indicatif::{MultiProgress, ProgressBar};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// One epoch of a pass, as a table row or a JSON line.
@@ -87,21 +87,19 @@ pub(super) fn replay_settings() -> Settings {
     }
 }
 
-/// Runs one pass in `work/name` and stops its daemon and ranks.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn pass(
+/// Starts a node daemon in `dir` (its socket, config, SSD tier and log
+/// there) serving the dataset at `data` through the throttle; returns it
+/// and its socket.
+pub(super) fn daemon(
     exe: &Path,
     a: &DemoArgs,
-    work: &Path,
-    name: &str,
+    dir: &Path,
     s: &Settings,
     data: &Path,
     bandwidth: u64,
     source_bytes: u64,
-    bars: &MultiProgress,
-) -> Result<Pass> {
-    let dir = work.join(name);
-    std::fs::create_dir_all(&dir)?;
+) -> Result<(NodeProcess, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
     let socket = dir.join("node.sock");
     let config = dir.join("node.toml");
     let ssd = dir.join("ssd");
@@ -122,6 +120,24 @@ pub(super) fn pass(
     };
     std::fs::write(&config, settings.toml())?;
     let node = NodeProcess::spawn(exe, &config, &socket, &dir.join("node.log"), Duration::from_secs(60))?;
+    Ok((node, socket))
+}
+
+/// Runs one pass in `work/name` and stops its daemon and ranks.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn pass(
+    exe: &Path,
+    a: &DemoArgs,
+    work: &Path,
+    name: &str,
+    s: &Settings,
+    data: &Path,
+    bandwidth: u64,
+    source_bytes: u64,
+    bars: &MultiProgress,
+) -> Result<Pass> {
+    let dir = work.join(name);
+    let (node, socket) = daemon(exe, a, &dir, s, data, bandwidth, source_bytes)?;
     let stats_conn = LocalSource::connect(&socket)?;
     let mut ranks = Vec::new();
     for r in 0..a.ranks {

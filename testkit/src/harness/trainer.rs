@@ -47,6 +47,30 @@ pub enum TrainerEvent {
         /// Hash of the sequence of batch checksums, hex.
         digest: String,
     },
+    /// One batch of a `steps` command: which rows it held, in order
+    /// (`granary_client::Batch::row_digests`).
+    Rows {
+        /// Rank.
+        rank: u32,
+        /// Epoch.
+        epoch: u64,
+        /// The batch's index (with the global plan, the global step).
+        step: u64,
+        /// One digest per row.
+        rows: Vec<u64>,
+    },
+    /// A `steps` command finished: the rank's resume state at the next
+    /// batch (what a checkpoint taken there saves), as JSON.
+    Stopped {
+        /// Rank.
+        rank: u32,
+        /// Epoch.
+        epoch: u64,
+        /// The next batch.
+        next: u64,
+        /// `granary_client::ResumeState` as JSON.
+        state: String,
+    },
     /// The rank failed.
     Error {
         /// Rank.
@@ -113,6 +137,16 @@ impl TrainerProcess {
     pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
         let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("trainer stdin closed"))?;
         writeln!(stdin, "epoch {epoch}")?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// Tells the rank to run batches `from..to` of `epoch` (a `steps`
+    /// command: a [`TrainerEvent::Rows`] per batch, then
+    /// [`TrainerEvent::Stopped`]).
+    pub fn run_steps(&mut self, epoch: u64, from: u64, to: u64) -> Result<()> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("trainer stdin closed"))?;
+        writeln!(stdin, "steps {epoch} {from} {to}")?;
         stdin.flush()?;
         Ok(())
     }

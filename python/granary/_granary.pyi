@@ -10,7 +10,8 @@ __version__: str
 _Path = Union[str, "PathLike[str]"]
 ResumeState = Dict[str, Any]
 """The Rust client's ``ResumeState`` in its JSON form: ``dataset``, ``version`` (32 hex digits),
-``seed``, ``rank``, ``world_size``, ``batch_size``, ``shuffle``, ``drop_last``, ``epoch``, ``batch``."""
+``seed``, ``rank``, ``world_size``, ``batch_size``, ``shuffle``, ``drop_last``, ``plan`` (``{"kind": "rank"}`` or
+``{"kind": "global", "global_batch": G, "partitions": P}``), ``epoch``, ``batch``."""
 
 class Batch:
     """A read-only mapping from tensor name to a numpy array that views the batch's buffer (no copy).
@@ -49,6 +50,8 @@ class Batch:
         """The address of tensor ``name``'s first byte (what its arrays point at)."""
     def checksum(self) -> int:
         """xxh3-64 over every tensor's bytes: the Rust client's checksum of the same batch."""
+    def row_digests(self) -> List[int]:
+        """One xxh3-64 per row over its bytes of every tensor: which rows the batch holds, in order."""
 
 class Epoch:
     """The batches of one epoch, in plan order; ``len()`` is how many it yields."""
@@ -83,12 +86,16 @@ class Loader:
         assembly_threads: int = 0,
         mapping_cache_bytes: int = 1 << 30,
         reconnect_seconds: float = 30.0,
+        global_batch: Optional[int] = None,
+        partitions: int = 1,
     ) -> None: ...
     @staticmethod
     def resuming(
         socket: _Path,
         state: ResumeState,
         *,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
         prefetch_batches: int = 2,
         assembly_threads: int = 0,
         mapping_cache_bytes: int = 1 << 30,
@@ -117,6 +124,9 @@ class Loader:
     def batch_size(self) -> int: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def global_batch(self) -> Optional[int]:
+        """Rows of a global step with the global plan; None with the rank plan."""
     @property
     def socket(self) -> "PathLike[str]": ...
     @property

@@ -164,11 +164,30 @@ class IterableDataset(torch.utils.data.IterableDataset):
     of tensor name to ``torch.Tensor``; ``len()`` is batches per epoch. :meth:`state_dict` and
     :meth:`load_state_dict` carry the whole resume state (a plain dict): after a load, iterating the
     saved epoch continues at exactly its next batch.
+
+    With ``global_batch=G`` (and ``batch_size`` left out: it is then ``G // world_size``) the ranks walk
+    the global plan: every world size that divides ``G`` sees the same global steps, so a job restarted
+    by torchrun's elastic agent on fewer or more processes loads any rank's :meth:`state_dict` and
+    continues the epoch at the same step, with no row lost or repeated. ``partitions`` (default 1) is the
+    number of canonical partitions, fixed for the job: a rank reads about ``1/world_size`` of the
+    shards in each window when it is a multiple of the world sizes the job runs on.
     """
 
-    def __init__(self, socket, dataset, batch_size, *, rank=None, world_size=None, copy_read_only=True, **loader_kwargs):
+    def __init__(
+        self, socket, dataset, batch_size=None, *, rank=None, world_size=None, copy_read_only=True, **loader_kwargs
+    ):
         super().__init__()
         rank, world_size = _rank_and_world(rank, world_size)
+        global_batch = loader_kwargs.get("global_batch")
+        if batch_size is None:
+            if global_batch is None:
+                raise TypeError("IterableDataset needs batch_size (rows per rank) or global_batch (rows per step)")
+            if global_batch % world_size:
+                raise ValueError(
+                    f"global_batch={global_batch} cannot be split over world_size={world_size}: the world size "
+                    "must divide the global batch"
+                )
+            batch_size = global_batch // world_size
         self.loader = Loader(socket, dataset, batch_size, rank=rank, world_size=world_size, **loader_kwargs)
         self._bf16 = frozenset(t["name"] for t in self.loader.tensors if t["dtype"] == "bf16")
         self._copy_read_only = copy_read_only

@@ -270,6 +270,13 @@ impl Batch {
         self.inner.checksum()
     }
 
+    /// One xxh3-64 per row over its bytes of every tensor: which rows the
+    /// batch holds, in order, however the batch was cut (the Rust client's
+    /// `Batch::row_digests`).
+    fn row_digests(&self) -> Vec<u64> {
+        self.inner.row_digests()
+    }
+
     fn __repr__(&self) -> String {
         let p = self.inner.position();
         let tensors: Vec<String> = self

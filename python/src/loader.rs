@@ -2,7 +2,8 @@
 //!
 //! The loader pins one dataset version and plans each epoch as the Rust
 //! client does (the order is a pure function of the job: seed, rank, world
-//! size, batch size, shuffle). Iterating waits for batches with the GIL
+//! size, batch size, shuffle; with `global_batch`, the global plan, whose
+//! global steps are the same on every world size dividing it). Iterating waits for batches with the GIL
 //! released, so other Python threads run meanwhile. The resume state is the
 //! Rust client's [`ResumeState`] as a plain dict (its JSON form), so a
 //! checkpoint written from Python resumes a Rust rank and back.
@@ -15,7 +16,7 @@
 use crate::batch::Batch;
 use crate::errors::{raise, to_py, value_error};
 use granary_client::Position;
-use granary_client::{EpochStream, LoaderConfig, ResumeState};
+use granary_client::{EpochStream, LoaderConfig, PlanKind, ResumeState};
 use granary_proto::{DatasetVersion, Shuffle};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -298,7 +299,7 @@ impl Loader {
     #[pyo3(signature = (
         socket, dataset, batch_size, *, seed=0, rank=0, world_size=1, shuffle=true, window_shards=4,
         block_batches=0, drop_last=false, version=None, prefetch_batches=2, assembly_threads=0,
-        mapping_cache_bytes=1073741824, reconnect_seconds=30.0
+        mapping_cache_bytes=1073741824, reconnect_seconds=30.0, global_batch=None, partitions=1
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -318,8 +319,25 @@ impl Loader {
         assembly_threads: usize,
         mapping_cache_bytes: u64,
         reconnect_seconds: f64,
+        global_batch: Option<u32>,
+        partitions: u32,
     ) -> PyResult<Self> {
         let reconnect = reconnect_of(py, reconnect_seconds)?;
+        let plan = match global_batch {
+            None => PlanKind::Rank,
+            Some(g) if u64::from(batch_size) * u64::from(world_size) == u64::from(g) => {
+                PlanKind::Global { global_batch: g, partitions }
+            }
+            Some(g) => {
+                return Err(value_error(
+                    py,
+                    format!(
+                        "with global_batch={g}, batch_size is this rank's share of it, global_batch / world_size: \
+                         {g} / {world_size} is not {batch_size} (the world size must divide the global batch)"
+                    ),
+                ));
+            }
+        };
         let version =
             match version {
                 None => None,
@@ -334,6 +352,7 @@ impl Loader {
             world_size,
             shuffle: shuffle_of(py, shuffle, window_shards, block_batches)?,
             drop_last,
+            plan,
             prefetch_batches,
             assembly_threads,
             mapping_cache_bytes,
@@ -345,20 +364,27 @@ impl Loader {
 
     /// A loader that reads what `state` was saved from (its dataset,
     /// version and plan parameters), positioned at it: the next
-    /// `epoch(state["epoch"])` continues at exactly the next batch.
+    /// `epoch(state["epoch"])` continues at exactly the next batch. A
+    /// state of the global plan resumes as any `rank` of any `world_size`
+    /// that divides its global batch (default: the state's own).
     #[staticmethod]
-    #[pyo3(signature = (socket, state, *, prefetch_batches=2, assembly_threads=0,
+    #[pyo3(signature = (socket, state, *, rank=None, world_size=None, prefetch_batches=2, assembly_threads=0,
         mapping_cache_bytes=1073741824, reconnect_seconds=30.0))]
+    #[allow(clippy::too_many_arguments)]
     fn resuming(
         py: Python<'_>,
         socket: PathBuf,
         state: &Bound<'_, PyAny>,
+        rank: Option<u32>,
+        world_size: Option<u32>,
         prefetch_batches: usize,
         assembly_threads: usize,
         mapping_cache_bytes: u64,
         reconnect_seconds: f64,
     ) -> PyResult<Self> {
-        let s = state_from_dict(py, state)?;
+        let mut s = state_from_dict(py, state)?;
+        s.rank = rank.unwrap_or(s.rank);
+        s.world_size = world_size.unwrap_or(s.world_size);
         let reconnect = reconnect_of(py, reconnect_seconds)?;
         let cfg = LoaderConfig {
             prefetch_batches,
@@ -368,6 +394,7 @@ impl Loader {
             ..LoaderConfig::resuming(&s)
         };
         let loader = Self::connect(py, socket, cfg)?;
+        s.batch_size = loader.inner.config().batch_size;
         loader.check_state(py, &s)?;
         *lock(&loader.progress) = s.clone();
         *lock(&loader.pending) = Some(s);
@@ -413,11 +440,17 @@ impl Loader {
 
     /// Continues from `state` (a `state_dict()`): the next
     /// `epoch(state["epoch"])` starts at `state["batch"]`. Refuses a state
-    /// saved under another version, seed, world size, rank, batch size,
-    /// shuffle or drop_last.
+    /// saved under another version, plan, seed, shuffle or drop_last, or
+    /// (with the rank plan) another world size, rank or batch size. A state
+    /// of the global plan loads into a loader of any world size dividing
+    /// its global batch, and continues at the same global step.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let s = state_from_dict(py, state)?;
+        let mut s = state_from_dict(py, state)?;
         self.check_state(py, &s)?;
+        // The state is now this rank's (with the global plan it may have
+        // been another world's).
+        let c = self.inner.config();
+        (s.rank, s.world_size, s.batch_size) = (c.rank, c.world_size, c.batch_size);
         *lock(&self.progress) = s.clone();
         *lock(&self.pending) = Some(s);
         Ok(())
@@ -468,6 +501,16 @@ impl Loader {
     #[getter]
     fn seed(&self) -> u64 {
         self.inner.config().seed
+    }
+
+    /// Rows of a global step, all ranks together, with the global plan;
+    /// None with the rank plan.
+    #[getter]
+    fn global_batch(&self) -> Option<u32> {
+        match self.inner.config().plan {
+            PlanKind::Global { global_batch, .. } => Some(global_batch),
+            PlanKind::Rank => None,
+        }
     }
 
     /// The node's socket.

@@ -1,5 +1,7 @@
 """granary.torch against a real node: tensors without a copy, DataLoader, epochs, resume."""
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not importable (Debian: apt-get install python3-torch)")
@@ -149,3 +151,49 @@ def test_the_iterable_dataset_yields_jagged_tensors(node):
         assert int(b["cats"].offsets[-1]) == len(b["cats"].values)
         rows += len(b["label"])
     assert rows == 4_000
+
+
+def test_a_global_plan_job_resumes_on_another_world_size_with_the_same_steps(node):
+    """Issue 32: 4 ranks of the global plan read half an epoch; rank 2's state_dict resumes the job on
+    2 ranks (as torchrun's elastic agent restarts it with fewer processes), and every global step holds
+    the rows one rank reading the whole epoch gets, in its order; every row comes exactly once."""
+    sock, g = str(node.socket), 1200
+    kw = dict(global_batch=g, partitions=4, seed=9)
+    ref = granary.Loader(sock, "ads", g, **kw)
+    assert ref.global_batch == g
+    reference = [b.row_digests() for b in ref.epoch(0)]
+    total = len(reference)
+    assert sum(len(r) for r in reference) == 20_000
+
+    four = [granary.Loader(sock, "ads", g // 4, rank=r, world_size=4, **kw) for r in range(4)]
+    its = [ld.epoch(0) for ld in four]
+    k = total // 2
+    got = [[d for it in its for d in next(it).row_digests()] for _ in range(k)]
+    state = json.loads(json.dumps(four[2].state_dict()))
+    assert state["plan"] == {"kind": "global", "global_batch": g, "partitions": 4} and state["batch"] == k
+
+    # torchrun restarts the job on 2 processes: each makes its dataset and loads the saved state.
+    two = []
+    for r in range(2):
+        ds = gt.IterableDataset(sock, "ads", rank=r, world_size=2, **kw)
+        ds.load_state_dict(state)
+        assert ds.epoch == 0 and ds.loader.batch_size == g // 2
+        two.append(iter(DataLoader(ds, batch_size=None, num_workers=0)))
+    # The same ranks as plain loaders made from the state, for their rows.
+    native = [granary.Loader.resuming(sock, state, rank=r, world_size=2).epoch(0) for r in range(2)]
+    for _ in range(total - k):
+        step = []
+        for t_it, n_it in zip(two, native):
+            t, b = next(t_it), next(n_it)
+            for name in b:
+                assert t[name].numpy().tobytes() == b[name].tobytes()
+            step += b.row_digests()
+        got.append(step)
+    assert got == reference
+    flat = [d for step in got for d in step]
+    assert len(flat) == len(set(flat)) == 20_000
+    # A world size that does not divide the global batch is refused by name.
+    with pytest.raises(ValueError, match="must divide the global batch"):
+        gt.IterableDataset(sock, "ads", rank=0, world_size=7, global_batch=g)
+    with pytest.raises(ValueError, match="global_batch / world_size"):
+        granary.Loader(sock, "ads", 100, world_size=4, global_batch=g)

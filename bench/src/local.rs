@@ -37,7 +37,7 @@ use crate::consume::{Staging, memcpy_gbps};
 use crate::report::{Conditions, gbps, median, ratio};
 use anyhow::{Context, Result};
 use granary_client::ChunkSource;
-use granary_client::{Batch, Loader, LoaderConfig, MemorySource};
+use granary_client::{Batch, Loader, LoaderConfig, MemorySource, PlanKind};
 use granary_node::EmbeddedNode;
 use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_proto::{AlignedBuf, Shuffle};
@@ -80,6 +80,10 @@ pub struct LocalOpts {
     /// Generate list and byte columns and serve them as jagged tensors;
     /// also measure warm epochs of a fixed-width dataset of the same size.
     pub jagged: bool,
+    /// Canonical partitions of the `warm_global` and `blocks_global`
+    /// scenarios: `warm` and `blocks` walking the global plan (global batch
+    /// `batch_size`, one rank) instead of the rank plan.
+    pub global_partitions: u32,
 }
 
 impl Default for LocalOpts {
@@ -99,6 +103,7 @@ impl Default for LocalOpts {
             window_batches: 16,
             assembly_threads: 0,
             jagged: false,
+            global_partitions: 4,
         }
     }
 }
@@ -141,6 +146,13 @@ pub struct Summary {
     pub warm_vs_copy: f64,
     /// blocks (block shuffle, views) rows/s over copy rows/s.
     pub blocks_vs_copy: f64,
+    /// warm_global (the global plan) rows/s over warm (the rank plan)
+    /// rows/s, alternating epochs of one run. Target: within noise of 1.
+    pub warm_global_vs_warm: f64,
+    /// blocks_global rows/s over blocks rows/s.
+    pub blocks_global_vs_blocks: f64,
+    /// Of the blocks_global scenario's batches, the share handed out as views.
+    pub blocks_global_view_share: f64,
     /// warm rows/s over what this machine's cores can do when every row is
     /// gathered once by the loader and copied once by the consumer:
     /// `cores / (1 / assembly + 1 / copy)`, from the `assembly` (one thread,
@@ -385,6 +397,9 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     };
     let blocks_cfg =
         LoaderConfig { shuffle: Shuffle::Blocks { window_batches: opts.window_batches }, ..loader_cfg.clone() };
+    let global = PlanKind::Global { global_batch: opts.batch_size, partitions: opts.global_partitions };
+    let global_cfg = LoaderConfig { plan: global, ..loader_cfg.clone() };
+    let blocks_global_cfg = LoaderConfig { plan: global, ..blocks_cfg.clone() };
 
     say("memory copy bandwidth: one thread, then all");
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -451,6 +466,8 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let source = Arc::new(granary_client::LocalSource::connect(&socket)?.mapping_cache(mapping_cache));
     let loader = Loader::new(source.clone(), loader_cfg.clone())?;
     let blocks_loader = Loader::new(source.clone(), blocks_cfg.clone())?;
+    let global_loader = Loader::new(source.clone(), global_cfg.clone())?;
+    let blocks_global_loader = Loader::new(source.clone(), blocks_global_cfg.clone())?;
     let cold = scenario("cold", vec![run_epoch(&loader, 0, Consume::Checksum)?]);
     let remote_after_cold = source.stats()?.remote_bytes;
     // The fixed-width dataset's first epoch converts it: untimed, and its
@@ -471,15 +488,21 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     say("copy, ceiling, warm and blocks: later epochs, alternating");
     let (mut copy_epochs, mut ceiling_epochs, mut warm_epochs, mut blocks_epochs, mut assembly_epochs) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut warm_global_epochs, mut blocks_global_epochs) = (Vec::new(), Vec::new());
     // assembly: the ceiling's batches made by one thread, consumed by none.
     let assembly_loader = Loader::new(memory.clone(), LoaderConfig { assembly_threads: 1, ..ceiling_cfg.clone() })?;
-    // The blocks loader's first epoch fills its mapping cache: untimed.
+    // The blocks loader's first epoch fills its mapping cache: untimed (and
+    // the global plan's loaders', as warm's was by the cold epoch).
     run_epoch(&blocks_loader, 0, Consume::Copy(&mut staging))?;
+    run_epoch(&global_loader, 0, Consume::Copy(&mut staging))?;
+    run_epoch(&blocks_global_loader, 0, Consume::Copy(&mut staging))?;
     for e in 1..opts.epochs.max(2) {
         copy_epochs.push(consume_epoch(e, assembled.iter().map(Ok), Consume::Copy(&mut staging))?);
         ceiling_epochs.push(run_epoch(&ceiling_loader, e, Consume::Copy(&mut staging))?);
         warm_epochs.push(run_epoch(&loader, e, Consume::Copy(&mut staging))?);
         blocks_epochs.push(run_epoch(&blocks_loader, e, Consume::Copy(&mut staging))?);
+        warm_global_epochs.push(run_epoch(&global_loader, e, Consume::Copy(&mut staging))?);
+        blocks_global_epochs.push(run_epoch(&blocks_global_loader, e, Consume::Copy(&mut staging))?);
         assembly_epochs.push(run_epoch(&assembly_loader, e, Consume::Drop)?);
         if let Some(l) = &fixed_loader {
             fixed_epochs.push(run_epoch(l, e, Consume::Copy(&mut staging))?);
@@ -492,6 +515,8 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let ceiling = scenario("ceiling", ceiling_epochs);
     let warm = scenario("warm", warm_epochs);
     let blocks = scenario("blocks", blocks_epochs);
+    let warm_global = scenario("warm_global", warm_global_epochs);
+    let blocks_global = scenario("blocks_global", blocks_global_epochs);
     let assembly = scenario("assembly", assembly_epochs);
     let warm_fixed = fixed.as_ref().map(|_| scenario("warm_fixed", fixed_epochs));
 
@@ -504,11 +529,20 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let blocks_digest = run_epoch(&blocks_loader, check, Consume::Checksum)?.digest;
     let blocks_memory = Loader::new(memory.clone(), blocks_cfg.clone())?;
     let blocks_memory_digest = run_epoch(&blocks_memory, check, Consume::Checksum)?.digest;
-    let (mut views, mut batches) = (0u64, 0u64);
-    for b in blocks_loader.epoch(check)? {
-        views += u64::from(b?.is_view());
-        batches += 1;
-    }
+    let global_digest = run_epoch(&global_loader, check, Consume::Checksum)?.digest;
+    let global_memory_digest =
+        run_epoch(&Loader::new(memory.clone(), global_cfg.clone())?, check, Consume::Checksum)?.digest;
+    let view_share = |l: &Loader| -> Result<f64> {
+        let (mut views, mut batches) = (0u64, 0u64);
+        for b in l.epoch(check)? {
+            views += u64::from(b?.is_view());
+            batches += 1;
+        }
+        Ok(ratio(views as f64, batches as f64))
+    };
+    let blocks_view_share = view_share(&blocks_loader)?;
+    let blocks_global_view_share = view_share(&blocks_global_loader)?;
+    drop((global_loader, blocks_global_loader));
     drop(blocks_memory);
     drop(ceiling_loader);
     drop(memory);
@@ -526,12 +560,16 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
     let streams_identical = naive_digest(0) == Some(cold.epochs[0].digest)
         && naive_digest(check).is_none_or(|d| d == warm_digest)
         && warm_digest == ceiling_digest
-        && blocks_digest == blocks_memory_digest;
+        && blocks_digest == blocks_memory_digest
+        && global_digest == global_memory_digest;
     let cpu_bound = ratio(threads as f64, ratio(1.0, assembly.rows_per_s) + ratio(1.0, copy.rows_per_s));
     let summary = Summary {
         scenario: "summary",
         warm_vs_copy: ratio(warm.rows_per_s, copy.rows_per_s),
         blocks_vs_copy: ratio(blocks.rows_per_s, copy.rows_per_s),
+        warm_global_vs_warm: ratio(warm_global.rows_per_s, warm.rows_per_s),
+        blocks_global_vs_blocks: ratio(blocks_global.rows_per_s, blocks.rows_per_s),
+        blocks_global_view_share,
         warm_vs_cpu_bound: ratio(warm.rows_per_s, cpu_bound),
         cpu_bound_rows_per_s: cpu_bound,
         warm_vs_ceiling: ratio(warm.rows_per_s, ceiling.rows_per_s),
@@ -545,7 +583,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         source_bytes: report.bytes,
         converted_bytes,
         streams_identical,
-        blocks_view_share: ratio(views as f64, batches as f64),
+        blocks_view_share,
         copy_vs_memcpy: ratio(copy.gb_per_s, memcpy_1t),
         memcpy_1t_gbps: memcpy_1t,
         memcpy_all_gbps: memcpy_all,
@@ -555,7 +593,7 @@ pub fn run(exe: &Path, opts: &LocalOpts, mut say: impl FnMut(&str)) -> Result<(V
         opts: opts.clone(),
         conditions: Conditions::current(),
     };
-    let mut scenarios = vec![copy, assembly, ceiling, naive, cold, warm, blocks];
+    let mut scenarios = vec![copy, assembly, ceiling, naive, cold, warm, blocks, warm_global, blocks_global];
     scenarios.extend(warm_fixed);
     Ok((scenarios, summary))
 }

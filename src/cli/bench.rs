@@ -413,6 +413,14 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         100.0 * summary.blocks_view_share
     );
     println!(
+        "global plan / rank   {:.3} warm, {:.3} blocks ({:.0}% views)   (target: within noise of 1; {} canonical \
+         partitions)",
+        summary.warm_global_vs_warm,
+        summary.blocks_global_vs_blocks,
+        100.0 * summary.blocks_global_view_share,
+        opts.global_partitions
+    );
+    println!(
         "warm / cpu bound     {:.3}   ({:.0} rows/s: {} cores gathering every row once and copying it once)",
         summary.warm_vs_cpu_bound, summary.cpu_bound_rows_per_s, summary.conditions.cores
     );

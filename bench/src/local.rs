@@ -103,7 +103,7 @@ impl Default for LocalOpts {
             window_batches: 16,
             assembly_threads: 0,
             jagged: false,
-            global_partitions: 4,
+            global_partitions: 1,
         }
     }
 }

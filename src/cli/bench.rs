@@ -147,6 +147,10 @@ pub(crate) struct LocalArgs {
     /// Batches per permuted group of the block-shuffle scenario.
     #[arg(long, default_value_t = 16)]
     window_batches: u32,
+    /// Canonical partitions of the global plan's scenarios (warm_global,
+    /// blocks_global; one rank, global batch = --batch-size).
+    #[arg(long, default_value_t = 1)]
+    global_partitions: u32,
     /// The loader's batch assembly threads (0: its default for this machine).
     #[arg(long, default_value_t = 0)]
     assembly_threads: usize,
@@ -348,6 +352,7 @@ fn bench_local(a: LocalArgs) -> Result<()> {
         compression: a.compression,
         values: a.values,
         window_batches: a.window_batches,
+        global_partitions: a.global_partitions,
         assembly_threads: a.assembly_threads,
         ..Default::default()
     };

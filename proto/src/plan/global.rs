@@ -233,6 +233,89 @@ impl GlobalPlan {
         self.rank_batch(step, 1, 0, out)
     }
 
+    /// Per shard, how many rows rank `rank` of `world_size` reads of it from
+    /// step `from` to the epoch's end. From the positions alone: the rank's
+    /// runs in each partition, merged into intervals, count a segment's rows
+    /// by arithmetic; only a shuffle window the rank reads part of is
+    /// materialised (a rank that reads whole partitions, as with one rank
+    /// or aligned partitions, materialises none).
+    fn pending_counts(&mut self, world_size: u32, rank: u32, from: u64, shards: usize) -> Result<Vec<u32>, PlanError> {
+        let mut covered: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.parts.len()];
+        for k in from..self.steps {
+            let (lo, hi) = self.rank_span(k, world_size, rank)?;
+            let mut pos = lo;
+            while pos < hi {
+                let Some((p, at, run)) = self.locate(pos) else { break };
+                let n = run.min(hi - pos);
+                covered[p].push((at, at + n));
+                pos += n;
+            }
+        }
+        let mut pending = vec![0u32; shards];
+        let mut rows = Vec::new();
+        for (p, mut spans) in covered.into_iter().enumerate() {
+            spans.sort_unstable();
+            let merged = spans.into_iter().fold(Vec::<(u64, u64)>::new(), |mut m, (a, b)| {
+                match m.last_mut() {
+                    Some(last) if last.1 >= a => last.1 = last.1.max(b),
+                    _ => m.push((a, b)),
+                }
+                m
+            });
+            let q = &self.parts[p];
+            // The rank's rows of segment k inside [a, b).
+            let add = |pending: &mut Vec<u32>, k: usize, a: u64, b: u64| {
+                let (s, first, end) = q.segments[k];
+                let (lo, hi) = (q.segment_starts[k], q.segment_starts[k] + u64::from(end - first));
+                let n = b.min(hi).saturating_sub(a.max(lo));
+                pending[s as usize] += n as u32;
+            };
+            // Spans of windows the rank reads part of: materialised below.
+            let mut partial = Vec::new();
+            match self.params.shuffle {
+                Shuffle::Off | Shuffle::Blocks { .. } => {
+                    for &(a, b) in &merged {
+                        let first = q.segment_starts.partition_point(|&st| st <= a).saturating_sub(1);
+                        let last = q.segment_starts.partition_point(|&st| st < b);
+                        for k in first..last {
+                            add(&mut pending, k, a, b);
+                        }
+                    }
+                }
+                Shuffle::Windowed { window_shards } => {
+                    let ws = window_shards as usize;
+                    for (wi, &start) in q.window_starts.iter().enumerate() {
+                        let segs = wi * ws..((wi + 1) * ws).min(q.segments.len());
+                        let end = q.window_starts.get(wi + 1).copied().unwrap_or(q.rows);
+                        let inside: Vec<(u64, u64)> = merged
+                            .iter()
+                            .filter(|&&(a, b)| a < end && b > start)
+                            .map(|&(a, b)| (a.max(start), b.min(end)))
+                            .collect();
+                        match inside[..] {
+                            [] => {}
+                            // The whole window: its segments' rows, unshuffled.
+                            [(a, b)] if a == start && b == end => {
+                                for k in segs {
+                                    add(&mut pending, k, start, end);
+                                }
+                            }
+                            _ => partial.extend(inside),
+                        }
+                    }
+                }
+            }
+            for (a, b) in partial {
+                rows.clear();
+                self.partition_rows(p, a, b - a, &mut rows);
+                for r in &rows {
+                    pending[r.shard_index as usize] += 1;
+                }
+            }
+        }
+        Ok(pending)
+    }
+
     /// Appends the rows at positions `[lo, hi)` of the global sequence.
     fn rows(&mut self, lo: u64, hi: u64, out: &mut Vec<RowRef>) {
         let mut pos = lo;
@@ -402,16 +485,7 @@ impl GlobalCursor {
         let mut plan = GlobalPlan::new(key, shards, params)?;
         plan.check_world(world_size, rank)?;
         let next = start.min(plan.steps);
-        // One pass over the rank's rest of the epoch, a batch at a time, to
-        // count what it needs of each shard.
-        let mut pending = vec![0u32; shards.len()];
-        let mut rows = Vec::new();
-        for k in next..plan.steps {
-            plan.rank_batch(k, world_size, rank, &mut rows)?;
-            for r in &rows {
-                pending[r.shard_index as usize] += 1;
-            }
-        }
+        let pending = plan.pending_counts(world_size, rank, next, shards.len())?;
         Ok(Self { plan, world_size, rank, next, pending })
     }
 
@@ -572,6 +646,39 @@ mod tests {
             let mut resumed = by_world(&mut before, w, 0..k).concat();
             resumed.extend(by_world(&mut after, w2, k..steps).concat());
             prop_assert_eq!(resumed, whole);
+        }
+
+        /// The counts a cursor starts with (by arithmetic where it can) are
+        /// the rank's rows of each shard from its start, row by row.
+        #[test]
+        fn a_cursors_counts_are_the_ranks_rows_of_each_shard(
+            rows in proptest::collection::vec(0u64..40, 1..20),
+            g_pick in 0usize..4,
+            p_pick in 1u32..7,
+            kind in 0u32..7,
+            drop_last in any::<bool>(),
+            w_pick in any::<prop::sample::Index>(),
+            r_pick in any::<prop::sample::Index>(),
+            start in 0u64..6,
+        ) {
+            let g = [6u32, 8, 12, 24][g_pick];
+            let p = p_pick.min(g);
+            let shards = shards(&rows);
+            let params = params(g, p, kind, drop_last);
+            let ds = divisors(g);
+            let w = ds[w_pick.index(ds.len())];
+            let r = r_pick.index(w as usize) as u32;
+            let cursor = GlobalCursor::new(V, &shards, &params, w, r, start).expect("valid");
+            let mut plan = GlobalPlan::new(V, &shards, &params).expect("valid");
+            let mut want = vec![0u32; shards.len()];
+            let mut batch = Vec::new();
+            for k in start.min(plan.num_steps())..plan.num_steps() {
+                plan.rank_batch(k, w, r, &mut batch).expect("valid");
+                for row in &batch {
+                    want[row.shard_index as usize] += 1;
+                }
+            }
+            prop_assert_eq!(&cursor.pending, &want);
         }
 
         /// With the partitions aligned to the ranks (W divides P, P divides

@@ -24,6 +24,9 @@
 //!   layout as `peer`), `quic_raw_in_process` (the same with the server in
 //!   this process, reported for comparison) and `tcp_raw` (a kernel TCP
 //!   connection per concurrent slot, server in this process).
+//! - `two_jobs`: two jobs on the largest cluster at once, the rank plan and
+//!   the global plan, other seeds and world sizes: what the cluster reads
+//!   and converts for both ([`crate::two_jobs`]).
 
 use crate::report::{Conditions, CpuSample, CpuShares, median, ratio};
 use anyhow::{Context, Result, anyhow};
@@ -170,6 +173,11 @@ pub struct ClusterSummary {
     pub peer_vs_tcp_raw: f64,
     /// Its warm rows/s per rank / one node serving as many ranks (target ≥ 0.9).
     pub warm_vs_single_node: f64,
+    /// Two jobs at once on a cluster of that size (the rank plan and the
+    /// global plan): remote bytes over the dataset's (target ≤ 1.01).
+    pub two_jobs_remote_read_ratio: f64,
+    /// Their conversions per shard (target 1).
+    pub two_jobs_conversions_per_shard: f64,
     /// Dataset bytes (Parquet).
     pub source_bytes: u64,
     /// Per-node remote bandwidth.
@@ -185,6 +193,8 @@ pub struct ClusterReport {
     pub nodes: Vec<NodesScenario>,
     /// Transfer throughput.
     pub transfer: TransferScenario,
+    /// Two jobs at once on the largest cluster.
+    pub two_jobs: crate::two_jobs::TwoJobsScenario,
     /// Summary.
     pub summary: ClusterSummary,
 }
@@ -242,6 +252,17 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
     say(&format!("one node serving {world} ranks (baseline of warm_vs_single_node)"));
     let (single, _) =
         nodes_scenario(exe, &work.join("single"), &data, opts, 1, world, source_bytes, "single_node_same_world")?;
+    say(&format!("two jobs at once on {largest} node(s): the rank plan and the global plan"));
+    let spec = crate::two_jobs::TwoJobsSpec {
+        nodes: largest,
+        ranks_per_node: opts.ranks_per_node,
+        batch_size: opts.batch_size,
+        epochs: opts.epochs,
+        ram_bytes: opts.ram_bytes,
+        latency_ms: opts.latency_ms,
+        bandwidth_bytes_per_s: opts.bandwidth_bytes_per_s,
+    };
+    let two_jobs = crate::two_jobs::run(exe, &work.join("two-jobs"), &data, &spec, source_bytes)?;
     let transfer = transfer.ok_or_else(|| anyhow!("no cluster of 2 or more nodes ran"))?;
     let big = scenarios.iter().find(|s| s.nodes == largest).ok_or_else(|| anyhow!("no cluster ran"))?;
     let summary = ClusterSummary {
@@ -252,12 +273,14 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
         peer_vs_quic_raw: ratio(transfer.peer_mb_s, transfer.quic_raw_mb_s),
         peer_vs_tcp_raw: ratio(transfer.peer_mb_s, transfer.tcp_raw_mb_s),
         warm_vs_single_node: ratio(big.warm_rows_per_s_per_rank, single.warm_rows_per_s_per_rank),
+        two_jobs_remote_read_ratio: two_jobs.remote_read_ratio,
+        two_jobs_conversions_per_shard: two_jobs.conversions_per_shard,
         source_bytes,
         bandwidth_bytes_per_s: opts.bandwidth_bytes_per_s,
         conditions: Conditions::current(),
     };
     scenarios.push(single);
-    Ok(ClusterReport { nodes: scenarios, transfer, summary })
+    Ok(ClusterReport { nodes: scenarios, transfer, two_jobs, summary })
 }
 
 /// CPU shares between marks `i` and `i + 1`, when both were read.

@@ -32,3 +32,4 @@ pub mod plot;
 pub mod python;
 pub mod report;
 pub mod scale;
+pub mod two_jobs;

@@ -283,6 +283,7 @@ fn bench_cluster(a: ClusterArgs) -> Result<()> {
             println!("{}", serde_json::to_string(s)?);
         }
         println!("{}", serde_json::to_string(&r.transfer)?);
+        println!("{}", serde_json::to_string(&r.two_jobs)?);
         println!("{}", serde_json::to_string(&r.summary)?);
         return Ok(());
     }
@@ -325,6 +326,12 @@ fn bench_cluster(a: ClusterArgs) -> Result<()> {
     println!("peer / bare quinn    {:.3}   (target >= 0.8)", s.peer_vs_quic_raw);
     println!("peer / kernel TCP    {:.3}", s.peer_vs_tcp_raw);
     println!("warm / single node   {:.3}   (target >= 0.9; one node serving as many ranks)", s.warm_vs_single_node);
+    let j = &r.two_jobs;
+    println!(
+        "two jobs at once     remote read ratio {:.4} (target <= 1.01), conversions per shard {:.3} (target 1): {} \
+         ranks of the rank plan and {} of the global plan (global batch {})",
+        j.remote_read_ratio, j.conversions_per_shard, j.ranks_rank_plan, j.ranks_global_plan, j.global_batch
+    );
     println!(
         "conditions: commit {} · {} cores · {} build · {} rows · {:.1} MB Parquet · {} MiB/s per node",
         s.conditions.commit,

@@ -8,6 +8,12 @@ after the checkpoint at step N, as a preempted job would, and ``--resume`` conti
 checkpoint. Because the batch order is a pure function of the job, the resumed run's losses are the
 uninterrupted run's, step for step (``python/tests/test_example.py`` checks it).
 
+With ``--global-batch G`` the ranks walk Granary's global plan: each step is the same ``G`` rows on any
+number of processes that divides ``G`` (each takes ``G / world_size`` of them), so a job stopped on 4
+processes resumes on 2 (``--resume --world-size 2``) from any rank's saved state, and its loss curve is
+the uninterrupted run's within float rounding (the mean loss over a step's rows is summed in another
+order).
+
     granary dataset gen --out /tmp/ads --rows 100000
     granary node --config node.toml          # serving /tmp/ads as "ads"
     python examples/ddp_train.py --socket /run/granary/node.sock --losses full.txt
@@ -45,7 +51,11 @@ def train(rank, args, store):
     # The processes meet through a file (one host): no port to pick and lose in a race.
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=args.world_size,
                             timeout=datetime.timedelta(seconds=args.stuck_after))
-    ds = IterableDataset(args.socket, args.dataset, args.batch_size, seed=args.seed)
+    if args.global_batch:
+        ds = IterableDataset(args.socket, args.dataset, global_batch=args.global_batch, partitions=args.partitions,
+                             seed=args.seed)
+    else:
+        ds = IterableDataset(args.socket, args.dataset, args.batch_size, seed=args.seed)
     net = DDP(model())
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     loss_fn = nn.BCEWithLogitsLoss()
@@ -54,8 +64,11 @@ def train(rank, args, store):
         ck = torch.load(args.checkpoint)
         net.module.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
-        ds.load_state_dict(ck["data"][rank])  # this rank's own state: epoch and next batch
-        step, start_epoch, losses = ck["step"], ck["data"][rank]["epoch"], ck["losses"]
+        # This rank's own state (epoch and next batch); with the global plan any rank's state, whatever
+        # the world size it was saved on.
+        state = ck["data"][0] if args.global_batch else ck["data"][rank]
+        ds.load_state_dict(state)
+        step, start_epoch, losses = ck["step"], state["epoch"], ck["losses"]
     for epoch in range(start_epoch, args.epochs):
         ds.set_epoch(epoch)  # a loaded state's epoch continues at its next batch
         for batch in DataLoader(ds, batch_size=None, num_workers=0):
@@ -108,6 +121,9 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--global-batch", type=int, default=0,
+                   help="walk the global plan with steps of this many rows (any world size dividing it)")
+    p.add_argument("--partitions", type=int, default=4, help="the global plan's canonical partitions")
     p.add_argument("--losses", help="write the loss curve here (epoch, step, mean loss per line)")
     p.add_argument("--checkpoint", help="checkpoint file")
     p.add_argument("--checkpoint-every", type=int, default=10)

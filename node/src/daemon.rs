@@ -339,6 +339,13 @@ async fn connection(
                 return send(&stream, &reply, None, write).await;
             }
         };
+        // What a `Follow` (a rank plan from its first batch) or a
+        // `FollowWalk` asks the node to prefetch along.
+        let follow = match &req {
+            LocalRequest::Follow { version, params } => Some((*version, Walk::Rank { params: *params, start: 0 })),
+            LocalRequest::FollowWalk { version, walk } => Some((*version, *walk)),
+            _ => None,
+        };
         match req {
             LocalRequest::Describe { dataset, version } => {
                 let reply = match node.describe_when_known(&dataset, version, FIRST_PLACEMENT_WAIT).await {
@@ -350,12 +357,8 @@ async fn connection(
                 };
                 send(&stream, &reply, None, write).await?;
             }
-            req @ (LocalRequest::Follow { .. } | LocalRequest::FollowWalk { .. }) => {
-                let (version, walk) = match req {
-                    LocalRequest::Follow { version, params } => (version, Walk::Rank { params, start: 0 }),
-                    LocalRequest::FollowWalk { version, walk } => (version, walk),
-                    _ => unreachable!("matched above"),
-                };
+            LocalRequest::Follow { .. } | LocalRequest::FollowWalk { .. } => {
+                let Some((version, walk)) = follow else { continue };
                 let admitted = node.admit_follow(version, &walk);
                 let planned = match admitted {
                     Err(e) => Err(e),

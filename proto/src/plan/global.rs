@@ -391,6 +391,8 @@ impl GlobalPlan {
             Rng::new(seed).shuffle(&mut order);
             q.group = Some((group, order));
         }
+        // The group's permutation was stored just above when it was not
+        // this group's.
         let order = q.group.as_ref().map(|(_, o)| o).expect("set above");
         (group * wb + order[(round - group * wb) as usize]) * q.share
     }
@@ -436,6 +438,8 @@ impl GlobalPlan {
                         q.window = Some((wi, rows));
                     }
                     let start = q.window_starts[wi];
+                    // The window was materialised just above when it was
+                    // not this one.
                     let rows = q.window.as_ref().map(|(_, r)| r).expect("set above");
                     let take = (end - pos).min(start + rows.len() as u64 - pos);
                     let from = (pos - start) as usize;
@@ -499,7 +503,11 @@ impl GlobalCursor {
         let k = self.next;
         self.plan.rank_batch(k, self.world_size, self.rank, out).ok()?;
         for r in out.iter() {
-            self.pending[r.shard_index as usize] -= 1;
+            // The counts are the rank's rows from its start (proptested), so
+            // this never goes below zero; saturating keeps a bug a late
+            // drop, never a panic.
+            let n = &mut self.pending[r.shard_index as usize];
+            *n = n.saturating_sub(1);
         }
         self.next += 1;
         usize::try_from(k).ok()

@@ -164,12 +164,11 @@ impl Walk {
     /// The shards the walk reads, in the order it first needs them, from
     /// its first batch: what a node prefetches along.
     pub fn shard_order(&self, key: PlanKey, shards: &[ShardRows]) -> Result<Vec<u32>, PlanError> {
+        // From the epoch's start, without materialising rows.
+        if let Walk::Rank { params, start: 0 } = self {
+            return rank_shard_order(key, shards, params);
+        }
         match self.cursor(key, shards)? {
-            // From the epoch's start, without materialising rows.
-            Cursor::Rank(_) if self.start() == 0 => {
-                let Walk::Rank { params, .. } = self else { unreachable!("matched a rank cursor") };
-                rank_shard_order(key, shards, params)
-            }
             Cursor::Rank(mut cursor) => {
                 let mut seen = vec![false; shards.len()];
                 let mut order = Vec::new();

@@ -18,6 +18,10 @@ made, and the buffer is reused only once no array refers to it.
             ...
         state = loader.state_dict()         # a plain dict for the checkpoint
 
+With ``global_batch=G`` (and ``batch_size=G // world_size``) the ranks walk the global plan: its
+steps are the same on every world size dividing ``G``, so a job restarted on another number of ranks
+loads any rank's ``state_dict()`` and continues the epoch at the same step.
+
 For PyTorch, see :mod:`granary.torch`.
 """
 

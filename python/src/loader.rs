@@ -197,6 +197,11 @@ impl Epoch {
 ///     reconnect_seconds: how long to keep reconnecting to a node that
 ///         restarts before the epoch raises NodeUnavailableError (default 30;
 ///         0 raises at once).
+///     global_batch, partitions: walk the global plan: every step is ``global_batch`` rows, the same
+///         on every world size that divides it, drawn from ``partitions`` canonical partitions
+///         (fixed for the job); ``batch_size`` must be ``global_batch // world_size``. A
+///         ``state_dict()`` then resumes on any such world size (``Loader.resuming(socket, state,
+///         rank=, world_size=)`` or ``load_state_dict``), at the same step.
 ///
 /// ``loader.epoch(e)`` iterates epoch ``e``'s batches (with the GIL released while waiting);
 /// ``len(loader)`` is batches per epoch; ``loader.state_dict()`` is the whole resume state as a

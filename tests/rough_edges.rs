@@ -358,27 +358,36 @@ fn the_jagged_demo_replays_byte_identically() {
 
 /// Issue 32: `granary demo --elastic` runs a job of the global plan on 4
 /// ranks, resumes it on 2 from a saved state, then on 3, through a real
-/// node daemon and trainer processes: every row of the epoch comes exactly
-/// once, and every global step holds the 1-rank run's rows in its order.
+/// node daemon (then a cluster of two) and trainer processes: every row of
+/// the epoch comes exactly once, and every global step holds the 1-rank
+/// run's rows in its order.
 #[test]
 fn the_elastic_demo_keeps_one_global_order_across_world_sizes() {
-    let out = Command::new(BIN)
-        .args(["demo", "--elastic", "--json", "--rows", "30000", "--files", "3", "--row-group-rows", "1500"])
-        .args(["--global-batch", "600", "--partitions", "3", "--latency-ms", "1"])
-        .env("GRANARY_LOG", "warn")
-        .output()
-        .expect("run granary demo --elastic");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo --elastic failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    let summary: serde_json::Value = stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
-        .find(|v| v["scenario"] == "summary")
-        .expect("a summary line");
-    assert_eq!(summary["exactly_once"], 1, "{summary}");
-    assert_eq!(summary["same_global_order"], 1, "{summary}");
-    assert_eq!(summary["rows_delivered"], 30_000, "{summary}");
-    assert_eq!(summary["steps"], 50, "{summary}");
+    // One node daemon, then a coordinator and two node daemons (the ranks
+    // of each phase spread over them).
+    for nodes in ["1", "2"] {
+        let out = Command::new(BIN)
+            .args(["demo", "--elastic", "--json", "--rows", "30000", "--files", "3", "--row-group-rows", "1500"])
+            .args(["--global-batch", "600", "--partitions", "3", "--latency-ms", "1", "--nodes", nodes])
+            .env("GRANARY_LOG", "warn")
+            .output()
+            .expect("run granary demo --elastic");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "demo --elastic --nodes {nodes} failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value = stdout
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+            .find(|v| v["scenario"] == "summary")
+            .expect("a summary line");
+        assert_eq!(summary["exactly_once"], 1, "{summary}");
+        assert_eq!(summary["same_global_order"], 1, "{summary}");
+        assert_eq!(summary["rows_delivered"], 30_000, "{summary}");
+        assert_eq!(summary["steps"], 50, "{summary}");
+    }
     // A global batch the demo's world sizes cannot split is refused by name.
     let out = Command::new(BIN)
         .args(["demo", "--elastic", "--rows", "3000", "--global-batch", "1000"])

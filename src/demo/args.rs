@@ -47,7 +47,8 @@ pub(crate) struct DemoArgs {
     /// Elastic determinism: ranks walk the global plan; 4 ranks run the
     /// first third of an epoch, 2 ranks resume from a rank's saved state
     /// for the second, 3 ranks for the rest; checks that every row came
-    /// exactly once and in the order of an uninterrupted 1-rank run.
+    /// exactly once and in the order of an uninterrupted 1-rank run. With
+    /// `--nodes N` ≥ 2 the ranks read through a cluster of N nodes.
     #[arg(long)]
     pub elastic: bool,
     /// Rows of a global step (`--elastic`): divisible by 4, 2 and 3.

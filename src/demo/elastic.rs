@@ -1,6 +1,8 @@
 //! `granary demo --elastic`: a job whose world size changes mid-epoch.
 //!
-//! One node daemon serves the generated dataset; trainer processes walk the
+//! One node daemon serves the generated dataset (with `--nodes N` ≥ 2, a
+//! coordinator and N node daemons, rank r on node r mod N); trainer
+//! processes walk the
 //! global plan (global batches of `--global-batch` rows over
 //! `--partitions` canonical partitions). First one rank reads epoch 0
 //! uninterrupted: the reference. Then 4 ranks read its first third and
@@ -17,10 +19,10 @@ use super::pass::{Settings, daemon};
 use super::report::{say_to, style};
 use super::setup::Setup;
 use anyhow::{Context, Result, bail};
-use granary_testkit::harness::{TrainerEvent, TrainerProcess, rank_args};
+use granary_testkit::harness::{LocalCluster, LocalClusterSpec, NodeProcess, TrainerEvent, TrainerProcess, rank_args};
 use indicatif::{MultiProgress, ProgressBar};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The world sizes of the three phases.
@@ -49,8 +51,31 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
         assembly_threads: 1,
         ceiling: false,
     };
-    let (node, socket) =
-        daemon(&exe, &a, &work.path().join("node"), &settings, &data, a.bandwidth_mib << 20, source_bytes)?;
+    let serving = if a.nodes > 1 {
+        let spec = LocalClusterSpec {
+            voters: 1,
+            nodes: a.nodes,
+            ram_bytes: a.ram_mib << 20,
+            guest_bytes: a.ram_mib << 20,
+            ssd_bytes: None,
+            prefetch_bytes: 256 << 20,
+            loads: 4,
+            convert_threads: 2,
+            throttle: Some((a.latency_ms, a.bandwidth_mib << 20)),
+            lease_ms: 1500,
+            view: Some(granary_testkit::datagen::view_toml(a.jagged)),
+            ..LocalClusterSpec::default()
+        };
+        say(format!(
+            "starting a coordinator and {} node daemons; rank r reads through node r mod {}",
+            a.nodes, a.nodes
+        ));
+        Serving::Cluster(Box::new(LocalCluster::start(&exe, &work.path().join("cluster"), &data, spec)?))
+    } else {
+        let (node, socket) =
+            daemon(&exe, &a, &work.path().join("node"), &settings, &data, a.bandwidth_mib << 20, source_bytes)?;
+        Serving::Node(node, socket)
+    };
     let common: Vec<String> = [
         "--global-batch",
         &g.to_string(),
@@ -67,8 +92,8 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
     .map(|s| s.to_string())
     .collect();
     let phase = |name: &str, world: u32, from: u64, to: Option<u64>, resume: Option<&Path>, saver: u32| {
-        run_phase(&exe, &socket, &bars, name, world, from, to, &common, resume, saver)
-            .with_context(|| format!("{name}\n{}", node.log_tail()))
+        run_phase(&exe, &|r| serving.socket(r), &bars, name, world, from, to, &common, resume, saver)
+            .with_context(|| format!("{name}\n{}", serving.log_tail()))
     };
 
     // The reference: one rank, the whole epoch.
@@ -93,7 +118,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
     let (_, (third, _)) = phase(&format!("{} ranks", WORLDS[2]), WORLDS[2], k2, None, Some(&saved), 0)?;
     elastic.extend(third);
     say(format!("{} ranks resumed from it and read steps {k2}..{steps}", WORLDS[2]));
-    node.stop();
+    serving.stop();
 
     let all_rows = |s: &Steps| s.values().flatten().copied().collect::<Vec<u64>>();
     let (mut got, mut want) = (all_rows(&elastic), all_rows(&reference));
@@ -147,6 +172,42 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
     Ok(())
 }
 
+/// What serves the ranks: one node daemon, or a cluster (`--nodes` ≥ 2).
+enum Serving {
+    Node(NodeProcess, PathBuf),
+    Cluster(Box<LocalCluster>),
+}
+
+impl Serving {
+    /// The socket rank `rank` reads through: node `rank mod nodes` of a
+    /// cluster, so every phase's ranks spread over the nodes.
+    fn socket(&self, rank: u32) -> PathBuf {
+        match self {
+            Serving::Node(_, socket) => socket.clone(),
+            Serving::Cluster(c) => {
+                let ids = c.node_ids();
+                c.socket(ids[rank as usize % ids.len()])
+            }
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        match self {
+            Serving::Node(node, _) => node.log_tail(),
+            Serving::Cluster(c) => {
+                c.node_ids().iter().map(|&id| format!("node {id}:\n{}", c.log_tail(id))).collect::<Vec<_>>().join("\n")
+            }
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Serving::Node(node, _) => node.stop(),
+            Serving::Cluster(c) => drop(c),
+        }
+    }
+}
+
 /// One phase: `world` ranks (each from the state at `resume`, if any) read
 /// steps `from..to` of epoch 0 (`None`: to its end). Returns the epoch's
 /// steps, the rows of each step read (ranks in order) and the resume state
@@ -154,7 +215,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn run_phase(
     exe: &Path,
-    socket: &Path,
+    socket: &dyn Fn(u32) -> PathBuf,
     bars: &MultiProgress,
     name: &str,
     world: u32,
@@ -166,7 +227,7 @@ fn run_phase(
 ) -> Result<(u64, (Steps, String))> {
     let mut ranks = Vec::new();
     for r in 0..world {
-        let mut args = rank_args(socket, r, world);
+        let mut args = rank_args(&socket(r), r, world);
         args.extend_from_slice(common);
         if let Some(path) = resume {
             args.extend(["--resume".into(), path.display().to_string()]);

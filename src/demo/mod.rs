@@ -3,8 +3,8 @@
 //!
 //! - [`single`]: one node daemon and N trainer processes (the default).
 //! - [`cluster`]: a coordinator and N node daemons (`--nodes N`, N ≥ 2).
-//! - [`elastic`]: one node daemon, ranks of the global plan whose world
-//!   size changes mid-epoch (`--elastic`).
+//! - [`elastic`]: one node daemon (or a cluster, `--nodes N`), ranks of
+//!   the global plan whose world size changes mid-epoch (`--elastic`).
 //!
 //! Both are built from the same parts, which depend on neither of them:
 //! [`args`] (the flags), [`setup`] (the work folder and the generated

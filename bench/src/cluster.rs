@@ -254,15 +254,12 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
         nodes_scenario(exe, &work.join("single"), &data, opts, 1, world, source_bytes, "single_node_same_world")?;
     say(&format!("two jobs at once on {largest} node(s): the rank plan and the global plan"));
     let spec = crate::two_jobs::TwoJobsSpec {
-        nodes: largest,
+        cluster: cluster_spec(opts, largest),
         ranks_per_node: opts.ranks_per_node,
         batch_size: opts.batch_size,
         epochs: opts.epochs,
-        ram_bytes: opts.ram_bytes,
-        latency_ms: opts.latency_ms,
-        bandwidth_bytes_per_s: opts.bandwidth_bytes_per_s,
     };
-    let two_jobs = crate::two_jobs::run(exe, &work.join("two-jobs"), &data, &spec, source_bytes)?;
+    let two_jobs = crate::two_jobs::run(exe, &work.join("two-jobs"), &data, spec, source_bytes)?;
     let transfer = transfer.ok_or_else(|| anyhow!("no cluster of 2 or more nodes ran"))?;
     let big = scenarios.iter().find(|s| s.nodes == largest).ok_or_else(|| anyhow!("no cluster ran"))?;
     let summary = ClusterSummary {
@@ -281,6 +278,24 @@ pub fn run(exe: &Path, opts: &ClusterOpts, mut say: impl FnMut(&str)) -> Result<
     };
     scenarios.push(single);
     Ok(ClusterReport { nodes: scenarios, transfer, two_jobs, summary })
+}
+
+/// The cluster every scenario runs on: `nodes` node daemons with the
+/// run's RAM tier and throttled links, one voter.
+fn cluster_spec(opts: &ClusterOpts, nodes: u32) -> LocalClusterSpec {
+    LocalClusterSpec {
+        voters: 1,
+        nodes,
+        ram_bytes: opts.ram_bytes,
+        guest_bytes: opts.ram_bytes,
+        ssd_bytes: None,
+        prefetch_bytes: 256 << 20,
+        loads: 4,
+        convert_threads: 2,
+        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
+        lease_ms: 3000,
+        ..LocalClusterSpec::default()
+    }
 }
 
 /// CPU shares between marks `i` and `i + 1`, when both were read.
@@ -302,20 +317,7 @@ fn nodes_scenario(
     source_bytes: u64,
     scenario: &'static str,
 ) -> Result<(NodesScenario, LocalCluster)> {
-    let spec = LocalClusterSpec {
-        voters: 1,
-        nodes,
-        ram_bytes: opts.ram_bytes,
-        guest_bytes: opts.ram_bytes,
-        ssd_bytes: None,
-        prefetch_bytes: 256 << 20,
-        loads: 4,
-        convert_threads: 2,
-        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
-        lease_ms: 3000,
-        ..LocalClusterSpec::default()
-    };
-    let cluster = LocalCluster::start(exe, dir, data, spec)?;
+    let cluster = LocalCluster::start(exe, dir, data, cluster_spec(opts, nodes))?;
     let world = nodes * ranks_per_node;
     let sockets: Vec<PathBuf> = (0..world).map(|r| cluster.socket((r / ranks_per_node) as u64 + 1)).collect();
     let args: Vec<String> = ["--batch-size", &opts.batch_size.to_string(), "--seed", "3", "--prefetch-batches", "2"]
@@ -328,11 +330,8 @@ fn nodes_scenario(
     let mut last_share = 0.0;
     let mut cpu_marks = vec![CpuSample::now()];
     for epoch in 0..opts.epochs {
-        let out = run_epoch(&mut ranks, epoch, Duration::from_secs(600), |_, _| {}).map_err(|e| {
-            let tails: Vec<String> =
-                cluster.node_ids().iter().map(|&id| format!("node {id}:\n{}", cluster.log_tail(id))).collect();
-            anyhow!("{e:#}\n{}", tails.join("\n"))
-        })?;
+        let out = run_epoch(&mut ranks, epoch, Duration::from_secs(600), |_, _| {})
+            .map_err(|e| anyhow!("{e:#}\n{}", cluster.log_tails()))?;
         epoch_secs.push(out.secs);
         if epoch > 0 {
             warm_rows += out.rows;

@@ -40,41 +40,22 @@ pub struct TwoJobsScenario {
 }
 
 /// The settings the scenario takes from `bench cluster`'s.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct TwoJobsSpec {
-    /// Node daemons.
-    pub nodes: u32,
+    /// The cluster: the other scenarios' (`bench cluster`).
+    pub cluster: LocalClusterSpec,
     /// Job A's ranks per node.
     pub ranks_per_node: u32,
-    /// Job A's batch; job B's global batch is this times `nodes`.
+    /// Job A's batch; job B's global batch is this times the nodes.
     pub batch_size: u32,
     /// Epochs of both jobs.
     pub epochs: u64,
-    /// RAM tier (and guest area) per node.
-    pub ram_bytes: u64,
-    /// Remote latency per request.
-    pub latency_ms: u64,
-    /// Remote bandwidth of each node's link.
-    pub bandwidth_bytes_per_s: u64,
 }
 
 /// Runs the two jobs on a fresh cluster in `dir`.
-pub fn run(exe: &Path, dir: &Path, data: &Path, opts: &TwoJobsSpec, source_bytes: u64) -> Result<TwoJobsScenario> {
-    let nodes = opts.nodes;
-    let spec = LocalClusterSpec {
-        voters: 1,
-        nodes,
-        ram_bytes: opts.ram_bytes,
-        guest_bytes: opts.ram_bytes,
-        ssd_bytes: None,
-        prefetch_bytes: 256 << 20,
-        loads: 4,
-        convert_threads: 2,
-        throttle: Some((opts.latency_ms, opts.bandwidth_bytes_per_s)),
-        lease_ms: 3000,
-        ..LocalClusterSpec::default()
-    };
-    let cluster = LocalCluster::start(exe, dir, data, spec)?;
+pub fn run(exe: &Path, dir: &Path, data: &Path, opts: TwoJobsSpec, source_bytes: u64) -> Result<TwoJobsScenario> {
+    let nodes = opts.cluster.nodes;
+    let cluster = LocalCluster::start(exe, dir, data, opts.cluster)?;
     let world_a = nodes * opts.ranks_per_node;
     let sockets_a: Vec<PathBuf> = (0..world_a).map(|r| cluster.socket((r / opts.ranks_per_node) as u64 + 1)).collect();
     let args_a: Vec<String> = ["--batch-size", &opts.batch_size.to_string(), "--seed", "3"].map(String::from).into();
@@ -97,11 +78,8 @@ pub fn run(exe: &Path, dir: &Path, data: &Path, opts: &TwoJobsSpec, source_bytes
     ranks.extend(job_b);
     let (mut rows_per_epoch, mut epoch_secs) = (Vec::new(), Vec::new());
     for epoch in 0..opts.epochs {
-        let out = run_epoch(&mut ranks, epoch, Duration::from_secs(600), |_, _| {}).map_err(|e| {
-            let tails: Vec<String> =
-                cluster.node_ids().iter().map(|&id| format!("node {id}:\n{}", cluster.log_tail(id))).collect();
-            anyhow!("{e:#}\n{}", tails.join("\n"))
-        })?;
+        let out = run_epoch(&mut ranks, epoch, Duration::from_secs(600), |_, _| {})
+            .map_err(|e| anyhow!("{e:#}\n{}", cluster.log_tails()))?;
         rows_per_epoch.push(out.rows);
         epoch_secs.push(out.secs);
     }

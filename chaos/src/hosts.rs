@@ -271,11 +271,7 @@ fn run_job(cfg: &HostsConfig, hosts: &Hosts, data: &std::path::Path, fault: Opti
             Some(t) => Some(t.join().map_err(|_| anyhow!("the fault thread panicked"))??),
             None => None,
         };
-        let o = result.map_err(|e| {
-            let tails: Vec<String> =
-                cluster.node_ids().iter().map(|&id| format!("node {id}:\n{}", cluster.log_tail(id))).collect();
-            anyhow!("{name} run, epoch {epoch}: {e:#}\n{}", tails.join("\n"))
-        })?;
+        let o = result.map_err(|e| anyhow!("{name} run, epoch {epoch}: {e:#}\n{}", cluster.log_tails()))?;
         if exposed.is_some() {
             out.exposed = exposed;
         }

@@ -115,9 +115,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
         }) {
             Ok(o) => o,
             Err(e) => {
-                let tails: Vec<String> =
-                    cluster.node_ids().iter().map(|&id| format!("node {id}:\n{}", cluster.log_tail(id))).collect();
-                bail!("{e:#}\n{}", tails.join("\n"));
+                bail!("{e:#}\n{}", cluster.log_tails());
             }
         };
         for b in rank_bars {

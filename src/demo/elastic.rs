@@ -194,9 +194,7 @@ impl Serving {
     fn log_tail(&self) -> String {
         match self {
             Serving::Node(node, _) => node.log_tail(),
-            Serving::Cluster(c) => {
-                c.node_ids().iter().map(|&id| format!("node {id}:\n{}", c.log_tail(id))).collect::<Vec<_>>().join("\n")
-            }
+            Serving::Cluster(c) => c.log_tails(),
         }
     }
 

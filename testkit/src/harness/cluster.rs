@@ -444,6 +444,12 @@ impl LocalCluster {
         log_tail(&self.log(id))
     }
 
+    /// The last lines of every node's log, each under `node ID:`: what an
+    /// error of a run on the cluster shows.
+    pub fn log_tails(&self) -> String {
+        self.node_ids().iter().map(|&id| format!("node {id}:\n{}", self.log_tail(id))).collect::<Vec<_>>().join("\n")
+    }
+
     /// The first coordinator voter's address.
     pub fn coordinator(&self) -> std::net::SocketAddr {
         self.voter_advertise[0]

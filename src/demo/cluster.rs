@@ -20,10 +20,10 @@
 use super::args::DemoArgs;
 use super::pass::{Pass, pass, replay_settings};
 use super::report::{say_to, style};
-use super::setup::Setup;
+use super::setup::{Setup, cluster_spec};
 use anyhow::{Result, bail};
 use granary_bench::report::{gbps, ratio};
-use granary_testkit::harness::{ClusterCounters, LocalCluster, LocalClusterSpec, run_epoch, spawn_ranks};
+use granary_testkit::harness::{ClusterCounters, LocalCluster, run_epoch, spawn_ranks};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -74,20 +74,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
     let spinner = bars.add(ProgressBar::new_spinner());
     spinner.set_message("starting the coordinator and the node daemons");
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let spec = LocalClusterSpec {
-        voters: 1,
-        nodes: a.nodes,
-        ram_bytes: a.ram_mib << 20,
-        guest_bytes: a.ram_mib << 20,
-        ssd_bytes: None,
-        prefetch_bytes: 256 << 20,
-        loads: 4,
-        convert_threads: 2,
-        throttle: Some((a.latency_ms, bandwidth)),
-        lease_ms: 1500,
-        view: Some(granary_testkit::datagen::view_toml(a.jagged)),
-        ..LocalClusterSpec::default()
-    };
+    let spec = cluster_spec(&a);
     let cluster = LocalCluster::start(&exe, &work.path().join("cluster"), &data, spec)?;
     spinner.finish_and_clear();
     say(format!("cluster up: coordinator at {}, nodes {:?}", cluster.coordinator(), cluster.node_ids()));

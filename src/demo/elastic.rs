@@ -17,9 +17,9 @@
 use super::args::DemoArgs;
 use super::pass::{Settings, daemon};
 use super::report::{say_to, style};
-use super::setup::Setup;
+use super::setup::{Setup, cluster_spec};
 use anyhow::{Context, Result, bail};
-use granary_testkit::harness::{LocalCluster, LocalClusterSpec, NodeProcess, TrainerEvent, TrainerProcess, rank_args};
+use granary_testkit::harness::{LocalCluster, NodeProcess, TrainerEvent, TrainerProcess, rank_args};
 use indicatif::{MultiProgress, ProgressBar};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,20 +52,7 @@ pub(super) fn run(a: DemoArgs) -> Result<()> {
         ceiling: false,
     };
     let serving = if a.nodes > 1 {
-        let spec = LocalClusterSpec {
-            voters: 1,
-            nodes: a.nodes,
-            ram_bytes: a.ram_mib << 20,
-            guest_bytes: a.ram_mib << 20,
-            ssd_bytes: None,
-            prefetch_bytes: 256 << 20,
-            loads: 4,
-            convert_threads: 2,
-            throttle: Some((a.latency_ms, a.bandwidth_mib << 20)),
-            lease_ms: 1500,
-            view: Some(granary_testkit::datagen::view_toml(a.jagged)),
-            ..LocalClusterSpec::default()
-        };
+        let spec = cluster_spec(&a);
         say(format!(
             "starting a coordinator and {} node daemons; rank r reads through node r mod {}",
             a.nodes, a.nodes

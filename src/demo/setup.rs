@@ -7,6 +7,7 @@ use super::args::DemoArgs;
 use super::report::{say_to, style};
 use anyhow::Result;
 use granary_testkit::datagen::{self, GenSpec};
+use granary_testkit::harness::LocalClusterSpec;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -74,4 +75,23 @@ fn generate(a: &DemoArgs, data: &Path, bars: &MultiProgress) -> Result<datagen::
         );
     }
     Ok(report)
+}
+
+/// The demo's cluster: one voter and `--nodes` node daemons, each with the
+/// demo's RAM tier and its own throttled link to remote storage.
+pub(super) fn cluster_spec(a: &DemoArgs) -> LocalClusterSpec {
+    LocalClusterSpec {
+        voters: 1,
+        nodes: a.nodes,
+        ram_bytes: a.ram_mib << 20,
+        guest_bytes: a.ram_mib << 20,
+        ssd_bytes: None,
+        prefetch_bytes: 256 << 20,
+        loads: 4,
+        convert_threads: 2,
+        throttle: Some((a.latency_ms, a.bandwidth_mib << 20)),
+        lease_ms: 1500,
+        view: Some(datagen::view_toml(a.jagged)),
+        ..LocalClusterSpec::default()
+    }
 }

@@ -517,22 +517,6 @@ impl GlobalCursor {
     pub fn pending(&self, shard_index: u32) -> bool {
         self.pending.get(shard_index as usize).is_some_and(|&n| n > 0)
     }
-
-    /// The shards the rest of the walk reads, in the order it first needs
-    /// them (what a node prefetches along).
-    pub fn shard_order(mut self) -> Vec<u32> {
-        let mut seen = vec![false; self.pending.len()];
-        let mut order = Vec::new();
-        let mut rows = Vec::new();
-        while self.next_batch(&mut rows).is_some() {
-            for r in &rows {
-                if !std::mem::replace(&mut seen[r.shard_index as usize], true) {
-                    order.push(r.shard_index);
-                }
-            }
-        }
-        order
-    }
 }
 
 #[cfg(test)]

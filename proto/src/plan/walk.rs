@@ -168,22 +168,36 @@ impl Walk {
         if let Walk::Rank { params, start: 0 } = self {
             return rank_shard_order(key, shards, params);
         }
-        match self.cursor(key, shards)? {
-            Cursor::Rank(mut cursor) => {
-                let mut seen = vec![false; shards.len()];
-                let mut order = Vec::new();
-                let mut rows: Vec<RowRef> = Vec::new();
-                while cursor.next_batch(&mut rows).is_some() {
-                    for r in &rows {
-                        if !std::mem::replace(&mut seen[r.shard_index as usize], true) {
-                            order.push(r.shard_index);
-                        }
-                    }
+        let mut seen = vec![false; shards.len()];
+        let mut order = Vec::new();
+        let mut note = |rows: &[RowRef]| {
+            for r in rows {
+                if !std::mem::replace(&mut seen[r.shard_index as usize], true) {
+                    order.push(r.shard_index);
                 }
-                Ok(order)
             }
-            Cursor::Global(cursor) => Ok(cursor.shard_order()),
+        };
+        let mut rows: Vec<RowRef> = Vec::new();
+        match self {
+            Walk::Rank { params, start } => {
+                let start = usize::try_from(*start).unwrap_or(usize::MAX);
+                let mut cursor = PlanCursor::new(key, shards, params, start)?;
+                while cursor.next_batch(&mut rows).is_some() {
+                    note(&rows);
+                }
+            }
+            // The plan's steps alone: a cursor would also count what the
+            // rank needs of each shard, which an order does not use.
+            Walk::Global { params, world_size, rank, start } => {
+                let mut plan = super::GlobalPlan::new(key, shards, params)?;
+                plan.check_world(*world_size, *rank)?;
+                for k in (*start).min(plan.num_steps())..plan.num_steps() {
+                    plan.rank_batch(k, *world_size, *rank, &mut rows)?;
+                    note(&rows);
+                }
+            }
         }
+        Ok(order)
     }
 
     /// The most memory walking it holds at once (see [`plan_cost`]), from

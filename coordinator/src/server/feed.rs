@@ -107,10 +107,7 @@ impl Feed {
         // Waiting for room holds the lock, so after one wait that found
         // none, the watchers queued behind it fail at once rather than
         // each waiting in turn.
-        let wait = match frames.starved_at {
-            Some(t) if t.elapsed() < BUDGET_WAIT => Duration::ZERO,
-            _ => BUDGET_WAIT,
-        };
+        let wait = room_wait(frames.starved_at, Instant::now());
         let Some(bytes) = responses.charged(encoded, wait).await else {
             frames.starved_at = Some(Instant::now());
             return Ok(Next::NoRoom);
@@ -118,6 +115,16 @@ impl Feed {
         frames.starved_at = None;
         keep(&mut frames.kept, (key, Some(bytes.clone())));
         Ok(Next::Frame(bytes))
+    }
+}
+
+/// How long building a frame at `now` waits for room in the answer budget:
+/// [`BUDGET_WAIT`], or nothing while a build that found no room
+/// (`starved_at`) is more recent than that.
+fn room_wait(starved_at: Option<Instant>, now: Instant) -> Duration {
+    match starved_at {
+        Some(t) if now.saturating_duration_since(t) < BUDGET_WAIT => Duration::ZERO,
+        _ => BUDGET_WAIT,
     }
 }
 
@@ -212,6 +219,15 @@ mod tests {
             ssd_bytes: 0,
             registration: 0,
         });
+    }
+
+    #[test]
+    fn after_a_build_found_no_room_the_next_ones_wait_for_none_until_the_wait_has_passed() {
+        let t = Instant::now();
+        assert_eq!(room_wait(None, t), BUDGET_WAIT);
+        assert_eq!(room_wait(Some(t), t), Duration::ZERO);
+        assert_eq!(room_wait(Some(t), t + BUDGET_WAIT - Duration::from_millis(1)), Duration::ZERO);
+        assert_eq!(room_wait(Some(t), t + BUDGET_WAIT), BUDGET_WAIT, "the budget may have room again");
     }
 
     #[test]

@@ -172,6 +172,18 @@ impl Leases {
         self.clocks.insert(node, Clock { incarnation, renewed: now, expiring: false, source: Some(source) });
     }
 
+    /// Whether a registration of `node` from `source` is the daemon that
+    /// holds live `incarnation` registering again (a retry whose answer was
+    /// lost, or a restart within its lease on the same socket): this leader
+    /// saw that incarnation register from `source`, and its lease has not
+    /// run out at `now`. Such a registration commits nothing: the
+    /// incarnation stands and its lease is renewed.
+    pub fn same_daemon(&self, node: NodeId, incarnation: u64, source: SocketAddr, now: Instant) -> bool {
+        self.clocks.get(&node).is_some_and(|c| {
+            c.incarnation == incarnation && c.source == Some(source) && !c.expiring && c.renewed + self.lease > now
+        })
+    }
+
     /// Decides a registration of `node` from `addr` while the replicated
     /// state has `live` (its live incarnation and address, if it is live):
     /// refused while a daemon at another address holds the node's lease
@@ -255,6 +267,22 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_daemon_registering_again_from_its_socket_is_the_same_daemon() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(3);
+        let mut l = Leases::new(lease, t0);
+        let (a, b): (SocketAddr, SocketAddr) = ("10.0.0.1:7100".parse().unwrap(), "10.0.0.2:7100".parse().unwrap());
+        assert!(!l.same_daemon(NodeId(1), 4, a, t0), "no clock: not known");
+        l.handle_registered(NodeId(1), 4, a, t0);
+        assert!(l.same_daemon(NodeId(1), 4, a, t0 + lease / 2));
+        assert!(!l.same_daemon(NodeId(1), 4, b, t0), "another socket");
+        assert!(!l.same_daemon(NodeId(1), 5, a, t0), "another incarnation");
+        assert!(!l.same_daemon(NodeId(1), 4, a, t0 + lease), "its lease ran out");
+        l.handle_renewed(NodeId(1), 4, t0 + lease);
+        assert!(l.same_daemon(NodeId(1), 4, a, t0 + lease + lease / 2), "a renewal keeps the source");
+    }
 
     const LEASE: Duration = Duration::from_secs(3);
     const MS: Duration = Duration::from_millis(1);

@@ -15,6 +15,8 @@
 //!   out at `now`, with the grace a new leader grants.
 //! - [`election`]: the election watchdog, pure: when a follower that stopped
 //!   hearing from its leader campaigns.
+//! - [`admission`]: which connections a voter admits, pure: caps in all,
+//!   per role and per node identity.
 //! - [`server`]: the voter process, the only async part: endpoint and
 //!   accept loop, API handlers with role checks, the placement watch, and
 //!   the timer tasks that carry out what [`leases`] and [`election`] decide.
@@ -28,6 +30,7 @@
 //! missed heartbeats into `ExpireNode` commands, and the watchdog turns a
 //! silent leader into an election.
 
+pub mod admission;
 pub mod checksum;
 pub mod election;
 pub mod leases;

@@ -347,3 +347,40 @@ async fn stalled_handshakes_from_one_host_do_not_lock_out_a_heartbeat() {
     drop(flood);
     f.coordinator.shutdown().await;
 }
+
+/// A live node registering again from the socket it registered from (a
+/// retry whose answer was lost, a restart within its lease) keeps its
+/// incarnation and moves no epoch; another node claiming a live node's
+/// address is refused, the refusal naming both (issue 42: commits that
+/// cannot be stormed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_node_registering_again_commits_nothing_and_a_taken_address_is_refused() {
+    let f = start(Duration::from_secs(3)).await;
+    let node = f.client("node");
+    let reg = |id: u64, addr: &str, token: u64| ApiRequest::RegisterNode {
+        node: NodeId(id),
+        addr: addr.into(),
+        ram_bytes: 1 << 30,
+        ssd_bytes: 0,
+        registration: token,
+    };
+    let registered = |r: (std::net::SocketAddr, ApiResponse)| match r.1 {
+        ApiResponse::Registered { incarnation, placement_epoch, .. } => (incarnation, placement_epoch),
+        other => panic!("{other:?}"),
+    };
+    let first = registered(node.call(&reg(1, "127.0.0.1:9101", 11)).await.expect("register"));
+    let applied = f.coordinator.raft().metrics().borrow().last_applied;
+    for token in 12..20 {
+        let again = registered(node.call(&reg(1, "127.0.0.1:9101", token)).await.expect("register again"));
+        assert_eq!(again, first, "the same incarnation and epoch");
+    }
+    assert_eq!(f.coordinator.raft().metrics().borrow().last_applied, applied, "nothing committed");
+    // Another node at node 1's address.
+    let msg = forbidden(node.call(&reg(2, "127.0.0.1:9101", 21)).await);
+    assert!(msg.contains("node-2") && msg.contains("node-1") && msg.contains("127.0.0.1:9101"), "{msg}");
+    // A second node registers at its own address: a new incarnation and
+    // a new epoch.
+    let second = registered(node.call(&reg(2, "127.0.0.1:9102", 22)).await.expect("register node 2"));
+    assert!(second.0 > first.0 && second.1 > first.1, "{second:?} after {first:?}");
+    f.coordinator.shutdown().await;
+}

@@ -2,9 +2,21 @@
 //! request to the voter it believes leads, follows `NotLeader` redirects,
 //! and retries unreachable voters until a deadline.
 //!
-//! Every retry loop is bounded by [`ClientOptions::deadline`]; the backoff
-//! between rounds is fixed and short because an election takes a few
-//! hundred milliseconds.
+//! Handles made with [`CoordinatorClient::sharing`] share those
+//! connections, each with its own options and leader hint: a node's
+//! heartbeats, placement watch, holds and placement lookups are streams on
+//! one connection per voter. A connection to a voter that names another as
+//! the leader is closed, so a settled client holds one, to the leader. A
+//! request that fails or times out moves on to the next voter but keeps
+//! the connection: a slow answer is no reason to dial again (the watch
+//! and the other requests on it are fine), and a connection whose voter
+//! died closes by its idle timeout (5 s), after which the next request
+//! dials anew.
+//!
+//! Every retry loop is bounded by [`ClientOptions::deadline`]; the pause
+//! between failed rounds starts short (an election takes a few hundred
+//! milliseconds), doubles while rounds keep failing, and is jittered
+//! ([`crate::backoff`]), so that clients refused together spread out.
 
 use crate::api::{AddProgress, ApiRequest, ApiResponse, FailureKind, PlacementView};
 use crate::conn::Connections;
@@ -27,7 +39,9 @@ pub struct ClientOptions {
     pub deadline: Duration,
     /// Bound on one connection attempt. Default 2 s.
     pub connect_timeout: Duration,
-    /// Pause after a round in which no voter answered. Default 100 ms.
+    /// Pause after a round in which no voter answered, on average: it
+    /// doubles while rounds keep failing and is jittered
+    /// ([`crate::backoff::pause`]). Default 100 ms.
     pub backoff: Duration,
     /// Bound on one attempt at one voter, so that a voter that died with
     /// the connection open costs this long, not the connection's idle
@@ -104,7 +118,7 @@ pub enum ClientError {
 
 /// A client of the coordinator group.
 pub struct CoordinatorClient {
-    conns: Connections,
+    conns: Arc<Connections>,
     addrs: Vec<SocketAddr>,
     options: ClientOptions,
     leader: Mutex<Option<SocketAddr>>,
@@ -160,12 +174,33 @@ impl CoordinatorClient {
         }
         let config = identity.client_config(ALPN_API)?;
         Ok(Self {
-            conns: Connections::new(endpoint, config, Role::Coordinator, options.connect_timeout),
+            conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, options.connect_timeout)),
             addrs,
             options,
             leader: Mutex::new(None),
             next: AtomicUsize::new(0),
         })
+    }
+
+    /// Another handle on this client's connections, with its own `options`
+    /// (their `connect_timeout` aside: dials are shared, and keep this
+    /// client's) and its own leader hint: a long-lived watch or a slow
+    /// request's retries never move the hint a heartbeat follows, and
+    /// neither opens a connection of its own.
+    pub fn sharing(&self, options: ClientOptions) -> Self {
+        Self {
+            conns: self.conns.clone(),
+            addrs: self.addrs.clone(),
+            options,
+            leader: Mutex::new(self.leader_hint()),
+            next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// The voters this client (and every handle sharing its connections)
+    /// has a connection open to.
+    pub fn connected(&self) -> Vec<SocketAddr> {
+        self.conns.open()
     }
 
     /// The voter addresses this client knows.
@@ -192,8 +227,19 @@ impl CoordinatorClient {
         self.conns.get(addr).await.map_err(|e| e.to_string())
     }
 
-    fn forget(&self, addr: SocketAddr) {
-        self.conns.forget(addr);
+    /// `target` said `leader` leads: follow the hint, and close the
+    /// connection to `target`, which only a redirect used.
+    fn redirected(&self, target: SocketAddr, leader: Option<SocketAddr>) {
+        self.set_leader_hint(leader);
+        if leader.is_some() {
+            self.conns.close(target, b"not the leader");
+        }
+    }
+
+    /// Sleeps after the `failed`th failed round in a row.
+    async fn pause(&self, failed: &mut u32) {
+        *failed = failed.saturating_add(1);
+        tokio::time::sleep(crate::backoff::pause(self.options.backoff, *failed, crate::backoff::jitter_unit())).await;
     }
 
     /// Sends `req` to the leader, following redirects and retrying until the
@@ -215,6 +261,7 @@ impl CoordinatorClient {
         let mut deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
         let mut tried = 0usize;
+        let mut failed = 0u32;
         let reports = matches!(req, ApiRequest::AddDataset { progress: true, .. });
         loop {
             let target = match self.leader_hint() {
@@ -244,12 +291,9 @@ impl CoordinatorClient {
                     }
                     _ => false,
                 };
-                frame::call_until::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES, progress).await.map_err(
-                    |e: StreamError| {
-                        self.forget(target);
-                        format!("{target}: {e}")
-                    },
-                )
+                frame::call_until::<_, ApiResponse>(&conn, req, MAX_FRAME_BYTES, progress)
+                    .await
+                    .map_err(|e: StreamError| format!("{target}: {e}"))
             };
             tokio::pin!(attempt);
             let mut until = Instant::now() + bound;
@@ -264,7 +308,6 @@ impl CoordinatorClient {
                             deadline = deadline.max(since);
                             continue;
                         }
-                        self.forget(target);
                         break Err(format!("{target}: no answer within {bound:?}"));
                     }
                 }
@@ -273,15 +316,15 @@ impl CoordinatorClient {
                 Ok(ApiResponse::NotLeader { leader }) => {
                     let hint = leader.and_then(|(_, a)| a.parse::<SocketAddr>().ok()).filter(|a| *a != target);
                     last = format!("{target}: not the leader (leader {:?})", hint);
-                    self.set_leader_hint(hint);
+                    self.redirected(target, hint);
                     if hint.is_none() {
-                        tokio::time::sleep(self.options.backoff).await;
+                        self.pause(&mut failed).await;
                     }
                 }
                 Ok(ApiResponse::Failed { kind: FailureKind::Unavailable, message }) => {
                     last = format!("{target}: {message}");
                     self.set_leader_hint(None);
-                    tokio::time::sleep(self.options.backoff).await;
+                    self.pause(&mut failed).await;
                 }
                 Ok(ApiResponse::Failed { kind: fk, message }) => {
                     return Err(ClientError::Failed { addr: target, request: kind, kind: fk, message });
@@ -294,7 +337,7 @@ impl CoordinatorClient {
                     last = e;
                     self.set_leader_hint(None);
                     if tried.is_multiple_of(self.addrs.len()) {
-                        tokio::time::sleep(self.options.backoff).await;
+                        self.pause(&mut failed).await;
                     }
                 }
             }
@@ -325,6 +368,7 @@ impl CoordinatorClient {
     async fn open_watch(&self, req: ApiRequest) -> Result<PlacementWatch, ClientError> {
         let deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
+        let mut failed = 0u32;
         while Instant::now() < deadline {
             let target = self.leader_hint().unwrap_or_else(|| self.round_robin());
             let opened = async {
@@ -347,10 +391,10 @@ impl CoordinatorClient {
                 }
                 Ok((_, Some((ApiResponse::NotLeader { leader }, _)))) => {
                     let hint = leader.and_then(|(_, a)| a.parse::<SocketAddr>().ok()).filter(|a| *a != target);
-                    self.set_leader_hint(hint);
+                    self.redirected(target, hint);
                     last = format!("{target}: not the leader");
                     if hint.is_none() {
-                        tokio::time::sleep(self.options.backoff).await;
+                        self.pause(&mut failed).await;
                     }
                 }
                 Ok((_, Some((ApiResponse::Failed { kind, message }, _)))) => {
@@ -364,17 +408,17 @@ impl CoordinatorClient {
                     });
                 }
                 Err(e) => {
-                    self.forget(target);
                     self.set_leader_hint(None);
                     last = e;
-                    tokio::time::sleep(self.options.backoff).await;
+                    self.pause(&mut failed).await;
                 }
             }
         }
         Err(self.unavailable(req.kind(), last))
     }
 
-    /// Closes every connection.
+    /// Closes every connection, and the endpoint they were dialed from
+    /// (with every handle sharing it).
     pub fn close(&self) {
         self.conns.endpoint().close(0u32.into(), b"client closed");
     }

@@ -164,4 +164,22 @@ impl Connections {
     pub fn forget(&self, addr: SocketAddr) {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
     }
+
+    /// Closes the connection to `addr`, if one is open, with `reason`
+    /// (the peer logs it): one no longer needed, such as a voter that is not
+    /// the leader. A request still on it fails and is retried by its caller.
+    pub fn close(&self, addr: SocketAddr, reason: &[u8]) {
+        if let Some(c) = self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr) {
+            c.close(0u32.into(), reason);
+        }
+    }
+
+    /// The addresses with an open connection.
+    pub fn open(&self) -> Vec<SocketAddr> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open: Vec<SocketAddr> =
+            map.iter().filter(|(_, c)| c.close_reason().is_none()).map(|(a, _)| *a).collect();
+        open.sort();
+        open
+    }
 }

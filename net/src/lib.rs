@@ -12,6 +12,7 @@
 //! - [`error`]: [`error::TlsError`], the error of the four above.
 //! - [`tls`]: the four above re-exported under their former paths, until
 //!   the other crates move to the new ones.
+//! - [`backoff`]: pauses between retries, exponential with jitter (pure).
 //! - [`budget`]: a budget of things in progress, in all and per source
 //!   address, pure (handshakes, metrics connections).
 //! - [`conn`]: outgoing connections cached per peer, role-checked.
@@ -28,6 +29,7 @@
 //! messages are small and rare); the data plane keeps rkyv.
 
 pub mod api;
+pub mod backoff;
 pub mod budget;
 pub mod client;
 pub mod conn;

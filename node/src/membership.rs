@@ -62,6 +62,7 @@ impl Standing {
 
 /// A running membership: registration, heartbeats and the placement watch.
 pub(crate) struct Membership {
+    client: Arc<CoordinatorClient>,
     view: watch::Receiver<Option<Arc<Placement>>>,
     standing: watch::Receiver<Standing>,
     tasks: JoinSet<()>,
@@ -126,11 +127,13 @@ impl Membership {
             attempt_timeout: Duration::from_millis(500),
             ..Default::default()
         };
-        let client = Arc::new(CoordinatorClient::on_endpoint(endpoint.clone(), identity, addrs.clone(), options)?);
-        // The watch has its own client, so that its long-lived stream and its
+        // Every call of this node's to the voters (heartbeats, the watch,
+        // holds, placement lookups) is a stream on one connection per voter:
+        // the handles below share this client's connections.
+        let client = Arc::new(CoordinatorClient::on_endpoint(endpoint.clone(), identity, addrs, options)?);
+        // The watch has its own handle, so that its long-lived stream and its
         // retries never disturb the heartbeats' leader hint.
-        let watch_client =
-            Arc::new(CoordinatorClient::on_endpoint(endpoint.clone(), identity, addrs, ClientOptions::default())?);
+        let watch_client = Arc::new(client.sharing(ClientOptions::default()));
         let (standing_tx, standing) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
         let mut tasks = JoinSet::new();
@@ -138,7 +141,13 @@ impl Membership {
             ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes, registration: 0 };
         tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
         tasks.spawn(watch_loop(watch_client, view_tx));
-        Ok(Self { view, standing, tasks })
+        Ok(Self { client, view, standing, tasks })
+    }
+
+    /// A handle on this node's connections to the voters, with `options`
+    /// and its own leader hint ([`CoordinatorClient::sharing`]).
+    pub(crate) fn client(&self, options: ClientOptions) -> CoordinatorClient {
+        self.client.sharing(options)
     }
 
     /// This node's standing, as the lease loop keeps it.
@@ -173,7 +182,14 @@ async fn lease_loop(
     register: ApiRequest,
     standing: watch::Sender<Standing>,
 ) {
+    // Registrations that fail in a row wait longer each time, jittered
+    // (a thousand nodes refused at boot do not all come back at once).
     let retry = Duration::from_millis(500);
+    let mut refused = 0u32;
+    let pause = |refused: &mut u32| {
+        *refused = refused.saturating_add(1);
+        tokio::time::sleep(granary_net::backoff::pause(retry, *refused, granary_net::backoff::jitter_unit()))
+    };
     let mut register = register;
     let mut token: Option<u64> = None;
     loop {
@@ -188,6 +204,7 @@ async fn lease_loop(
             Ok((_, ApiResponse::Registered { incarnation, placement_epoch, lease_ms })) => {
                 tracing::info!(%node, incarnation, placement_epoch, "joined the cluster");
                 token = None;
+                refused = 0;
                 let lease = Duration::from_millis(lease_ms.max(30));
                 standing.send_replace(Standing {
                     incarnation: Some(incarnation),
@@ -199,12 +216,12 @@ async fn lease_loop(
             }
             Ok((addr, other)) => {
                 tracing::warn!(%node, %addr, "unexpected answer to register: {other:?}");
-                tokio::time::sleep(retry).await;
+                pause(&mut refused).await;
                 continue;
             }
             Err(e) => {
                 tracing::warn!(%node, "cannot register yet: {e}");
-                tokio::time::sleep(retry).await;
+                pause(&mut refused).await;
                 continue;
             }
         };
@@ -240,12 +257,14 @@ async fn lease_loop(
 
 async fn watch_loop(client: Arc<CoordinatorClient>, view: watch::Sender<Option<Arc<Placement>>>) {
     let mut revision = 0;
+    let mut refused = 0u32;
     loop {
         // Deltas: the whole placement once per stream, then what changed;
         // a stream that ends (or an update that does not fit) is opened
         // again and starts from the whole.
         match client.watch_placement(revision).await {
             Ok(mut w) => loop {
+                refused = 0;
                 match w.next_placement().await {
                     Ok(Some(p)) => {
                         revision = p.view.revision;
@@ -271,7 +290,10 @@ async fn watch_loop(client: Arc<CoordinatorClient>, view: watch::Sender<Option<A
             },
             Err(e) => {
                 tracing::debug!("cannot open the placement watch yet: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                refused = refused.saturating_add(1);
+                let base = Duration::from_millis(500);
+                tokio::time::sleep(granary_net::backoff::pause(base, refused, granary_net::backoff::jitter_unit()))
+                    .await;
             }
         }
     }

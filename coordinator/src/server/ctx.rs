@@ -12,7 +12,6 @@ use crate::types::{Command, CommandResult, Raft, VoterId};
 use granary_net::api::{ApiResponse, FailureKind, NodeStatus};
 use openraft::error::{ClientWriteError, RaftError};
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -35,15 +34,12 @@ pub(super) struct Ctx {
     pub(super) allow_unbound_voter_certs: bool,
     /// The leader's lease table; only the leader's holds clocks.
     pub(super) leases: Mutex<Leases>,
-    /// Connections established (certificate checked), bounded by
-    /// [`super::MAX_CONNECTIONS`].
-    pub(super) connections: AtomicUsize,
     /// Handshakes in progress, in all ([`super::MAX_HANDSHAKES`]) and per
     /// source address ([`super::MAX_HANDSHAKES_PER_ADDRESS`]).
     pub(super) handshakes: Arc<Mutex<granary_net::budget::AddressBudget>>,
-    /// Connections open per role (after the handshake), in `Role::ALL`
-    /// order; each bounded by [`super::role_limit`].
-    pub(super) role_connections: [AtomicUsize; 4],
+    /// Connections open (after the handshake), in all, per role and per
+    /// node identity, each bounded ([`crate::admission`]).
+    pub(super) admission: Mutex<crate::admission::Admission>,
     /// Last AppendEntries accepted from a leader.
     pub(super) contact: LeaderContact,
     /// API requests answered, by kind and result (the metrics endpoint).
@@ -74,6 +70,11 @@ pub(super) struct Compact {
 }
 
 impl Ctx {
+    /// The connections open. Its methods never panic midway.
+    pub(super) fn admission(&self) -> MutexGuard<'_, crate::admission::Admission> {
+        self.admission.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The lease table. Its methods never panic midway, so a poisoned lock
     /// still holds a consistent table.
     pub(super) fn leases(&self) -> MutexGuard<'_, Leases> {

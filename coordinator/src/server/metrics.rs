@@ -46,6 +46,11 @@ struct NodeLabel {
     node: u64,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: &'static str,
+}
+
 impl Collector for VoterCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let m = self.ctx.raft.metrics().borrow().clone();
@@ -107,6 +112,34 @@ impl Collector for VoterCollector {
         )?;
         let in_flight = self.ctx.requests.lock().unwrap_or_else(|p| p.into_inner()).in_progress();
         gauge(e, "api_requests_in_flight", "API requests being answered", None, in_flight as i64)?;
+        let (by_role, per_node, nodes_connected) = {
+            let a = self.ctx.admission();
+            let by_role: Vec<_> = granary_net::tls::Role::ALL.iter().map(|r| (r.as_str(), a.open_of(*r))).collect();
+            (by_role, a.most_per_node(), a.nodes_connected())
+        };
+        let mut conns = e.encode_descriptor(
+            "connections",
+            "Connections open (after the handshake), by the role of their certificate",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (role, open) in by_role {
+            ConstGauge::new(open as i64).encode(conns.encode_family(&RoleLabel { role })?)?;
+        }
+        gauge(
+            e,
+            "connected_nodes",
+            "Node identities (bound in their certificates) with a connection open",
+            None,
+            nodes_connected as i64,
+        )?;
+        gauge(
+            e,
+            "connections_most_per_node",
+            "The most connections one node identity holds open (a node needs one per voter)",
+            None,
+            per_node as i64,
+        )?;
         let voters = m.membership_config.membership().nodes().count();
         gauge(e, "voters", "Voters in the group's membership", None, voters as i64)?;
         let quorum_ack = m.millis_since_quorum_ack.map_or(-1.0, |ms| ms as f64 / 1000.0);

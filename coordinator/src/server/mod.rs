@@ -46,14 +46,11 @@ use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
-/// Connections served at once (counted once the handshake has checked the
-/// peer's certificate); more are closed.
-pub const MAX_CONNECTIONS: usize = 4096;
+pub use crate::admission::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_NODE, role_limit};
 
 /// Handshakes in progress at once, apart from [`MAX_CONNECTIONS`]: a peer
 /// that starts handshakes and never finishes them (or has no certificate)
@@ -67,29 +64,6 @@ pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 32;
 /// A handshake not finished by then is dropped.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
 
-/// Connections one role's certificates may hold open at once (counted
-/// once the handshake says the role): a trainer's or an admin's
-/// certificate cannot take the connections nodes need for their
-/// heartbeats, or the voters' Raft connections. The limits add up to less
-/// than [`MAX_CONNECTIONS`], so connections of other roles alone never
-/// fill the global cap.
-pub fn role_limit(role: Role) -> usize {
-    match role {
-        Role::Coordinator => 64,
-        Role::Node => 2048,
-        Role::Trainer => 512,
-        Role::Admin => 128,
-    }
-}
-
-/// Takes one of `role`'s connections in `counts` (indexed as `Role::ALL`),
-/// if it has one left; given back on drop.
-fn take_role_slot(counts: &[AtomicUsize; 4], role: Role) -> Option<ConnSlot<'_>> {
-    let i = Role::ALL.iter().position(|r| *r == role)?;
-    let limit = role_limit(role);
-    counts[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok()?;
-    Some(ConnSlot(&counts[i]))
-}
 /// Entries per AppendEntries RPC.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 16;
 
@@ -332,12 +306,11 @@ impl Coordinator {
             node_retention: cfg.node_retention,
             manifest_piece_bytes: cfg.manifest_piece_bytes.clamp(1, granary_proto::manifest::MANIFEST_PIECE_BYTES),
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
-            connections: AtomicUsize::new(0),
             handshakes: Arc::new(Mutex::new(granary_net::budget::AddressBudget::new(
                 MAX_HANDSHAKES,
                 MAX_HANDSHAKES_PER_ADDRESS,
             ))),
-            role_connections: Default::default(),
+            admission: Default::default(),
             contact: LeaderContact::default(),
             api_requests: Default::default(),
             requests: Arc::new(Mutex::new(granary_net::budget::Budget::new(
@@ -369,6 +342,11 @@ impl Coordinator {
         self.addr
     }
 
+    /// The connections open at this voter now (after their handshakes).
+    pub fn connection_counts(&self) -> crate::admission::ConnectionCounts {
+        self.ctx.admission().counts()
+    }
+
     /// The Raft handle (metrics, tests).
     pub fn raft(&self) -> &Raft {
         &self.ctx.raft
@@ -384,10 +362,24 @@ impl Coordinator {
     }
 }
 
-struct ConnSlot<'a>(&'a AtomicUsize);
-impl Drop for ConnSlot<'_> {
+/// A connection [`crate::admission::Admission`] admitted, given back when
+/// dropped.
+struct Admitted<'a> {
+    ctx: &'a Ctx,
+    role: Role,
+    node: Option<NodeId>,
+}
+
+impl<'a> Admitted<'a> {
+    fn take(ctx: &'a Ctx, role: Role, node: Option<NodeId>) -> Result<Self, crate::admission::Refusal> {
+        ctx.admission().admit(role, node)?;
+        Ok(Self { ctx, role, node })
+    }
+}
+
+impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.ctx.admission().release(self.role, self.node);
     }
 }
 
@@ -428,13 +420,6 @@ async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
                 }
             };
             drop(handshake);
-            if ctx.connections.fetch_add(1, Ordering::Relaxed) >= MAX_CONNECTIONS {
-                ctx.connections.fetch_sub(1, Ordering::Relaxed);
-                tracing::warn!(%peer, "closing a connection: {MAX_CONNECTIONS} already open");
-                conn.close(3u32.into(), b"too many connections");
-                return;
-            }
-            let _slot = ConnSlot(&ctx.connections);
             serve_connection(&ctx, conn, peer).await;
         });
     }
@@ -458,10 +443,15 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
             return;
         }
     };
-    let Some(_role_slot) = take_role_slot(&ctx.role_connections, role) else {
-        tracing::warn!(%peer, %role, limit = role_limit(role), "refusing a connection: its role's connections are all taken");
-        conn.close(3u32.into(), b"too many connections for this certificate's role");
-        return;
+    // The cap per node identity counts only ids the voter accepts: one
+    // the certificate is bound to.
+    let _admitted = match Admitted::take(ctx, role, bound) {
+        Ok(a) => a,
+        Err(refusal) => {
+            tracing::warn!(%peer, %role, "refusing a connection: {refusal}");
+            conn.close(3u32.into(), format!("too many connections: {refusal}").as_bytes());
+            return;
+        }
     };
     let alpn = tls::alpn_of(&conn);
     let raft = alpn.as_deref() == Some(ALPN_RAFT);
@@ -511,21 +501,4 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
 /// directly to every failover; a narrow band keeps it short.
 pub fn election_max(min_ms: u64) -> u64 {
     (min_ms + min_ms / 4).max(min_ms + 2)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_role_is_held_to_its_own_connections_and_all_of_them_fit_the_cap() {
-        assert!(Role::ALL.iter().map(|r| role_limit(*r)).sum::<usize>() < MAX_CONNECTIONS);
-        let counts: [AtomicUsize; 4] = Default::default();
-        let trainers: Vec<_> = (0..role_limit(Role::Trainer)).map(|_| take_role_slot(&counts, Role::Trainer)).collect();
-        assert!(trainers.iter().all(Option::is_some));
-        assert!(take_role_slot(&counts, Role::Trainer).is_none(), "a trainer certificate cannot take more");
-        assert!(take_role_slot(&counts, Role::Node).is_some(), "nodes keep their own connections");
-        drop(trainers);
-        assert!(take_role_slot(&counts, Role::Trainer).is_some(), "slots come back when connections end");
-    }
 }

@@ -44,7 +44,6 @@ pub use owners::Cluster;
 pub use server::{PeerAnswers, serve, serve_with};
 
 use crate::service::Node;
-use granary_net::client::CoordinatorClient;
 use granary_net::tls::{self, ALPN_PEER};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -112,20 +111,11 @@ impl ClusterHandle {
                 }
             }
         });
-        let addrs = granary_net::client::parse_addrs(&cfg.coordinators)?;
-        let client = CoordinatorClient::on_endpoint(
-            endpoint.clone(),
-            &identity,
-            addrs,
-            granary_net::client::ClientOptions::default(),
-        )?;
+        // Placement lookups and holds: handles on the membership's one
+        // connection per voter, each with its own leader hint.
+        let client = membership.client(Default::default());
         tasks.spawn(serve_with(node.clone(), endpoint.clone(), cfg.fabric.clone(), answers));
-        let holds_client = CoordinatorClient::on_endpoint(
-            endpoint.clone(),
-            &identity,
-            granary_net::client::parse_addrs(&cfg.coordinators)?,
-            Default::default(),
-        )?;
+        let holds_client = membership.client(Default::default());
         tasks.spawn(holds::report_holds(
             node_id,
             node.holds(),

@@ -48,6 +48,43 @@ pub(in crate::server) async fn register(
             ),
         ));
     }
+    // Two live nodes at one address would make every peer read one of them
+    // as the other.
+    let taken = ctx
+        .shared
+        .read(|a| a.cluster.nodes.iter().find(|(id, r)| **id != node && r.live && r.addr == addr).map(|(id, _)| *id));
+    if let Some(other) = taken {
+        tracing::warn!(%node, %other, %addr, from = %peer, "refused a registration at another live node's address");
+        return Err(failed(
+            FailureKind::Forbidden,
+            format!(
+                "{node} may not register at {addr}: {other} is live there; each node advertises its own address \
+                 (check `advertise` in both hosts' node.toml)"
+            ),
+        ));
+    }
+    // The live daemon registering again from the socket it registered
+    // from, as it was: nothing to commit and nothing to re-place (a storm
+    // of such registrations costs no log entries and moves no epoch).
+    let now = Instant::now();
+    let standing = ctx.shared.read(|a| {
+        let r = a.cluster.nodes.get(&node)?;
+        let same = r.live && r.addr == addr && r.ram_bytes == ram_bytes && r.ssd_bytes == ssd_bytes;
+        same.then_some((r.incarnation, a.cluster.placement_epoch))
+    });
+    if let Some((incarnation, placement_epoch)) = standing {
+        let mut leases = ctx.leases();
+        if leases.same_daemon(node, incarnation, peer, now) {
+            leases.handle_renewed(node, incarnation, now);
+            drop(leases);
+            tracing::debug!(%node, incarnation, %peer, "a live node registered again: its incarnation stands");
+            return Ok(ApiResponse::Registered {
+                incarnation,
+                placement_epoch,
+                lease_ms: ctx.lease.as_millis() as u64,
+            });
+        }
+    }
     match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
         CommandResult::NodeRegistered { incarnation, placement_epoch } => {
             ctx.leases().handle_registered(node, incarnation, peer, Instant::now());

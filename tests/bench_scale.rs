@@ -9,7 +9,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_granary");
 #[test]
 fn bench_scale_measures_both_sizes_and_summarizes() {
     let out = Command::new(BIN)
-        .args(["bench", "scale", "--row-groups", "600", "--files", "6", "--nodes", "6", "--lease-ms", "2000", "--json"])
+        .args(["bench", "scale", "--row-groups", "600", "--files", "6", "--nodes", "6", "--lease-ms", "2000"])
+        .args(["--fleet-nodes", "24", "--fleet-row-groups", "200", "--fleet-steady-s", "4", "--json"])
         .env("RUST_BACKTRACE", "0")
         .output()
         .expect("run granary");
@@ -18,7 +19,7 @@ fn bench_scale_measures_both_sizes_and_summarizes() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("each line is JSON"))
         .collect();
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
     for (run, rgs) in lines[..2].iter().zip([60, 600]) {
         assert_eq!(run["scenario"], "scale");
         assert_eq!(run["row_groups"], rgs);
@@ -34,7 +35,25 @@ fn bench_scale_measures_both_sizes_and_summarizes() {
         assert!(run["watch_storm_s"].as_f64().is_some_and(|s| s > 0.0), "every watcher had the placement: {run}");
         assert!(run["watch_storm_leader_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{run}");
     }
-    let summary = &lines[2];
+    // The fleet: 24 nodes, each its own certificate, address and
+    // connection; one connection per node at the leader, none at the
+    // followers; every node back after the leader kill.
+    let fleet = &lines[2];
+    assert_eq!(fleet["scenario"], "fleet");
+    assert_eq!(fleet["real_nodes"], 24);
+    assert!(fleet["heartbeats"].as_u64().is_some_and(|b| b >= 24), "{fleet}");
+    assert_eq!(fleet["heartbeats_failed"], 0, "{fleet}");
+    assert_eq!(fleet["reregistrations"], 0, "{fleet}");
+    assert_eq!(fleet["leader_connections_per_node"], 1, "{fleet}");
+    assert_eq!(fleet["leader_connected_nodes"], 24, "{fleet}");
+    assert_eq!(fleet["follower_node_connections"], 0, "{fleet}");
+    assert!(fleet["reregister_after_failover_s"].as_f64().is_some_and(|s| s > 0.0), "{fleet}");
+    assert!(fleet["rewatch_after_failover_s"].as_f64().is_some_and(|s| s > 0.0), "{fleet}");
+    assert!(fleet["new_leader_connections_per_node"].as_u64().is_some_and(|n| n <= 3), "{fleet}");
+    assert!(fleet["leader_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{fleet}");
+    let summary = &lines[3];
+    assert_eq!(summary["real_nodes"], 24);
+    assert_eq!(summary["leader_connections_per_node"], 1);
     assert_eq!(summary["scenario"], "summary");
     assert_eq!(summary["row_groups"], 600);
     assert_eq!(summary["size_ratio"], 10.0);

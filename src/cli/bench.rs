@@ -77,6 +77,17 @@ pub(crate) enum BenchCommand {
         /// Node lease, ms (heartbeats every quarter of it).
         #[arg(long, default_value_t = 10_000)]
         lease_ms: u64,
+        /// Nodes of the fleet run after: each its own certificate, address
+        /// and connection, doing what a node does at a node's cadence (the
+        /// default 3 s lease); 0 skips it.
+        #[arg(long, default_value_t = 1_000)]
+        fleet_nodes: u64,
+        /// Row groups of the fleet's dataset.
+        #[arg(long, default_value_t = 100_000)]
+        fleet_row_groups: u64,
+        /// The fleet's steady state before its leader kill, seconds.
+        #[arg(long, default_value_t = 60)]
+        fleet_steady_s: u64,
         /// JSON lines: one per run, the summary last.
         #[arg(long)]
         json: bool,
@@ -246,9 +257,27 @@ pub(crate) fn run(cmd: BenchCommand) -> Result<()> {
             let opts = granary_bench::failover::FailoverOpts { voters, rounds, election_timeout_ms, heartbeat_ms };
             bench_failover(&opts, json)
         }
-        BenchCommand::Scale { row_groups, files, nodes, no_growth, election_timeout_ms, lease_ms, json } => {
+        BenchCommand::Scale {
+            row_groups,
+            files,
+            nodes,
+            no_growth,
+            election_timeout_ms,
+            lease_ms,
+            fleet_nodes,
+            fleet_row_groups,
+            fleet_steady_s,
+            json,
+        } => {
             let big = granary_bench::scale::ScaleOpts { row_groups, files, nodes, election_timeout_ms, lease_ms };
-            super::bench_scale::run(big, !no_growth, json)
+            let fleet = (fleet_nodes > 0).then(|| granary_bench::scale::FleetOpts {
+                nodes: fleet_nodes,
+                row_groups: fleet_row_groups,
+                steady: std::time::Duration::from_secs(fleet_steady_s),
+                election_timeout_ms,
+                lease_ms: 3_000,
+            });
+            super::bench_scale::run(big, !no_growth, fleet, json)
         }
     }
 }

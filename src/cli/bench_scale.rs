@@ -3,10 +3,11 @@
 //! against the issue's targets, or JSON lines.
 
 use anyhow::{Context, Result};
-use granary_bench::scale::{ScaleOpts, ScaleRun, ScaleSummary, run as run_scale};
+use granary_bench::scale::{FleetOpts, FleetRun, ScaleOpts, ScaleRun, ScaleSummary, run as run_scale, run_fleet};
 
-/// Runs the benchmark: `big`, after a tenth of it when `growth`.
-pub(crate) fn run(big: ScaleOpts, growth: bool, json: bool) -> Result<()> {
+/// Runs the benchmark: `big`, after a tenth of it when `growth`, then the
+/// fleet.
+pub(crate) fn run(big: ScaleOpts, growth: bool, fleet: Option<FleetOpts>, json: bool) -> Result<()> {
     let exe = std::env::current_exe().context("locating the granary binary")?;
     let say = |line: &str| {
         if !json {
@@ -28,7 +29,15 @@ pub(crate) fn run(big: ScaleOpts, growth: bool, json: bool) -> Result<()> {
     };
     let r = run_scale(&exe, &big, say)?;
     print_run(&r, json)?;
-    let s = ScaleSummary::of(small.as_ref(), &r);
+    let fleet = match fleet {
+        Some(opts) => {
+            let f = run_fleet(&exe, &opts, say)?;
+            print_fleet(&f, json)?;
+            Some(f)
+        }
+        None => None,
+    };
+    let s = ScaleSummary::of(small.as_ref(), &r, fleet.as_ref());
     if json {
         println!("{}", serde_json::to_string(&s)?);
         return Ok(());
@@ -48,6 +57,17 @@ pub(crate) fn run(big: ScaleOpts, growth: bool, json: bool) -> Result<()> {
         s.watch_bytes_per_node_over_moved, s.watch_bytes_per_node_over_share
     );
     println!("failover            {:.2}x the election timeout (target <= 2)", s.failover_vs_election_timeout);
+    if s.real_nodes > 0 {
+        println!(
+            "fleet               {} real nodes: {} heartbeats failed, at most {} connection(s) per node at the leader; \
+             after a leader kill every node renewed in {:.2} s and watched again in {:.2} s",
+            s.real_nodes,
+            s.heartbeats_failed,
+            s.leader_connections_per_node,
+            s.reregister_after_failover_s,
+            s.rewatch_after_failover_s
+        );
+    }
     if let Some(ratio) = s.size_ratio {
         let g = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}x"));
         println!(
@@ -98,6 +118,37 @@ fn print_run(r: &ScaleRun, json: bool) -> Result<()> {
         r.watch_bytes_per_node_over_share,
         r.watch_whole_bytes,
         r.failover_s
+    );
+    Ok(())
+}
+
+fn print_fleet(f: &FleetRun, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(f)?);
+        return Ok(());
+    }
+    println!(
+        "fleet of {} real nodes ({} row groups): registered in {:.1} s; {:.0} s steady: {} of {} heartbeats failed, \
+         {} re-registrations, at most {} connection(s) per node at the leader ({} nodes connected, {} node \
+         connections at the followers), leader {:.2} cores and {:.0} MiB peak RSS; leader kill: every node renewed \
+         in {:.2} s and watched again in {:.2} s ({} heartbeats retried meanwhile), then at most {} connection(s) \
+         per node at the new leader",
+        f.real_nodes,
+        f.row_groups,
+        f.register_all_s,
+        f.steady_s,
+        f.heartbeats_failed,
+        f.heartbeats,
+        f.reregistrations,
+        f.leader_connections_per_node,
+        f.leader_connected_nodes,
+        f.follower_node_connections,
+        f.leader_cpu_cores,
+        f.leader_rss_bytes as f64 / (1 << 20) as f64,
+        f.reregister_after_failover_s,
+        f.rewatch_after_failover_s,
+        f.heartbeats_failed_in_failover,
+        f.new_leader_connections_per_node
     );
     Ok(())
 }

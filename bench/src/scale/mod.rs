@@ -30,6 +30,10 @@
 //! - `watch_storm_s`: then every node re-opening its watch on the new
 //!   leader at once, until the last has the whole placement (`storm.rs`),
 //!   with the leader's peak RSS before and after.
+//!
+//! Then the fleet (`fleet.rs`): nodes that meet the voters as real nodes
+//! do, each its own identity, address and connection, at a node's cadence,
+//! through a steady state and a leader kill.
 
 use anyhow::{Context, Result, bail};
 use granary_net::api::{ApiRequest, ApiResponse, ClusterStatus, PlacementReport};
@@ -45,10 +49,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod fleet;
 mod store;
 mod storm;
 mod summary;
 
+pub use fleet::{FleetOpts, FleetRun, run as run_fleet};
 pub use summary::ScaleSummary;
 
 /// Knobs of one scale run.

@@ -1,7 +1,7 @@
 //! The summary line of `granary bench scale`: the largest run against
 //! issue 31's targets, and how its costs grew from the run a tenth its size.
 
-use super::ScaleRun;
+use super::{FleetRun, ScaleRun};
 use serde::Serialize;
 
 /// The last line (`"scenario":"summary"`): the largest run against the
@@ -43,6 +43,22 @@ pub struct ScaleSummary {
     pub watch_storm_s: f64,
     /// The new leader's peak RSS after that storm.
     pub watch_storm_leader_rss_bytes: u64,
+    /// The fleet's nodes, each its own identity, address and connection
+    /// (0: no fleet ran).
+    pub real_nodes: u64,
+    /// Heartbeats of the fleet not accepted in its steady state.
+    pub heartbeats_failed: u64,
+    /// The most connections one of the fleet's nodes held at the leader.
+    pub leader_connections_per_node: u64,
+    /// From the leader kill until every node of the fleet had a heartbeat
+    /// accepted or a registration by the new leader.
+    pub reregister_after_failover_s: f64,
+    /// From the kill until every node had its watch open again.
+    pub rewatch_after_failover_s: f64,
+    /// The leader's peak RSS under the fleet.
+    pub fleet_leader_rss_bytes: u64,
+    /// The leader's CPU under the fleet's steady state, in cores.
+    pub fleet_leader_cpu_cores: f64,
     /// Size of the largest run over the smaller one's (row groups), or
     /// `None` without a smaller run.
     pub size_ratio: Option<f64>,
@@ -60,7 +76,7 @@ pub struct ScaleSummary {
 
 impl ScaleSummary {
     /// The summary of `big`, with growth from `small` where it ran.
-    pub fn of(small: Option<&ScaleRun>, big: &ScaleRun) -> Self {
+    pub fn of(small: Option<&ScaleRun>, big: &ScaleRun, fleet: Option<&FleetRun>) -> Self {
         let replace = |r: &ScaleRun| r.replace_leave_s.max(r.replace_join_s);
         let grow = |f: &dyn Fn(&ScaleRun) -> f64| small.map(|s| f(big) / f(s).max(1e-9));
         ScaleSummary {
@@ -80,6 +96,13 @@ impl ScaleSummary {
             failover_vs_election_timeout: big.failover_vs_election_timeout,
             watch_storm_s: big.watch_storm_s,
             watch_storm_leader_rss_bytes: big.watch_storm_leader_rss_bytes,
+            real_nodes: fleet.map_or(0, |f| f.real_nodes),
+            heartbeats_failed: fleet.map_or(0, |f| f.heartbeats_failed),
+            leader_connections_per_node: fleet.map_or(0, |f| f.leader_connections_per_node),
+            reregister_after_failover_s: fleet.map_or(f64::NAN, |f| f.reregister_after_failover_s),
+            rewatch_after_failover_s: fleet.map_or(f64::NAN, |f| f.rewatch_after_failover_s),
+            fleet_leader_rss_bytes: fleet.map_or(0, |f| f.leader_rss_bytes),
+            fleet_leader_cpu_cores: fleet.map_or(f64::NAN, |f| f.leader_cpu_cores),
             size_ratio: small.map(|s| big.row_groups as f64 / s.row_groups as f64),
             register_growth: grow(&|r| r.register_s),
             snapshot_growth: grow(&|r| r.snapshot_bytes as f64),

@@ -40,6 +40,11 @@ pub(super) struct Ctx {
     /// Connections open (after the handshake), in all, per role and per
     /// node identity, each bounded ([`crate::admission`]).
     pub(super) admission: Mutex<crate::admission::Admission>,
+    /// Handshakes refused since start (the handshake budget spent).
+    pub(super) handshakes_refused: std::sync::atomic::AtomicU64,
+    /// Connections closed after their handshake since start (a cap of
+    /// [`crate::admission`] reached).
+    pub(super) connections_refused: std::sync::atomic::AtomicU64,
     /// Last AppendEntries accepted from a leader.
     pub(super) contact: LeaderContact,
     /// API requests answered, by kind and result (the metrics endpoint).

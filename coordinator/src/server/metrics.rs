@@ -12,6 +12,7 @@ use super::ctx::{Ctx, node_statuses};
 use openraft::ServerState;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
@@ -140,6 +141,21 @@ impl Collector for VoterCollector {
             None,
             per_node as i64,
         )?;
+        for (name, help, n) in [
+            (
+                "handshakes_refused",
+                "Handshakes refused since start (the handshake budget spent)",
+                &self.ctx.handshakes_refused,
+            ),
+            (
+                "connections_refused",
+                "Connections closed after their handshake since start (a cap in all, per role or per node reached)",
+                &self.ctx.connections_refused,
+            ),
+        ] {
+            let c = ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed));
+            c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
         let voters = m.membership_config.membership().nodes().count();
         gauge(e, "voters", "Voters in the group's membership", None, voters as i64)?;
         let quorum_ack = m.millis_since_quorum_ack.map_or(-1.0, |ms| ms as f64 / 1000.0);

@@ -311,6 +311,8 @@ impl Coordinator {
                 MAX_HANDSHAKES_PER_ADDRESS,
             ))),
             admission: Default::default(),
+            handshakes_refused: Default::default(),
+            connections_refused: Default::default(),
             contact: LeaderContact::default(),
             api_requests: Default::default(),
             requests: Arc::new(Mutex::new(granary_net::budget::Budget::new(
@@ -401,6 +403,7 @@ async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
         let handshake = match granary_net::budget::Taken::from(&ctx.handshakes, peer.ip()) {
             Ok(taken) => taken,
             Err(spent) => {
+                ctx.handshakes_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(%peer, ?spent, "refusing a connection: its handshake budget is spent");
                 incoming.refuse();
                 continue;
@@ -448,6 +451,7 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
     let _admitted = match Admitted::take(ctx, role, bound) {
         Ok(a) => a,
         Err(refusal) => {
+            ctx.connections_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(%peer, %role, "refusing a connection: {refusal}");
             conn.close(3u32.into(), format!("too many connections: {refusal}").as_bytes());
             return;

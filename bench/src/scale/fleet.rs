@@ -1,0 +1,446 @@
+//! `bench scale`'s fleet: nodes as real nodes meet the voters (issue 42).
+//!
+//! Each of `nodes` simulated nodes is its own identity (a certificate
+//! bound to its node id, from `certs init --nodes N`), its own UDP socket
+//! on its own loopback address (127.0.X.Y: a voter budgets handshakes per
+//! source address, and real nodes have one each), and its own
+//! [`CoordinatorClient`] with a node's options; it does what a node's
+//! membership does at a node's cadence: registers, heartbeats three times
+//! a lease, keeps its delta placement watch open (decoding every message,
+//! as a node does), and holds the dataset's version once it sees it. The
+//! watch and the holds are handles sharing the heartbeats' connections
+//! ([`CoordinatorClient::sharing`]), as in the node.
+//!
+//! After a steady state of `steady`, the leader is killed; the run waits
+//! until every node has had a heartbeat accepted (or registered again)
+//! after the kill and has its watch open again with a first message.
+//!
+//! Not modelled: a node's manifest fetches when a version appears (pieces,
+//! measured by the scale run's registration and storm) and its peer
+//! traffic.
+
+use super::{Voters, scrape, status, view};
+use anyhow::{Context, Result, bail};
+use granary_net::api::{ApiRequest, ApiResponse};
+use granary_net::client::{ClientOptions, CoordinatorClient};
+use granary_net::pki::{SplitPlan, init_split};
+use granary_net::tls::Identity;
+use granary_proto::{DatasetVersion, NodeId};
+use granary_testkit::harness::{VoterSpec, reserve_tcp_port, reserve_udp_port};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Knobs of the fleet.
+#[derive(Clone, Debug)]
+pub struct FleetOpts {
+    /// Nodes, each its own identity, socket and connection.
+    pub nodes: u64,
+    /// Row groups of the dataset they watch.
+    pub row_groups: u64,
+    /// The steady state before the leader kill.
+    pub steady: Duration,
+    /// The voters' election timeout (lower bound).
+    pub election_timeout_ms: u64,
+    /// The node lease.
+    pub lease_ms: u64,
+}
+
+/// The fleet's figures (`"scenario":"fleet"`).
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetRun {
+    /// Always "fleet".
+    pub scenario: &'static str,
+    /// Nodes, each its own identity, socket and connection.
+    pub real_nodes: u64,
+    /// Row groups of the dataset.
+    pub row_groups: u64,
+    /// Every node registered, from the first registration sent.
+    pub register_all_s: f64,
+    /// The steady state measured.
+    pub steady_s: f64,
+    /// Heartbeats sent in the steady state.
+    pub heartbeats: u64,
+    /// Of them, those not accepted (an error, or the lease lost).
+    pub heartbeats_failed: u64,
+    /// Registrations after the first, over the whole run (a lease lost).
+    pub reregistrations: u64,
+    /// The most connections one node identity held at the leader (sampled
+    /// every second of the steady state; at most the voters).
+    pub leader_connections_per_node: u64,
+    /// Node identities connected to the leader (at the end of the steady
+    /// state).
+    pub leader_connected_nodes: u64,
+    /// Node connections at the followers then (0: each node holds one, to
+    /// the leader).
+    pub follower_node_connections: u64,
+    /// Handshakes the leader refused (its handshake budget spent) and
+    /// connections it closed after their handshake (a cap reached), from
+    /// the voters' start to the end of the steady state.
+    pub leader_handshakes_refused: u64,
+    /// See `leader_handshakes_refused`.
+    pub leader_connections_refused: u64,
+    /// The leader's CPU over the steady state, in cores.
+    pub leader_cpu_cores: f64,
+    /// The leader's peak RSS by the end of the steady state.
+    pub leader_rss_bytes: u64,
+    /// From the leader kill until every node had a heartbeat accepted (or a
+    /// registration) by the new leader.
+    pub reregister_after_failover_s: f64,
+    /// From the kill until every node had its watch open again, with the
+    /// whole placement.
+    pub rewatch_after_failover_s: f64,
+    /// Heartbeats not accepted from the kill to the end (retried within
+    /// the lease).
+    pub heartbeats_failed_in_failover: u64,
+    /// Node connections at the new leader after the failover, per node at
+    /// most.
+    pub new_leader_connections_per_node: u64,
+}
+
+/// What each node reports.
+#[derive(Default)]
+struct Tally {
+    /// Heartbeats sent and failed, counted while `counting`.
+    beats: AtomicU64,
+    failed: AtomicU64,
+    registrations: AtomicU64,
+    /// Per node: the last accepted heartbeat or registration, and the
+    /// last watch open, as instants from `epoch` in microseconds.
+    renewed: Vec<AtomicU64>,
+    watched: Vec<AtomicU64>,
+    counting: AtomicBool,
+}
+
+fn micros(epoch: Instant) -> u64 {
+    epoch.elapsed().as_micros() as u64
+}
+
+/// The leader's CPU time (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th fields of the line.
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).context("utime")?
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).context("stime")?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks / hz)
+}
+
+/// One node's life: register, heartbeat, hold, re-register on a lost lease.
+async fn node_life(
+    client: Arc<CoordinatorClient>,
+    node: u64,
+    lease: Duration,
+    version: Arc<Mutex<Option<(String, DatasetVersion)>>>,
+    tally: Arc<Tally>,
+    epoch: Instant,
+) {
+    let i = (node - 1) as usize;
+    let holds = client.sharing(ClientOptions::default());
+    let addr = format!("127.0.{}.{}:7100", node / 250, node % 250 + 1);
+    let mut token = node << 20;
+    loop {
+        token += 1;
+        let reg = ApiRequest::RegisterNode {
+            node: NodeId(node),
+            addr: addr.clone(),
+            ram_bytes: 1 << 30,
+            ssd_bytes: 0,
+            registration: token,
+        };
+        let incarnation = match client.call(&reg).await {
+            Ok((_, ApiResponse::Registered { incarnation, .. })) => incarnation,
+            _ => {
+                tokio::time::sleep(granary_net::backoff::pause(
+                    Duration::from_millis(500),
+                    1,
+                    granary_net::backoff::jitter_unit(),
+                ))
+                .await;
+                continue;
+            }
+        };
+        tally.registrations.fetch_add(1, Ordering::Relaxed);
+        tally.renewed[i].store(micros(epoch), Ordering::Relaxed);
+        let mut held = false;
+        let mut beat = tokio::time::interval(lease / 3);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        beat.tick().await;
+        loop {
+            beat.tick().await;
+            let known = if held { None } else { version.lock().unwrap_or_else(|p| p.into_inner()).clone() };
+            if let Some(v) = known {
+                let req = ApiRequest::HoldVersions { node: NodeId(node), incarnation, versions: vec![v] };
+                held = matches!(holds.call(&req).await, Ok((_, ApiResponse::VersionsHeld { .. })));
+            }
+            let sent = micros(epoch);
+            let r = client.call(&ApiRequest::Heartbeat { node: NodeId(node), incarnation }).await;
+            let counting = tally.counting.load(Ordering::Relaxed);
+            if counting {
+                tally.beats.fetch_add(1, Ordering::Relaxed);
+            }
+            match r {
+                Ok((_, ApiResponse::HeartbeatAccepted { .. })) => tally.renewed[i].store(sent, Ordering::Relaxed),
+                Ok((_, ApiResponse::LeaseLost { .. })) => {
+                    if counting {
+                        tally.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    break;
+                }
+                _ => {
+                    if counting {
+                        tally.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One node's placement watch: open, decode every message, open again.
+async fn node_watch(client: CoordinatorClient, node: u64, tally: Arc<Tally>, epoch: Instant) {
+    let i = (node - 1) as usize;
+    let mut failed = 0u32;
+    loop {
+        match client.watch_placement(0).await {
+            Ok(mut w) => {
+                failed = 0;
+                let mut first = true;
+                while let Ok(Some(_)) = w.next_placement().await {
+                    if first {
+                        tally.watched[i].store(micros(epoch), Ordering::Relaxed);
+                        first = false;
+                    }
+                }
+            }
+            Err(_) => {
+                failed = failed.saturating_add(1);
+                let base = Duration::from_millis(500);
+                tokio::time::sleep(granary_net::backoff::pause(base, failed, granary_net::backoff::jitter_unit()))
+                    .await;
+            }
+        }
+    }
+}
+
+/// Node connections of voter `i` (by its metrics): (all, most per node, nodes).
+fn node_connections(metrics: SocketAddr) -> (u64, u64, u64) {
+    let all = scrape_labelled(metrics, "granary_coordinator_connections{role=\"node\"}").unwrap_or(0);
+    let most = scrape(metrics, "granary_coordinator_connections_most_per_node").unwrap_or(0);
+    let nodes = scrape(metrics, "granary_coordinator_connected_nodes").unwrap_or(0);
+    (all, most, nodes)
+}
+
+/// A labelled sample's value from a voter's `/metrics`.
+fn scrape_labelled(addr: SocketAddr, sample: &str) -> Result<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok()))
+        .map(|v| v as u64)
+        .with_context(|| format!("{addr} exports no {sample}"))
+}
+
+/// Runs the fleet with the `granary` binary at `exe`.
+pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<FleetRun> {
+    if opts.nodes == 0 || opts.nodes > 60_000 {
+        bail!("the fleet takes 1 to 60,000 nodes");
+    }
+    let tmp = tempfile::tempdir()?;
+    let files = (opts.row_groups / 50).max(1);
+    let store = tmp.path().join("store");
+    super::store::generate(&store, files, opts.row_groups.max(files))?;
+    let source = format!("file://{}/", store.display());
+    say(&format!("fleet: issuing {} node certificates, each bound to its node id", opts.nodes));
+    let root = tmp.path().join("certs");
+    init_split(&root, SplitPlan { nodes: opts.nodes, voters: 3, unbound: false })?;
+    let hosts = root.join("hosts");
+    let specs = (1..=3)
+        .map(|id| {
+            Ok(VoterSpec {
+                id,
+                addr: reserve_udp_port()?,
+                data_dir: tmp.path().join(format!("voter-{id}")),
+                name: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut voters = Voters {
+        exe: exe.to_path_buf(),
+        dir: tmp.path().to_path_buf(),
+        certs: hosts.clone(),
+        metrics: (0..3).map(|_| reserve_tcp_port()).collect::<Result<_>>()?,
+        specs,
+        extra: vec![
+            "--election-timeout-ms".into(),
+            opts.election_timeout_ms.to_string(),
+            "--lease-ms".into(),
+            opts.lease_ms.to_string(),
+        ],
+        procs: (0..3).map(|_| None).collect(),
+    };
+    for id in 1..=3 {
+        voters.start(id)?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let _runtime = rt.enter();
+    let admin_id = Identity::load_in(&root.join("admin"), None, "admin")?.0;
+    let addrs: Vec<SocketAddr> = voters.specs.iter().map(|s| s.addr).collect();
+    let admin = CoordinatorClient::new(
+        &admin_id,
+        addrs.clone(),
+        ClientOptions {
+            deadline: Duration::from_secs(600),
+            attempt_timeout: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )?;
+    let leader = rt.block_on(async {
+        let t = Instant::now();
+        loop {
+            match status(&admin).await {
+                Ok(s) if s.leader.is_some() => return s.leader.context("leader"),
+                _ if t.elapsed() > Duration::from_secs(30) => bail!("no leader within 30 s"),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })?;
+
+    let epoch = Instant::now();
+    let tally = Arc::new(Tally {
+        renewed: (0..opts.nodes).map(|_| AtomicU64::new(0)).collect(),
+        watched: (0..opts.nodes).map(|_| AtomicU64::new(0)).collect(),
+        ..Tally::default()
+    });
+    let version = Arc::new(Mutex::new(None));
+    let lease = Duration::from_millis(opts.lease_ms);
+    // A node's membership options (node/src/membership.rs).
+    let node_options = ClientOptions {
+        deadline: Duration::from_millis(1500),
+        connect_timeout: Duration::from_millis(500),
+        attempt_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    say(&format!("fleet: {} nodes join (each its own address, certificate and connection)", opts.nodes));
+    let t = Instant::now();
+    for n in 1..=opts.nodes {
+        let identity = Identity::load_in(&hosts.join(format!("node-{n}")), None, "node")?.0;
+        let bind: SocketAddr = format!("127.0.{}.{}:0", n / 250, n % 250 + 1).parse()?;
+        let endpoint = granary_net::transport::endpoint(bind, None)?;
+        let client = Arc::new(CoordinatorClient::on_endpoint(endpoint, &identity, addrs.clone(), node_options)?);
+        let watch = client.sharing(ClientOptions::default());
+        rt.spawn(node_life(client, n, lease, version.clone(), tally.clone(), epoch));
+        rt.spawn(node_watch(watch, n, tally.clone(), epoch));
+    }
+    let all = |f: &dyn Fn(usize) -> bool| (0..opts.nodes as usize).all(f);
+    while !all(&|i| tally.renewed[i].load(Ordering::Relaxed) > 0) {
+        if t.elapsed() > Duration::from_secs(600) {
+            bail!("the fleet did not register within 600 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let register_all_s = t.elapsed().as_secs_f64();
+    say(&format!("fleet: every node registered in {register_all_s:.1} s; registering the dataset"));
+    let add = ApiRequest::AddDataset { name: "fleet".into(), source, view: view(), progress: false };
+    match rt.block_on(admin.call(&add))? {
+        (_, ApiResponse::DatasetAdded { summary, .. }) => {
+            *version.lock().unwrap_or_else(|p| p.into_inner()) = Some(("fleet".to_string(), summary.version));
+        }
+        (_, other) => bail!("dataset add answered {other:?}"),
+    }
+    // Every watch has the dataset's placement before the steady state.
+    std::thread::sleep(lease);
+
+    say(&format!("fleet: steady state for {:.0} s", opts.steady.as_secs_f64()));
+    let leader_proc = |v: &Voters, id: u64| v.procs[(id - 1) as usize].as_ref().map(|p| p.pid());
+    let pid = leader_proc(&voters, leader).context("the leader's process")?;
+    let leader_metrics = voters.metrics[(leader - 1) as usize];
+    tally.counting.store(true, Ordering::Relaxed);
+    let (cpu0, t0) = (cpu_seconds(pid)?, Instant::now());
+    let mut most = 0;
+    while t0.elapsed() < opts.steady {
+        most = most.max(node_connections(leader_metrics).1);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    tally.counting.store(false, Ordering::Relaxed);
+    let steady_s = t0.elapsed().as_secs_f64();
+    let leader_cpu_cores = (cpu_seconds(pid)? - cpu0) / steady_s;
+    let leader_rss_bytes = voters.peak_rss_of(leader);
+    let (heartbeats, heartbeats_failed) = (tally.beats.load(Ordering::Relaxed), tally.failed.load(Ordering::Relaxed));
+    let (_, _, leader_connected_nodes) = node_connections(leader_metrics);
+    let leader_handshakes_refused = scrape(leader_metrics, "granary_coordinator_handshakes_refused_total").unwrap_or(0);
+    let leader_connections_refused =
+        scrape(leader_metrics, "granary_coordinator_connections_refused_total").unwrap_or(0);
+    let follower_node_connections: u64 =
+        (1..=3).filter(|&id| id != leader).map(|id| node_connections(voters.metrics[(id - 1) as usize]).0).sum();
+    say(&format!(
+        "fleet: {heartbeats} heartbeats, {heartbeats_failed} failed; at most {most} connection(s) per node at the \
+         leader, {follower_node_connections} node connections at the followers; {leader_handshakes_refused} \
+         handshakes and {leader_connections_refused} connections refused; leader {leader_cpu_cores:.2} cores, peak \
+         RSS {} MiB",
+        leader_rss_bytes >> 20
+    ));
+
+    say(&format!("fleet: killing the leader (voter {leader})"));
+    tally.counting.store(true, Ordering::Relaxed);
+    let failed_before = tally.failed.load(Ordering::Relaxed);
+    let killed = micros(epoch);
+    let kill = Instant::now();
+    voters.kill(leader);
+    let mut renewed_at = None;
+    let mut watched_at = None;
+    while renewed_at.is_none() || watched_at.is_none() {
+        if renewed_at.is_none() && all(&|i| tally.renewed[i].load(Ordering::Relaxed) > killed) {
+            renewed_at = Some(kill.elapsed().as_secs_f64());
+        }
+        if watched_at.is_none() && all(&|i| tally.watched[i].load(Ordering::Relaxed) > killed) {
+            watched_at = Some(kill.elapsed().as_secs_f64());
+        }
+        if kill.elapsed() > Duration::from_secs(600) {
+            bail!("the fleet did not come back within 600 s of the leader kill");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tally.counting.store(false, Ordering::Relaxed);
+    let heartbeats_failed_in_failover = tally.failed.load(Ordering::Relaxed) - failed_before;
+    let new_leader = rt.block_on(status(&admin))?.leader.context("no leader after the kill")?;
+    // Redirected connections close as the nodes find the new leader.
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, new_most, _) = node_connections(voters.metrics[(new_leader - 1) as usize]);
+    let reregistrations = tally.registrations.load(Ordering::Relaxed).saturating_sub(opts.nodes);
+    for id in 1..=3 {
+        voters.kill(id);
+    }
+    Ok(FleetRun {
+        scenario: "fleet",
+        real_nodes: opts.nodes,
+        row_groups: opts.row_groups,
+        register_all_s,
+        steady_s,
+        heartbeats,
+        heartbeats_failed,
+        reregistrations,
+        leader_connections_per_node: most,
+        leader_connected_nodes,
+        follower_node_connections,
+        leader_handshakes_refused,
+        leader_connections_refused,
+        leader_cpu_cores,
+        leader_rss_bytes,
+        reregister_after_failover_s: renewed_at.unwrap_or(f64::NAN),
+        rewatch_after_failover_s: watched_at.unwrap_or(f64::NAN),
+        heartbeats_failed_in_failover,
+        new_leader_connections_per_node: new_most,
+    })
+}

@@ -468,6 +468,25 @@ impl PlacementWatch {
         }))
     }
 
+    /// Reads the next message without decoding it: its bytes (the length
+    /// prefix included; 0 for the first message, read and counted when
+    /// the watch opened), or `Ok(None)` when the voter ended the stream.
+    /// For load generators that stand in for many nodes in one process
+    /// (`bench scale`'s fleet): applying every update is each node's own
+    /// CPU, not the voter's, and a thousand of them in one process would
+    /// measure that process.
+    pub async fn skip_next(&mut self) -> Result<Option<u64>, StreamError> {
+        if self.first.take().is_some() {
+            return Ok(Some(0));
+        }
+        let body = frame::read_frame_body(&mut self.recv, MAX_FRAME_BYTES).await?;
+        Ok(body.map(|b| {
+            let n = (b.len() + frame::LEN_PREFIX_BYTES) as u64;
+            self.bytes += n;
+            n
+        }))
+    }
+
     /// The next view; `Ok(None)` when the voter ended the stream (it lost
     /// leadership or is shutting down). On a watch that asked for deltas,
     /// the view the updates add up to.

@@ -146,11 +146,22 @@ pub async fn read_frame_sized<T: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     max: usize,
 ) -> Result<Option<(T, usize)>, StreamError> {
+    match read_frame_body(recv, max).await? {
+        Some(body) => {
+            let size = body.len() + LEN_PREFIX_BYTES;
+            decode_body(&body).map(|msg| Some((msg, size)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// One frame's body of at most `max` bytes, not decoded; `Ok(None)` when
+/// the stream ended between frames.
+pub async fn read_frame_body(recv: &mut quinn::RecvStream, max: usize) -> Result<Option<Vec<u8>>, StreamError> {
     let mut decoder = FrameDecoder::new(max);
     loop {
         if let Some(body) = decoder.poll_frame() {
-            let size = body.len() + LEN_PREFIX_BYTES;
-            return decode_body(&body).map(|msg| Some((msg, size)));
+            return Ok(Some(body));
         }
         // At most what the frame still needs, so bytes after it stay on the stream.
         match recv.read_chunk(decoder.wanted(), true).await.map_err(StreamError::Read)? {

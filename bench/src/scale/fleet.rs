@@ -6,8 +6,13 @@
 //! source address, and real nodes have one each), and its own
 //! [`CoordinatorClient`] with a node's options; it does what a node's
 //! membership does at a node's cadence: registers, heartbeats three times
-//! a lease, keeps its delta placement watch open (decoding every message,
-//! as a node does), and holds the dataset's version once it sees it. The
+//! a lease, keeps its delta placement watch open, and holds the dataset's
+//! version once it is registered. Each watch decodes its first message
+//! (the whole placement) and reads the updates after it without applying
+//! them: a node applies its own on its own CPU, while a thousand here
+//! would share this process's two threads, each update copying the
+//! placement's node list (O(nodes) per update, per watcher), and measure
+//! this process rather than the voters. The
 //! watch and the holds are handles sharing the heartbeats' connections
 //! ([`CoordinatorClient::sharing`]), as in the node.
 //!
@@ -60,6 +65,12 @@ pub struct FleetRun {
     pub row_groups: u64,
     /// Every node registered, from the first registration sent.
     pub register_all_s: f64,
+    /// Raft terms that began between the first leader and the steady state
+    /// (0: the join moved no leadership).
+    pub terms_during_join: u64,
+    /// From the dataset's registration until the watches' bytes stood
+    /// still (every node had its placement).
+    pub fanout_s: f64,
     /// The steady state measured.
     pub steady_s: f64,
     /// Heartbeats sent in the steady state.
@@ -99,6 +110,9 @@ pub struct FleetRun {
     /// Node connections at the new leader after the failover, per node at
     /// most.
     pub new_leader_connections_per_node: u64,
+    /// Bytes of placement updates every watch received after its first
+    /// message, over the whole run, per node.
+    pub watch_update_bytes_per_node: u64,
 }
 
 /// What each node reports.
@@ -108,6 +122,9 @@ struct Tally {
     beats: AtomicU64,
     failed: AtomicU64,
     registrations: AtomicU64,
+    /// Bytes of placement updates the watches received after their first
+    /// messages.
+    watch_bytes: AtomicU64,
     /// Per node: the last accepted heartbeat or registration, and the
     /// last watch open, as instants from `epoch` in microseconds.
     renewed: Vec<AtomicU64>,
@@ -145,9 +162,9 @@ async fn node_life(
     let i = (node - 1) as usize;
     let holds = client.sharing(ClientOptions::default());
     let addr = format!("127.0.{}.{}:7100", node / 250, node % 250 + 1);
+    // One token per registration, repeated by its retries (as the node).
     let mut token = node << 20;
     loop {
-        token += 1;
         let reg = ApiRequest::RegisterNode {
             node: NodeId(node),
             addr: addr.clone(),
@@ -167,6 +184,7 @@ async fn node_life(
                 continue;
             }
         };
+        token += 1;
         tally.registrations.fetch_add(1, Ordering::Relaxed);
         tally.renewed[i].store(micros(epoch), Ordering::Relaxed);
         let mut held = false;
@@ -212,12 +230,12 @@ async fn node_watch(client: CoordinatorClient, node: u64, tally: Arc<Tally>, epo
         match client.watch_placement(0).await {
             Ok(mut w) => {
                 failed = 0;
-                let mut first = true;
-                while let Ok(Some(_)) = w.next_placement().await {
-                    if first {
-                        tally.watched[i].store(micros(epoch), Ordering::Relaxed);
-                        first = false;
-                    }
+                // The first message (the whole placement) was decoded at
+                // the open; the updates after it are read, not applied (see
+                // the module docs).
+                tally.watched[i].store(micros(epoch), Ordering::Relaxed);
+                while let Ok(Some(n)) = w.skip_next().await {
+                    tally.watch_bytes.fetch_add(n, Ordering::Relaxed);
                 }
             }
             Err(_) => {
@@ -306,11 +324,11 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
             ..Default::default()
         },
     )?;
-    let leader = rt.block_on(async {
+    let first_term = rt.block_on(async {
         let t = Instant::now();
         loop {
             match status(&admin).await {
-                Ok(s) if s.leader.is_some() => return s.leader.context("leader"),
+                Ok(s) if s.leader.is_some() => return Ok(s.term),
                 _ if t.elapsed() > Duration::from_secs(30) => bail!("no leader within 30 s"),
                 _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
@@ -344,9 +362,15 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
         rt.spawn(node_watch(watch, n, tally.clone(), epoch));
     }
     let all = |f: &dyn Fn(usize) -> bool| (0..opts.nodes as usize).all(f);
+    let registered = || (0..opts.nodes as usize).filter(|&i| tally.renewed[i].load(Ordering::Relaxed) > 0).count();
+    let mut told = Instant::now();
     while !all(&|i| tally.renewed[i].load(Ordering::Relaxed) > 0) {
         if t.elapsed() > Duration::from_secs(600) {
-            bail!("the fleet did not register within 600 s");
+            bail!("the fleet did not register within 600 s ({} of {} registered)", registered(), opts.nodes);
+        }
+        if told.elapsed() > Duration::from_secs(10) {
+            say(&format!("fleet: {} of {} nodes registered", registered(), opts.nodes));
+            told = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -359,10 +383,29 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
         }
         (_, other) => bail!("dataset add answered {other:?}"),
     }
-    // Every watch has the dataset's placement before the steady state.
-    std::thread::sleep(lease);
+    // The steady state starts once every watch has the dataset's
+    // placement: the watches' bytes stand still for a second.
+    let added = Instant::now();
+    let mut last = (tally.watch_bytes.load(Ordering::Relaxed), Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = tally.watch_bytes.load(Ordering::Relaxed);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= Duration::from_secs(1) {
+            break;
+        }
+        if added.elapsed() > Duration::from_secs(600) {
+            bail!("the watches did not settle within 600 s of the dataset's registration");
+        }
+    }
+    let fanout_s = last.1.saturating_duration_since(added).as_secs_f64();
+    say(&format!("fleet: every watch had the dataset's placement {fanout_s:.1} s after its registration"));
 
     say(&format!("fleet: steady state for {:.0} s", opts.steady.as_secs_f64()));
+    // The leader now (the join may have moved it: its term is reported).
+    let s = rt.block_on(status(&admin))?;
+    let (leader, term_after_join) = (s.leader.context("no leader after the join")?, s.term);
     let leader_proc = |v: &Voters, id: u64| v.procs[(id - 1) as usize].as_ref().map(|p| p.pid());
     let pid = leader_proc(&voters, leader).context("the leader's process")?;
     let leader_metrics = voters.metrics[(leader - 1) as usize];
@@ -422,11 +465,17 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
     for id in 1..=3 {
         voters.kill(id);
     }
+    if std::env::var_os("GRANARY_BENCH_KEEP").is_some() {
+        let kept = tmp.keep();
+        say(&format!("fleet: voter folders and logs kept in {}", kept.display()));
+    }
     Ok(FleetRun {
         scenario: "fleet",
         real_nodes: opts.nodes,
         row_groups: opts.row_groups,
         register_all_s,
+        terms_during_join: term_after_join.saturating_sub(first_term),
+        fanout_s,
         steady_s,
         heartbeats,
         heartbeats_failed,
@@ -442,5 +491,6 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
         rewatch_after_failover_s: watched_at.unwrap_or(f64::NAN),
         heartbeats_failed_in_failover,
         new_leader_connections_per_node: new_most,
+        watch_update_bytes_per_node: tally.watch_bytes.load(Ordering::Relaxed) / opts.nodes,
     })
 }

@@ -27,7 +27,7 @@
 use super::{Voters, scrape, status, view};
 use anyhow::{Context, Result, bail};
 use granary_net::api::{ApiRequest, ApiResponse};
-use granary_net::client::{ClientOptions, CoordinatorClient};
+use granary_net::client::{ClientError, ClientOptions, CoordinatorClient};
 use granary_net::pki::{SplitPlan, init_split};
 use granary_net::tls::Identity;
 use granary_proto::{DatasetVersion, NodeId};
@@ -77,6 +77,8 @@ pub struct FleetRun {
     pub heartbeats: u64,
     /// Of them, those not accepted (an error, or the lease lost).
     pub heartbeats_failed: u64,
+    /// Heartbeats not accepted, by why (steady state and failover).
+    pub heartbeat_failures: std::collections::BTreeMap<String, u64>,
     /// Registrations after the first, over the whole run (a lease lost).
     pub reregistrations: u64,
     /// The most connections one node identity held at the leader (sampled
@@ -125,6 +127,8 @@ struct Tally {
     /// Bytes of placement updates the watches received after their first
     /// messages.
     watch_bytes: AtomicU64,
+    /// Heartbeats not accepted while counting, by why.
+    reasons: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Per node: the last accepted heartbeat or registration, and the
     /// last watch open, as instants from `epoch` in microseconds.
     renewed: Vec<AtomicU64>,
@@ -160,7 +164,7 @@ async fn node_life(
     epoch: Instant,
 ) {
     let i = (node - 1) as usize;
-    let holds = client.sharing(ClientOptions::default());
+    let holds = Arc::new(client.sharing(ClientOptions::default()));
     let addr = format!("127.0.{}.{}:7100", node / 250, node % 250 + 1);
     // One token per registration, repeated by its retries (as the node).
     let mut token = node << 20;
@@ -193,10 +197,21 @@ async fn node_life(
         beat.tick().await;
         loop {
             beat.tick().await;
+            // Holds go in their own task, as the node's do: a slow commit
+            // never holds back a heartbeat.
             let known = if held { None } else { version.lock().unwrap_or_else(|p| p.into_inner()).clone() };
             if let Some(v) = known {
+                held = true;
+                let holds = holds.clone();
                 let req = ApiRequest::HoldVersions { node: NodeId(node), incarnation, versions: vec![v] };
-                held = matches!(holds.call(&req).await, Ok((_, ApiResponse::VersionsHeld { .. })));
+                tokio::spawn(async move {
+                    while !matches!(
+                        holds.call(&req).await,
+                        Ok((_, ApiResponse::VersionsHeld { .. })) | Ok((_, ApiResponse::LeaseLost { .. }))
+                    ) {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                });
             }
             let sent = micros(epoch);
             let r = client.call(&ApiRequest::Heartbeat { node: NodeId(node), incarnation }).await;
@@ -204,18 +219,34 @@ async fn node_life(
             if counting {
                 tally.beats.fetch_add(1, Ordering::Relaxed);
             }
-            match r {
-                Ok((_, ApiResponse::HeartbeatAccepted { .. })) => tally.renewed[i].store(sent, Ordering::Relaxed),
-                Ok((_, ApiResponse::LeaseLost { .. })) => {
-                    if counting {
-                        tally.failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    break;
+            let failure = match r {
+                Ok((_, ApiResponse::HeartbeatAccepted { .. })) => {
+                    tally.renewed[i].store(sent, Ordering::Relaxed);
+                    None
                 }
-                _ => {
-                    if counting {
-                        tally.failed.fetch_add(1, Ordering::Relaxed);
-                    }
+                Ok((_, ApiResponse::LeaseLost { .. })) => Some("lease lost".to_string()),
+                Ok((_, other)) => {
+                    Some(format!("answered {}", format!("{other:?}").chars().take(40).collect::<String>()))
+                }
+                Err(ClientError::Unavailable { last, .. }) if last.contains("quorum") => {
+                    Some("no quorum heard recently".to_string())
+                }
+                Err(ClientError::Unavailable { last, .. }) if last.contains("no answer within") => {
+                    Some("no answer in time".to_string())
+                }
+                Err(ClientError::Unavailable { last, .. }) => Some(format!(
+                    "unavailable: {}",
+                    last.split(": ").skip(1).collect::<Vec<_>>().join(": ").chars().take(60).collect::<String>()
+                )),
+                Err(e) => Some(e.to_string().chars().take(60).collect()),
+            };
+            if let Some(why) = failure {
+                if counting {
+                    tally.failed.fetch_add(1, Ordering::Relaxed);
+                    *tally.reasons.lock().unwrap_or_else(|p| p.into_inner()).entry(why.clone()).or_default() += 1;
+                }
+                if why == "lease lost" {
+                    break;
                 }
             }
         }
@@ -480,6 +511,7 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
         heartbeats,
         heartbeats_failed,
         reregistrations,
+        heartbeat_failures: tally.reasons.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         leader_connections_per_node: most,
         leader_connected_nodes,
         follower_node_connections,

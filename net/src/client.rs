@@ -11,7 +11,8 @@
 //! the connection: a slow answer is no reason to dial again (the watch
 //! and the other requests on it are fine), and a connection whose voter
 //! died closes by its idle timeout (5 s), after which the next request
-//! dials anew.
+//! dials anew. Once a voter answers as the leader after the hint moved,
+//! the connections to the other voters are closed.
 //!
 //! Every retry loop is bounded by [`ClientOptions::deadline`]; the pause
 //! between failed rounds starts short (an election takes a few hundred
@@ -236,6 +237,17 @@ impl CoordinatorClient {
         }
     }
 
+    /// `leader` answered as the leader: connections to the other voters
+    /// (dialed by a round that timed out, or before a redirect) have
+    /// nothing to carry, and are closed.
+    fn settled(&self, leader: SocketAddr) {
+        for addr in self.conns.open() {
+            if addr != leader && self.addrs.contains(&addr) {
+                self.conns.close(addr, b"not the leader");
+            }
+        }
+    }
+
     /// Sleeps after the `failed`th failed round in a row.
     async fn pause(&self, failed: &mut u32) {
         *failed = failed.saturating_add(1);
@@ -330,6 +342,9 @@ impl CoordinatorClient {
                     return Err(ClientError::Failed { addr: target, request: kind, kind: fk, message });
                 }
                 Ok(resp) => {
+                    if self.leader_hint() != Some(target) {
+                        self.settled(target);
+                    }
                     self.set_leader_hint(Some(target));
                     return Ok((target, resp));
                 }
@@ -386,6 +401,7 @@ impl CoordinatorClient {
                 |recv, first, bytes| PlacementWatch { addr: target, recv, first: Some(first), known: None, bytes };
             match tokio::time::timeout(left, opened).await.unwrap_or_else(|_| Err(format!("{target}: timed out"))) {
                 Ok((recv, Some((first @ (ApiResponse::PlacementChanged(_) | ApiResponse::PlacementUpdate(_)), n)))) => {
+                    self.settled(target);
                     self.set_leader_hint(Some(target));
                     return Ok(watch(recv, first, n as u64));
                 }

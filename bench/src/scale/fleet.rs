@@ -31,7 +31,6 @@ use granary_net::client::{ClientError, ClientOptions, CoordinatorClient};
 use granary_net::pki::{SplitPlan, init_split};
 use granary_net::tls::Identity;
 use granary_proto::{DatasetVersion, NodeId};
-use granary_testkit::harness::{VoterSpec, reserve_tcp_port, reserve_udp_port};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -315,30 +314,7 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
     let root = tmp.path().join("certs");
     init_split(&root, SplitPlan { nodes: opts.nodes, voters: 3, unbound: false })?;
     let hosts = root.join("hosts");
-    let specs = (1..=3)
-        .map(|id| {
-            Ok(VoterSpec {
-                id,
-                addr: reserve_udp_port()?,
-                data_dir: tmp.path().join(format!("voter-{id}")),
-                name: None,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut voters = Voters {
-        exe: exe.to_path_buf(),
-        dir: tmp.path().to_path_buf(),
-        certs: hosts.clone(),
-        metrics: (0..3).map(|_| reserve_tcp_port()).collect::<Result<_>>()?,
-        specs,
-        extra: vec![
-            "--election-timeout-ms".into(),
-            opts.election_timeout_ms.to_string(),
-            "--lease-ms".into(),
-            opts.lease_ms.to_string(),
-        ],
-        procs: (0..3).map(|_| None).collect(),
-    };
+    let mut voters = Voters::new(exe, tmp.path(), &hosts, opts.election_timeout_ms, opts.lease_ms, &[])?;
     for id in 1..=3 {
         voters.start(id)?;
     }

@@ -166,6 +166,28 @@ struct Voters {
 }
 
 impl Voters {
+    /// Three voters (not started) with their folders in `dir`, certificates
+    /// from `certs`, reserved ports, and these times and `extra` flags.
+    fn new(exe: &Path, dir: &Path, certs: &Path, election_ms: u64, lease_ms: u64, extra: &[&str]) -> Result<Self> {
+        let specs = (1..=3)
+            .map(|id| {
+                Ok(VoterSpec { id, addr: reserve_udp_port()?, data_dir: dir.join(format!("voter-{id}")), name: None })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut flags: Vec<String> =
+            vec!["--election-timeout-ms".into(), election_ms.to_string(), "--lease-ms".into(), lease_ms.to_string()];
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        Ok(Self {
+            exe: exe.to_path_buf(),
+            dir: dir.to_path_buf(),
+            certs: certs.to_path_buf(),
+            metrics: (0..3).map(|_| reserve_tcp_port()).collect::<Result<_>>()?,
+            specs,
+            extra: flags,
+            procs: (0..3).map(|_| None).collect(),
+        })
+    }
+
     fn start(&mut self, id: u64) -> Result<()> {
         let i = (id - 1) as usize;
         let mut extra = self.extra.clone();
@@ -347,37 +369,22 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
     for id in 1..=3 {
         tls::issue_bound(&certs, tls::Role::Coordinator, &format!("coordinator-{id}"), Some(id))?;
     }
-    let specs = (1..=3)
-        .map(|id| {
-            Ok(VoterSpec {
-                id,
-                addr: reserve_udp_port()?,
-                data_dir: tmp.path().join(format!("voter-{id}")),
-                name: None,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut voters = Voters {
-        exe: exe.to_path_buf(),
-        dir: tmp.path().to_path_buf(),
-        certs: certs.clone(),
-        metrics: (0..3).map(|_| reserve_tcp_port()).collect::<Result<_>>()?,
-        specs,
-        extra: vec![
-            "--election-timeout-ms".into(),
-            opts.election_timeout_ms.to_string(),
-            "--lease-ms".into(),
-            opts.lease_ms.to_string(),
+    let mut voters = Voters::new(
+        exe,
+        tmp.path(),
+        &certs,
+        opts.election_timeout_ms,
+        opts.lease_ms,
+        &[
             // Snapshots as a deployment takes them, and a log kept short
             // behind them, so the stopped follower must install one.
-            "--snapshot-entries".into(),
-            "1000".into(),
-            "--keep-log-entries".into(),
-            "10".into(),
-            "--allow-unbound-node-certs".into(),
+            "--snapshot-entries",
+            "1000",
+            "--keep-log-entries",
+            "10",
+            "--allow-unbound-node-certs",
         ],
-        procs: (0..3).map(|_| None).collect(),
-    };
+    )?;
     say("starting 3 voters");
     for id in 1..=3 {
         voters.start(id)?;

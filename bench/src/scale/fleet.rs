@@ -469,13 +469,7 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
     std::thread::sleep(Duration::from_secs(2));
     let (_, new_most, _) = node_connections(voters.metrics[(new_leader - 1) as usize]);
     let reregistrations = tally.registrations.load(Ordering::Relaxed).saturating_sub(opts.nodes);
-    for id in 1..=3 {
-        voters.kill(id);
-    }
-    if std::env::var_os("GRANARY_BENCH_KEEP").is_some() {
-        let kept = tmp.keep();
-        say(&format!("fleet: voter folders and logs kept in {}", kept.display()));
-    }
+    voters.stop_all(tmp, &mut say);
     Ok(FleetRun {
         scenario: "fleet",
         real_nodes: opts.nodes,

@@ -206,6 +206,18 @@ impl Voters {
         Ok(())
     }
 
+    /// Stops every voter; with `GRANARY_BENCH_KEEP` set, keeps `tmp` (the
+    /// voters' folders and logs) and says where.
+    fn stop_all(&mut self, tmp: tempfile::TempDir, say: &mut impl FnMut(&str)) {
+        for id in 1..=3 {
+            self.kill(id);
+        }
+        if std::env::var_os("GRANARY_BENCH_KEEP").is_some() {
+            let kept = tmp.keep();
+            say(&format!("voter folders and logs kept in {}", kept.display()));
+        }
+    }
+
     fn kill(&mut self, id: u64) {
         if let Some(p) = self.procs[(id - 1) as usize].take() {
             p.kill();
@@ -622,13 +634,7 @@ pub fn run(exe: &Path, opts: &ScaleOpts, mut say: impl FnMut(&str)) -> Result<Sc
         let log = beats.log.lock().unwrap_or_else(|p| p.into_inner());
         (log.len() as u64, log.iter().filter(|b| !b.2).count() as u64)
     };
-    for id in 1..=3 {
-        voters.kill(id);
-    }
-    if std::env::var_os("GRANARY_BENCH_KEEP").is_some() {
-        let kept = tmp.keep();
-        say(&format!("voter folders and logs kept in {}", kept.display()));
-    }
+    voters.stop_all(tmp, &mut say);
     Ok(ScaleRun {
         scenario: "scale",
         row_groups: opts.row_groups,

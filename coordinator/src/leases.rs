@@ -6,8 +6,9 @@
 //! state holds only who is live, with which incarnation; this table holds,
 //! for each of them, when the leader last heard a heartbeat. When a lease
 //! passes its deadline the table hands out an [`Expired`] once, and the
-//! shell proposes `ExpireNode` through the log; the node stops being live
-//! only when that command is applied.
+//! shell proposes it through the log (`ExpireNodes`, the leases that ran
+//! out at one tick together); the node stops being live only when that
+//! command is applied.
 //!
 //! Three rules keep a healthy node from being expired:
 //! - A new leadership (a new term in which this voter leads) forgets every

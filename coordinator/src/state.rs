@@ -291,6 +291,27 @@ impl ClusterState {
                 }
                 _ => CommandResult::NodeExpired { placement_epoch: None },
             },
+            Command::ExpireNodes { nodes } => {
+                let mut expired = Vec::new();
+                for (node, incarnation) in nodes {
+                    if let Some(r) = self.nodes.get_mut(node)
+                        && r.live
+                        && r.incarnation == *incarnation
+                    {
+                        r.live = false;
+                        expired.push(*node);
+                    }
+                }
+                for node in &expired {
+                    self.drop_holds(*node);
+                }
+                if expired.is_empty() {
+                    return CommandResult::NodesExpired { expired, placement_epoch: None };
+                }
+                self.placement_epoch += 1;
+                self.replace_all();
+                CommandResult::NodesExpired { expired, placement_epoch: Some(self.placement_epoch) }
+            }
         }
     }
 
@@ -680,6 +701,39 @@ mod tests {
         // Replicas agree: the field survives the snapshot encoding.
         let again: ClusterState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(again, s);
+    }
+
+    #[test]
+    fn the_expiries_of_one_tick_move_the_epoch_once() {
+        let mut s = ClusterState::default();
+        let inc: Vec<u64> = (1..=4).map(|n| register(&mut s, n)).collect();
+        s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(40) });
+        let epoch = s.placement_epoch;
+        // Nodes 1 and 2 lapse; node 3's expiry names a stale incarnation.
+        let nodes = vec![(NodeId(1), inc[0]), (NodeId(2), inc[1]), (NodeId(3), inc[2] + 100)];
+        assert_eq!(
+            s.apply(&Command::ExpireNodes { nodes: nodes.clone() }),
+            CommandResult::NodesExpired { expired: vec![NodeId(1), NodeId(2)], placement_epoch: Some(epoch + 1) }
+        );
+        let live: Vec<NodeId> = s.live_nodes().iter().map(|n| n.node).collect();
+        assert_eq!(live, [NodeId(3), NodeId(4)]);
+        assert!(s.owners("d").iter().all(|o| live.contains(o)), "re-placed over the nodes left");
+        // One after the other gives the same state, one epoch further.
+        let mut one_by_one = ClusterState::default();
+        for n in 1..=4 {
+            register(&mut one_by_one, n);
+        }
+        one_by_one.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: manifest(40) });
+        for (node, incarnation) in &nodes {
+            one_by_one.apply(&Command::ExpireNode { node: *node, incarnation: *incarnation });
+        }
+        assert_eq!(one_by_one.owners("d"), s.owners("d"));
+        assert_eq!(one_by_one.placement_epoch, s.placement_epoch + 1);
+        // A repeat changes nothing.
+        assert_eq!(
+            s.apply(&Command::ExpireNodes { nodes }),
+            CommandResult::NodesExpired { expired: vec![], placement_epoch: None }
+        );
     }
 
     #[test]

@@ -98,6 +98,14 @@ pub enum Command {
         /// unaffected.
         incarnation: u64,
     },
+    /// The leader saw these incarnations' leases pass their deadlines at
+    /// one tick: one re-placement and one placement epoch for all of them
+    /// (a thousand nodes whose leases lapse together move the epoch once,
+    /// not a thousand times). Each is [`Command::ExpireNode`]'s rule.
+    ExpireNodes {
+        /// Each node with the incarnation whose lease expired.
+        nodes: Vec<(NodeId, u64)>,
+    },
     /// The versions trainers on `node` use (the whole set, replacing the
     /// node's earlier holds). A held version that is not current keeps a
     /// placement, so jobs pinned to it keep reading through the fabric,
@@ -139,6 +147,7 @@ impl Command {
             | Command::RegisterNode { .. }
             | Command::SetNodeWeight { .. }
             | Command::ExpireNode { .. }
+            | Command::ExpireNodes { .. }
             | Command::HoldVersions { .. } => true,
             Command::StageManifestPiece { .. } | Command::CollectVersions { .. } => false,
         }
@@ -203,6 +212,15 @@ pub enum CommandResult {
     /// `ExpireNode` applied; `None` when the node or incarnation was no
     /// longer live (nothing changed).
     NodeExpired {
+        /// The new placement epoch, if one started.
+        placement_epoch: Option<u64>,
+    },
+    /// `ExpireNodes` applied: the nodes that were live with the
+    /// incarnation named (the others changed nothing), and the new
+    /// placement epoch if any was.
+    NodesExpired {
+        /// The nodes expired.
+        expired: Vec<NodeId>,
         /// The new placement epoch, if one started.
         placement_epoch: Option<u64>,
     },

@@ -12,8 +12,8 @@ use granary_proto::NodeId;
 use std::sync::Arc;
 
 /// On the leader: expires nodes whose heartbeats stopped, by the rules of
-/// [`crate::leases::Leases`]. Expiries are proposed one at a time and
-/// awaited, so the next tick sees each committed one in the state.
+/// [`crate::leases::Leases`]. The expiries of one tick are proposed as one
+/// command and awaited, so the next tick sees them committed in the state.
 pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
     loop {
         let wake = ctx.leases().poll_timeout();
@@ -33,16 +33,24 @@ pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
             leases.handle_state(live, now);
             leases.poll_expired(now)
         };
-        for e in expired {
-            let (node, incarnation) = (e.node, e.incarnation);
-            match write(&ctx, Command::ExpireNode { node, incarnation }).await {
-                Ok(CommandResult::NodeExpired { placement_epoch: Some(epoch) }) => {
+        if expired.is_empty() {
+            continue;
+        }
+        // The leases that ran out by this tick, in one command: one
+        // re-placement and one epoch, however many lapsed together.
+        let nodes: Vec<(NodeId, u64)> = expired.iter().map(|e| (e.node, e.incarnation)).collect();
+        match write(&ctx, Command::ExpireNodes { nodes: nodes.clone() }).await {
+            Ok(CommandResult::NodesExpired { expired: gone, placement_epoch: Some(epoch) }) => {
+                for (node, incarnation) in nodes.iter().filter(|(n, _)| gone.contains(n)) {
                     tracing::info!(%node, incarnation, placement_epoch = epoch, "lease expired");
                 }
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(%node, "could not commit a lease expiry: {err:?}");
-                    ctx.leases().handle_expiry_failed(e);
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(nodes = nodes.len(), "could not commit lease expiries: {err:?}");
+                let mut leases = ctx.leases();
+                for e in expired {
+                    leases.handle_expiry_failed(e);
                 }
             }
         }

@@ -280,24 +280,10 @@ async fn node_watch(client: CoordinatorClient, node: u64, tally: Arc<Tally>, epo
 
 /// Node connections of voter `i` (by its metrics): (all, most per node, nodes).
 fn node_connections(metrics: SocketAddr) -> (u64, u64, u64) {
-    let all = scrape_labelled(metrics, "granary_coordinator_connections{role=\"node\"}").unwrap_or(0);
+    let all = scrape(metrics, "granary_coordinator_connections{role=\"node\"}").unwrap_or(0);
     let most = scrape(metrics, "granary_coordinator_connections_most_per_node").unwrap_or(0);
     let nodes = scrape(metrics, "granary_coordinator_connected_nodes").unwrap_or(0);
     (all, most, nodes)
-}
-
-/// A labelled sample's value from a voter's `/metrics`.
-fn scrape_labelled(addr: SocketAddr, sample: &str) -> Result<u64> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok()))
-        .map(|v| v as u64)
-        .with_context(|| format!("{addr} exports no {sample}"))
 }
 
 /// Runs the fleet with the `granary` binary at `exe`.

@@ -255,8 +255,9 @@ impl Voters {
     }
 }
 
-/// A gauge's value from a voter's `/metrics` (plain HTTP/1.0).
-fn scrape(addr: SocketAddr, name: &str) -> Result<u64> {
+/// A sample's value from a voter's `/metrics` (plain HTTP/1.0): the line
+/// that is `sample` (a name, with its labels where it has any) and a value.
+fn scrape(addr: SocketAddr, sample: &str) -> Result<u64> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -264,11 +265,10 @@ fn scrape(addr: SocketAddr, name: &str) -> Result<u64> {
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
+        .filter_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse::<f64>().ok())
         .map(|v| v as u64)
-        .with_context(|| format!("{addr} exports no {name}"))
+        .with_context(|| format!("{addr} exports no {sample}"))
 }
 
 fn view() -> View {

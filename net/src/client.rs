@@ -198,12 +198,6 @@ impl CoordinatorClient {
         }
     }
 
-    /// The voters this client (and every handle sharing its connections)
-    /// has a connection open to.
-    pub fn connected(&self) -> Vec<SocketAddr> {
-        self.conns.open()
-    }
-
     /// The voter addresses this client knows.
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs

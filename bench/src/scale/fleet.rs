@@ -278,7 +278,8 @@ async fn node_watch(client: CoordinatorClient, node: u64, tally: Arc<Tally>, epo
     }
 }
 
-/// Node connections of voter `i` (by its metrics): (all, most per node, nodes).
+/// Node connections at the voter whose metrics are at `metrics`: (all,
+/// most per node, nodes connected).
 fn node_connections(metrics: SocketAddr) -> (u64, u64, u64) {
     let all = scrape(metrics, "granary_coordinator_connections{role=\"node\"}").unwrap_or(0);
     let most = scrape(metrics, "granary_coordinator_connections_most_per_node").unwrap_or(0);
@@ -399,8 +400,7 @@ pub fn run(exe: &Path, opts: &FleetOpts, mut say: impl FnMut(&str)) -> Result<Fl
     // The leader now (the join may have moved it: its term is reported).
     let s = rt.block_on(status(&admin))?;
     let (leader, term_after_join) = (s.leader.context("no leader after the join")?, s.term);
-    let leader_proc = |v: &Voters, id: u64| v.procs[(id - 1) as usize].as_ref().map(|p| p.pid());
-    let pid = leader_proc(&voters, leader).context("the leader's process")?;
+    let pid = voters.procs[(leader - 1) as usize].as_ref().map(|p| p.pid()).context("the leader's process")?;
     let leader_metrics = voters.metrics[(leader - 1) as usize];
     tally.counting.store(true, Ordering::Relaxed);
     let (cpu0, t0) = (cpu_seconds(pid)?, Instant::now());

@@ -49,10 +49,18 @@ pub(in crate::server) async fn register(
         ));
     }
     // Two live nodes at one address would make every peer read one of them
-    // as the other.
-    let taken = ctx
-        .shared
-        .read(|a| a.cluster.nodes.iter().find(|(id, r)| **id != node && r.live && r.addr == addr).map(|(id, _)| *id));
+    // as the other. And the live daemon registering again from the socket
+    // it registered from, as it was, has nothing to commit and nothing to
+    // re-place (a storm of such registrations costs no log entries and
+    // moves no epoch).
+    let (taken, standing) = ctx.shared.read(|a| {
+        let taken = a.cluster.nodes.iter().find(|(id, r)| **id != node && r.live && r.addr == addr).map(|(id, _)| *id);
+        let standing = a.cluster.nodes.get(&node).and_then(|r| {
+            let same = r.live && r.addr == addr && r.ram_bytes == ram_bytes && r.ssd_bytes == ssd_bytes;
+            same.then_some((r.incarnation, a.cluster.placement_epoch))
+        });
+        (taken, standing)
+    });
     if let Some(other) = taken {
         tracing::warn!(%node, %other, %addr, from = %peer, "refused a registration at another live node's address");
         return Err(failed(
@@ -63,15 +71,7 @@ pub(in crate::server) async fn register(
             ),
         ));
     }
-    // The live daemon registering again from the socket it registered
-    // from, as it was: nothing to commit and nothing to re-place (a storm
-    // of such registrations costs no log entries and moves no epoch).
     let now = Instant::now();
-    let standing = ctx.shared.read(|a| {
-        let r = a.cluster.nodes.get(&node)?;
-        let same = r.live && r.addr == addr && r.ram_bytes == ram_bytes && r.ssd_bytes == ssd_bytes;
-        same.then_some((r.incarnation, a.cluster.placement_epoch))
-    });
     if let Some((incarnation, placement_epoch)) = standing {
         let mut leases = ctx.leases();
         if leases.same_daemon(node, incarnation, peer, now) {

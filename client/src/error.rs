@@ -34,6 +34,21 @@ pub enum ClientError {
         /// The last reason a connection failed.
         source: std::io::Error,
     },
+    /// The node and this client share no version of the local protocol
+    /// (they are builds too far apart): the message names both and the
+    /// side to upgrade.
+    #[error(
+        "the node at {path} speaks local protocol {node}, this client {client}: no version in common; {}",
+        if client.current < node.current { "upgrade granary in the trainer" } else { "upgrade the node" }
+    )]
+    Version {
+        /// Socket path.
+        path: PathBuf,
+        /// What this client speaks.
+        client: granary_proto::version::Speaks,
+        /// What the node speaks.
+        node: granary_proto::version::Speaks,
+    },
     /// The node answered with something this client does not understand,
     /// or something that contradicts what it said before.
     #[error("protocol error from the node: {0}")]
@@ -345,6 +360,7 @@ impl ClientError {
             | ClientError::Plan(_)
             | ClientError::UnknownDataset { .. }
             | ClientError::VersionGone { .. }
+            | ClientError::Version { .. }
             | ClientError::ResumeMismatch(_)
             | ClientError::PositionPastEnd { .. }
             | ClientError::Tensor(_)

@@ -26,6 +26,7 @@ use crate::error::{ClientError, ProtocolError};
 use crate::source::{Chunk, ChunkBytes, ChunkSource};
 use granary_proto::chunk::Verify;
 use granary_proto::frame;
+use granary_proto::version;
 use granary_proto::wire::{self, DatasetInfo, LocalRequest, LocalResponse, MAX_FRAME_LEN, NodeStats};
 use granary_proto::{DatasetVersion, ShardId, Walk};
 use rustix::fd::OwnedFd;
@@ -92,6 +93,37 @@ fn connection_lost(e: &ClientError) -> bool {
     }
 }
 
+/// How long a node has to answer a hello (it answers at once; a node of
+/// local protocol 1 answers with a refusal of the hello as a frame).
+const HELLO_WAIT: Duration = Duration::from_secs(10);
+
+/// Connects to the node at `path` and agrees on a version of the local
+/// protocol ([`version`]): a hello, or, with a node of protocol 1 (which
+/// refuses the hello as an oversized frame and closes), a new connection
+/// without one. Every version this build speaks sends the same frames.
+fn open(path: &Path, speaks: version::Speaks) -> Result<UnixStream, ClientError> {
+    let connect =
+        || UnixStream::connect(path).map_err(|source| ClientError::Connect { path: path.to_path_buf(), source });
+    let mut stream = connect()?;
+    stream.set_read_timeout(Some(HELLO_WAIT))?;
+    stream.write_all(&version::encode_hello(speaks))?;
+    let mut reply = [0u8; version::HELLO_REPLY_LEN];
+    stream.read_exact(&mut reply)?;
+    stream.set_read_timeout(None)?;
+    let node = match version::decode_hello_reply(reply, speaks) {
+        version::HelloReply::Speak { .. } => return Ok(stream),
+        version::HelloReply::Refused { node } => node,
+        version::HelloReply::Legacy => {
+            let one = version::Speaks { oldest: 1, current: 1 };
+            if speaks.negotiate(one).is_ok() {
+                return connect();
+            }
+            one
+        }
+    };
+    Err(ClientError::Version { path: path.to_path_buf(), client: speaks, node })
+}
+
 /// The largest chunk mapped when its dataset was not described through
 /// this source (the bound on a chunk from a peer).
 const MAX_UNDESCRIBED_CHUNK_LEN: u64 = granary_proto::peer::MAX_PEER_CHUNK_LEN;
@@ -152,8 +184,7 @@ impl LocalSource {
     /// Connects to the node listening at `path`.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream =
-            UnixStream::connect(&path).map_err(|source| ClientError::Connect { path: path.clone(), source })?;
+        let stream = open(&path, version::LOCAL)?;
         let mappings =
             MappingCache { budget_bytes: DEFAULT_MAPPING_CACHE_BYTES, bytes: 0, tick: 0, entries: HashMap::new() };
         Ok(Self {
@@ -279,12 +310,17 @@ impl LocalSource {
             }
             std::thread::sleep(pause.min(self.reconnect.saturating_sub(started.elapsed())));
             pause = (pause * 2).min(Duration::from_secs(1));
-            let stream = match UnixStream::connect(&self.path) {
+            let stream = match open(&self.path, version::LOCAL) {
                 Ok(s) => s,
-                Err(e) => {
-                    last = e;
+                Err(ClientError::Connect { source, .. }) => {
+                    last = source;
                     continue;
                 }
+                Err(e) if connection_lost(&e) => {
+                    last = std::io::Error::other(e.to_string());
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             **guard = Some(stream);
             let follow = *self.last_follow.lock().unwrap_or_else(|p| p.into_inner());

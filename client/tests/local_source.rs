@@ -4,10 +4,11 @@
 //! not used again.
 
 use granary_client::{ChunkSource, ClientError, LocalSource};
+use granary_proto::version;
 use granary_proto::wire::{self, DatasetInfo, LocalRequest, LocalResponse};
 use granary_proto::{DType, DatasetVersion, ShardId, ShardRows, TensorLayout};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-use std::io::{IoSlice, Read};
+use std::io::{IoSlice, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,28 +22,80 @@ fn frame(resp: &LocalResponse) -> Vec<u8> {
     [(body.len() as u32).to_le_bytes().to_vec(), body.to_vec()].concat()
 }
 
+/// How a scripted node meets a connection's first bytes.
+#[derive(Clone, Copy)]
+enum Greeting {
+    /// As this build's node: a hello is answered with what `speaks` and
+    /// the trainer share (or a refusal).
+    Speaks(version::Speaks),
+    /// As a node of local protocol 1, which knows no hello: the first four
+    /// bytes are a frame length; an oversized one is refused with a frame
+    /// and the connection closed.
+    Legacy,
+}
+
+/// This build's node.
+const CURRENT: Greeting = Greeting::Speaks(version::LOCAL);
+
 /// Serves one connection at a new socket, answering each request with
 /// `answer`; returns the socket's path (in `dir`).
 fn scripted_node(dir: &std::path::Path, answer: Answer) -> std::path::PathBuf {
+    scripted_node_greeting(dir, CURRENT, answer)
+}
+
+/// [`scripted_node`] meeting connections as `greeting` says, for as many
+/// connections as come (one at a time).
+fn scripted_node_greeting(dir: &std::path::Path, greeting: Greeting, answer: Answer) -> std::path::PathBuf {
     let path = dir.join("node.sock");
     let listener = UnixListener::bind(&path).expect("bind");
     std::thread::spawn(move || {
-        let Ok((mut stream, _)) = listener.accept() else { return };
-        loop {
-            let mut prefix = [0u8; 4];
-            if stream.read_exact(&mut prefix).is_err() {
-                return;
-            }
-            let mut body = vec![0u8; u32::from_le_bytes(prefix) as usize];
-            if stream.read_exact(&mut body).is_err() {
-                return;
-            }
-            let req: LocalRequest = wire::decode(&body).expect("request");
-            let (bytes, fd) = answer(&req);
-            send(&stream, &bytes, fd);
+        while let Ok((mut stream, _)) = listener.accept() {
+            serve(&mut stream, greeting, &answer);
         }
     });
     path
+}
+
+fn serve(stream: &mut UnixStream, greeting: Greeting, answer: &Answer) {
+    let mut first = true;
+    loop {
+        let mut prefix = [0u8; 4];
+        if stream.read_exact(&mut prefix).is_err() {
+            return;
+        }
+        if std::mem::take(&mut first) {
+            match greeting {
+                Greeting::Speaks(node) if version::is_hello(prefix) => {
+                    let mut rest = [0u8; 4];
+                    stream.read_exact(&mut rest).expect("hello");
+                    let chosen = node.negotiate(version::decode_hello(rest)).ok();
+                    stream.write_all(&version::encode_hello_reply(chosen, node)).expect("reply");
+                    if chosen.is_none() {
+                        return;
+                    }
+                    continue;
+                }
+                Greeting::Legacy if u32::from_le_bytes(prefix) as usize > wire::MAX_FRAME_LEN => {
+                    let why = format!(
+                        "request frame of {} bytes exceeds {}",
+                        u32::from_le_bytes(prefix),
+                        wire::MAX_FRAME_LEN
+                    );
+                    let refused = LocalResponse::Failed { kind: wire::ErrorKind::BadRequest, message: why };
+                    send(stream, &frame(&refused), None);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        let mut body = vec![0u8; u32::from_le_bytes(prefix) as usize];
+        if stream.read_exact(&mut body).is_err() {
+            return;
+        }
+        let req: LocalRequest = wire::decode(&body).expect("request");
+        let (bytes, fd) = answer(&req);
+        send(stream, &bytes, fd);
+    }
 }
 
 fn send(stream: &UnixStream, bytes: &[u8], fd: Option<OwnedFd>) {
@@ -118,4 +171,44 @@ fn after_an_oversized_reply_the_connection_is_not_used_again() {
     assert!(matches!(first, ClientError::Protocol(_)), "{first}");
     let second = src.describe("ads", None).expect_err("out of step").to_string();
     assert!(second.contains("out of step"), "{second}");
+}
+
+/// A node of local protocol 1 (every build before the hello) refuses the
+/// hello as an oversized frame; the client connects again without one and
+/// is served.
+#[test]
+fn a_node_of_the_protocol_before_the_hello_is_still_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = scripted_node_greeting(
+        dir.path(),
+        Greeting::Legacy,
+        Box::new(|_| (frame(&LocalResponse::Described(info("ads"))), None)),
+    );
+    let src = LocalSource::connect(&path).expect("connect");
+    assert_eq!(src.describe("ads", None).expect("described").name, "ads");
+}
+
+/// A node two versions ahead refuses the hello; the error names both
+/// ranges and says to upgrade the trainer. A node two versions behind: the
+/// node is to be upgraded. Never "malformed frame".
+#[test]
+fn a_node_too_far_from_the_client_is_named_with_both_versions() {
+    let ahead = version::Speaks { oldest: version::LOCAL.current + 1, current: version::LOCAL.current + 2 };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = scripted_node_greeting(dir.path(), Greeting::Speaks(ahead), Box::new(|_| unreachable!("refused")));
+    let e = LocalSource::connect(&path).err().expect("refused");
+    assert!(matches!(e, ClientError::Version { node, .. } if node == ahead), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("local protocol {ahead}")) && msg.contains(&format!("this client {}", version::LOCAL)),
+        "{msg}"
+    );
+    assert!(msg.contains("upgrade granary in the trainer") && !msg.contains("malformed"), "{msg}");
+    assert!(!e.is_retryable());
+
+    let behind = version::Speaks { oldest: 0, current: 0 };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = scripted_node_greeting(dir.path(), Greeting::Speaks(behind), Box::new(|_| unreachable!("refused")));
+    let msg = LocalSource::connect(&path).err().expect("refused").to_string();
+    assert!(msg.contains("upgrade the node"), "{msg}");
 }

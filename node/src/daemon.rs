@@ -29,6 +29,7 @@ use crate::session::Session;
 use granary_node_core::conns::{Admit, ConnId, ConnTable, SocketLimits};
 use granary_proto::Walk;
 use granary_proto::frame;
+use granary_proto::version;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse, MAX_FRAME_LEN};
 use rustix::fd::BorrowedFd;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -38,7 +39,7 @@ use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
 /// Pause after a failed accept before trying again.
@@ -265,6 +266,37 @@ async fn refuse(mut stream: UnixStream, kind: ErrorKind, why: String) {
     let _ = send(&stream, &failed(kind, why), None, REFUSAL_WAIT).await;
 }
 
+/// Answers a trainer's hello (its magic read): the version both speak, or
+/// a refusal naming both ranges. `false` when the connection is to close.
+async fn greet(stream: &mut UnixStream, client: &str, write: Duration) -> io::Result<bool> {
+    let mut rest = [0u8; version::HELLO_LEN - 4];
+    match tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut rest)).await {
+        Ok(read) => read?,
+        Err(_) => return Ok(false),
+    };
+    let trainer = version::decode_hello(rest);
+    let chosen = version::LOCAL.negotiate(trainer);
+    if let Err(m) = chosen {
+        tracing::warn!(%client, "{}", refusal(m));
+    }
+    let reply = version::encode_hello_reply(chosen.ok(), version::LOCAL);
+    match tokio::time::timeout(write, stream.write_all(&reply)).await {
+        Ok(written) => written?,
+        Err(_) => return Ok(false),
+    }
+    Ok(chosen.is_ok())
+}
+
+/// Why this node refuses a trainer, for its log and for a trainer of local
+/// protocol 1 (which reads no hello reply).
+fn refusal(m: version::Mismatch) -> String {
+    let upgrade = match m.older() {
+        version::Older::Theirs => "upgrade granary in the trainer",
+        version::Older::Ours => "upgrade this node",
+    };
+    format!("this node speaks local protocol {}, the trainer {}: no version in common; {upgrade}", m.ours, m.theirs)
+}
+
 /// Names the process at the other end of a trainer connection for logs.
 fn client_name(stream: &UnixStream) -> String {
     match stream.peer_cred() {
@@ -284,6 +316,7 @@ async fn connection(
     let mut session = Session::new(node.clone());
     let limits = conn.conns.limits;
     let write = limits.write_timeout;
+    let mut first = true;
     loop {
         conn.idle();
         let mut header = [0u8; frame::HEADER_LEN];
@@ -300,6 +333,23 @@ async fn connection(
             Err(_) => {
                 tracing::debug!(%client, idle_ms = limits.idle_timeout.as_millis() as u64, "idle connection closed");
                 return Ok(());
+            }
+        }
+        if std::mem::take(&mut first) {
+            if version::is_hello(header) {
+                // Idle (evictable) while it greets, as while a request
+                // comes in whole.
+                match conn.unless_evicted(client, greet(&mut stream, client, write)).await {
+                    Some(Ok(true)) => continue,
+                    Some(Ok(false)) | None => return Ok(()),
+                    Some(Err(e)) => return Err(e),
+                }
+            }
+            // No hello: a trainer of local protocol 1.
+            if let Err(m) = version::without_hello(version::LOCAL) {
+                let why = refusal(m);
+                tracing::warn!(%client, "{why}");
+                return send(&stream, &failed(ErrorKind::BadRequest, why), None, write).await;
             }
         }
         let len = match frame::decode_len(header, MAX_REQUEST_LEN) {

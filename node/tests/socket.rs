@@ -6,7 +6,6 @@
 //! step is bounded, so a hang fails instead of stalling the suite.
 
 use granary_client::{ChunkSource, LocalSource};
-use granary_node::Node;
 use granary_node::config::NodeConfig;
 use granary_proto::rng::Rng;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse};
@@ -18,63 +17,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::daemon::Daemon;
 use common::*;
 
 // ---------------------------------------------------------------------------
 // The Unix socket
 // ---------------------------------------------------------------------------
-
-/// A daemon serving in this process, on its own runtime.
-struct Daemon {
-    runtime: tokio::runtime::Runtime,
-    socket: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Daemon {
-    fn start(cfg: NodeConfig, socket: PathBuf) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let node = runtime
-            .block_on(async { tokio::time::timeout(WAIT, Node::start(&cfg)).await })
-            .expect("node start timed out")
-            .expect("node start");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let path = socket.clone();
-        let task = runtime.spawn(async move {
-            granary_node::daemon::serve(node, &path, granary_node::access::LocalAccess::new(None, None), async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        let deadline = Instant::now() + WAIT;
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "daemon did not listen on {}", socket.display());
-            assert!(!task.is_finished(), "daemon stopped while starting");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Self { runtime, socket, stop: Some(stop), task }
-    }
-
-    fn connect(&self) -> UnixStream {
-        let s = UnixStream::connect(&self.socket).expect("connect to daemon");
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        s.set_write_timeout(Some(WAIT)).unwrap();
-        s
-    }
-
-    fn assert_alive(&self) {
-        assert!(!self.task.is_finished(), "the daemon stopped serving");
-    }
-
-    fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let res = self.runtime.block_on(async { tokio::time::timeout(WAIT, &mut self.task).await });
-        res.expect("daemon did not stop").expect("daemon task panicked").expect("daemon ended with an error");
-    }
-}
 
 /// Sends `prefix` then `body` (raw, possibly inconsistent).
 fn send_raw(s: &mut UnixStream, prefix: u32, body: &[u8]) {
@@ -666,4 +614,34 @@ fn a_trainer_keeps_no_more_mappings_than_its_node_advises() {
     let own = granary_client::LocalSource::connect(&daemon.socket).expect("connect").mapping_cache(1 << 20);
     own.describe("ads", None).expect("describe");
     assert_eq!(own.mapping_budget(), 1 << 20);
+}
+
+/// The local protocol's hello (issue 42): a trainer that says which
+/// versions it speaks is answered with the one both speak and served on;
+/// one too far ahead is refused with the node's range, and the connection
+/// closes. A trainer without a hello (local protocol 1, every build before
+/// it) is served as before: every other test here speaks so.
+#[test]
+fn a_hello_agrees_on_a_version_or_is_refused_with_the_node_s_range() {
+    use granary_proto::version::{self, HelloReply, Speaks};
+    let (_data, _run, d) = daemon_over(1, 600, 300, |_| {});
+    let mut s = d.connect();
+    s.write_all(&version::encode_hello(version::LOCAL)).unwrap();
+    let mut reply = [0u8; version::HELLO_REPLY_LEN];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        version::decode_hello_reply(reply, version::LOCAL),
+        HelloReply::Speak { version: version::LOCAL.current, node: version::LOCAL }
+    );
+    assert!(matches!(call(&mut s, &LocalRequest::Stats), Some(LocalResponse::Stats(_))));
+
+    let ahead = Speaks { oldest: version::LOCAL.current + 2, current: version::LOCAL.current + 3 };
+    let mut s = d.connect();
+    s.write_all(&version::encode_hello(ahead)).unwrap();
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(version::decode_hello_reply(reply, ahead), HelloReply::Refused { node: version::LOCAL });
+    expect_closed(&mut s);
+    d.assert_alive();
+    assert_serves_a_fresh_client(&d.socket);
+    d.stop();
 }

@@ -22,6 +22,8 @@
 //! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
 //!   would change every sample order ever published.
 //! - [`aligned`] — a 64-byte-aligned byte buffer.
+//! - [`version`] — the protocol versions a build speaks on each wire, how
+//!   two builds agree on one, and the local socket's hello.
 //!
 //! ## Data flow
 //! A node reads a [`manifest::Manifest`] and a [`View`], hashes them into a
@@ -41,6 +43,7 @@ pub mod peer;
 pub mod placement;
 pub mod plan;
 pub mod rng;
+pub mod version;
 pub mod view;
 pub mod wire;
 

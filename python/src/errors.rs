@@ -15,7 +15,7 @@ fn class_of(e: &ClientError) -> &'static str {
         ClientError::Connect { .. } | ClientError::Io(_) | ClientError::NodeGone { .. } => "NodeUnavailableError",
         ClientError::Node { .. } => "NodeError",
         ClientError::Chunk { .. } => "CorruptChunkError",
-        ClientError::Protocol(_) => "ProtocolError",
+        ClientError::Protocol(_) | ClientError::Version { .. } => "ProtocolError",
         ClientError::Plan(_) => "PlanError",
         ClientError::UnknownDataset { .. } => "UnknownDatasetError",
         ClientError::VersionGone { .. } => "VersionGoneError",

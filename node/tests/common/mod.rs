@@ -4,6 +4,7 @@
 //! waits, and value-by-value checks of served chunks. Each file uses a part.
 #![allow(dead_code)]
 
+pub(crate) mod daemon;
 pub(crate) mod fabric;
 
 use granary_client::{Chunk, ChunkSource, ClientError};

@@ -10,7 +10,7 @@
 use crate::types::{TypeConfig, VoterId};
 use granary_net::conn::{Connections, DialError};
 use granary_net::frame::{self, MAX_FRAME_BYTES, StreamError};
-use granary_net::tls::Role;
+use granary_net::tls::{ALPN_RAFT, Role};
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -157,7 +157,7 @@ impl QuicNetwork {
     ) -> Self {
         let ipv4 = endpoint.local_addr().map_or(true, |a| a.is_ipv4());
         Self {
-            conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, connect_timeout)),
+            conns: Arc::new(Connections::new(endpoint, config, ALPN_RAFT, Role::Coordinator, connect_timeout)),
             allow_unbound,
             ipv4,
         }

@@ -175,7 +175,7 @@ impl CoordinatorClient {
         }
         let config = identity.client_config(ALPN_API)?;
         Ok(Self {
-            conns: Arc::new(Connections::new(endpoint, config, Role::Coordinator, options.connect_timeout)),
+            conns: Arc::new(Connections::new(endpoint, config, ALPN_API, Role::Coordinator, options.connect_timeout)),
             addrs,
             options,
             leader: Mutex::new(None),

@@ -15,6 +15,8 @@ use std::time::Duration;
 pub struct Connections {
     endpoint: quinn::Endpoint,
     config: quinn::ClientConfig,
+    /// The ALPN protocol `config` offers first: the wire dialed for.
+    alpn: &'static [u8],
     role: Role,
     connect_timeout: Duration,
     map: Mutex<HashMap<SocketAddr, quinn::Connection>>,
@@ -67,6 +69,16 @@ pub enum DialError {
         /// What was wrong with the certificate.
         error: Arc<TlsError>,
     },
+    /// The peer shares no version of the wire with this build (it chose
+    /// [`crate::transport::ALPN_VERSIONS`]): `why` names both sides'
+    /// versions and the side to upgrade.
+    #[error("{addr}: {why}")]
+    Version {
+        /// The address dialed.
+        addr: SocketAddr,
+        /// Both sides' versions, and which to upgrade.
+        why: String,
+    },
     /// The peer holds a certificate of another role than the one dialed
     /// for.
     #[error("{addr}: peer holds a {found} certificate, not a {wanted}'s")]
@@ -88,18 +100,28 @@ impl DialError {
             | Self::Timeout { addr, .. }
             | Self::Handshake { addr, .. }
             | Self::Certificate { addr, .. }
+            | Self::Version { addr, .. }
             | Self::WrongRole { addr, .. } => *addr,
         }
     }
 }
 
 impl Connections {
-    /// Dials from `endpoint` with `config`; every peer must present a
-    /// certificate of `role` (and the name `role.server_name()`).
-    pub fn new(endpoint: quinn::Endpoint, config: quinn::ClientConfig, role: Role, connect_timeout: Duration) -> Self {
+    /// Dials from `endpoint` with `config`, made for the ALPN protocol
+    /// `alpn` ([`crate::identity::Identity::client_config`]); every peer
+    /// must present a certificate of `role` (and the name
+    /// `role.server_name()`).
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        config: quinn::ClientConfig,
+        alpn: &'static [u8],
+        role: Role,
+        connect_timeout: Duration,
+    ) -> Self {
         Self {
             endpoint,
             config,
+            alpn,
             role,
             connect_timeout,
             map: Mutex::new(HashMap::new()),
@@ -151,6 +173,18 @@ impl Connections {
             .await
             .map_err(|_| DialError::Timeout { addr, timeout: self.connect_timeout })?
             .map_err(|error| DialError::Handshake { addr, error })?;
+        if crate::transport::alpn_of(&conn).as_deref() == Some(crate::transport::ALPN_VERSIONS) {
+            // The server closes at once, naming what it speaks.
+            let why = match tokio::time::timeout(self.connect_timeout, conn.closed()).await {
+                Ok(quinn::ConnectionError::ApplicationClosed(c))
+                    if c.error_code == crate::transport::VERSIONS_CLOSE.into() =>
+                {
+                    crate::transport::version_refusal(self.alpn, &c.reason)
+                }
+                _ => format!("shares no version of {} with this build", String::from_utf8_lossy(self.alpn)),
+            };
+            return Err(DialError::Version { addr, why });
+        }
         match identity::peer_role(&conn) {
             Ok(r) if r == self.role => {}
             Ok(found) => return Err(DialError::WrongRole { addr, found, wanted: self.role }),

@@ -26,7 +26,7 @@ use crate::pki::{
     CA_NAME, identity_name, identity_paths, node_id_of_cert, read_certs, read_key, role_of_cert, voter_id_of_cert,
 };
 use crate::role::Role;
-use crate::transport::transport_config;
+use crate::transport::{ALPN_VERSIONS, transport_config};
 
 /// A loaded identity: the cluster CA, this party's certificate chain and key, and its role (read from its own
 /// certificate).
@@ -151,7 +151,8 @@ impl Identity {
     }
 
     /// A server configuration that requires a client certificate signed by the cluster CA, speaks TLS 1.3 only,
-    /// advertises the given ALPN protocols and uses [`transport_config`].
+    /// advertises the given ALPN protocols (then [`ALPN_VERSIONS`]: serve a
+    /// connection that chose it with [`crate::transport::answer_versions`]) and uses [`transport_config`].
     pub fn server_config(&self, alpn: &[&[u8]]) -> Result<quinn::ServerConfig, TlsError> {
         let provider = provider();
         let verifier = WebPkiClientVerifier::builder_with_provider(self.roots(), provider.clone())
@@ -164,7 +165,8 @@ impl Identity {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|error| TlsError::Rustls { side, error })?;
-        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        // Last, so chosen only when a client shares no version with us.
+        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).chain([ALPN_VERSIONS.to_vec()]).collect();
         let quic = QuicServerConfig::try_from(tls).map_err(|error| TlsError::Quic { side, error })?;
         let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
         config.transport_config(Arc::new(transport_config()));
@@ -172,7 +174,8 @@ impl Identity {
     }
 
     /// A client configuration that trusts only the cluster CA, presents this identity's certificate, offers the one
-    /// ALPN protocol `alpn` and uses [`transport_config`]. Connect with a [`Role::server_name`] as the server name.
+    /// ALPN protocol `alpn` (then [`ALPN_VERSIONS`], which
+    /// [`crate::conn::Connections`] turns into a [`crate::conn::DialError::Version`]) and uses [`transport_config`]. Connect with a [`Role::server_name`] as the server name.
     pub fn client_config(&self, alpn: &[u8]) -> Result<quinn::ClientConfig, TlsError> {
         let side = "client";
         let mut tls = rustls::ClientConfig::builder_with_provider(provider())
@@ -181,7 +184,7 @@ impl Identity {
             .with_root_certificates(self.roots())
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|error| TlsError::Rustls { side, error })?;
-        tls.alpn_protocols = vec![alpn.to_vec()];
+        tls.alpn_protocols = vec![alpn.to_vec(), ALPN_VERSIONS.to_vec()];
         let quic = QuicClientConfig::try_from(tls).map_err(|error| TlsError::Quic { side, error })?;
         let mut config = quinn::ClientConfig::new(Arc::new(quic));
         config.transport_config(Arc::new(transport_config()));

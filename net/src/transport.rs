@@ -17,6 +17,54 @@ pub const ALPN_RAFT: &[u8] = b"granary-raft/1";
 /// ALPN protocol of the peer fabric: node-to-node chunk and footer traffic (trainers reach their node over its Unix socket, never over QUIC).
 pub const ALPN_PEER: &[u8] = b"granary-peer/4";
 
+/// ALPN protocol every Granary server lists last and every client offers
+/// last: chosen only when the two share no version of the wire the client
+/// dials for. The server then closes the connection with
+/// [`VERSIONS_CLOSE`] and, as the reason, the ALPN names it speaks, so the
+/// client can say which versions each side speaks and which to upgrade
+/// ([`version_refusal`]) instead of a TLS alert.
+pub const ALPN_VERSIONS: &[u8] = b"granary-versions";
+/// The close code of a connection that chose [`ALPN_VERSIONS`].
+pub const VERSIONS_CLOSE: u32 = 0x76;
+
+/// Why a server that chose [`ALPN_VERSIONS`] could not serve `offered`
+/// (the ALPN name this client dials with), from the server's close reason
+/// (`theirs`, its ALPN names separated by spaces): both sides' versions of
+/// the wire, and which side to upgrade. Pure, for tests.
+pub fn version_refusal(offered: &[u8], theirs: &[u8]) -> String {
+    let offered = String::from_utf8_lossy(offered);
+    let theirs = String::from_utf8_lossy(theirs);
+    let (stem, ours) = split_alpn(&offered);
+    let versions: Vec<u16> =
+        theirs.split_whitespace().map(split_alpn).filter(|(s, _)| *s == stem).filter_map(|(_, v)| v).collect();
+    let (Some(lo), Some(hi), Some(ours)) = (versions.iter().min(), versions.iter().max(), ours) else {
+        return format!("speaks {theirs}, not {stem} at all (is this the right address?)");
+    };
+    let range = if lo == hi { format!("{stem}/{lo}") } else { format!("{stem}/{lo} to {hi}") };
+    let upgrade = if ours < *lo { "upgrade this build" } else { "upgrade the other side" };
+    format!("speaks {range}, this build {offered}: no version in common; {upgrade}")
+}
+
+/// An ALPN name's stem and version (`granary-peer/4`: `granary-peer`, 4).
+fn split_alpn(name: &str) -> (&str, Option<u16>) {
+    match name.rsplit_once('/') {
+        Some((stem, v)) => (stem, v.parse().ok()),
+        None => (name, None),
+    }
+}
+
+/// Closes `conn` with the list of `speaks` (the ALPN names this server
+/// lists) if its client chose [`ALPN_VERSIONS`]; `true` when it did (the
+/// caller serves nothing more on it).
+pub fn answer_versions(conn: &quinn::Connection, speaks: &[&[u8]]) -> bool {
+    if alpn_of(conn).as_deref() != Some(ALPN_VERSIONS) {
+        return false;
+    }
+    let reason: Vec<u8> = speaks.join(&b' ');
+    conn.close(VERSIONS_CLOSE.into(), &reason);
+    true
+}
+
 /// How often an idle connection sends a keep-alive, so that the peer's idle timer never fires on a live link.
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a connection may hear nothing before it is declared dead (the default of [`transport_config`]).
@@ -71,4 +119,25 @@ pub fn endpoint(addr: SocketAddr, server: Option<quinn::ServerConfig>) -> Result
 /// The ALPN protocol negotiated on a connection, or None if none was.
 pub fn alpn_of(conn: &quinn::Connection) -> Option<Vec<u8>> {
     conn.handshake_data()?.downcast::<HandshakeData>().ok()?.protocol
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_both_versions_and_the_side_to_upgrade() {
+        let ahead = version_refusal(b"granary-peer/4", b"granary-peer/6 granary-peer/5");
+        assert_eq!(
+            ahead,
+            "speaks granary-peer/5 to 6, this build granary-peer/4: no version in common; upgrade this build"
+        );
+        let behind = version_refusal(b"granary-api/3", b"granary-api/1 granary-raft/1");
+        assert_eq!(
+            behind,
+            "speaks granary-api/1, this build granary-api/3: no version in common; upgrade the other side"
+        );
+        let elsewhere = version_refusal(b"granary-api/1", b"granary-peer/4");
+        assert!(elsewhere.contains("not granary-api at all"), "{elsewhere}");
+    }
 }

@@ -27,7 +27,13 @@ async fn concurrent_first_requests_share_one_connection() {
         }
     });
     let config = cluster.identity("node").client_config(ALPN_API).expect("client config");
-    let conns = Arc::new(Connections::new(endpoints.client.clone(), config, Role::Coordinator, Duration::from_secs(5)));
+    let conns = Arc::new(Connections::new(
+        endpoints.client.clone(),
+        config,
+        ALPN_API,
+        Role::Coordinator,
+        Duration::from_secs(5),
+    ));
     let addr = endpoints.server_addr;
     let ids: Vec<usize> = bounded("eight dials", async {
         let mut tasks = tokio::task::JoinSet::new();
@@ -64,4 +70,35 @@ async fn settle(accepted: &AtomicUsize, n: usize) {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// A server that shares no version of the wire with the client (here a
+/// newer API) chooses `granary-versions`, closes naming what it speaks, and
+/// the dial fails with both versions and the side to upgrade, not with a
+/// TLS alert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_sharing_no_version_is_refused_naming_both() {
+    let cluster = Cluster::new();
+    let identity = cluster.identity("coordinator");
+    let newer: &[u8] = b"granary-api/9";
+    let config = identity.server_config(&[newer]).expect("server config");
+    let server = granary_net::tls::endpoint("127.0.0.1:0".parse().unwrap(), Some(config)).expect("server");
+    let addr = server.local_addr().expect("addr");
+    let serving = tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            if let Ok(conn) = incoming.await {
+                assert!(granary_net::tls::answer_versions(&conn, &[newer]), "chose granary-versions");
+            }
+        }
+    });
+    let client = granary_net::tls::endpoint("127.0.0.1:0".parse().unwrap(), None).expect("client");
+    let config = cluster.identity("node").client_config(ALPN_API).expect("client config");
+    let conns = Connections::new(client, config, ALPN_API, Role::Coordinator, Duration::from_secs(5));
+    let e = bounded("a refused dial", conns.get(addr)).await.expect_err("no version in common");
+    assert!(matches!(e, granary_net::conn::DialError::Version { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("{addr}: speaks granary-api/9, this build granary-api/1: no version in common; upgrade this build")
+    );
+    serving.abort();
 }

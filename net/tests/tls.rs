@@ -120,22 +120,47 @@ async fn mutual_tls_handshake_carries_roles_alpn_and_frames() {
     assert_eq!(alpn.as_deref(), Some(ALPN_API));
 }
 
+/// A client that offers none of the server's protocols gets only
+/// `granary-versions`, on which the server names what it speaks and
+/// closes; a client that does not offer that either (a build before it)
+/// is refused at the handshake.
 #[tokio::test]
 async fn a_server_refuses_clients_that_offer_none_of_its_protocols() {
     let cluster = Cluster::new();
     let endpoints = Endpoints::new(&cluster.identity("coordinator"));
     let config = cluster.identity("node").client_config(ALPN_PEER).unwrap();
     let server = endpoints.server.clone();
+    let accepted = tokio::spawn(async move {
+        let conn = server.accept().await.expect("endpoint open").await.expect("handshake");
+        assert!(granary_net::tls::answer_versions(&conn, &[ALPN_API]));
+    });
+    let conn = bounded("client handshake", endpoints.dial(config, Role::Coordinator)).await.expect("handshake");
+    assert_eq!(tls::alpn_of(&conn).as_deref(), Some(granary_net::tls::ALPN_VERSIONS));
+    match bounded("the server's close", conn.closed()).await {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, granary_net::tls::VERSIONS_CLOSE.into());
+            assert_eq!(&c.reason[..], ALPN_API);
+        }
+        other => panic!("closed otherwise: {other}"),
+    }
+    bounded("server task", accepted).await.unwrap();
+
+    let server = endpoints.server.clone();
     let accepted = tokio::spawn(async move { server.accept().await.expect("endpoint open").await.map(|_| ()) });
-    assert!(bounded("client handshake", endpoints.dial(config, Role::Coordinator)).await.is_err());
+    let chain =
+        CertificateDer::pem_file_iter(cluster.path("node.pem")).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+    let key = PrivateKeyDer::from_pem_file(cluster.path("node.key")).unwrap();
+    let old = raw_client_config(cluster.identity("node").roots(), Some((chain, key)), ALPN_PEER);
+    assert!(bounded("client handshake", endpoints.dial(old, Role::Coordinator)).await.is_err());
     assert!(bounded("server handshake", accepted).await.unwrap().is_err());
 }
 
-/// A client configuration built without [`Identity`]: trusts `roots`, offers ALPN_API, and presents `client_cert`
+/// A client configuration built without [`Identity`]: trusts `roots`, offers `alpn` only, and presents `client_cert`
 /// (a chain and its key) or no certificate at all.
 fn raw_client_config(
     roots: Arc<rustls::RootCertStore>,
     client_cert: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    alpn: &[u8],
 ) -> quinn::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
@@ -146,7 +171,7 @@ fn raw_client_config(
         Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
         None => builder.with_no_client_auth(),
     };
-    tls_config.alpn_protocols = vec![ALPN_API.to_vec()];
+    tls_config.alpn_protocols = vec![alpn.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls_config).unwrap();
     quinn::ClientConfig::new(Arc::new(quic))
 }
@@ -188,7 +213,7 @@ async fn a_client_certificate_from_another_cluster_is_refused() {
     let chain = CertificateDer::pem_file_iter(theirs.path("node.pem")).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
     let key = PrivateKeyDer::from_pem_file(theirs.path("node.key")).unwrap();
     let roots = ours.identity("node").roots();
-    assert_refused(&endpoints, raw_client_config(roots, Some((chain, key)))).await;
+    assert_refused(&endpoints, raw_client_config(roots, Some((chain, key)), ALPN_API)).await;
 
     // A client that trusts only the other CA refuses our server: nothing reaches the server's accept either.
     let outsider = theirs.identity("node").client_config(ALPN_API).unwrap();
@@ -203,7 +228,7 @@ async fn a_client_without_a_certificate_is_refused() {
     let cluster = Cluster::new();
     let coordinator = cluster.identity("coordinator");
     let endpoints = Endpoints::new(&coordinator);
-    assert_refused(&endpoints, raw_client_config(coordinator.roots(), None)).await;
+    assert_refused(&endpoints, raw_client_config(coordinator.roots(), None, ALPN_API)).await;
 }
 
 #[tokio::test]

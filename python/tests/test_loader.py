@@ -272,3 +272,33 @@ def test_the_state_moves_only_with_batches_handed_out(node):
     b = next(it)
     assert 5 not in b and b.get(5, "none") == "none"
     assert b.dtypes == {"dense": "f32", "emb": "f32", "ids": "i64", "label": "f32"}
+
+
+def test_a_node_too_new_for_this_client_is_a_protocol_error_naming_both_versions(tmp_path):
+    """A node two local-protocol versions ahead refuses the hello (magic, then the versions it speaks);
+    the trainer gets ProtocolError naming both ranges and what to upgrade, never "malformed frame"."""
+    import socket
+    import struct
+    import threading
+
+    path = tmp_path / "future.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def refuse():
+        conn, _ = server.accept()
+        with conn:
+            hello = conn.recv(8)
+            assert hello[:4] == b"GRNY"
+            conn.sendall(b"GRNY" + struct.pack("<HHH", 0, 90, 91))
+
+    t = threading.Thread(target=refuse, daemon=True)
+    t.start()
+    with pytest.raises(granary.ProtocolError) as e:
+        granary.Loader(str(path), "ads", 100)
+    msg = str(e.value)
+    assert "local protocol 90 to 91" in msg and "upgrade granary in the trainer" in msg, msg
+    assert "malformed" not in msg and not e.value.retryable
+    t.join(timeout=10)
+    server.close()

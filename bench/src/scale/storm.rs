@@ -64,7 +64,13 @@ pub(super) async fn run(certs: &Path, leader: SocketAddr, nodes: u64) -> Result<
     for n in 1..=nodes {
         let identity = Identity::load(certs, &format!("node-{n}"))?;
         let config = identity.client_config(granary_net::transport::ALPN_API)?;
-        let conns = Connections::new(endpoint.clone(), config, Role::Coordinator, Duration::from_secs(5));
+        let conns = Connections::new(
+            endpoint.clone(),
+            config,
+            granary_net::transport::ALPN_API,
+            Role::Coordinator,
+            Duration::from_secs(5),
+        );
         let retries = retries.clone();
         tasks.push(tokio::spawn(async move { watch_whole(conns, leader, start, &retries).await }));
     }

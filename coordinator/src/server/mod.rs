@@ -429,6 +429,10 @@ async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
 }
 
 async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketAddr) {
+    if tls::answer_versions(&conn, &[ALPN_API, ALPN_RAFT]) {
+        tracing::warn!(%peer, "refused a client that speaks no version of the API or Raft this voter speaks");
+        return;
+    }
     let role = match tls::peer_role(&conn) {
         Ok(r) => r,
         Err(e) => {

@@ -59,7 +59,7 @@ impl PeerLink {
         let client = identity.client_config(ALPN_PEER)?;
         Ok(Self {
             config: config.clone(),
-            conns: Connections::new(endpoint, client, Role::Node, config.connect_timeout),
+            conns: Connections::new(endpoint, client, ALPN_PEER, Role::Node, config.connect_timeout),
             slots: Mutex::new(HashMap::new()),
             bytes: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),

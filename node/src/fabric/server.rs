@@ -14,7 +14,7 @@
 use super::config::FabricConfig;
 use super::read::peer_frame;
 use crate::service::Node;
-use granary_net::tls::{self, Role};
+use granary_net::tls::{self, ALPN_PEER, Role};
 use granary_proto::frame::{self, FrameError, HEADER_LEN};
 use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
@@ -80,6 +80,10 @@ pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricCon
                     return;
                 }
             };
+            if tls::answer_versions(&conn, &[ALPN_PEER]) {
+                tracing::warn!(%peer, "refused a peer that speaks no version of the peer protocol this node speaks");
+                return;
+            }
             match tls::peer_role(&conn) {
                 Ok(Role::Node) => {}
                 Ok(r) => {

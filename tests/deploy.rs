@@ -282,3 +282,54 @@ fn workloads_run_unprivileged_and_each_holds_only_its_own_key() {
     assert_eq!(workloads, 4, "three voters and the node DaemonSet");
     assert_eq!(voter_secrets.len(), 3, "a Secret of its own per voter: {voter_secrets:?}");
 }
+
+/// A voter's peak RSS as measured, the largest recorded: `granary bench
+/// scale --fleet-nodes 1000` with elections during the join
+/// (docs/BENCHMARKS.md, "A thousand real nodes", run 7).
+const VOTER_MEASURED_PEAK_BYTES: u64 = 1_850_000_000;
+
+/// Every voter's memory limit covers what a voter can hold: its measured
+/// peak, the answers in flight and the staged manifest pieces (issue 42),
+/// as the manifest's comment sums them.
+#[test]
+fn the_voters_memory_limit_covers_its_measured_peak_and_its_budgets() {
+    let answers = granary_coordinator::server::DEFAULT_RESPONSE_BUDGET_BYTES;
+    let staged = granary_coordinator::staged::MAX_STAGED_BYTES;
+    let needed = VOTER_MEASURED_PEAK_BYTES + answers + staged;
+    let mut voters = 0;
+    for (file, doc) in manifests() {
+        for c in containers(&doc) {
+            let command =
+                c["command"].as_vec().map(|v| v.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(" "));
+            if !command.is_some_and(|cmd| cmd.contains("granary coordinator")) {
+                continue;
+            }
+            voters += 1;
+            let limit = c["resources"]["limits"]["memory"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{}: no memory limit", file.display()));
+            let bytes = quantity(limit);
+            assert!(
+                bytes >= needed,
+                "{}: a voter's memory limit {limit} is below its peak {VOTER_MEASURED_PEAK_BYTES} + answers {answers} + staged {staged} = {needed} bytes",
+                file.display()
+            );
+        }
+    }
+    assert_eq!(voters, 3, "three voters in deploy/k8s");
+}
+
+/// A Kubernetes memory quantity (`4Gi`, `512Mi`, `2G`) in bytes.
+fn quantity(q: &str) -> u64 {
+    let (digits, unit): (String, String) = q.chars().partition(|c| c.is_ascii_digit());
+    let n: u64 = digits.parse().unwrap_or_else(|_| panic!("quantity {q:?}"));
+    n * match unit.as_str() {
+        "Gi" => 1 << 30,
+        "Mi" => 1 << 20,
+        "Ki" => 1 << 10,
+        "G" => 1_000_000_000,
+        "M" => 1_000_000,
+        "" => 1,
+        other => panic!("quantity {q:?}: unit {other:?}"),
+    }
+}

@@ -67,6 +67,10 @@ const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
 /// Entries per AppendEntries RPC.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 16;
 
+/// The default of [`CoordinatorConfig::response_budget_bytes`]: 256 MiB of
+/// answers in flight (the voter's memory limit in deploy/k8s counts it).
+pub const DEFAULT_RESPONSE_BUDGET_BYTES: u64 = 256 << 20;
+
 /// How to run one voter.
 #[derive(Clone)]
 pub struct CoordinatorConfig {
@@ -153,7 +157,7 @@ impl CoordinatorConfig {
             allow_unbound_voter_certs: false,
             version_retention: Duration::from_secs(24 * 3600),
             node_retention: Duration::from_secs(24 * 3600),
-            response_budget_bytes: 256 << 20,
+            response_budget_bytes: DEFAULT_RESPONSE_BUDGET_BYTES,
             response_write_wait: Duration::from_secs(30),
             manifest_piece_bytes: granary_proto::manifest::MANIFEST_PIECE_BYTES,
         }

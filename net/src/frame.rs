@@ -106,10 +106,17 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, StreamError> {
 
 /// [`encode_frame`] with the cap `max` (at most [`MAX_FRAME_BYTES`]), so that tests need not build 64 MiB messages.
 fn encode_capped<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, StreamError> {
-    let mut frame = FrameBuilder::new();
-    serde_json::to_writer(&mut frame, msg)
-        .map_err(|error| StreamError::Encode { type_name: type_name::<T>(), error })?;
-    Ok(frame.finish(max.min(MAX_FRAME_BYTES))?)
+    // Stops at the cap while the JSON is written: an answer far over it
+    // never takes more than the cap in memory.
+    let cap = max.min(MAX_FRAME_BYTES);
+    let mut frame = FrameBuilder::capped(cap);
+    if let Err(error) = serde_json::to_writer(&mut frame, msg) {
+        if let Some(len) = frame.over_cap() {
+            return Err(codec::FrameError::TooLarge { len, cap }.into());
+        }
+        return Err(StreamError::Encode { type_name: type_name::<T>(), error });
+    }
+    Ok(frame.finish(cap)?)
 }
 
 /// The body length a prefix declares, if it is at most `max`.
@@ -260,6 +267,13 @@ mod tests {
             encode_capped(&"x".repeat(99), 100),
             Err(StreamError::Frame(codec::FrameError::TooLarge { len: 101, cap: 100 }))
         ));
+        // A message of 5 MB stops being encoded at the cap: the length
+        // refused is where it stopped, not the whole.
+        let big = vec!["x".repeat(50); 100_000];
+        match encode_capped(&big, 100) {
+            Err(StreamError::Frame(codec::FrameError::TooLarge { len, cap: 100 })) => assert!(len < 200, "{len}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -131,11 +131,19 @@ pub fn decode_len(header: [u8; HEADER_LEN], cap: usize) -> Result<usize, FrameEr
 /// A frame built in place, for encoders that write their body into a
 /// buffer (`serde_json::to_writer`): the header's bytes are reserved first
 /// and written by [`FrameBuilder::finish`] once the body's length is known,
-/// so the body is never copied. Writing to it never fails.
+/// so the body is never copied. A builder made [`FrameBuilder::capped`]
+/// stops at its cap while the body is written: the write that would pass
+/// it fails (the encoder stops), nothing more is kept, and `finish`
+/// refuses the frame, so a message far over the cap never takes more than
+/// the cap in memory.
 #[derive(Clone, Debug)]
 pub struct FrameBuilder {
     /// [`HEADER_LEN`] reserved bytes, then the body so far.
     buf: Vec<u8>,
+    /// The most body bytes kept.
+    cap: usize,
+    /// The body length a refused write would have reached.
+    over: Option<usize>,
 }
 
 impl Default for FrameBuilder {
@@ -145,13 +153,24 @@ impl Default for FrameBuilder {
 }
 
 impl FrameBuilder {
-    /// An empty body.
+    /// An empty body, with no cap while it is written (`finish` checks one).
     pub fn new() -> Self {
-        FrameBuilder { buf: vec![0; HEADER_LEN] }
+        Self::capped(usize::MAX)
     }
 
-    /// Appends `bytes` to the body.
+    /// An empty body that stops at `cap` bytes while it is written.
+    pub fn capped(cap: usize) -> Self {
+        FrameBuilder { buf: vec![0; HEADER_LEN], cap, over: None }
+    }
+
+    /// Appends `bytes` to the body; past the cap, keeps nothing and
+    /// remembers the length it would have reached.
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let len = self.body_len().saturating_add(bytes.len());
+        if self.over.is_some() || len > self.cap {
+            self.over = Some(self.over.unwrap_or(0).max(len));
+            return;
+        }
         self.buf.extend_from_slice(bytes);
     }
 
@@ -160,8 +179,19 @@ impl FrameBuilder {
         self.buf.len() - HEADER_LEN
     }
 
-    /// The whole frame, header written. Refuses a body over `cap`.
+    /// The body length a write past the cap would have reached, if one
+    /// came.
+    pub fn over_cap(&self) -> Option<usize> {
+        self.over
+    }
+
+    /// The whole frame, header written. Refuses a body over `cap` (or over
+    /// the builder's own cap: the length a refused write would have
+    /// reached).
     pub fn finish(mut self, cap: usize) -> Result<Vec<u8>, FrameError> {
+        if let Some(len) = self.over {
+            return Err(FrameError::TooLarge { len, cap: cap.min(self.cap) });
+        }
         let header = encode_header(self.body_len(), cap)?;
         self.buf[..HEADER_LEN].copy_from_slice(&header);
         Ok(self.buf)
@@ -169,9 +199,13 @@ impl FrameBuilder {
 }
 
 impl std::io::Write for FrameBuilder {
+    /// Fails once the body would pass the builder's cap.
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.extend_from_slice(bytes);
-        Ok(bytes.len())
+        match self.over {
+            None => Ok(bytes.len()),
+            Some(len) => Err(std::io::Error::other(format!("frame body of {len}+ bytes over its cap of {}", self.cap))),
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -330,6 +364,17 @@ mod tests {
         let mut built = FrameBuilder::new();
         built.extend_from_slice(&[0; 11]);
         assert_eq!(built.finish(10), Err(FrameError::TooLarge { len: 11, cap: 10 }));
+        // Capped while built: the write past the cap fails and keeps
+        // nothing; finish names the length it would have reached.
+        let mut built = FrameBuilder::capped(10);
+        std::io::Write::write_all(&mut built, &[0; 8]).unwrap();
+        assert!(std::io::Write::write_all(&mut built, &[0; 8]).is_err());
+        assert_eq!(built.body_len(), 8, "nothing past the cap is kept");
+        assert_eq!(built.over_cap(), Some(16));
+        assert_eq!(built.finish(64), Err(FrameError::TooLarge { len: 16, cap: 10 }));
+        let mut built = FrameBuilder::capped(10);
+        std::io::Write::write_all(&mut built, &[0; 10]).unwrap();
+        assert_eq!(built.finish(10).unwrap().len(), HEADER_LEN + 10);
         assert_eq!(decode_len(10u32.to_le_bytes(), 10), Ok(10));
         assert_eq!(decode_len(11u32.to_le_bytes(), 10), Err(FrameError::TooLarge { len: 11, cap: 10 }));
         let max = u32::MAX as usize;

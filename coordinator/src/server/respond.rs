@@ -39,6 +39,7 @@ use granary_net::api::{ApiRequest, ApiResponse, FailureKind};
 use granary_net::frame::{self, StreamError};
 use granary_net::tls::Role;
 use granary_proto::NodeId;
+use granary_proto::frame::FrameError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -80,6 +81,18 @@ pub(super) fn builds_large_answer(req: &ApiRequest) -> bool {
             | ApiRequest::DescribePlacement { .. }
             | ApiRequest::Status
     )
+}
+
+/// Why an answer to `what` is not sent: it passed the frame cap (`cap`
+/// bytes; building stopped at `len`), and where to ask instead.
+pub(super) fn too_large(what: &str, len: usize, cap: usize) -> String {
+    let instead = match what {
+        "describe-dataset" => {
+            "; its summary is in `granary dataset ls`, and nodes fetch the manifest in pieces (ManifestPiece)"
+        }
+        _ => "",
+    };
+    format!("the answer to {what} passes the {} MiB frame cap (stopped at {len} bytes){instead}", cap >> 20)
 }
 
 /// Units of the byte budget an answer of `len` bytes takes: none when
@@ -159,7 +172,18 @@ impl Responses {
         what: &str,
         peer: std::net::SocketAddr,
     ) -> Result<(), StreamError> {
-        let bytes = frame::encode_frame(&resp)?;
+        let bytes = match frame::encode_frame(&resp) {
+            Ok(b) => b,
+            // Built up to the cap and no further: the client gets why,
+            // not a stream that ends without an answer.
+            Err(StreamError::Frame(FrameError::TooLarge { len, cap })) => {
+                drop((resp, turn));
+                tracing::warn!(%peer, request = what, cap, "refusing an answer that passes the frame cap");
+                let refused = ApiResponse::Failed { kind: FailureKind::BadRequest, message: too_large(what, len, cap) };
+                return self.deliver(send, frame::encode_frame(&refused)?, what, peer).await;
+            }
+            Err(e) => return Err(e),
+        };
         drop(resp);
         let Some(_taken) = self.room(bytes.len()).await else {
             tracing::warn!(%peer, request = what, bytes = bytes.len(),
@@ -298,6 +322,9 @@ mod tests {
     #[test]
     fn only_answers_built_from_the_state_wait_for_a_turn() {
         assert!(builds_large_answer(&ApiRequest::Status));
+        let m = too_large("describe-dataset", 64 << 20, 64 << 20);
+        assert!(m.contains("64 MiB frame cap") && m.contains("ManifestPiece") && m.contains("dataset ls"), "{m}");
+        assert!(!too_large("status", 1, 64 << 20).contains("ManifestPiece"));
         assert!(builds_large_answer(&ApiRequest::DescribeDataset { name: "ads".into(), version: None }));
         assert!(!builds_large_answer(&ApiRequest::Heartbeat { node: NodeId(1), incarnation: 1 }));
     }

@@ -9,6 +9,7 @@ use crate::types::{Command, CommandResult};
 use granary_net::api::{
     AddProgress, AddStage, ApiResponse, DatasetSummary, FailureKind, PlacementReport, VersionStatus, VersionSummary,
 };
+use granary_net::frame::MAX_FRAME_BYTES;
 use granary_proto::DatasetVersion;
 use granary_proto::manifest::ManifestPieces;
 use granary_proto::view::View;
@@ -122,6 +123,16 @@ pub(in crate::server) async fn describe(ctx: &Ctx, name: String, version: Option
         let v = r.and_then(|r| version_of(r, version));
         match (r.and_then(|r| summary(&name, r, ctx.retention_ms())), v) {
             (Some(summary), Some(v)) => {
+                // Every row group takes at least this much JSON
+                // (`{"rows":0,"compressed_bytes":0},`): past the frame cap
+                // for certain, refused before the manifest is copied.
+                const MIN_JSON_PER_ROW_GROUP: usize = 32;
+                let row_groups: usize = v.manifest.files.iter().map(|f| f.row_groups.len()).sum();
+                let at_least = row_groups.saturating_mul(MIN_JSON_PER_ROW_GROUP);
+                if at_least > MAX_FRAME_BYTES {
+                    let message = crate::server::respond::too_large("describe-dataset", at_least, MAX_FRAME_BYTES);
+                    return Err(failed(FailureKind::BadRequest, message));
+                }
                 Ok(ApiResponse::Dataset { summary, manifest: (*v.manifest).clone(), view: v.view.clone() })
             }
             (Some(_), None) => Err(no_version(&name, version)),

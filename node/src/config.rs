@@ -132,18 +132,20 @@ pub struct NodeConfig {
     #[serde(default)]
     pub load_memory_bytes: Option<u64>,
     /// Trainer processes (ranks) this node expects to serve at once: the
-    /// memory left beside the tiers, the load budget and 64 MiB of the
-    /// node's own is shared among them for the chunk mappings they keep
-    /// (a trainer's kept mapping of a chunk the node evicted is still
-    /// charged to the node's memory). Default: 8.
+    /// memory left beside the tiers, the load budget and the node's own
+    /// (at least 64 MiB, measured as it runs) is shared among them, or
+    /// among the loaders following a plan when more are connected, for the
+    /// chunk mappings they keep (a trainer's kept mapping of a chunk the
+    /// node evicted is still charged to the node's memory). Default: 8.
     #[serde(default = "default_max_ranks")]
     pub max_ranks: u32,
     /// The most bytes of chunk mappings each trainer keeps beyond what the
     /// node holds, sent with every dataset description (a trainer's own
     /// `mapping_cache_bytes` applies when lower). Default: the memory
-    /// left beside the RAM tier, the guest area, the load budget and
-    /// 64 MiB, divided by `max_ranks`, where the memory is the machine's
-    /// or, when lower, the node's cgroup limit.
+    /// left beside the RAM tier, the guest area, the load budget and the
+    /// node's own memory (at least 64 MiB, measured as it runs), divided by
+    /// `max_ranks` or the loaders connected when more, where the memory is
+    /// the machine's or, when lower, the node's cgroup limit.
     #[serde(default)]
     pub trainer_mapping_bytes: Option<u64>,
     /// Threads that convert Arrow to chunks. Default: number of cores.

@@ -82,6 +82,19 @@ pub(crate) fn default_load_memory(tiers_bytes: u64) -> u64 {
 /// the runtime, footers, plans and buffers in flight.
 pub(crate) const NODE_OVERHEAD: u64 = 64 << 20;
 
+/// What [`mapping_advice_now`] reads while the node runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Budgeted {
+    /// The node's own memory beside its tiers and loads as measured now
+    /// (manifests, owner maps, prefetch orders, replies in flight:
+    /// [`measured_overhead`]); below [`NODE_OVERHEAD`] counts as it.
+    pub overhead: u64,
+    /// The trainers the node expects (`max_ranks`).
+    pub ranks: u32,
+    /// The loaders following a plan on this node now.
+    pub loaders: u32,
+}
+
 /// The most bytes of chunk mappings one trainer should keep beyond the
 /// chunks the node holds (sent with every dataset description; the
 /// client's mapping cache takes the lower of it and its own setting).
@@ -89,14 +102,34 @@ pub(crate) const NODE_OVERHEAD: u64 = 64 << 20;
 /// The pages of a memory file are charged to the node that filled it, in
 /// its cgroup, for as long as anyone maps them: a chunk the node evicted
 /// but a trainer keeps mapped still counts against the node's limit. So
-/// the memory left beside the tiers, the load budget and
-/// [`NODE_OVERHEAD`] is shared among the `max_ranks` trainers a node
-/// expects. `memory` is the machine's memory or, when lower, the node's
-/// cgroup limit; `u64::MAX` (no advice) when neither is known.
-pub(crate) fn mapping_advice(memory: Option<u64>, tiers_bytes: u64, load_bytes: u64, max_ranks: u32) -> u64 {
+/// the memory left beside the tiers, the load budget and the node's own
+/// structures is shared among the trainers. `memory` is the machine's
+/// memory or, when lower, the node's cgroup limit; `u64::MAX` (no advice)
+/// when neither is known.
+///
+/// As the node runs: what its own structures take as measured (at least
+/// [`NODE_OVERHEAD`]) is set aside, and the rest is shared among the ranks
+/// it expects or, when more are connected, among those: a dataset of a
+/// million row groups, or a ninth rank on a host sized for eight, shrinks
+/// every trainer's share instead of pushing the node past its cgroup.
+pub(crate) fn mapping_advice_now(memory: Option<u64>, tiers_bytes: u64, load_bytes: u64, now: Budgeted) -> u64 {
     let Some(memory) = memory else { return u64::MAX };
-    let committed = tiers_bytes.saturating_add(load_bytes).saturating_add(NODE_OVERHEAD);
-    memory.saturating_sub(committed) / u64::from(max_ranks.max(1))
+    let overhead = now.overhead.max(NODE_OVERHEAD);
+    let committed = tiers_bytes.saturating_add(load_bytes).saturating_add(overhead);
+    memory.saturating_sub(committed) / u64::from(now.ranks.max(now.loaders).max(1))
+}
+
+/// The node's own memory beside its chunk tiers and the loads in progress
+/// (`loads_in_use` bytes of the load budget taken): the process's
+/// anonymous resident memory (`RssAnon` in `status`, the text of
+/// /proc/self/status), which holds its manifests, owner maps, prefetch
+/// orders and buffers, less what the loads in progress hold. Chunks live
+/// in memory files (shared memory, not anonymous), so the tiers are not
+/// in it. `None` when `status` does not say.
+pub(crate) fn measured_overhead(status: &str, loads_in_use: u64) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024).saturating_sub(loads_in_use))
 }
 
 /// The memory limit of the cgroup that `/proc/self/cgroup` (`own`) names,
@@ -267,6 +300,9 @@ mod tests {
     #[test]
     fn the_memory_left_beside_tiers_and_loads_is_shared_by_the_ranks() {
         const MIB: u64 = 1 << 20;
+        let mapping_advice = |memory, tiers, loads, ranks| {
+            mapping_advice_now(memory, tiers, loads, Budgeted { overhead: 0, ranks, loaders: 0 })
+        };
         // A 512 MiB pod: tiers of 40 MiB and a 256 MiB load budget leave
         // 152 MiB past the overhead, 19 MiB for each of 8 ranks.
         assert_eq!(mapping_advice(Some(512 * MIB), 40 * MIB, 256 * MIB, 8), 19 * MIB);
@@ -275,6 +311,31 @@ mod tests {
         assert_eq!(mapping_advice(Some(256 * MIB), 40 * MIB, 256 * MIB, 8), 0);
         assert_eq!(mapping_advice(None, 0, 0, 8), u64::MAX, "no advice when the memory is not known");
         assert_eq!(mapping_advice(Some(MIB << 10), 0, 0, 0), (MIB << 10) - NODE_OVERHEAD, "0 ranks read as 1");
+    }
+
+    #[test]
+    fn the_advice_shrinks_with_what_the_node_holds_and_the_loaders_connected() {
+        const MIB: u64 = 1 << 20;
+        let now = |overhead, loaders| Budgeted { overhead, ranks: 8, loaders };
+        let advice = |n| mapping_advice_now(Some(512 * MIB), 40 * MIB, 256 * MIB, n);
+        assert_eq!(advice(now(0, 0)), 19 * MIB, "as at start: the fixed overhead, the expected ranks");
+        assert_eq!(advice(now(32 * MIB, 3)), 19 * MIB, "less than the fixed overhead, fewer loaders: the same");
+        // Manifests of a million row groups: 144 MiB of the node's own.
+        assert_eq!(advice(now(144 * MIB, 0)), 9 * MIB);
+        // Sixteen loaders on a host sized for eight: each gets half.
+        assert_eq!(advice(now(0, 16)), 9 * MIB + MIB / 2);
+        assert_eq!(advice(now(u64::MAX, 16)), 0, "nothing left");
+    }
+
+    #[test]
+    fn the_overhead_is_the_anonymous_memory_less_the_loads() {
+        let status = "Name:\tgranary\nVmRSS:\t  900000 kB\nRssAnon:\t  300000 kB\nRssFile:\t 10000 kB\n";
+        assert_eq!(measured_overhead(status, 0), Some(300_000 * 1024));
+        assert_eq!(measured_overhead(status, 100_000 * 1024), Some(200_000 * 1024));
+        assert_eq!(measured_overhead(status, u64::MAX), Some(0));
+        assert_eq!(measured_overhead("Name:\tx\n", 0), None);
+        let own = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        assert!(measured_overhead(&own, 0).is_some_and(|b| b > 0), "this process has anonymous memory");
     }
 
     #[test]

@@ -94,9 +94,9 @@ struct Inner {
     /// KiB of memory loads in progress may take ([`load::memory_admission`]).
     load_memory: Semaphore,
     load_memory_bytes: u64,
-    /// The most bytes of chunk mappings each trainer should keep beyond
-    /// what this node holds ([`load::mapping_advice`]).
-    mapping_advice: u64,
+    /// What the trainers' mapping advice is reckoned from, as the node
+    /// runs ([`Node::mapping_advice`]).
+    advice: AdviceInputs,
     converts: Arc<Semaphore>,
     counters: Counters,
     /// Latency histograms for the metrics endpoint.
@@ -135,6 +135,21 @@ struct Inner {
 /// How long a trainer's describe of a pinned version waits for the
 /// coordinator's manifest of it.
 const VERSION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the trainers' mapping advice is reckoned from
+/// ([`load::mapping_advice_now`]).
+struct AdviceInputs {
+    /// `trainer_mapping_bytes` as configured: the advice, whatever else.
+    fixed: Option<u64>,
+    /// The machine's memory or, when lower, the node's cgroup limit.
+    memory: Option<u64>,
+    /// The RAM tier and the guest area.
+    tiers_bytes: u64,
+    /// The trainers the node expects.
+    max_ranks: u32,
+    /// The loaders following a plan now ([`Node::loader_started`]).
+    loaders: std::sync::atomic::AtomicU32,
+}
 
 /// A running node (cheap to clone).
 #[derive(Clone)]
@@ -207,13 +222,16 @@ impl Node {
         let guest_bytes = cfg.guest_bytes.unwrap_or(cfg.ram_bytes / 4);
         let tiers_bytes = cfg.ram_bytes.saturating_add(guest_bytes);
         let load_memory_bytes = cfg.load_memory_bytes.unwrap_or_else(|| load::default_load_memory(tiers_bytes));
-        let mapping_advice = cfg.trainer_mapping_bytes.unwrap_or_else(|| {
-            let memory = match load::process_memory() {
+        let advice = AdviceInputs {
+            fixed: cfg.trainer_mapping_bytes,
+            memory: match load::process_memory() {
                 (Some(m), Some(c)) => Some(m.min(c)),
                 (m, c) => m.or(c),
-            };
-            load::mapping_advice(memory, tiers_bytes, load_memory_bytes, cfg.max_ranks)
-        });
+            },
+            tiers_bytes,
+            max_ranks: cfg.max_ranks,
+            loaders: std::sync::atomic::AtomicU32::new(0),
+        };
         let node = Node {
             inner: Arc::new(Inner {
                 datasets: std::sync::RwLock::new(BTreeMap::new()),
@@ -230,7 +248,7 @@ impl Node {
                         .min(Semaphore::MAX_PERMITS),
                 ),
                 load_memory_bytes,
-                mapping_advice,
+                advice,
                 converts: Arc::new(Semaphore::new(threads)),
                 counters: Counters::default(),
                 timings: Default::default(),
@@ -296,6 +314,53 @@ impl Node {
     /// The latency histograms the metrics endpoint shows.
     pub(crate) fn timings(&self) -> &crate::timings::Timings {
         &self.inner.timings
+    }
+
+    /// The most bytes of chunk mappings each trainer should keep beyond
+    /// what this node holds, now: the memory left beside the tiers, the
+    /// load budget and the node's own structures as measured, shared among
+    /// the ranks expected or the loaders connected, whichever are more
+    /// ([`load::mapping_advice_now`]); sent with every description.
+    pub(crate) fn mapping_advice(&self) -> u64 {
+        let a = &self.inner.advice;
+        if let Some(fixed) = a.fixed {
+            return fixed;
+        }
+        let taken_kib = self
+            .inner
+            .load_memory_bytes
+            .div_ceil(1024)
+            .saturating_sub(self.inner.load_memory.available_permits() as u64);
+        let overhead = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| load::measured_overhead(&status, taken_kib.saturating_mul(1024)))
+            .unwrap_or(0);
+        let now = load::Budgeted {
+            overhead,
+            ranks: a.max_ranks,
+            loaders: a.loaders.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        load::mapping_advice_now(a.memory, a.tiers_bytes, self.inner.load_memory_bytes, now)
+    }
+
+    /// A trainer's connection started following a plan: one more loader
+    /// shares the mapping advice (until [`Self::loader_ended`]).
+    pub(crate) fn loader_started(&self) {
+        self.inner.advice.loaders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A loader's connection ended.
+    pub(crate) fn loader_ended(&self) {
+        let _ = self.inner.advice.loaders.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |n| Some(n.saturating_sub(1)),
+        );
+    }
+
+    /// Loaders following a plan on this node now.
+    pub fn loaders(&self) -> u32 {
+        self.inner.advice.loaders.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Counters since start.

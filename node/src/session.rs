@@ -22,6 +22,9 @@ impl Session {
     /// From now on, prefetch along `follower`'s plan (replacing any plan
     /// followed before).
     pub fn follow(&mut self, follower: Follower) {
+        if self.follower.is_none() {
+            self.node.loader_started();
+        }
         self.follower = Some(follower);
     }
 
@@ -38,5 +41,15 @@ impl Session {
     pub async fn chunk(&mut self, version: DatasetVersion, shard: ShardId) -> Shared {
         self.touch(shard);
         self.node.chunk(version, shard).await
+    }
+}
+
+impl Drop for Session {
+    /// A session that followed a plan was a loader: it no longer shares
+    /// the mapping advice.
+    fn drop(&mut self) {
+        if self.follower.is_some() {
+            self.node.loader_ended();
+        }
     }
 }

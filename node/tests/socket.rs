@@ -645,3 +645,49 @@ fn a_hello_agrees_on_a_version_or_is_refused_with_the_node_s_range() {
     assert_serves_a_fresh_client(&d.socket);
     d.stop();
 }
+
+/// The mapping advice as the node runs (issue 42): shared among the ranks
+/// the node expects or, when more loaders follow a plan, among those; a
+/// loader that goes away gives its share back.
+#[test]
+fn the_mapping_advice_is_shared_among_the_loaders_connected() {
+    let (_data, _run, d) = daemon_over(1, 600, 300, |c| c.max_ranks = 1);
+    let advice = |s: &mut UnixStream| match call(s, &LocalRequest::Describe { dataset: "ads".into(), version: None }) {
+        Some(LocalResponse::Described(info)) => info.mapping_budget_bytes,
+        other => panic!("describe: {other:?}"),
+    };
+    let follow = |s: &mut UnixStream, version| {
+        let params = PlanParams {
+            seed: 1,
+            epoch: 0,
+            world_size: 1,
+            rank: 0,
+            batch_size: 10,
+            shuffle: Shuffle::Off,
+            drop_last: false,
+        };
+        assert!(matches!(call(s, &LocalRequest::Follow { version, params }), Some(LocalResponse::Following)));
+    };
+    let mut a = d.connect();
+    let alone = advice(&mut a);
+    assert!(alone > 0 && alone < u64::MAX, "the machine's memory is known here: {alone}");
+    let version = match call(&mut a, &LocalRequest::Describe { dataset: "ads".into(), version: None }) {
+        Some(LocalResponse::Described(info)) => info.version,
+        other => panic!("{other:?}"),
+    };
+    follow(&mut a, version);
+    let mut b = d.connect();
+    follow(&mut b, version);
+    let shared = advice(&mut b);
+    // Two loaders on a node expecting one: half each (the node's own
+    // memory, measured, moves a little between the calls).
+    assert!(shared < alone * 6 / 10 && shared > alone * 4 / 10, "{shared} against {alone} alone");
+    drop((a, b));
+    let start = Instant::now();
+    let mut c = d.connect();
+    while advice(&mut c) < alone * 9 / 10 {
+        assert!(start.elapsed() < WAIT, "the loaders' shares came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.stop();
+}

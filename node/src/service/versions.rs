@@ -157,7 +157,7 @@ impl Node {
         {
             return Err(FetchError::DatasetFailed { dataset: name.to_string(), reason: reason.clone() });
         }
-        let advice = self.inner.mapping_advice;
+        let advice = self.mapping_advice();
         found.map(|d| DatasetInfo { mapping_budget_bytes: advice, ..d.info() }).ok_or_else(|| FetchError::NotServed {
             dataset: name.to_string(),
             version,

@@ -17,6 +17,8 @@
 //!   hearing from its leader campaigns.
 //! - [`admission`]: which connections a voter admits, pure: caps in all,
 //!   per role and per node identity.
+//! - [`commit_rate`]: how often one node may make the leader commit, pure:
+//!   a token bucket per node on `now`.
 //! - [`server`]: the voter process, the only async part: endpoint and
 //!   accept loop, API handlers with role checks, the placement watch, and
 //!   the timer tasks that carry out what [`leases`] and [`election`] decide.
@@ -32,6 +34,7 @@
 
 pub mod admission;
 pub mod checksum;
+pub mod commit_rate;
 pub mod election;
 pub mod leases;
 pub mod network;

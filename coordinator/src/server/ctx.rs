@@ -40,6 +40,9 @@ pub(super) struct Ctx {
     /// Connections open (after the handshake), in all, per role and per
     /// node identity, each bounded ([`crate::admission`]).
     pub(super) admission: Mutex<crate::admission::Admission>,
+    /// How often each node may make the leader commit
+    /// ([`crate::commit_rate`]).
+    pub(super) commit_rate: Mutex<crate::commit_rate::CommitRate>,
     /// Handshakes refused since start (the handshake budget spent).
     pub(super) handshakes_refused: std::sync::atomic::AtomicU64,
     /// Connections closed after their handshake since start (a cap of
@@ -78,6 +81,23 @@ impl Ctx {
     /// The connections open. Its methods never panic midway.
     pub(super) fn admission(&self) -> MutexGuard<'_, crate::admission::Admission> {
         self.admission.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes one of `node`'s commits at `now`, or answers "unavailable,
+    /// retry in N ms" ([`crate::commit_rate`]).
+    #[allow(clippy::result_large_err)]
+    pub(super) fn admit_commit(&self, node: granary_proto::NodeId, what: &str) -> Result<(), ApiResponse> {
+        let slowed = self.commit_rate.lock().unwrap_or_else(|p| p.into_inner()).admit(node, Instant::now());
+        slowed.map_err(|s| {
+            tracing::warn!(%node, request = what, retry_ms = s.retry_in.as_millis() as u64, "a node commits too often");
+            failed(
+                FailureKind::Unavailable,
+                format!(
+                    "{node} asked for more commits than its share ({what}); try again in {} ms",
+                    s.retry_in.as_millis().max(1)
+                ),
+            )
+        })
     }
 
     /// The lease table. Its methods never panic midway, so a poisoned lock

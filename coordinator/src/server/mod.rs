@@ -310,6 +310,7 @@ impl Coordinator {
             node_retention: cfg.node_retention,
             manifest_piece_bytes: cfg.manifest_piece_bytes.clamp(1, granary_proto::manifest::MANIFEST_PIECE_BYTES),
             leases: Mutex::new(Leases::new(cfg.lease, Instant::now())),
+            commit_rate: Mutex::new(crate::commit_rate::CommitRate::default_rate()),
             handshakes: Arc::new(Mutex::new(granary_net::budget::AddressBudget::new(
                 MAX_HANDSHAKES,
                 MAX_HANDSHAKES_PER_ADDRESS,

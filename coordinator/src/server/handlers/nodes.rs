@@ -85,6 +85,7 @@ pub(in crate::server) async fn register(
             });
         }
     }
+    ctx.admit_commit(node, "register-node")?;
     match write(ctx, Command::RegisterNode { node, addr, ram_bytes, ssd_bytes, registration }).await? {
         CommandResult::NodeRegistered { incarnation, placement_epoch } => {
             ctx.leases().handle_registered(node, incarnation, peer, Instant::now());
@@ -142,6 +143,7 @@ pub(in crate::server) async fn hold_versions(
     if same {
         return Ok(ApiResponse::VersionsHeld { unknown: Vec::new() });
     }
+    ctx.admit_commit(node, "hold-versions")?;
     let held = versions.len();
     match write(ctx, Command::HoldVersions { node, incarnation, versions }).await? {
         CommandResult::VersionsHeld { stale: true, .. } => Ok(ApiResponse::LeaseLost { node }),

@@ -66,10 +66,9 @@ pub(crate) fn convert_into(
     site: Site<'_>,
 ) -> Result<(), ConvertError> {
     let rows = batch.num_rows();
+    let standins = stand_ins(resolved, rows);
     for (i, t) in resolved.tensors.iter().enumerate() {
-        let column = |name: &str| {
-            batch.column_by_name(name).ok_or_else(|| site.err(name, "column missing from the decoded row group".into()))
-        };
+        let column = |name: &str| column_of(batch, &standins, name, site);
         let elem = t.dtype.size_bytes();
         match t.kind {
             Kind::Scalar => {
@@ -201,6 +200,26 @@ pub(crate) fn convert_into(
     Ok(())
 }
 
+/// A null column of `rows` rows for each column the view names and this
+/// file lacks ([`Resolved::absent`]): the tensor's fill, or of a list its
+/// empty rows, stand in for its values.
+fn stand_ins(resolved: &Resolved, rows: usize) -> Vec<(&str, ArrayRef)> {
+    resolved.absent.iter().map(|(name, dt)| (name.as_str(), arrow::array::new_null_array(dt, rows))).collect()
+}
+
+/// The column `name` of `batch`, or its stand-in.
+fn column_of<'a>(
+    batch: &'a RecordBatch,
+    standins: &'a [(&str, ArrayRef)],
+    name: &str,
+    site: Site<'_>,
+) -> Result<&'a ArrayRef, ConvertError> {
+    batch
+        .column_by_name(name)
+        .or_else(|| standins.iter().find(|(n, _)| *n == name).map(|(_, a)| a))
+        .ok_or_else(|| site.err(name, "column missing from the decoded row group".into()))
+}
+
 /// Bytes a jagged tensor's values may take in one chunk: a chunk over it
 /// is not kept (the tiers' limit).
 pub(crate) const MAX_JAGGED_BYTES: u64 = 4 << 30;
@@ -213,6 +232,7 @@ pub(crate) fn jagged_values(
     resolved: &Resolved,
     site: Site<'_>,
 ) -> Result<Vec<u64>, ConvertError> {
+    let standins = stand_ins(resolved, batch.num_rows());
     resolved
         .tensors
         .iter()
@@ -221,9 +241,7 @@ pub(crate) fn jagged_values(
                 return Ok(0);
             }
             let name = &t.columns[0];
-            let col = batch
-                .column_by_name(name)
-                .ok_or_else(|| site.err(name, "column missing from the decoded row group".into()))?;
+            let col = column_of(batch, &standins, name, site)?;
             let kept = kept_rows(col, t, name, site)?;
             if let Some((bytes, row, len)) = over_limit(&kept, t.dtype.size_bytes() as u64, MAX_JAGGED_BYTES) {
                 return Err(site.err(

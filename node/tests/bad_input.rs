@@ -8,9 +8,9 @@
 //! blocking step runs under [`within`], so a hang fails the test instead of
 //! stalling the suite.
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray};
 use arrow::buffer::NullBuffer;
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field};
 use granary_client::ClientError;
 use granary_node::EmbeddedNode;
 use granary_node::config::NodeConfig;
@@ -18,7 +18,6 @@ use granary_proto::rng::Rng;
 use granary_proto::wire::ErrorKind;
 use granary_proto::{DatasetVersion, ShardId};
 use granary_testkit::datagen;
-use parquet::arrow::ArrowWriter;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -88,20 +87,6 @@ fn at_rest(path: &Path, change: impl FnOnce()) {
 }
 
 /// Writes `batches` as a Parquet file, one row group per batch.
-fn write_parquet(path: &Path, batches: &[RecordBatch]) {
-    let file = std::fs::File::create(path).expect("create parquet");
-    let mut w = ArrowWriter::try_new(file, batches[0].schema(), None).expect("parquet writer");
-    for b in batches {
-        w.write(b).expect("write batch");
-        w.flush().expect("close row group");
-    }
-    w.close().expect("close parquet");
-}
-
-fn batch(fields: Vec<Field>, cols: Vec<ArrayRef>) -> RecordBatch {
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).expect("test batch fits its schema")
-}
-
 // ---------------------------------------------------------------------------
 // Truncated and corrupt Parquet
 // ---------------------------------------------------------------------------
@@ -475,13 +460,15 @@ fn column_of_the_wrong_type_is_refused_naming_file_tensor_and_column() {
     let message = start_refused(config(dir.path(), view));
     assert_names(&message, &["t.parquet", "\"n\"", "\"name\"", "Utf8"]);
 
-    // An i32 column for an i64 tensor needs an explicit cast.
-    let view = parse_view("[[tensor]]\nname = \"c\"\ndtype = \"i64\"\ncolumns = [\"count\"]\n");
+    // An i32 column for an i16 tensor needs an explicit cast (it may not
+    // fit).
+    let view = parse_view("[[tensor]]\nname = \"c\"\ndtype = \"i16\"\ncolumns = [\"count\"]\n");
     let message = start_refused(config(dir.path(), view));
     assert_names(&message, &["t.parquet", "\"c\"", "\"count\"", "Int32", "cast"]);
 
-    // With the cast declared, the same file is served and the values widen.
-    let view = parse_view("[[tensor]]\nname = \"c\"\ndtype = \"i64\"\ncast = true\ncolumns = [\"count\"]\n");
+    // For an i64 tensor it widens without one (issue 43: a column widened
+    // across files).
+    let view = parse_view("[[tensor]]\nname = \"c\"\ndtype = \"i64\"\ncolumns = [\"count\"]\n");
     let node = start(config(dir.path(), view));
     let info = describe(&node);
     let chunk = fetch(&node, info.version, info.shards[0].shard).unwrap();

@@ -62,6 +62,44 @@ pub struct Resolved {
     pub projection: Vec<usize>,
     /// How each tensor is built, one per layout.
     pub tensors: Vec<ResolvedTensor>,
+    /// Columns the view names that this file lacks, each with the Arrow
+    /// type that stands in for it: every row null, so the tensor's `fill`
+    /// (or, of a list, `null = "empty"`) gives its rows (schema evolution:
+    /// a column added after older files were written).
+    pub absent: Vec<(String, DataType)>,
+}
+
+/// Whether a file's `from` type converts to `to` without loss, so files
+/// written before a column was widened need no `cast = true`: a narrower
+/// signed or unsigned integer to a wider signed one, a narrower float to a
+/// wider one.
+pub fn widens(from: &DataType, to: DType) -> bool {
+    use DataType as A;
+    matches!(
+        (from, to),
+        (A::Int8, DType::I16 | DType::I32 | DType::I64)
+            | (A::Int16, DType::I32 | DType::I64)
+            | (A::Int32, DType::I64)
+            | (A::UInt8, DType::I16 | DType::I32 | DType::I64)
+            | (A::UInt16, DType::I32 | DType::I64)
+            | (A::UInt32, DType::I64)
+            | (A::Float16, DType::F32 | DType::F64)
+            | (A::Float32, DType::F64)
+    )
+}
+
+/// The Arrow type that stands in for a column `spec` names and a file
+/// lacks, or `None` when its rows cannot be given without it: a dense
+/// tensor needs a `fill`, a list (a tensor with list options) `null =
+/// "empty"`; a `FixedSizeList`'s width no absent column can say.
+fn stand_in(spec: &granary_proto::TensorSpec) -> Option<DataType> {
+    let elem = arrow_type(spec.dtype).unwrap_or(DataType::Float32);
+    if spec.has_jagged_options() {
+        let empty = spec.null_rows == granary_proto::NullRows::Empty;
+        empty.then(|| DataType::List(std::sync::Arc::new(arrow::datatypes::Field::new_list_field(elem, true))))
+    } else {
+        spec.fill.map(|_| elem)
+    }
 }
 
 /// The Arrow type a dtype is stored as without a cast (`None` for bf16,
@@ -137,6 +175,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
     let mut layouts = Vec::new();
     let mut tensors = Vec::new();
     let mut projection = Vec::new();
+    let mut absent: Vec<(String, DataType)> = Vec::new();
     for spec in &view.tensors {
         let err = |column: &str, problem: String| SchemaError {
             file: file.to_string(),
@@ -147,9 +186,32 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         let mut elem: Option<DataType> = None;
         let mut kind = Kind::Scalar;
         for col in &spec.columns {
-            let (idx, field) = schema
-                .column_with_name(col)
-                .ok_or_else(|| err(col, format!("no such column in the file{}", missing_hint(col, schema))))?;
+            let Some((idx, field)) = schema.column_with_name(col) else {
+                let Some(standin) = stand_in(spec) else {
+                    let declare = if spec.has_jagged_options() {
+                        "null = \"empty\" (its rows empty)"
+                    } else {
+                        "a fill (its rows take it)"
+                    };
+                    return Err(err(
+                        col,
+                        format!(
+                            "no such column in the file{}; if the files written before it was added lack it, \
+                             declare {declare} where a file lacks it",
+                            missing_hint(col, schema)
+                        ),
+                    ));
+                };
+                kind = match &standin {
+                    DataType::List(_) => Kind::Jagged,
+                    _ if spec.columns.len() > 1 => Kind::Stacked,
+                    _ => Kind::Scalar,
+                };
+                if !absent.iter().any(|(n, _)| n == col) {
+                    absent.push((col.clone(), standin));
+                }
+                continue;
+            };
             if !projection.contains(&idx) {
                 projection.push(idx);
             }
@@ -198,14 +260,16 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             elem = Some(this_elem);
             kind = this_kind;
         }
-        let Some(elem) = elem else {
+        if spec.columns.is_empty() {
             return Err(err("", "the tensor names no column".into()));
-        };
+        }
+        // Every column absent from this file: the stand-in's own type.
+        let elem = elem.unwrap_or_else(|| arrow_type(spec.dtype).unwrap_or(DataType::Float32));
         if !castable(&elem) {
             return Err(err(&spec.columns[0], format!("has element type {elem}, which no tensor can be built from")));
         }
         let exact = arrow_type(spec.dtype).as_ref() == Some(&elem);
-        if !exact && !spec.cast {
+        if !exact && !spec.cast && !widens(&elem, spec.dtype) {
             return Err(err(
                 &spec.columns[0],
                 format!("has Arrow type {elem}; the view asks for {} (declare cast = true to convert)", spec.dtype),
@@ -254,7 +318,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         }
     }
     projection.sort_unstable();
-    Ok(Resolved { layouts, projection, tensors })
+    Ok(Resolved { layouts, projection, tensors, absent })
 }
 
 #[cfg(test)]
@@ -289,5 +353,63 @@ mod tests {
             missing_hint("label", &schema(&other)),
             " (the file's columns: c0x, c1x, c2x, c3x, c4x, c5x, c6x, c7x, … 10 in all)"
         );
+    }
+}
+
+#[cfg(test)]
+mod evolution {
+    use super::*;
+    use arrow::datatypes::{Field, Schema};
+    use granary_proto::{NullRows, TensorSpec};
+    use std::sync::Arc;
+
+    fn view(tensors: Vec<TensorSpec>) -> View {
+        View { tensors }
+    }
+
+    /// An older file: `clicks` (int32, later widened to int64) and no
+    /// `score` or `tags` (added later).
+    fn older() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("clicks", DataType::Int32, false),
+            Field::new("a", DataType::Float32, false),
+        ]))
+    }
+
+    #[test]
+    fn a_column_older_files_lack_takes_its_fill_or_its_empty_rows() {
+        let score = TensorSpec { fill: Some(0.5), ..TensorSpec::new("score", DType::F32, &["score"]) };
+        let pair = TensorSpec { fill: Some(0.0), ..TensorSpec::new("pair", DType::F32, &["a", "score"]) };
+        let tags = TensorSpec { null_rows: NullRows::Empty, ..TensorSpec::new("tags", DType::I64, &["tags"]) };
+        let r = resolve_view(&view(vec![score, pair, tags]), &older(), "day-01.parquet").expect("resolves");
+        assert_eq!(r.layouts[0], TensorLayout::dense("score", DType::F32, vec![]));
+        assert_eq!(r.layouts[1], TensorLayout::dense("pair", DType::F32, vec![2]));
+        assert!(r.layouts[2].jagged);
+        assert_eq!(r.tensors[1].kind, Kind::Stacked);
+        let names: Vec<&str> = r.absent.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["score", "tags"], "each absent column once");
+        assert!(matches!(r.absent[1].1, DataType::List(_)));
+        assert_eq!(r.projection, [1], "only the columns the file has are read");
+    }
+
+    #[test]
+    fn without_a_fill_an_absent_column_names_the_file_and_what_to_declare() {
+        let dense = TensorSpec::new("score", DType::F32, &["score"]);
+        let e = resolve_view(&view(vec![dense]), &older(), "day-01.parquet").unwrap_err().to_string();
+        assert!(e.contains("day-01.parquet") && e.contains("score") && e.contains("declare a fill"), "{e}");
+        let list = TensorSpec { max_len: Some(4), ..TensorSpec::new("tags", DType::I64, &["tags"]) };
+        let e = resolve_view(&view(vec![list]), &older(), "day-01.parquet").unwrap_err().to_string();
+        assert!(e.contains("null = \"empty\""), "{e}");
+    }
+
+    #[test]
+    fn a_widened_integer_or_float_needs_no_cast_and_a_narrowed_one_does() {
+        let clicks = TensorSpec::new("clicks", DType::I64, &["clicks"]);
+        assert!(resolve_view(&view(vec![clicks]), &older(), "day-01.parquet").is_ok());
+        let narrow = TensorSpec::new("clicks", DType::I16, &["clicks"]);
+        let e = resolve_view(&view(vec![narrow]), &older(), "day-01.parquet").unwrap_err().to_string();
+        assert!(e.contains("cast = true"), "{e}");
+        assert!(widens(&DataType::Float32, DType::F64) && widens(&DataType::UInt32, DType::I64));
+        assert!(!widens(&DataType::Int64, DType::I32) && !widens(&DataType::Int32, DType::F32));
     }
 }

@@ -164,3 +164,23 @@ pub(crate) fn datagen_mismatch(chunk: &Chunk, first_row: u64) -> Option<String> 
     }
     None
 }
+
+/// Writes `batches` to a Parquet file at `path`, one row group each.
+pub(crate) fn write_parquet(path: &Path, batches: &[arrow::array::RecordBatch]) {
+    let file = std::fs::File::create(path).expect("create parquet");
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batches[0].schema(), None).expect("parquet writer");
+    for b in batches {
+        w.write(b).expect("write batch");
+        w.flush().expect("close row group");
+    }
+    w.close().expect("close parquet");
+}
+
+/// A record batch of `cols` under a schema of `fields`.
+pub(crate) fn batch(
+    fields: Vec<arrow::datatypes::Field>,
+    cols: Vec<arrow::array::ArrayRef>,
+) -> arrow::array::RecordBatch {
+    arrow::array::RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), cols)
+        .expect("test batch fits its schema")
+}

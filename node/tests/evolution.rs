@@ -1,0 +1,125 @@
+//! Schema evolution (issue 43): a dataset whose older files were written
+//! before a column was added, or with a narrower integer, is served: the
+//! absent column's rows take the view's `fill` (of a list, `null =
+//! "empty"` makes them empty), and the narrower integer is widened, each
+//! file's rows exactly as its file holds them. Without a fill, the error
+//! names the file that lacks the column and what to declare.
+
+use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, Int64Array, ListArray};
+use arrow::datatypes::{DataType, Field, Int64Type};
+use granary_node::Node;
+use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
+use granary_proto::chunk::Verify;
+use granary_proto::{ChunkView, View};
+use std::sync::Arc;
+
+mod common;
+use common::{batch, start_refused, write_parquet};
+
+const VIEW: &str = r#"
+[[tensor]]
+name = "x"
+dtype = "f32"
+columns = ["x"]
+[[tensor]]
+name = "clicks"
+dtype = "i64"
+columns = ["clicks"]
+[[tensor]]
+name = "score"
+dtype = "f32"
+columns = ["score"]
+fill = -1.0
+[[tensor]]
+name = "tags"
+dtype = "i64"
+columns = ["tags"]
+null = "empty"
+"#;
+
+fn config(data: &std::path::Path, view: &str) -> NodeConfig {
+    let view: View = toml::from_str::<View>(view).expect("view").validated().expect("valid");
+    NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", data.display()),
+            view: ViewRef::Inline(view),
+        }],
+        ram_bytes: 64 << 20,
+        prefetch_bytes: 0,
+        ..NodeConfig::default()
+    }
+}
+
+/// Day 1: `x` and `clicks` as int32. Day 2: `clicks` widened to int64,
+/// `score` and `tags` added.
+fn write_days(dir: &std::path::Path) {
+    let day1 = batch(
+        vec![Field::new("x", DataType::Float32, false), Field::new("clicks", DataType::Int32, false)],
+        vec![Arc::new(Float32Array::from(vec![1.0, 2.0, 3.0])), Arc::new(Int32Array::from(vec![10, 20, 30]))],
+    );
+    let tags = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![
+        Some(vec![Some(7)]),
+        Some(vec![]),
+        Some(vec![Some(8), Some(9)]),
+    ]);
+    let day2 = batch(
+        vec![
+            Field::new("x", DataType::Float32, false),
+            Field::new("clicks", DataType::Int64, false),
+            Field::new("score", DataType::Float32, false),
+            Field::new("tags", tags.data_type().clone(), true),
+        ],
+        vec![
+            Arc::new(Float32Array::from(vec![4.0, 5.0, 6.0])),
+            Arc::new(Int64Array::from(vec![1 << 40, 50, 60])),
+            Arc::new(Float32Array::from(vec![0.5, 0.25, 0.125])),
+            Arc::new(tags) as ArrayRef,
+        ],
+    );
+    write_parquet(&dir.join("day=01.parquet"), &[day1]);
+    write_parquet(&dir.join("day=02.parquet"), &[day2]);
+}
+
+fn le<const E: usize, T>(bytes: &[u8], f: impl Fn([u8; E]) -> T) -> Vec<T> {
+    bytes.chunks_exact(E).map(|c| f(c.try_into().expect("E bytes"))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_files_take_the_fill_and_empty_rows_and_a_narrower_integer_is_widened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_days(dir.path());
+    let node = Node::start(&config(dir.path(), VIEW)).await.expect("node");
+    let info = node.describe("ads", None).expect("describe");
+    assert_eq!(info.shards.len(), 2);
+    let mut got = Vec::new();
+    for s in &info.shards {
+        let chunk = node.chunk(info.version, s.shard).await.expect("converted");
+        let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");
+        let tags = v.jagged_at(3).expect("tags");
+        let tag_rows: Vec<Vec<i64>> = (0..tags.rows()).map(|r| le(tags.row(r), i64::from_le_bytes)).collect();
+        got.push((
+            le(v.tensor_at(0).expect("tensor").1, f32::from_le_bytes),
+            le(v.tensor_at(1).expect("tensor").1, i64::from_le_bytes),
+            le(v.tensor_at(2).expect("tensor").1, f32::from_le_bytes),
+            tag_rows,
+        ));
+    }
+    assert_eq!(got[0], (vec![1.0, 2.0, 3.0], vec![10, 20, 30], vec![-1.0; 3], vec![vec![]; 3]), "day 1");
+    assert_eq!(
+        got[1],
+        (vec![4.0, 5.0, 6.0], vec![1 << 40, 50, 60], vec![0.5, 0.25, 0.125], vec![vec![7], vec![], vec![8, 9]]),
+        "day 2"
+    );
+}
+
+#[test]
+fn without_a_fill_the_file_that_lacks_the_column_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_days(dir.path());
+    let message = start_refused(config(dir.path(), &VIEW.replace("fill = -1.0\n", "")));
+    assert!(
+        message.contains("day=01.parquet") && message.contains("\"score\"") && message.contains("declare a fill"),
+        "{message}"
+    );
+}

@@ -24,6 +24,9 @@
 //!   its decisions (fetch route, stall clock) are pure cores in
 //!   `granary_node_core`.
 //! - `holds` — the versions this node's trainers use, held at the coordinator (pure core).
+//! - `content` — which chunk the tier holds for each content, so a new
+//!   version that keeps an older one's file and view restamps its chunk
+//!   instead of reading and converting it again.
 //! - `granary_node_core` (its own crate: no tokio, no quinn) — the node's
 //!   decisions: the engine of every load in flight (single flight, each
 //!   load's route, the permit and placement waits; `service` executes its
@@ -47,6 +50,7 @@
 // peer fabric, and errors. Everything else is the node's own business.
 pub mod access;
 pub mod config;
+mod content;
 mod convert;
 pub mod daemon;
 pub mod embedded;

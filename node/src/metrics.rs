@@ -70,6 +70,13 @@ impl Collector for NodeCollector {
         counter(e, "remote_footers", "Parquet footers read from remote storage", None, s.remote_footers)?;
         counter(e, "peer_footers", "Parquet footers received from the peer that reads them", None, s.peer_footers)?;
         counter(e, "conversions", "Shards converted", None, s.conversions)?;
+        counter(
+            e,
+            "chunks_reused",
+            "Shards served from another dataset version's chunk of the same content (no read, no conversion)",
+            None,
+            self.node.chunks_reused(),
+        )?;
         counter(e, "converted", "Converted bytes produced", bytes, s.converted_bytes)?;
         counter(e, "ram_hits", "Chunk requests answered from the RAM tier", None, s.ram_hits)?;
         counter(e, "ssd_hits", "Chunk requests answered from the SSD tier", None, s.ssd_hits)?;

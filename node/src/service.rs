@@ -30,6 +30,7 @@ mod fetch;
 mod follow;
 mod peer_check;
 mod peers;
+mod reuse;
 mod versions;
 use crate::holds::HoldRegistry;
 use crate::load;
@@ -76,6 +77,8 @@ struct Counters {
     guest_hits: AtomicU64,
     peer_verified: AtomicU64,
     peer_mismatched: AtomicU64,
+    /// Shards served from another version's chunk of the same content.
+    reused: AtomicU64,
 }
 
 struct Inner {
@@ -87,6 +90,8 @@ struct Inner {
     remote_options: BTreeMap<String, String>,
     throttle: Option<Arc<Throttle>>,
     tier: ChunkTier,
+    /// Which chunk the tier holds for each content ([`crate::content`]).
+    content: crate::content::ContentIndex,
     guests: GuestArea,
     /// Every load in flight ([`granary_node_core::engine`]).
     engine: Mutex<Engine<ChunkKey, Pending, crate::fabric::PeerError>>,
@@ -239,6 +244,10 @@ impl Node {
                 remote_options: cfg.remote.clone(),
                 throttle,
                 tier,
+                content: match &cfg.ssd_dir {
+                    Some(dir) => crate::content::ContentIndex::open(dir),
+                    None => crate::content::ContentIndex::in_memory(),
+                },
                 guests: GuestArea::new(guest_bytes),
                 engine: Mutex::new(Engine::new(crate::fabric::FabricConfig::default().timing())),
                 loads: Semaphore::new(cfg.max_concurrent_loads.max(1)),
@@ -571,6 +580,7 @@ impl Node {
                 self.inner.guests.insert(key, chunk, !self.engine().wanted_now(key));
             } else {
                 self.inner.tier.insert(key, chunk).await;
+                self.record_content(key);
             }
         }
     }
@@ -597,6 +607,11 @@ impl Node {
         permit: tokio::sync::SemaphorePermit<'_>,
         peer_footer: bool,
     ) -> Result<SealedChunk, FetchError> {
+        // An older version's chunk of the same content, restamped: no
+        // read, no conversion.
+        if let Some(chunk) = self.reused(key).await {
+            return Ok(chunk);
+        }
         let ds = self.dataset(key.version)?;
         // Memory first: a load that does not fit beside the others waits;
         // one that could never fit is refused, naming its sizes.

@@ -423,6 +423,30 @@ impl<'a> ChunkView<'a> {
         Ok(Self { bytes, header, payload_start })
     }
 
+    /// Writes into `dst` (as long as this chunk) this chunk's bytes as
+    /// `shard` of `version`: the same payload, and the header saying so,
+    /// its checksum written anew (the payload's checksum stays: it covers
+    /// the payload only). How one version's chunk serves another version
+    /// whose shard holds the same content
+    /// ([`crate::manifest::Manifest::content_key`]).
+    pub fn restamp_into(&self, version: DatasetVersion, shard: ShardId, dst: &mut [u8]) -> Result<(), ChunkError> {
+        if dst.len() != self.bytes.len() {
+            return Err(ChunkError::Length(format!("restamping {} bytes into {}", self.bytes.len(), dst.len())));
+        }
+        let mut header = self.header.clone();
+        header.dataset_version = version;
+        header.shard = shard;
+        let encoded = encode_header(&header)?;
+        let header_len = u32::from_le_bytes(self.bytes[12..16].try_into().unwrap_or_default()) as usize;
+        if encoded.len() != header_len {
+            return Err(ChunkError::Length(format!("a restamped header of {} bytes, not {header_len}", encoded.len())));
+        }
+        dst.copy_from_slice(self.bytes);
+        dst[16..24].copy_from_slice(&xxh3_64(&encoded).to_le_bytes());
+        dst[PREFIX_LEN..PREFIX_LEN + header_len].copy_from_slice(&encoded);
+        Ok(())
+    }
+
     /// Fails unless this chunk is `shard` of `version`.
     pub fn expect_identity(&self, version: DatasetVersion, shard: ShardId) -> Result<(), ChunkError> {
         if self.header.dataset_version == version && self.header.shard == shard {
@@ -618,6 +642,22 @@ mod tests {
         }
         l.seal(&mut buf).unwrap();
         buf
+    }
+
+    #[test]
+    fn a_restamped_chunk_is_the_same_payload_as_another_shard_of_another_version() {
+        let buf = build(5, 3);
+        let v = ChunkView::parse(&buf, Verify::Full).unwrap();
+        let (version, shard) = (DatasetVersion([9; 16]), ShardId { file: 7, row_group: 2 });
+        let mut out = vec![0u8; buf.len()];
+        v.restamp_into(version, shard, &mut out).unwrap();
+        let r = ChunkView::parse(&out, Verify::Full).expect("a valid chunk, checksums and all");
+        r.expect_identity(version, shard).unwrap();
+        assert!(r.expect_identity(DatasetVersion([3; 16]), ShardId { file: 1, row_group: 2 }).is_err());
+        assert_eq!(r.payload_start, v.payload_start);
+        assert_eq!(&out[r.payload_start..], &buf[v.payload_start..], "the payload is untouched");
+        assert_eq!(r.header().payload_checksum, v.header().payload_checksum);
+        assert!(v.restamp_into(version, shard, &mut [0u8; 3]).is_err(), "a buffer of another length");
     }
 
     #[test]

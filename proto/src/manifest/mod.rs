@@ -145,23 +145,45 @@ impl Manifest {
                 h.u64(g.compressed_bytes);
             }
         }
-        h.u64(self.tensors.len() as u64);
-        for t in &self.tensors {
-            h.str(&t.name);
-            h.str(t.dtype.name());
-            // A jagged tensor's rank carries the top bit, so a dense
-            // tensor hashes as it always did and the two never collide.
-            h.u64(t.shape.len() as u64 | if t.jagged { 1 << 63 } else { 0 });
-            for &d in &t.shape {
-                h.u64(u64::from(d));
-            }
-        }
+        h.layouts(&self.tensors);
         h.view(view);
         DatasetVersion(h.0.digest128().to_le_bytes())
     }
 }
 
+/// What one chunk holds, whichever version it was made for
+/// ([`Manifest::content_key`]): two versions whose shards share it may
+/// serve each other's chunk, restamped
+/// ([`crate::ChunkView::restamp_into`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ContentKey(pub [u8; 16]);
+
 impl Manifest {
+    /// The content of row group `row_group` of file `file` under `view`:
+    /// the object (the source, its path, size and store tag: an overwritten
+    /// object is another), the row group (its index, rows and compressed
+    /// bytes), and the tensors it is converted into (the resolved layouts
+    /// and the view's tensors, with their columns, casts, fills and list
+    /// options). Not the other files: a new day's file leaves every older
+    /// file's chunks the same. `None` when the file or row group is not in
+    /// this manifest.
+    pub fn content_key(&self, view: &View, file: u32, row_group: u32) -> Option<ContentKey> {
+        let f = self.files.get(file as usize)?;
+        let g = f.row_groups.get(row_group as usize)?;
+        let mut h = Canon(Xxh3::new());
+        h.str("granary-chunk-content-v1");
+        h.str(&self.source);
+        h.str(&f.path);
+        h.u64(f.size_bytes);
+        h.str(&f.version_tag);
+        h.u64(u64::from(row_group));
+        h.u64(g.rows);
+        h.u64(g.compressed_bytes);
+        h.layouts(&self.tensors);
+        h.view(view);
+        Some(ContentKey(h.0.digest128().to_le_bytes()))
+    }
+
     /// The key that seeds batch order ([`PlanKey`]): each file's path
     /// relative to the deepest folder holding every file, its rows per row
     /// group, and the view's tensors (names, dtypes, columns, casts,
@@ -201,6 +223,21 @@ fn common_folder<'a>(mut paths: impl Iterator<Item = &'a str>) -> usize {
 struct Canon(Xxh3);
 
 impl Canon {
+    /// Resolved tensor layouts: each one's name, dtype and shape.
+    fn layouts(&mut self, tensors: &[TensorLayout]) {
+        self.u64(tensors.len() as u64);
+        for t in tensors {
+            self.str(&t.name);
+            self.str(t.dtype.name());
+            // A jagged tensor's rank carries the top bit, so a dense
+            // tensor hashes as it always did and the two never collide.
+            self.u64(t.shape.len() as u64 | if t.jagged { 1 << 63 } else { 0 });
+            for &d in &t.shape {
+                self.u64(u64::from(d));
+            }
+        }
+    }
+
     /// The view: each tensor's name, dtype, columns, cast and fill.
     fn view(&mut self, view: &View) {
         self.u64(view.tensors.len() as u64);
@@ -274,6 +311,33 @@ mod tests {
         assert_eq!(canonical_source("s3://bucket/prefix//"), "s3://bucket/prefix");
         assert_eq!(canonical_source("s3://bucket"), "s3://bucket");
         assert_eq!(canonical_source("file:///"), "file:///");
+    }
+
+    #[test]
+    fn a_new_day_leaves_the_older_files_content_and_anything_else_changes_it() {
+        let (m, v) = manifest();
+        let day1 = m.content_key(&v, 0, 0).expect("in the manifest");
+        assert_eq!(m.content_key(&v, 0, 1), None);
+        assert_eq!(m.content_key(&v, 1, 0), None);
+        // A new file sorted before it: another version, another index,
+        // the same content.
+        let mut grown = m.clone();
+        let mut new_day = grown.files[0].clone();
+        new_day.path = "0-new.parquet".into();
+        grown.files.insert(0, new_day);
+        assert_ne!(grown.version(&v), m.version(&v));
+        assert_eq!(grown.content_key(&v, 1, 0), Some(day1));
+        assert_ne!(grown.content_key(&v, 0, 0), Some(day1));
+        // The object overwritten, another view or source: another content.
+        let mut m2 = m.clone();
+        m2.files[0].version_tag = "t2".into();
+        assert_ne!(m2.content_key(&v, 0, 0), Some(day1));
+        let mut v2 = v.clone();
+        v2.tensors[0].fill = Some(0.0);
+        assert_ne!(m.content_key(&v2, 0, 0), Some(day1));
+        let mut m3 = m.clone();
+        m3.source = "file:///elsewhere".into();
+        assert_ne!(m3.content_key(&v, 0, 0), Some(day1));
     }
 
     #[test]

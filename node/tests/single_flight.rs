@@ -148,6 +148,9 @@ fn a_new_day_converts_only_its_own_row_groups_after_a_restart() {
         let stats = node.stats();
         assert_eq!(stats.conversions, 2, "the new day's two row groups, and only them");
         assert_eq!(node.chunks_reused(), 4, "every older row group restamped");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &granary_node::metrics::registry(&node)).unwrap();
+        assert!(text.lines().any(|l| l == "granary_node_chunks_reused_total 4"), "{text}");
         let new_rg: u64 = ds.manifest.files[2].row_groups.iter().map(|g| g.compressed_bytes).sum();
         let read = stats.remote_bytes - opened;
         assert!(read <= new_rg + (64 << 10), "read {read} bytes for the new day's {new_rg}");

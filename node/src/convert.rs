@@ -501,6 +501,9 @@ fn column_bytes<'a>(
     if arr.null_count() > 0 && t.fill.is_none() {
         return Err(null_error(arr.as_ref(), column, site));
     }
+    if let Some(buckets) = t.hash {
+        return hashed_bytes(arr, t, buckets, column, site).map(Cow::Owned);
+    }
     let target = arrow_type(t.dtype).unwrap_or(DataType::Float32);
     if *arr.data_type() != target {
         let opts = CastOptions { safe: false, ..Default::default() };
@@ -510,6 +513,55 @@ fn column_bytes<'a>(
         return Ok(Cow::Owned(typed_bytes(&cast, t).into_owned()));
     }
     Ok(typed_bytes(arr, t))
+}
+
+/// Each value of string or byte column `arr` as its id
+/// ([`granary_proto::view::hash_id`] into `buckets`), as little-endian
+/// bytes of the tensor's dtype (i64 or i32); a null takes the fill (the
+/// caller refused nulls without one). A dictionary is hashed by its
+/// values; a column of nulls alone (one a file lacks) is all fill.
+fn hashed_bytes(
+    arr: &ArrayRef,
+    t: &ResolvedTensor,
+    buckets: u64,
+    column: &str,
+    site: Site<'_>,
+) -> Result<Vec<u8>, ConvertError> {
+    let fill = t.fill.unwrap_or(0.0) as i64;
+    let ids: Vec<i64> = if arr.null_count() == arr.len() {
+        vec![fill; arr.len()]
+    } else {
+        let plain;
+        let values = match arr.data_type() {
+            DataType::Dictionary(_, v) => {
+                plain = arrow::compute::cast(arr, v)
+                    .map_err(|e| site.err(column, format!("cannot read its dictionary's values: {e}")))?;
+                &plain
+            }
+            _ => arr,
+        };
+        let each = |get: &dyn for<'b> Fn(&'b ArrayRef, usize) -> &'b [u8]| -> Vec<i64> {
+            (0..values.len())
+                .map(|i| {
+                    if values.is_null(i) { fill } else { granary_proto::view::hash_id(get(values, i), buckets) as i64 }
+                })
+                .collect()
+        };
+        match values.data_type() {
+            DataType::Utf8 => each(&|a, i| a.as_string::<i32>().value(i).as_bytes()),
+            DataType::LargeUtf8 => each(&|a, i| a.as_string::<i64>().value(i).as_bytes()),
+            DataType::Binary => each(&|a, i| a.as_binary::<i32>().value(i)),
+            DataType::LargeBinary => each(&|a, i| a.as_binary::<i64>().value(i)),
+            other => {
+                return Err(site.err(column, format!("has Arrow type {other}: hash applies to string or byte values")));
+            }
+        }
+    };
+    Ok(match t.dtype {
+        // The view checked that every id fits i32 (buckets <= 2^31).
+        DType::I32 => ids.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
+        _ => ids.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+    })
 }
 
 /// The values of `a` (already of the dtype's Arrow type) as bytes.

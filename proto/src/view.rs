@@ -61,6 +61,38 @@ pub struct TensorSpec {
     /// (`"error"`, the default) or a row of no values (`"empty"`).
     #[serde(default, rename = "null", skip_serializing_if = "NullRows::is_error")]
     pub null_rows: NullRows,
+    /// Of a string or byte column, or a list of them: each value becomes
+    /// an id, [`hash_id`] of its bytes into `buckets` (an `i64` or `i32`
+    /// tensor), computed once at conversion: warm epochs hash nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<Hashing>,
+}
+
+/// How a tensor hashes its column's values into ids.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct Hashing {
+    /// Ids run from 0 to `buckets - 1`.
+    pub buckets: u64,
+}
+
+/// The id of a string or byte value under `hash = { buckets = N }`:
+/// XXH3-64 of its bytes (UTF-8 for a string), seed 0, modulo `buckets`.
+/// Frozen: changing it would change every id a model was trained on
+/// (Python's `xxhash.xxh3_64_intdigest(b) % N` gives the same).
+pub fn hash_id(bytes: &[u8], buckets: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes) % buckets.max(1)
 }
 
 /// Which values a row longer than its tensor's limit keeps.
@@ -130,6 +162,7 @@ impl TensorSpec {
             truncate: None,
             pad_to: None,
             null_rows: NullRows::Error,
+            hash: None,
         }
     }
 
@@ -306,6 +339,19 @@ impl View {
 /// The list options of `t` hold together.
 fn check_options(t: &TensorSpec) -> Result<(), ViewError> {
     let bad = |problem: String| Err(ViewError::BadOption { tensor: t.name.clone(), problem });
+    if let Some(h) = t.hash {
+        let most = match t.dtype {
+            DType::I64 => i64::MAX as u64,
+            DType::I32 => i32::MAX as u64 + 1,
+            other => return bad(format!("hash makes ids: its dtype must be i64 or i32, not {other}")),
+        };
+        if h.buckets == 0 || h.buckets > most {
+            return bad(format!("hash buckets must be from 1 to {most} for dtype {}, not {}", t.dtype, h.buckets));
+        }
+        if t.cast {
+            return bad("cast does not apply to a hashed tensor (its ids are computed, not converted)".into());
+        }
+    }
     match (t.max_len, t.pad_to) {
         (Some(_), Some(_)) => {
             return bad("declare max_len or pad_to, not both (pad_to is the padded tensor's limit)".into());
@@ -412,6 +458,30 @@ mod tests {
 
     fn spec(name: &str, cols: &[&str]) -> TensorSpec {
         TensorSpec::new(name, DType::F32, cols)
+    }
+
+    #[test]
+    fn the_hash_of_an_id_is_frozen_and_its_options_checked() {
+        // Pinned: the ids every model trained on a hashed view holds.
+        assert_eq!(xxhash_rust::xxh3::xxh3_64(b""), 0x2d06_8005_38d3_94c2);
+        assert_eq!(hash_id(b"", u64::MAX), 0x2d06_8005_38d3_94c2);
+        assert_eq!(hash_id(b"granary", 1_000_003), xxhash_rust::xxh3::xxh3_64(b"granary") % 1_000_003);
+        assert!(hash_id(b"granary", 10) < 10);
+        let v: View = toml::from_str(
+            "[[tensor]]\nname = \"c\"\ndtype = \"i64\"\ncolumns = [\"country\"]\nhash = { buckets = 1000 }\n",
+        )
+        .unwrap();
+        assert_eq!(v.tensors[0].hash, Some(Hashing { buckets: 1000 }));
+        assert!(v.clone().validated().is_ok());
+        let with = |dtype, buckets, cast| {
+            let t = TensorSpec { hash: Some(Hashing { buckets }), cast, ..TensorSpec::new("c", dtype, &["c"]) };
+            View { tensors: vec![t] }.validated().map_err(|e| e.to_string())
+        };
+        assert!(with(DType::F32, 10, false).unwrap_err().contains("i64 or i32"));
+        assert!(with(DType::I64, 0, false).unwrap_err().contains("from 1"));
+        assert!(with(DType::I32, 1 << 32, false).unwrap_err().contains("from 1 to 2147483648"));
+        assert!(with(DType::I32, 1 << 31, false).is_ok());
+        assert!(with(DType::I64, 10, true).unwrap_err().contains("cast does not apply"));
     }
 
     #[test]

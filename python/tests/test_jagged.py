@@ -88,3 +88,20 @@ def test_block_batches_inside_one_chunk_view_its_values_read_only(node):
             hist = batch["hist"]
             assert not hist.values.flags.writeable and hist.offsets[0] == 0
     assert views > 0
+
+
+def test_hashed_ids_are_xxh3_of_the_bytes_modulo_the_buckets(node):
+    """`hash = { buckets = N }` gives each row's bytes the id XXH3-64 (seed 0) % N: the `xxhash` package
+    recomputes every id of an epoch from the same rows' bytes."""
+    xxhash = pytest.importorskip("xxhash", reason="the xxhash package recomputes the ids (pip install xxhash)")
+    from conftest import HASH_BUCKETS
+
+    ld = granary.Loader(str(node.socket), "hashed", 500, seed=7, rank=0, world_size=1)
+    seen = 0
+    for batch in ld.epoch(0):
+        ids = batch["blob_id"]
+        assert ids.dtype == np.int64 and ids.shape == (batch.rows,)
+        want = [xxhash.xxh3_64_intdigest(bytes(r), seed=0) % HASH_BUCKETS for r in batch["blob"]]
+        assert ids.tolist() == want
+        seen += batch.rows
+    assert seen == JAGGED_ROWS

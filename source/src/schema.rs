@@ -50,6 +50,19 @@ pub struct ResolvedTensor {
     pub truncate: Option<granary_proto::Truncate>,
     /// Of a list or byte column: a null row is empty (else an error).
     pub null_empty: bool,
+    /// Of a string or byte column, or a list of them: the buckets each
+    /// value's id is hashed into ([`granary_proto::view::hash_id`]).
+    pub hash: Option<u64>,
+}
+
+/// Whether values of `dt` are strings or bytes (what `hash` takes),
+/// a dictionary of them included.
+fn bytes_like(dt: &DataType) -> bool {
+    match dt {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary => true,
+        DataType::Dictionary(_, v) => bytes_like(v),
+        _ => false,
+    }
 }
 
 /// A view resolved against one file's schema.
@@ -215,7 +228,26 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             if !projection.contains(&idx) {
                 projection.push(idx);
             }
+            let hashed = spec.hash.is_some();
             let (this_elem, this_kind) = match field.data_type() {
+                // Hashed: each string (or bytes) an id; a list of them a
+                // jagged tensor of ids.
+                dt if hashed && bytes_like(dt) => {
+                    (DataType::Int64, if spec.columns.len() > 1 { Kind::Stacked } else { Kind::Scalar })
+                }
+                DataType::List(child) | DataType::LargeList(child) if hashed && bytes_like(child.data_type()) => {
+                    if spec.columns.len() > 1 {
+                        return Err(err(col, "a list column cannot be stacked with other columns".into()));
+                    }
+                    (DataType::Int64, Kind::Jagged)
+                }
+                dt if hashed => {
+                    return Err(err(col, format!("has Arrow type {dt}: hash applies to string or byte values")));
+                }
+                // A dictionary is its values.
+                DataType::Dictionary(_, v) if castable(v) => {
+                    (v.as_ref().clone(), if spec.columns.len() > 1 { Kind::Stacked } else { Kind::Scalar })
+                }
                 DataType::FixedSizeList(child, k) => {
                     if spec.columns.len() > 1 {
                         return Err(err(col, "a FixedSizeList column cannot be stacked with other columns".into()));
@@ -268,7 +300,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         if !castable(&elem) {
             return Err(err(&spec.columns[0], format!("has element type {elem}, which no tensor can be built from")));
         }
-        let exact = arrow_type(spec.dtype).as_ref() == Some(&elem);
+        let exact = arrow_type(spec.dtype).as_ref() == Some(&elem) || spec.hash.is_some();
         if !exact && !spec.cast && !widens(&elem, spec.dtype) {
             return Err(err(
                 &spec.columns[0],
@@ -306,6 +338,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             max_len: spec.max_len.or(spec.pad_to),
             truncate: spec.truncate,
             null_empty: spec.null_rows == granary_proto::NullRows::Empty,
+            hash: spec.hash.map(|h| h.buckets),
         };
         if spec.pad_to.is_some() {
             // Its lengths, right after it.

@@ -219,6 +219,9 @@ fn common_folder<'a>(mut paths: impl Iterator<Item = &'a str>) -> usize {
     len
 }
 
+/// Marks a tensor's `hash` option in [`Canon::view`] ("HASHIDS\0").
+const HASH_TAG: u64 = u64::from_le_bytes(*b"HASHIDS\0");
+
 /// Length-prefixed, little-endian canonical encoder feeding a hasher.
 struct Canon(Xxh3);
 
@@ -269,6 +272,12 @@ impl Canon {
                     Some(crate::view::Truncate::KeepLast) => 2,
                 });
                 self.u64(u64::from(t.null_rows == crate::view::NullRows::Empty));
+            }
+            // After everything else, and only when declared: a view
+            // without it hashes as it always did.
+            if let Some(h) = t.hash {
+                self.u64(HASH_TAG);
+                self.u64(h.buckets);
             }
         }
     }

@@ -66,7 +66,7 @@ pub(crate) fn convert_into(
     site: Site<'_>,
 ) -> Result<(), ConvertError> {
     let rows = batch.num_rows();
-    let standins = stand_ins(resolved, rows);
+    let standins = stand_ins(batch, resolved);
     for (i, t) in resolved.tensors.iter().enumerate() {
         let column = |name: &str| column_of(batch, &standins, name, site);
         let elem = t.dtype.size_bytes();
@@ -200,11 +200,24 @@ pub(crate) fn convert_into(
     Ok(())
 }
 
-/// A null column of `rows` rows for each column the view names and this
-/// file lacks ([`Resolved::absent`]): the tensor's fill, or of a list its
-/// empty rows, stand in for its values.
-fn stand_ins(resolved: &Resolved, rows: usize) -> Vec<(&str, ArrayRef)> {
-    resolved.absent.iter().map(|(name, dt)| (name.as_str(), arrow::array::new_null_array(dt, rows))).collect()
+/// The columns the view names that are not columns of `batch`: a field
+/// inside one (a struct's, a list of structs', a map's keys or values:
+/// [`granary_source::path`]), or, for each column the file lacks
+/// ([`Resolved::absent`]), a null column of the batch's rows, for which
+/// the tensor's fill, or of a list its empty rows, stand in.
+fn stand_ins<'a>(batch: &RecordBatch, resolved: &'a Resolved) -> Vec<(&'a str, ArrayRef)> {
+    let rows = batch.num_rows();
+    let mut out: Vec<(&str, ArrayRef)> =
+        resolved.absent.iter().map(|(name, dt)| (name.as_str(), arrow::array::new_null_array(dt, rows))).collect();
+    for c in resolved.tensors.iter().flat_map(|t| &t.columns) {
+        if batch.column_by_name(c).is_none()
+            && !out.iter().any(|(n, _)| n == c)
+            && let Some(a) = granary_source::path::array(batch, c)
+        {
+            out.push((c.as_str(), a));
+        }
+    }
+    out
 }
 
 /// The column `name` of `batch`, or its stand-in.
@@ -232,7 +245,7 @@ pub(crate) fn jagged_values(
     resolved: &Resolved,
     site: Site<'_>,
 ) -> Result<Vec<u64>, ConvertError> {
-    let standins = stand_ins(resolved, batch.num_rows());
+    let standins = stand_ins(batch, resolved);
     resolved
         .tensors
         .iter()

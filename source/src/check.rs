@@ -150,11 +150,13 @@ async fn first_row_group_lengths(
     resolved: &crate::schema::Resolved,
     shown: &str,
 ) -> Result<std::collections::BTreeMap<String, LengthStats>, OpenError> {
-    let jagged: Vec<(&str, usize)> = resolved
+    let jagged: Vec<(&str, &str, usize)> = resolved
         .tensors
         .iter()
         .filter(|t| matches!(t.kind, crate::schema::Kind::Jagged | crate::schema::Kind::Padded(_)))
-        .filter_map(|t| Some((t.name.as_str(), meta.schema().index_of(&t.columns[0]).ok()?)))
+        .filter_map(|t| {
+            Some((t.name.as_str(), t.columns[0].as_str(), crate::path::find(meta.schema(), &t.columns[0])?.0))
+        })
         .collect();
     let mut out = std::collections::BTreeMap::new();
     if jagged.is_empty() || meta.metadata().num_row_groups() == 0 {
@@ -162,14 +164,13 @@ async fn first_row_group_lengths(
     }
     let err = |source| crate::error::RemoteError::Parquet { path: shown.to_string(), source };
     let builder = parquet::arrow::ParquetRecordBatchStreamBuilder::new_with_metadata(f, meta.clone());
-    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), jagged.iter().map(|(_, i)| *i));
+    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), jagged.iter().map(|(_, _, i)| *i));
     let mut stream = builder.with_row_groups(vec![0]).with_projection(mask).build().map_err(err)?;
     let mut lengths: std::collections::BTreeMap<&str, Vec<u64>> = std::collections::BTreeMap::new();
     while let Some(batch) = futures::StreamExt::next(&mut stream).await {
         let batch = batch.map_err(err)?;
-        for (name, idx) in &jagged {
-            let column = meta.schema().field(*idx).name();
-            if let Some(l) = batch.column_by_name(column).and_then(row_lengths) {
+        for (name, column, _) in &jagged {
+            if let Some(l) = crate::path::array(&batch, column).as_ref().and_then(row_lengths) {
                 lengths.entry(name).or_default().extend(l);
             }
         }

@@ -11,6 +11,8 @@
 //!   throttled Parquet reader ([`Remote`], [`ThrottleConfig`]).
 //! - [`schema`] — a view checked against a file's Arrow schema
 //!   ([`resolve_view`], [`Resolved`]).
+//! - [`path`] — columns inside columns: a struct's field, a list of
+//!   structs' field, a map's keys and values, by their path (`user.age`).
 //! - [`dataset`] — listing, footers, manifest, version ([`Dataset`]).
 //! - [`check`] — a view checked against a source's first file, for
 //!   `granary view check` ([`check_view`]).
@@ -22,6 +24,7 @@
 pub mod check;
 pub mod dataset;
 pub mod error;
+pub mod path;
 pub mod remote;
 pub mod schema;
 

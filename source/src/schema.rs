@@ -199,7 +199,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         let mut elem: Option<DataType> = None;
         let mut kind = Kind::Scalar;
         for col in &spec.columns {
-            let Some((idx, field)) = schema.column_with_name(col) else {
+            let Some((idx, data_type)) = crate::path::find(schema, col) else {
                 let Some(standin) = stand_in(spec) else {
                     let declare = if spec.has_jagged_options() {
                         "null = \"empty\" (its rows empty)"
@@ -229,7 +229,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                 projection.push(idx);
             }
             let hashed = spec.hash.is_some();
-            let (this_elem, this_kind) = match field.data_type() {
+            let (this_elem, this_kind) = match &data_type {
                 // Hashed: each string (or bytes) an id; a list of them a
                 // jagged tensor of ids.
                 dt if hashed && bytes_like(dt) => {
@@ -274,8 +274,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                             col,
                             format!(
                                 "has Arrow type {}, whose rows are bytes: its tensor's dtype must be u8, not {}",
-                                field.data_type(),
-                                spec.dtype
+                                &data_type, spec.dtype
                             ),
                         ));
                     }
@@ -312,9 +311,8 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                 &spec.columns[0],
                 format!(
                     "max_len, truncate, pad_to and null apply to a list or byte column; this tensor's column is {}",
-                    schema
-                        .field_with_name(&spec.columns[0])
-                        .map_or_else(|_| "not one".into(), |f| f.data_type().to_string())
+                    crate::path::find(schema, &spec.columns[0])
+                        .map_or_else(|| "not one".into(), |(_, dt)| dt.to_string())
                 ),
             ));
         }

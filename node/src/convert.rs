@@ -517,6 +517,9 @@ fn column_bytes<'a>(
     if let Some(buckets) = t.hash {
         return hashed_bytes(arr, t, buckets, column, site).map(Cow::Owned);
     }
+    if !t.transform.is_empty() {
+        return transformed_bytes(arr, t, column, site).map(Cow::Owned);
+    }
     let target = arrow_type(t.dtype).unwrap_or(DataType::Float32);
     if *arr.data_type() != target {
         let opts = CastOptions { safe: false, ..Default::default() };
@@ -575,6 +578,34 @@ fn hashed_bytes(
         DType::I32 => ids.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
         _ => ids.iter().flat_map(|&v| v.to_le_bytes()).collect(),
     })
+}
+
+/// Each value of numeric column `arr`, read as an f64, after the tensor's
+/// transform steps ([`granary_proto::transform`]), as little-endian bytes
+/// of its dtype; a null takes the fill as it is. A bucket index always
+/// fits the integer dtype (the view checked it); a float step's result is
+/// rounded to a narrower float dtype as a cast would.
+fn transformed_bytes(
+    arr: &ArrayRef,
+    t: &ResolvedTensor,
+    column: &str,
+    site: Site<'_>,
+) -> Result<Vec<u8>, ConvertError> {
+    let x = cast_with_options(arr, &DataType::Float64, &CastOptions { safe: false, ..Default::default() })
+        .map_err(|e| site.err(column, format!("cannot read {} as numbers to transform: {e}", arr.data_type())))?;
+    let x = x.as_primitive::<Float64Type>();
+    let fill = t.fill.unwrap_or(0.0);
+    let values = (0..x.len())
+        .map(|i| if x.is_null(i) { fill } else { granary_proto::transform::apply(&t.transform, x.value(i)) });
+    let mut out = Vec::with_capacity(x.len() * t.dtype.size_bytes());
+    match t.dtype {
+        DType::F32 => values.for_each(|v| out.extend_from_slice(&(v as f32).to_le_bytes())),
+        DType::F64 => values.for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::I64 => values.for_each(|v| out.extend_from_slice(&(v as i64).to_le_bytes())),
+        DType::I32 => values.for_each(|v| out.extend_from_slice(&(v as i32).to_le_bytes())),
+        dtype => values.for_each(|v| out.extend_from_slice(&fill_bytes(dtype, v))),
+    }
+    Ok(out)
 }
 
 /// The values of `a` (already of the dtype's Arrow type) as bytes.

@@ -6,6 +6,8 @@
 //! later build. Struct fields, id-score lists and maps by their paths
 //! (`user.age`, `tags.id` and `tags.weight`, `features.key` and
 //! `features.value`), the tensors of one list sharing its offsets.
+//! Transforms (`log1p`, `clip`, `standardize`, `bucketize`) applied once,
+//! at conversion.
 
 use arrow::array::{
     Array, ArrayRef, DictionaryArray, Float32Array, Int32Array, ListBuilder, StringArray, StringBuilder,
@@ -242,4 +244,59 @@ fn a_path_to_no_field_is_refused_naming_it() {
         message.contains("nested.parquet") && message.contains("\"user.height\"") && message.contains("no such column"),
         "{message}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transforms_run_at_conversion_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = batch(
+        vec![Field::new("price", DataType::Float32, true), Field::new("clicks", DataType::Int32, false)],
+        vec![
+            Arc::new(Float32Array::from(vec![Some(0.0), None, Some(9.0), Some(250.0)])) as ArrayRef,
+            Arc::new(Int32Array::from(vec![0, 1, 10, 1000])),
+        ],
+    );
+    write_parquet(&dir.path().join("t.parquet"), &[b]);
+    let view = r#"
+[[tensor]]
+name = "price_log"
+dtype = "f32"
+columns = ["price"]
+transform = ["log1p", "clip(0,3)"]
+fill = -1
+[[tensor]]
+name = "price_std"
+dtype = "f64"
+columns = ["price"]
+transform = ["standardize(10, 2)"]
+fill = 0
+[[tensor]]
+name = "price_bucket"
+dtype = "i64"
+columns = ["price"]
+transform = ["bucketize(1, 10, 100)"]
+fill = -1
+[[tensor]]
+name = "clicks_log"
+dtype = "f32"
+columns = ["clicks"]
+transform = ["log1p"]
+"#;
+    let node = Node::start(&config(dir.path(), view)).await.expect("node");
+    let info = node.describe("ads", None).expect("describe");
+    let chunk = node.chunk(info.version, info.shards[0].shard).await.expect("converted");
+    let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");
+    let f32s = |i: usize| le(v.tensor_at(i).unwrap().1, f32::from_le_bytes);
+    let ln = |x: f64| x.ln() as f32;
+    assert_eq!(f32s(0), [0.0, -1.0, ln(10.0), 3.0], "log1p then clip; a null takes the fill as it is");
+    assert_eq!(le(v.tensor_at(1).unwrap().1, f64::from_le_bytes), [-5.0, 0.0, -0.5, 120.0]);
+    assert_eq!(le(v.tensor_at(2).unwrap().1, i64::from_le_bytes), [0, -1, 1, 3]);
+    assert_eq!(f32s(3), [0.0, ln(2.0), ln(11.0), ln(1001.0)], "an integer column read as numbers");
+}
+
+#[test]
+fn a_transform_that_does_not_fit_its_dtype_is_refused_naming_the_tensor() {
+    let view = "[[tensor]]\nname = \"b\"\ndtype = \"f32\"\ncolumns = [\"price\"]\ntransform = [\"bucketize(1, 10)\"]\n";
+    let e = toml::from_str::<View>(view).unwrap().validated().unwrap_err().to_string();
+    assert!(e.contains("\"b\"") && e.contains("must be an integer"), "{e}");
 }

@@ -19,6 +19,8 @@
 //! - [`doctor`] — where a job's time goes and which stage bounds it
 //!   ([`doctor::diagnose`], pure), from the clocks ranks and nodes keep.
 //! - [`peer`] — messages between nodes (chunk fetches from a shard's owner).
+//! - [`transform`] — the steps a view applies to values at conversion
+//!   (`log1p`, `clip`, `standardize`, `bucketize`).
 //! - [`rng`] — the seeded generator the plan uses; frozen, because changing it
 //!   would change every sample order ever published.
 //! - [`aligned`] — a 64-byte-aligned byte buffer.
@@ -43,6 +45,7 @@ pub mod peer;
 pub mod placement;
 pub mod plan;
 pub mod rng;
+pub mod transform;
 pub mod version;
 pub mod view;
 pub mod wire;

@@ -66,6 +66,12 @@ pub struct TensorSpec {
     /// tensor), computed once at conversion: warm epochs hash nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash: Option<Hashing>,
+    /// Steps applied to each value at conversion, in order
+    /// ([`crate::transform`]): `log1p`, `clip(lo, hi)`,
+    /// `standardize(mean, std)`, `bucketize(b0, b1, ...)`. Kept in their
+    /// canonical spelling once validated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transform: Vec<String>,
 }
 
 /// How a tensor hashes its column's values into ids.
@@ -163,6 +169,7 @@ impl TensorSpec {
             pad_to: None,
             null_rows: NullRows::Error,
             hash: None,
+            transform: Vec::new(),
         }
     }
 
@@ -321,6 +328,14 @@ impl View {
                 return Err(ViewError::BadFill { tensor: t.name.clone(), fill, dtype: t.dtype });
             }
             check_options(t)?;
+            if !t.transform.is_empty() {
+                let bad = |problem: String| ViewError::BadOption { tensor: t.name.clone(), problem };
+                if t.hash.is_some() {
+                    return Err(bad("transform and hash do not go together: hash makes ids of strings".into()));
+                }
+                let steps = crate::transform::parse(&t.transform, t.dtype).map_err(bad)?;
+                t.transform = steps.iter().map(|s| s.to_string()).collect();
+            }
         }
         // A padded tensor's lengths take a name no other tensor may have.
         for t in self.tensors.iter().filter(|t| t.pad_to.is_some()) {

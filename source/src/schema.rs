@@ -53,6 +53,8 @@ pub struct ResolvedTensor {
     /// Of a string or byte column, or a list of them: the buckets each
     /// value's id is hashed into ([`granary_proto::view::hash_id`]).
     pub hash: Option<u64>,
+    /// Steps applied to each value at conversion ([`granary_proto::transform`]).
+    pub transform: Vec<granary_proto::transform::Step>,
 }
 
 /// Whether values of `dt` are strings or bytes (what `hash` takes),
@@ -299,7 +301,10 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         if !castable(&elem) {
             return Err(err(&spec.columns[0], format!("has element type {elem}, which no tensor can be built from")));
         }
-        let exact = arrow_type(spec.dtype).as_ref() == Some(&elem) || spec.hash.is_some();
+        // A hashed tensor's ids are computed; a transformed one's values
+        // are read as f64 and stored as its dtype after the steps.
+        let computed = spec.hash.is_some() || !spec.transform.is_empty();
+        let exact = arrow_type(spec.dtype).as_ref() == Some(&elem) || computed;
         if !exact && !spec.cast && !widens(&elem, spec.dtype) {
             return Err(err(
                 &spec.columns[0],
@@ -337,13 +342,23 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             truncate: spec.truncate,
             null_empty: spec.null_rows == granary_proto::NullRows::Empty,
             hash: spec.hash.map(|h| h.buckets),
+            transform: granary_proto::transform::parse(&spec.transform, spec.dtype)
+                .map_err(|problem| err(&spec.columns[0], problem))?,
         };
         if spec.pad_to.is_some() {
             // Its lengths, right after it.
             let name = spec.lengths_name();
             layouts.push(TensorLayout::dense(name.clone(), DType::I32, vec![]));
             tensors.push(resolved.clone());
-            tensors.push(ResolvedTensor { name, dtype: DType::I32, kind: Kind::Lengths, fill: None, ..resolved });
+            tensors.push(ResolvedTensor {
+                name,
+                dtype: DType::I32,
+                kind: Kind::Lengths,
+                fill: None,
+                hash: None,
+                transform: Vec::new(),
+                ..resolved
+            });
         } else {
             tensors.push(resolved);
         }

@@ -222,6 +222,9 @@ fn common_folder<'a>(mut paths: impl Iterator<Item = &'a str>) -> usize {
 /// Marks a tensor's `hash` option in [`Canon::view`] ("HASHIDS\0").
 const HASH_TAG: u64 = u64::from_le_bytes(*b"HASHIDS\0");
 
+/// Marks a tensor's `transform` steps in [`Canon::view`] ("TRANSFRM").
+const TRANSFORM_TAG: u64 = u64::from_le_bytes(*b"TRANSFRM");
+
 /// Length-prefixed, little-endian canonical encoder feeding a hasher.
 struct Canon(Xxh3);
 
@@ -278,6 +281,13 @@ impl Canon {
             if let Some(h) = t.hash {
                 self.u64(HASH_TAG);
                 self.u64(h.buckets);
+            }
+            if !t.transform.is_empty() {
+                self.u64(TRANSFORM_TAG);
+                self.u64(t.transform.len() as u64);
+                for step in &t.transform {
+                    self.str(step);
+                }
             }
         }
     }

@@ -245,7 +245,8 @@ impl Node {
                 throttle,
                 tier,
                 content: match &cfg.ssd_dir {
-                    Some(dir) => crate::content::ContentIndex::open(dir),
+                    // A slot for every 256 KiB of the SSD tier.
+                    Some(dir) => crate::content::ContentIndex::open(dir, cfg.ssd_bytes >> 18),
                     None => crate::content::ContentIndex::in_memory(),
                 },
                 guests: GuestArea::new(guest_bytes),

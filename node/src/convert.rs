@@ -202,13 +202,22 @@ pub(crate) fn convert_into(
 
 /// The columns the view names that are not columns of `batch`: a field
 /// inside one (a struct's, a list of structs', a map's keys or values:
-/// [`granary_source::path`]), or, for each column the file lacks
+/// [`granary_source::path`]), a Hive partition of the file's folders
+/// ([`Resolved::partitions`]), or, for each column the file lacks
 /// ([`Resolved::absent`]), a null column of the batch's rows, for which
 /// the tensor's fill, or of a list its empty rows, stand in.
 fn stand_ins<'a>(batch: &RecordBatch, resolved: &'a Resolved) -> Vec<(&'a str, ArrayRef)> {
     let rows = batch.num_rows();
     let mut out: Vec<(&str, ArrayRef)> =
         resolved.absent.iter().map(|(name, dt)| (name.as_str(), arrow::array::new_null_array(dt, rows))).collect();
+    // A Hive partition's value, in every row of the file.
+    for (name, value) in &resolved.partitions {
+        let column: ArrayRef = match value.parse::<i64>() {
+            Ok(v) => std::sync::Arc::new(arrow::array::Int64Array::from(vec![v; rows])),
+            Err(_) => std::sync::Arc::new(arrow::array::StringArray::from(vec![value.as_str(); rows])),
+        };
+        out.push((name.as_str(), column));
+    }
     for c in resolved.tensors.iter().flat_map(|t| &t.columns) {
         if batch.column_by_name(c).is_none()
             && !out.iter().any(|(n, _)| n == c)

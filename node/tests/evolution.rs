@@ -123,3 +123,61 @@ fn without_a_fill_the_file_that_lacks_the_column_is_named() {
         "{message}"
     );
 }
+
+/// Hive-style folders are columns (issue 43): `hour=7/` gives every row
+/// of the files below it an integer `hour`; `country=US/` a string, which
+/// a tensor takes hashed; `__HIVE_DEFAULT_PARTITION__` (a null) takes the
+/// fill. The files themselves hold neither column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_folders_are_columns_of_their_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = |xs: Vec<f32>| {
+        batch(vec![Field::new("x", DataType::Float32, false)], vec![Arc::new(Float32Array::from(xs)) as ArrayRef])
+    };
+    for (folder, xs) in [
+        ("country=US/hour=7", vec![1.0, 2.0]),
+        ("country=DE/hour=13", vec![3.0]),
+        ("country=__HIVE_DEFAULT_PARTITION__/hour=8", vec![4.0]),
+    ] {
+        std::fs::create_dir_all(dir.path().join(folder)).unwrap();
+        write_parquet(&dir.path().join(folder).join("part-0.parquet"), &[rows(xs)]);
+    }
+    let view = r#"
+[[tensor]]
+name = "x"
+dtype = "f32"
+columns = ["x"]
+[[tensor]]
+name = "hour"
+dtype = "i64"
+columns = ["hour"]
+[[tensor]]
+name = "country"
+dtype = "i64"
+columns = ["country"]
+hash = { buckets = 1000 }
+fill = -1
+"#;
+    let node = Node::start(&config(dir.path(), view)).await.expect("node");
+    let info = node.describe("ads", None).expect("describe");
+    let mut got: Vec<(Vec<f32>, Vec<i64>, Vec<i64>)> = Vec::new();
+    for s in &info.shards {
+        let chunk = node.chunk(info.version, s.shard).await.expect("converted");
+        let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");
+        got.push((
+            le(v.tensor_at(0).expect("x").1, f32::from_le_bytes),
+            le(v.tensor_at(1).expect("hour").1, i64::from_le_bytes),
+            le(v.tensor_at(2).expect("country").1, i64::from_le_bytes),
+        ));
+    }
+    got.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
+    let id = |s: &str| granary_proto::view::hash_id(s.as_bytes(), 1000) as i64;
+    assert_eq!(
+        got,
+        [
+            (vec![1.0, 2.0], vec![7, 7], vec![id("US"), id("US")]),
+            (vec![3.0], vec![13], vec![id("DE")]),
+            (vec![4.0], vec![8], vec![-1]),
+        ]
+    );
+}

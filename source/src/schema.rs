@@ -82,6 +82,50 @@ pub struct Resolved {
     /// (or, of a list, `null = "empty"`) gives its rows (schema evolution:
     /// a column added after older files were written).
     pub absent: Vec<(String, DataType)>,
+    /// Columns the view names that this file's Hive-style folders give
+    /// (`date=2026-11-01/`, `hour=7/`): each row of the file holds the
+    /// folder's value, an Int64 when it reads as one, else a Utf8 (which
+    /// a tensor takes hashed) ([`partitions`]).
+    pub partitions: Vec<(String, String)>,
+}
+
+/// The Hive-style partitions of the object at `path`: each folder named
+/// `key=value` (the file's own name is not one), the value
+/// percent-decoded; Hive's `__HIVE_DEFAULT_PARTITION__` (a null) is left
+/// out, so a tensor over it takes its fill as for a column the file lacks.
+pub fn partitions(path: &str) -> Vec<(String, String)> {
+    let folders = path.rsplit_once('/').map_or("", |(f, _)| f);
+    folders
+        .split('/')
+        .filter_map(|seg| seg.split_once('='))
+        .filter(|(k, v)| !k.is_empty() && *v != "__HIVE_DEFAULT_PARTITION__")
+        .map(|(k, v)| (k.to_string(), percent_decoded(v)))
+        .collect()
+}
+
+fn percent_decoded(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The Arrow type a partition value stands as.
+pub fn partition_type(value: &str) -> DataType {
+    if value.parse::<i64>().is_ok() { DataType::Int64 } else { DataType::Utf8 }
 }
 
 /// Whether a file's `from` type converts to `to` without loss, so files
@@ -191,6 +235,8 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
     let mut tensors = Vec::new();
     let mut projection = Vec::new();
     let mut absent: Vec<(String, DataType)> = Vec::new();
+    let folders = partitions(file);
+    let mut from_folders: Vec<(String, String)> = Vec::new();
     for spec in &view.tensors {
         let err = |column: &str, problem: String| SchemaError {
             file: file.to_string(),
@@ -201,7 +247,17 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         let mut elem: Option<DataType> = None;
         let mut kind = Kind::Scalar;
         for col in &spec.columns {
-            let Some((idx, data_type)) = crate::path::find(schema, col) else {
+            let partition = folders.iter().find(|(k, _)| k == col).filter(|_| crate::path::find(schema, col).is_none());
+            let found = match partition {
+                Some((_, value)) => {
+                    if !from_folders.iter().any(|(n, _)| n == col) {
+                        from_folders.push((col.clone(), value.clone()));
+                    }
+                    Some((None, partition_type(value)))
+                }
+                None => crate::path::find(schema, col).map(|(i, dt)| (Some(i), dt)),
+            };
+            let Some((idx, data_type)) = found else {
                 let Some(standin) = stand_in(spec) else {
                     let declare = if spec.has_jagged_options() {
                         "null = \"empty\" (its rows empty)"
@@ -227,7 +283,9 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                 }
                 continue;
             };
-            if !projection.contains(&idx) {
+            if let Some(idx) = idx
+                && !projection.contains(&idx)
+            {
                 projection.push(idx);
             }
             let hashed = spec.hash.is_some();
@@ -364,7 +422,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         }
     }
     projection.sort_unstable();
-    Ok(Resolved { layouts, projection, tensors, absent })
+    Ok(Resolved { layouts, projection, tensors, absent, partitions: from_folders })
 }
 
 #[cfg(test)]
@@ -446,6 +504,19 @@ mod evolution {
         let list = TensorSpec { max_len: Some(4), ..TensorSpec::new("tags", DType::I64, &["tags"]) };
         let e = resolve_view(&view(vec![list]), &older(), "day-01.parquet").unwrap_err().to_string();
         assert!(e.contains("null = \"empty\""), "{e}");
+    }
+
+    #[test]
+    fn hive_folders_are_partitions_and_the_file_name_is_not() {
+        let p =
+            partitions("s3://b/ads/date=2026-11-01/city=S%C3%A3o%20Paulo/hour=__HIVE_DEFAULT_PARTITION__/x=1.parquet");
+        assert_eq!(p, [("date".into(), "2026-11-01".into()), ("city".into(), "São Paulo".into())]);
+        assert!(partitions("file:///data/part-0.parquet").is_empty());
+        assert!(partitions("=x/part.parquet").is_empty(), "a folder without a key is not one");
+        assert_eq!(partition_type("7"), DataType::Int64);
+        assert_eq!(partition_type("-12"), DataType::Int64);
+        assert_eq!(partition_type("2026-11-01"), DataType::Utf8);
+        assert_eq!(partitions("k=%zz/f.parquet"), [("k".into(), "%zz".into())], "a bad escape is kept as written");
     }
 
     #[test]

@@ -8,13 +8,12 @@
 use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, Int64Array, ListArray};
 use arrow::datatypes::{DataType, Field, Int64Type};
 use granary_node::Node;
-use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
+use granary_proto::ChunkView;
 use granary_proto::chunk::Verify;
-use granary_proto::{ChunkView, View};
 use std::sync::Arc;
 
 mod common;
-use common::{batch, start_refused, write_parquet};
+use common::{batch, config_with_view, le, start_refused, write_parquet};
 
 const VIEW: &str = r#"
 [[tensor]]
@@ -36,20 +35,6 @@ dtype = "i64"
 columns = ["tags"]
 null = "empty"
 "#;
-
-fn config(data: &std::path::Path, view: &str) -> NodeConfig {
-    let view: View = toml::from_str::<View>(view).expect("view").validated().expect("valid");
-    NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", data.display()),
-            view: ViewRef::Inline(view),
-        }],
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    }
-}
 
 /// Day 1: `x` and `clicks` as int32. Day 2: `clicks` widened to int64,
 /// `score` and `tags` added.
@@ -81,15 +66,11 @@ fn write_days(dir: &std::path::Path) {
     write_parquet(&dir.join("day=02.parquet"), &[day2]);
 }
 
-fn le<const E: usize, T>(bytes: &[u8], f: impl Fn([u8; E]) -> T) -> Vec<T> {
-    bytes.chunks_exact(E).map(|c| f(c.try_into().expect("E bytes"))).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_files_take_the_fill_and_empty_rows_and_a_narrower_integer_is_widened() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_days(dir.path());
-    let node = Node::start(&config(dir.path(), VIEW)).await.expect("node");
+    let node = Node::start(&config_with_view(dir.path(), VIEW)).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     assert_eq!(info.shards.len(), 2);
     let mut got = Vec::new();
@@ -117,7 +98,7 @@ async fn older_files_take_the_fill_and_empty_rows_and_a_narrower_integer_is_wide
 fn without_a_fill_the_file_that_lacks_the_column_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_days(dir.path());
-    let message = start_refused(config(dir.path(), &VIEW.replace("fill = -1.0\n", "")));
+    let message = start_refused(config_with_view(dir.path(), &VIEW.replace("fill = -1.0\n", "")));
     assert!(
         message.contains("day=01.parquet") && message.contains("\"score\"") && message.contains("declare a fill"),
         "{message}"
@@ -158,7 +139,7 @@ columns = ["country"]
 hash = { buckets = 1000 }
 fill = -1
 "#;
-    let node = Node::start(&config(dir.path(), view)).await.expect("node");
+    let node = Node::start(&config_with_view(dir.path(), view)).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     let mut got: Vec<(Vec<f32>, Vec<i64>, Vec<i64>)> = Vec::new();
     for s in &info.shards {

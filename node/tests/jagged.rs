@@ -4,15 +4,15 @@
 //! peer fabric like any other, checked against the manifest's rows and
 //! tensors (their length is known only once converted).
 
-use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
+use granary_node::config::NodeConfig;
 use granary_node::{EmbeddedNode, Node};
+use granary_proto::ChunkView;
 use granary_proto::chunk::Verify;
-use granary_proto::{ChunkView, View};
 use granary_testkit::datagen::{self, GenSpec};
 use std::sync::Arc;
 
 mod common;
-use common::fabric;
+use common::{fabric, le};
 
 const SEED: u64 = 30;
 
@@ -23,26 +23,12 @@ fn view_toml() -> String {
 }
 
 fn config(data: &std::path::Path) -> NodeConfig {
-    let view: View = toml::from_str::<View>(&view_toml()).expect("view").validated().expect("valid");
-    NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", data.display()),
-            view: ViewRef::Inline(view),
-        }],
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    }
+    common::config_with_view(data, &view_toml())
 }
 
 fn generate(data: &std::path::Path) {
     let spec = GenSpec { seed: SEED, rows: 3_000, files: 2, row_group_rows: 500, jagged: true, ..GenSpec::default() };
     datagen::generate(data, &spec, |_| {}).expect("generate");
-}
-
-fn le<const E: usize, T>(bytes: &[u8], f: impl Fn([u8; E]) -> T) -> Vec<T> {
-    bytes.chunks_exact(E).map(|c| f(c.try_into().expect("E bytes"))).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

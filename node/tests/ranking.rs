@@ -14,14 +14,13 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Int32Type};
 use granary_node::Node;
-use granary_node::config::{DatasetConfig, NodeConfig, ViewRef};
 use granary_proto::chunk::Verify;
 use granary_proto::view::hash_id;
 use granary_proto::{ChunkView, View};
 use std::sync::Arc;
 
 mod common;
-use common::{batch, start_refused, write_parquet};
+use common::{batch, config_with_view, le, start_refused, write_parquet};
 
 const VIEW: &str = r#"
 [[tensor]]
@@ -46,20 +45,6 @@ name = "price"
 dtype = "f32"
 columns = ["price"]
 "#;
-
-fn config(data: &std::path::Path, view: &str) -> NodeConfig {
-    let view: View = toml::from_str::<View>(view).expect("view").validated().expect("valid");
-    NodeConfig {
-        datasets: vec![DatasetConfig {
-            name: "ads".into(),
-            source: format!("file://{}", data.display()),
-            view: ViewRef::Inline(view),
-        }],
-        ram_bytes: 64 << 20,
-        prefetch_bytes: 0,
-        ..NodeConfig::default()
-    }
-}
 
 fn write(dir: &std::path::Path) {
     let country: ArrayRef = Arc::new(StringArray::from(vec![Some("US"), None, Some("DE")]));
@@ -94,15 +79,11 @@ fn write(dir: &std::path::Path) {
     write_parquet(&dir.join("a.parquet"), &[b]);
 }
 
-fn le<const E: usize, T>(bytes: &[u8], f: impl Fn([u8; E]) -> T) -> Vec<T> {
-    bytes.chunks_exact(E).map(|c| f(c.try_into().expect("E bytes"))).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strings_become_the_frozen_functions_ids_once_at_conversion() {
     let dir = tempfile::tempdir().expect("tempdir");
     write(dir.path());
-    let node = Node::start(&config(dir.path(), VIEW)).await.expect("node");
+    let node = Node::start(&config_with_view(dir.path(), VIEW)).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     let chunk = node.chunk(info.version, info.shards[0].shard).await.expect("converted");
     let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");
@@ -121,7 +102,7 @@ fn hash_on_a_numeric_column_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     write(dir.path());
     let view = "[[tensor]]\nname = \"p\"\ndtype = \"i64\"\ncolumns = [\"price\"]\nhash = { buckets = 10 }\n";
-    let message = start_refused(config(dir.path(), view));
+    let message = start_refused(config_with_view(dir.path(), view));
     assert!(
         message.contains("a.parquet") && message.contains("\"price\"") && message.contains("hash applies"),
         "{message}"
@@ -210,7 +191,7 @@ fn write_nested(dir: &std::path::Path) {
 async fn struct_fields_id_score_lists_and_maps_are_read_by_their_paths() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_nested(dir.path());
-    let node = Node::start(&config(dir.path(), NESTED_VIEW)).await.expect("node");
+    let node = Node::start(&config_with_view(dir.path(), NESTED_VIEW)).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     let jagged: Vec<bool> = info.tensors.iter().map(|t| t.jagged).collect();
     assert_eq!(jagged, [false, true, true, true, true]);
@@ -239,7 +220,7 @@ fn a_path_to_no_field_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_nested(dir.path());
     let view = "[[tensor]]\nname = \"h\"\ndtype = \"i64\"\ncolumns = [\"user.height\"]\n";
-    let message = start_refused(config(dir.path(), view));
+    let message = start_refused(config_with_view(dir.path(), view));
     assert!(
         message.contains("nested.parquet") && message.contains("\"user.height\"") && message.contains("no such column"),
         "{message}"
@@ -282,7 +263,7 @@ dtype = "f32"
 columns = ["clicks"]
 transform = ["log1p"]
 "#;
-    let node = Node::start(&config(dir.path(), view)).await.expect("node");
+    let node = Node::start(&config_with_view(dir.path(), view)).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     let chunk = node.chunk(info.version, info.shards[0].shard).await.expect("converted");
     let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");

@@ -81,18 +81,28 @@ fn array_at(a: &ArrayRef, rest: &str) -> Option<ArrayRef> {
         DataType::LargeList(_) => list_field(a.as_list::<i64>(), name, tail),
         DataType::Map(_, _) => {
             let m = a.as_map();
-            let entries: &StructArray = m.entries();
-            let child = field_of(entries, name)?;
-            let child = match tail {
-                None => child,
-                Some(t) => array_at(&child, t)?,
-            };
-            let field: FieldRef = Arc::new(Field::new_list_field(child.data_type().clone(), true));
-            let list = GenericListArray::<i32>::try_new(field, m.offsets().clone(), child, m.nulls().cloned()).ok()?;
-            Some(Arc::new(list))
+            listed::<i32>(m.entries(), m.offsets(), m.nulls(), name, tail)
         }
         _ => None,
     }
+}
+
+/// Field `name` (then `tail` inside it) of the struct `values` of a list
+/// with `offsets` and `nulls`, as a list with the same offsets and nulls.
+fn listed<O: OffsetSizeTrait>(
+    values: &StructArray,
+    offsets: &arrow::buffer::OffsetBuffer<O>,
+    nulls: Option<&NullBuffer>,
+    name: &str,
+    tail: Option<&str>,
+) -> Option<ArrayRef> {
+    let child = field_of(values, name)?;
+    let child = match tail {
+        None => child,
+        Some(t) => array_at(&child, t)?,
+    };
+    let field: FieldRef = Arc::new(Field::new_list_field(child.data_type().clone(), true));
+    Some(Arc::new(GenericListArray::<O>::try_new(field, offsets.clone(), child, nulls.cloned()).ok()?))
 }
 
 /// Field `name` of `s`, null wherever `s` is.
@@ -109,15 +119,7 @@ fn field_of(s: &StructArray, name: &str) -> Option<ArrayRef> {
 /// The list of field `name` of `list`'s struct values, with its offsets
 /// and nulls.
 fn list_field<O: OffsetSizeTrait>(list: &GenericListArray<O>, name: &str, tail: Option<&str>) -> Option<ArrayRef> {
-    let values = list.values();
-    let child = field_of(values.as_struct_opt()?, name)?;
-    let child = match tail {
-        None => child,
-        Some(t) => array_at(&child, t)?,
-    };
-    let field: FieldRef = Arc::new(Field::new_list_field(child.data_type().clone(), true));
-    let out = GenericListArray::<O>::try_new(field, list.offsets().clone(), child, list.nulls().cloned()).ok()?;
-    Some(Arc::new(out))
+    listed(list.values().as_struct_opt()?, list.offsets(), list.nulls(), name, tail)
 }
 
 #[cfg(test)]

@@ -184,3 +184,24 @@ pub(crate) fn batch(
     arrow::array::RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), cols)
         .expect("test batch fits its schema")
 }
+
+/// A node's config serving `data` as dataset "ads" with the view in
+/// `view_toml`: a 64 MiB RAM tier, no prefetch.
+pub(crate) fn config_with_view(data: &Path, view_toml: &str) -> NodeConfig {
+    let view: View = toml::from_str::<View>(view_toml).expect("view").validated().expect("valid");
+    NodeConfig {
+        datasets: vec![DatasetConfig {
+            name: "ads".into(),
+            source: format!("file://{}", data.display()),
+            view: ViewRef::Inline(view),
+        }],
+        ram_bytes: 64 << 20,
+        prefetch_bytes: 0,
+        ..NodeConfig::default()
+    }
+}
+
+/// `bytes` as little-endian values of `E` bytes each.
+pub(crate) fn le<const E: usize, T>(bytes: &[u8], f: impl Fn([u8; E]) -> T) -> Vec<T> {
+    bytes.chunks_exact(E).map(|c| f(c.try_into().expect("E bytes"))).collect()
+}

@@ -177,6 +177,14 @@ pub(crate) fn convert_into(
                     }
                 }
             }
+            Kind::Crossed => {
+                let cols: Vec<&ArrayRef> = t.columns.iter().map(|c| column(c)).collect::<Result<_, _>>()?;
+                let dst = &mut out[layout.tensor_range(i)];
+                if dst.len() != rows * elem {
+                    return Err(site.err(&t.name, "crossed ids disagree with the row count".into()));
+                }
+                crossed_ids(&cols, t, site, dst)?;
+            }
             Kind::Stacked => {
                 let cols: Vec<Cow<'_, [u8]>> = t
                     .columns
@@ -587,6 +595,51 @@ fn hashed_bytes(
         DType::I32 => ids.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
         _ => ids.iter().flat_map(|&v| v.to_le_bytes()).collect(),
     })
+}
+
+/// One id per row of the crossed columns `cols`
+/// ([`granary_proto::view::cross_id`] of each value's text), written into
+/// `dst` as the tensor's dtype; a row with a null takes the fill, or is an
+/// error naming the column and row without one.
+fn crossed_ids(cols: &[&ArrayRef], t: &ResolvedTensor, site: Site<'_>, dst: &mut [u8]) -> Result<(), ConvertError> {
+    let texts: Vec<ArrayRef> = cols
+        .iter()
+        .zip(&t.columns)
+        .map(|(a, name)| match a.data_type() {
+            DataType::Binary | DataType::LargeBinary => Ok((*a).clone()),
+            _ => cast_with_options(a, &DataType::LargeUtf8, &CastOptions { safe: false, ..Default::default() })
+                .map_err(|e| site.err(name, format!("cannot read {} as text to cross: {e}", a.data_type()))),
+        })
+        .collect::<Result<_, _>>()?;
+    fn bytes_at(a: &ArrayRef, r: usize) -> &[u8] {
+        match a.data_type() {
+            DataType::Binary => a.as_binary::<i32>().value(r),
+            DataType::LargeBinary => a.as_binary::<i64>().value(r),
+            _ => a.as_string::<i64>().value(r).as_bytes(),
+        }
+    }
+    let buckets = t.hash.unwrap_or(1);
+    let elem = t.dtype.size_bytes();
+    for (r, out) in dst.chunks_exact_mut(elem).enumerate() {
+        let id = match texts.iter().position(|a| a.is_null(r)) {
+            Some(c) => match t.fill {
+                Some(f) => f as i64,
+                None => {
+                    return Err(site.err(
+                        &t.columns[c],
+                        format!("a null at row {r} of a crossed column, and the view declares no fill value"),
+                    ));
+                }
+            },
+            None => granary_proto::view::cross_id(texts.iter().map(|a| bytes_at(a, r)), buckets) as i64,
+        };
+        match t.dtype {
+            // The view checked that every id fits i32 (buckets <= 2^31).
+            DType::I32 => out.copy_from_slice(&(id as i32).to_le_bytes()),
+            _ => out.copy_from_slice(&id.to_le_bytes()),
+        }
+    }
+    Ok(())
 }
 
 /// Each value of numeric column `arr`, read as an f64, after the tensor's

@@ -281,3 +281,48 @@ fn a_transform_that_does_not_fit_its_dtype_is_refused_naming_the_tensor() {
     let e = toml::from_str::<View>(view).unwrap().validated().unwrap_err().to_string();
     assert!(e.contains("\"b\"") && e.contains("must be an integer"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_is_one_id_per_row_of_the_values_text_joined() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = batch(
+        vec![
+            Field::new("country", DataType::Utf8, true),
+            Field::new("device", DataType::Int32, false),
+            Field::new("is_new", DataType::Boolean, false),
+        ],
+        vec![
+            Arc::new(StringArray::from(vec![Some("US"), None, Some("DE")])) as ArrayRef,
+            Arc::new(Int32Array::from(vec![7, 8, -9])),
+            Arc::new(arrow::array::BooleanArray::from(vec![true, false, false])),
+        ],
+    );
+    write_parquet(&dir.path().join("c.parquet"), &[b]);
+    let view = r#"
+[[tensor]]
+name = "country_device"
+dtype = "i64"
+columns = ["country", "device"]
+cross = { buckets = 1000 }
+fill = -1
+[[tensor]]
+name = "device_new"
+dtype = "i32"
+columns = ["device", "is_new"]
+cross = { buckets = 50 }
+"#;
+    let node = Node::start(&config_with_view(dir.path(), view)).await.expect("node");
+    let info = node.describe("ads", None).expect("describe");
+    let chunk = node.chunk(info.version, info.shards[0].shard).await.expect("converted");
+    let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");
+    let cross = |vals: &[&str], n| granary_proto::view::cross_id(vals.iter().map(|s| s.as_bytes()), n) as i64;
+    assert_eq!(
+        le(v.tensor_at(0).unwrap().1, i64::from_le_bytes),
+        [cross(&["US", "7"], 1000), -1, cross(&["DE", "-9"], 1000)],
+        "a row with a null takes the fill"
+    );
+    assert_eq!(
+        le(v.tensor_at(1).unwrap().1, i32::from_le_bytes),
+        [cross(&["7", "true"], 50) as i32, cross(&["8", "false"], 50) as i32, cross(&["-9", "false"], 50) as i32]
+    );
+}

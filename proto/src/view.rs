@@ -72,6 +72,10 @@ pub struct TensorSpec {
     /// canonical spelling once validated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transform: Vec<String>,
+    /// Of two or more scalar columns: one id per row for their values
+    /// together, [`cross_id`] into `buckets` (an `i64` or `i32` tensor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross: Option<Hashing>,
 }
 
 /// How a tensor hashes its column's values into ids.
@@ -91,6 +95,21 @@ pub struct TensorSpec {
 pub struct Hashing {
     /// Ids run from 0 to `buckets - 1`.
     pub buckets: u64,
+}
+
+/// The id of a row's values under `cross = { buckets = N }`: each value's
+/// text (an integer in decimal, a bool as `true` or `false`, a string's
+/// UTF-8, bytes as they are), joined by the byte 0x1F, as [`hash_id`].
+/// Frozen, as `hash_id` is.
+pub fn cross_id<'a>(values: impl IntoIterator<Item = &'a [u8]>, buckets: u64) -> u64 {
+    let mut key = Vec::new();
+    for (i, v) in values.into_iter().enumerate() {
+        if i > 0 {
+            key.push(0x1F);
+        }
+        key.extend_from_slice(v);
+    }
+    hash_id(&key, buckets)
 }
 
 /// The id of a string or byte value under `hash = { buckets = N }`:
@@ -170,6 +189,7 @@ impl TensorSpec {
             null_rows: NullRows::Error,
             hash: None,
             transform: Vec::new(),
+            cross: None,
         }
     }
 
@@ -354,6 +374,22 @@ impl View {
 /// The list options of `t` hold together.
 fn check_options(t: &TensorSpec) -> Result<(), ViewError> {
     let bad = |problem: String| Err(ViewError::BadOption { tensor: t.name.clone(), problem });
+    if let Some(c) = t.cross {
+        if t.columns.len() < 2 {
+            return bad("cross combines two or more columns: name them in columns".into());
+        }
+        if t.hash.is_some() || !t.transform.is_empty() || t.cast || t.has_jagged_options() {
+            return bad("cross makes one id per row: it goes with no hash, transform, cast or list option".into());
+        }
+        let most = match t.dtype {
+            DType::I64 => i64::MAX as u64,
+            DType::I32 => i32::MAX as u64 + 1,
+            other => return bad(format!("cross makes ids: its dtype must be i64 or i32, not {other}")),
+        };
+        if c.buckets == 0 || c.buckets > most {
+            return bad(format!("cross buckets must be from 1 to {most} for dtype {}, not {}", t.dtype, c.buckets));
+        }
+    }
     if let Some(h) = t.hash {
         let most = match t.dtype {
             DType::I64 => i64::MAX as u64,
@@ -497,6 +533,24 @@ mod tests {
         assert!(with(DType::I32, 1 << 32, false).unwrap_err().contains("from 1 to 2147483648"));
         assert!(with(DType::I32, 1 << 31, false).is_ok());
         assert!(with(DType::I64, 10, true).unwrap_err().contains("cast does not apply"));
+    }
+
+    #[test]
+    fn a_cross_is_the_hash_of_the_values_joined_and_its_options_checked() {
+        assert_eq!(cross_id([&b"US"[..], b"7"], 1000), hash_id(b"US\x1f7", 1000));
+        assert_eq!(cross_id([&b"a"[..]], 10), hash_id(b"a", 10));
+        let with = |cols: &[&str], dtype, hash: bool| {
+            let t = TensorSpec {
+                cross: Some(Hashing { buckets: 100 }),
+                hash: hash.then_some(Hashing { buckets: 5 }),
+                ..TensorSpec::new("x", dtype, cols)
+            };
+            View { tensors: vec![t] }.validated().map_err(|e| e.to_string())
+        };
+        assert!(with(&["a", "b"], DType::I64, false).is_ok());
+        assert!(with(&["a"], DType::I64, false).unwrap_err().contains("two or more"));
+        assert!(with(&["a", "b"], DType::F32, false).unwrap_err().contains("i64 or i32"));
+        assert!(with(&["a", "b"], DType::I64, true).unwrap_err().contains("no hash"));
     }
 
     #[test]

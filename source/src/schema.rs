@@ -27,6 +27,9 @@ pub enum Kind {
     /// Each row's length of a padded list or byte column (the `<name>_len`
     /// tensor `pad_to` adds, i32), after truncation.
     Lengths,
+    /// Two or more scalar columns crossed into one id per row (`cross`;
+    /// its buckets in [`ResolvedTensor::hash`]).
+    Crossed,
 }
 
 /// One tensor of a view, resolved against a schema.
@@ -274,6 +277,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
                     ));
                 };
                 kind = match &standin {
+                    _ if spec.cross.is_some() => Kind::Crossed,
                     DataType::List(_) => Kind::Jagged,
                     _ if spec.columns.len() > 1 => Kind::Stacked,
                     _ => Kind::Scalar,
@@ -290,6 +294,21 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             }
             let hashed = spec.hash.is_some();
             let (this_elem, this_kind) = match &data_type {
+                // Crossed: each value's text, the row's joined and hashed.
+                dt if spec.cross.is_some() => {
+                    let scalar = |d: &DataType| bytes_like(d) || d.is_integer() || *d == DataType::Boolean;
+                    let ok = match dt {
+                        DataType::Dictionary(_, v) => scalar(v),
+                        d => scalar(d),
+                    };
+                    if !ok {
+                        return Err(err(
+                            col,
+                            format!("has Arrow type {dt}: cross takes string, byte, integer or bool columns"),
+                        ));
+                    }
+                    (DataType::Int64, Kind::Crossed)
+                }
                 // Hashed: each string (or bytes) an id; a list of them a
                 // jagged tensor of ids.
                 dt if hashed && bytes_like(dt) => {
@@ -361,7 +380,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
         }
         // A hashed tensor's ids are computed; a transformed one's values
         // are read as f64 and stored as its dtype after the steps.
-        let computed = spec.hash.is_some() || !spec.transform.is_empty();
+        let computed = spec.hash.is_some() || spec.cross.is_some() || !spec.transform.is_empty();
         let exact = arrow_type(spec.dtype).as_ref() == Some(&elem) || computed;
         if !exact && !spec.cast && !widens(&elem, spec.dtype) {
             return Err(err(
@@ -383,7 +402,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             kind = Kind::Padded(n as usize);
         }
         let shape = match kind {
-            Kind::Scalar | Kind::Jagged | Kind::Lengths => vec![],
+            Kind::Scalar | Kind::Jagged | Kind::Lengths | Kind::Crossed => vec![],
             Kind::Stacked => vec![spec.columns.len() as u32],
             Kind::List(k) => vec![k as u32],
             Kind::Padded(n) => vec![n as u32],
@@ -399,7 +418,7 @@ pub fn resolve_view(view: &View, schema: &SchemaRef, file: &str) -> Result<Resol
             max_len: spec.max_len.or(spec.pad_to),
             truncate: spec.truncate,
             null_empty: spec.null_rows == granary_proto::NullRows::Empty,
-            hash: spec.hash.map(|h| h.buckets),
+            hash: spec.hash.or(spec.cross).map(|h| h.buckets),
             transform: granary_proto::transform::parse(&spec.transform, spec.dtype)
                 .map_err(|problem| err(&spec.columns[0], problem))?,
         };

@@ -222,6 +222,9 @@ fn common_folder<'a>(mut paths: impl Iterator<Item = &'a str>) -> usize {
 /// Marks a tensor's `hash` option in [`Canon::view`] ("HASHIDS\0").
 const HASH_TAG: u64 = u64::from_le_bytes(*b"HASHIDS\0");
 
+/// Marks a tensor's `cross` option in [`Canon::view`] ("CROSSIDS").
+const CROSS_TAG: u64 = u64::from_le_bytes(*b"CROSSIDS");
+
 /// Marks a tensor's `transform` steps in [`Canon::view`] ("TRANSFRM").
 const TRANSFORM_TAG: u64 = u64::from_le_bytes(*b"TRANSFRM");
 
@@ -281,6 +284,10 @@ impl Canon {
             if let Some(h) = t.hash {
                 self.u64(HASH_TAG);
                 self.u64(h.buckets);
+            }
+            if let Some(c) = t.cross {
+                self.u64(CROSS_TAG);
+                self.u64(c.buckets);
             }
             if !t.transform.is_empty() {
                 self.u64(TRANSFORM_TAG);

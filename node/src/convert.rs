@@ -96,7 +96,7 @@ pub(crate) fn convert_into(
                     let Some(fill) = t.fill else {
                         return Err(null_error(list, name, site));
                     };
-                    let one = fill_bytes(t.dtype, fill);
+                    let one = crate::computed::fill_bytes(t.dtype, fill);
                     for r in (0..rows).filter(|&r| list.is_null(r)) {
                         for v in dst[r * k * elem..(r + 1) * k * elem].chunks_exact_mut(elem) {
                             v.copy_from_slice(&one);
@@ -128,7 +128,7 @@ pub(crate) fn convert_into(
                         if dst.len() != rows * n * elem {
                             return Err(site.err(name, "padded rows disagree with the row count".into()));
                         }
-                        let one = fill_bytes(t.dtype, t.fill.unwrap_or(0.0));
+                        let one = crate::computed::fill_bytes(t.dtype, t.fill.unwrap_or(0.0));
                         for v in dst.chunks_exact_mut(elem) {
                             v.copy_from_slice(&one);
                         }
@@ -183,7 +183,7 @@ pub(crate) fn convert_into(
                 if dst.len() != rows * elem {
                     return Err(site.err(&t.name, "crossed ids disagree with the row count".into()));
                 }
-                crossed_ids(&cols, t, site, dst)?;
+                crate::computed::crossed(&cols, t, dst).map_err(|(c, p)| site.err(&t.columns[c], p))?;
             }
             Kind::Stacked => {
                 let cols: Vec<Cow<'_, [u8]>> = t
@@ -503,23 +503,6 @@ fn transpose<const E: usize>(cols: &[&[u8]], rows: usize, dst: &mut [u8]) {
     }
 }
 
-/// The little-endian bytes of `fill` as one element of `dtype`. The view
-/// checked that the value fits.
-fn fill_bytes(dtype: DType, fill: f64) -> Vec<u8> {
-    match dtype {
-        DType::F32 => (fill as f32).to_le_bytes().to_vec(),
-        DType::F64 => fill.to_le_bytes().to_vec(),
-        DType::F16 => half::f16::from_f64(fill).to_le_bytes().to_vec(),
-        DType::BF16 => half::bf16::from_f64(fill).to_le_bytes().to_vec(),
-        DType::I64 => (fill as i64).to_le_bytes().to_vec(),
-        DType::I32 => (fill as i32).to_le_bytes().to_vec(),
-        DType::I16 => (fill as i16).to_le_bytes().to_vec(),
-        DType::I8 => (fill as i8).to_le_bytes().to_vec(),
-        DType::U8 => vec![fill as u8],
-        DType::Bool => vec![u8::from(fill != 0.0)],
-    }
-}
-
 /// One column's values as little-endian bytes of the tensor's dtype,
 /// borrowed when no cast, fill or widening is needed.
 fn column_bytes<'a>(
@@ -532,10 +515,10 @@ fn column_bytes<'a>(
         return Err(null_error(arr.as_ref(), column, site));
     }
     if let Some(buckets) = t.hash {
-        return hashed_bytes(arr, t, buckets, column, site).map(Cow::Owned);
+        return crate::computed::hashed(arr, t, buckets).map(Cow::Owned).map_err(|p| site.err(column, p));
     }
     if !t.transform.is_empty() {
-        return transformed_bytes(arr, t, column, site).map(Cow::Owned);
+        return crate::computed::transformed(arr, t).map(Cow::Owned).map_err(|p| site.err(column, p));
     }
     let target = arrow_type(t.dtype).unwrap_or(DataType::Float32);
     if *arr.data_type() != target {
@@ -548,131 +531,9 @@ fn column_bytes<'a>(
     Ok(typed_bytes(arr, t))
 }
 
-/// Each value of string or byte column `arr` as its id
-/// ([`granary_proto::view::hash_id`] into `buckets`), as little-endian
-/// bytes of the tensor's dtype (i64 or i32); a null takes the fill (the
-/// caller refused nulls without one). A dictionary is hashed by its
-/// values; a column of nulls alone (one a file lacks) is all fill.
-fn hashed_bytes(
-    arr: &ArrayRef,
-    t: &ResolvedTensor,
-    buckets: u64,
-    column: &str,
-    site: Site<'_>,
-) -> Result<Vec<u8>, ConvertError> {
-    let fill = t.fill.unwrap_or(0.0) as i64;
-    let ids: Vec<i64> = if arr.null_count() == arr.len() {
-        vec![fill; arr.len()]
-    } else {
-        let plain;
-        let values = match arr.data_type() {
-            DataType::Dictionary(_, v) => {
-                plain = arrow::compute::cast(arr, v)
-                    .map_err(|e| site.err(column, format!("cannot read its dictionary's values: {e}")))?;
-                &plain
-            }
-            _ => arr,
-        };
-        let each = |get: &dyn for<'b> Fn(&'b ArrayRef, usize) -> &'b [u8]| -> Vec<i64> {
-            (0..values.len())
-                .map(|i| {
-                    if values.is_null(i) { fill } else { granary_proto::view::hash_id(get(values, i), buckets) as i64 }
-                })
-                .collect()
-        };
-        match values.data_type() {
-            DataType::Utf8 => each(&|a, i| a.as_string::<i32>().value(i).as_bytes()),
-            DataType::LargeUtf8 => each(&|a, i| a.as_string::<i64>().value(i).as_bytes()),
-            DataType::Binary => each(&|a, i| a.as_binary::<i32>().value(i)),
-            DataType::LargeBinary => each(&|a, i| a.as_binary::<i64>().value(i)),
-            other => {
-                return Err(site.err(column, format!("has Arrow type {other}: hash applies to string or byte values")));
-            }
-        }
-    };
-    Ok(match t.dtype {
-        // The view checked that every id fits i32 (buckets <= 2^31).
-        DType::I32 => ids.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
-        _ => ids.iter().flat_map(|&v| v.to_le_bytes()).collect(),
-    })
-}
-
-/// One id per row of the crossed columns `cols`
-/// ([`granary_proto::view::cross_id`] of each value's text), written into
-/// `dst` as the tensor's dtype; a row with a null takes the fill, or is an
-/// error naming the column and row without one.
-fn crossed_ids(cols: &[&ArrayRef], t: &ResolvedTensor, site: Site<'_>, dst: &mut [u8]) -> Result<(), ConvertError> {
-    let texts: Vec<ArrayRef> = cols
-        .iter()
-        .zip(&t.columns)
-        .map(|(a, name)| match a.data_type() {
-            DataType::Binary | DataType::LargeBinary => Ok((*a).clone()),
-            _ => cast_with_options(a, &DataType::LargeUtf8, &CastOptions { safe: false, ..Default::default() })
-                .map_err(|e| site.err(name, format!("cannot read {} as text to cross: {e}", a.data_type()))),
-        })
-        .collect::<Result<_, _>>()?;
-    fn bytes_at(a: &ArrayRef, r: usize) -> &[u8] {
-        match a.data_type() {
-            DataType::Binary => a.as_binary::<i32>().value(r),
-            DataType::LargeBinary => a.as_binary::<i64>().value(r),
-            _ => a.as_string::<i64>().value(r).as_bytes(),
-        }
-    }
-    let buckets = t.hash.unwrap_or(1);
-    let elem = t.dtype.size_bytes();
-    for (r, out) in dst.chunks_exact_mut(elem).enumerate() {
-        let id = match texts.iter().position(|a| a.is_null(r)) {
-            Some(c) => match t.fill {
-                Some(f) => f as i64,
-                None => {
-                    return Err(site.err(
-                        &t.columns[c],
-                        format!("a null at row {r} of a crossed column, and the view declares no fill value"),
-                    ));
-                }
-            },
-            None => granary_proto::view::cross_id(texts.iter().map(|a| bytes_at(a, r)), buckets) as i64,
-        };
-        match t.dtype {
-            // The view checked that every id fits i32 (buckets <= 2^31).
-            DType::I32 => out.copy_from_slice(&(id as i32).to_le_bytes()),
-            _ => out.copy_from_slice(&id.to_le_bytes()),
-        }
-    }
-    Ok(())
-}
-
-/// Each value of numeric column `arr`, read as an f64, after the tensor's
-/// transform steps ([`granary_proto::transform`]), as little-endian bytes
-/// of its dtype; a null takes the fill as it is. A bucket index always
-/// fits the integer dtype (the view checked it); a float step's result is
-/// rounded to a narrower float dtype as a cast would.
-fn transformed_bytes(
-    arr: &ArrayRef,
-    t: &ResolvedTensor,
-    column: &str,
-    site: Site<'_>,
-) -> Result<Vec<u8>, ConvertError> {
-    let x = cast_with_options(arr, &DataType::Float64, &CastOptions { safe: false, ..Default::default() })
-        .map_err(|e| site.err(column, format!("cannot read {} as numbers to transform: {e}", arr.data_type())))?;
-    let x = x.as_primitive::<Float64Type>();
-    let fill = t.fill.unwrap_or(0.0);
-    let values = (0..x.len())
-        .map(|i| if x.is_null(i) { fill } else { granary_proto::transform::apply(&t.transform, x.value(i)) });
-    let mut out = Vec::with_capacity(x.len() * t.dtype.size_bytes());
-    match t.dtype {
-        DType::F32 => values.for_each(|v| out.extend_from_slice(&(v as f32).to_le_bytes())),
-        DType::F64 => values.for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::I64 => values.for_each(|v| out.extend_from_slice(&(v as i64).to_le_bytes())),
-        DType::I32 => values.for_each(|v| out.extend_from_slice(&(v as i32).to_le_bytes())),
-        dtype => values.for_each(|v| out.extend_from_slice(&fill_bytes(dtype, v))),
-    }
-    Ok(out)
-}
-
 /// The values of `a` (already of the dtype's Arrow type) as bytes.
 fn typed_bytes<'a>(a: &'a ArrayRef, t: &ResolvedTensor) -> Cow<'a, [u8]> {
-    let fill = t.fill.map(|f| fill_bytes(t.dtype, f));
+    let fill = t.fill.map(|f| crate::computed::fill_bytes(t.dtype, f));
     match t.dtype {
         DType::F32 => prim::<Float32Type>(a, fill.as_deref()),
         DType::F64 => prim::<Float64Type>(a, fill.as_deref()),

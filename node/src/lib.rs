@@ -24,6 +24,8 @@
 //!   its decisions (fetch route, stall clock) are pure cores in
 //!   `granary_node_core`.
 //! - `holds` — the versions this node's trainers use, held at the coordinator (pure core).
+//! - `computed` — values the converter computes: hashed and crossed ids,
+//!   transformed values.
 //! - `content` — which chunk the tier holds for each content, so a new
 //!   version that keeps an older one's file and view restamps its chunk
 //!   instead of reading and converting it again.
@@ -49,6 +51,7 @@
 // the node and its embedded form, the daemon entry, the cluster handle and
 // peer fabric, and errors. Everything else is the node's own business.
 pub mod access;
+mod computed;
 pub mod config;
 mod content;
 mod convert;

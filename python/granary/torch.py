@@ -69,12 +69,18 @@ def _tensor(arr, bf16, copy_read_only):
     return torch.from_numpy(arr)
 
 
-def kjt_parts(batch, keys=None):
+def kjt_parts(batch, keys=None, weights=None, lengths_dtype=None):
     """The jagged tensors ``keys`` of ``batch`` (a dict from :func:`to_torch`; default: all its jagged
     tensors, in order) as the keyword arguments of TorchRec's ``KeyedJaggedTensor``: ``keys``,
-    ``values`` key-major, ``lengths`` and ``offsets`` (int64, key-major, ``len(keys) * rows`` and one
-    more). With one key the values and offsets are the batch's own (no copy); with more, the values are
-    concatenated, so they must share a dtype."""
+    ``values`` key-major, ``lengths`` and ``offsets`` (key-major, ``len(keys) * rows`` and one more).
+    With one key the values and offsets are the batch's own (no copy); with more, the values are
+    concatenated, so they must share a dtype.
+
+    ``weights``: for each key, the name of a jagged tensor of the same rows' weights (an id-score list's
+    ``tags.weight`` beside its ``tags.id``: the same offsets, checked), given as ``weights``. Float32, as
+    TorchRec's weighted kernels take them (cast in the view otherwise). ``lengths_dtype``: ``torch.int32``
+    gives int32 lengths and offsets (a copy of them, ``rows + 1`` values a key), which TorchRec's kernels
+    also take; default int64, the batch's own."""
     if keys is None:
         keys = [name for name, t in batch.items() if isinstance(t, JaggedTensor)]
     keys = list(keys)
@@ -92,11 +98,29 @@ def kjt_parts(batch, keys=None):
         raise TypeError(f"a KeyedJaggedTensor's values share one dtype; these differ ({have}): cast in the view")
     if len(parts) == 1:
         t = parts[0]
-        return {"keys": keys, "values": t.values, "lengths": t.lengths, "offsets": t.offsets}
-    lengths = torch.cat([t.lengths for t in parts])
-    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    return {"keys": keys, "values": torch.cat([t.values for t in parts]), "lengths": lengths, "offsets": offsets}
+        out = {"keys": keys, "values": t.values, "lengths": t.lengths, "offsets": t.offsets}
+    else:
+        lengths = torch.cat([t.lengths for t in parts])
+        offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        out = {"keys": keys, "values": torch.cat([t.values for t in parts]), "lengths": lengths, "offsets": offsets}
+    if weights is not None:
+        names = [weights[k] for k in keys] if isinstance(weights, dict) else list(weights)
+        if len(names) != len(keys):
+            raise ValueError(f"one weights tensor a key: {len(keys)} keys, {len(names)} weights")
+        ws = []
+        for k, t, w in zip(keys, parts, names):
+            wt = batch[w]
+            if not isinstance(wt, JaggedTensor) or not torch.equal(wt.offsets, t.offsets):
+                raise ValueError(f"weights {w!r} must be a jagged tensor with the same rows' lengths as {k!r}")
+            if wt.values.dtype != torch.float32:
+                raise TypeError(f"weights {w!r} are {wt.values.dtype}; TorchRec takes float32 (dtype = \"f32\" in the view)")
+            ws.append(wt.values)
+        out["weights"] = ws[0] if len(ws) == 1 else torch.cat(ws)
+    if lengths_dtype is not None and lengths_dtype != torch.int64:
+        out["lengths"] = out["lengths"].to(lengths_dtype)
+        out["offsets"] = out["offsets"].to(lengths_dtype)
+    return out
 
 
 def to_padded(jagged, max_len=None, fill=0):

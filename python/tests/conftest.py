@@ -69,6 +69,27 @@ hash = {{ buckets = {HASH_BUCKETS} }}
 """
 
 
+# The jagged data's `cats` with weights beside them: the same list column as f32 (the same offsets).
+WEIGHTED_VIEW = """
+[[tensor]]
+name = "label"
+dtype = "f32"
+columns = ["label"]
+
+[[tensor]]
+name = "cats"
+dtype = "i32"
+columns = ["cats"]
+
+[[tensor]]
+name = "cats_w"
+dtype = "f32"
+columns = ["cats"]
+cast = true
+transform = ["standardize(500, 1000)"]
+"""
+
+
 def granary_bin():
     b = os.environ.get("GRANARY_BIN")
     if b:
@@ -123,6 +144,8 @@ class Node:
         typed.write_text(TYPED_VIEW)
         hashed = root / "hashed.toml"
         hashed.write_text(HASHED_VIEW)
+        weighted = root / "weighted.toml"
+        weighted.write_text(WEIGHTED_VIEW)
         config = root / "node.toml"
         config.write_text(
             f'socket = "{self.socket}"\n'
@@ -139,6 +162,10 @@ class Node:
             'name = "jagged"\n'
             f'source = "file://{self.jagged_data}/"\n'
             f'view = "{self.jagged_data / "view.toml"}"\n'
+            "[[dataset]]\n"
+            'name = "weighted"\n'
+            f'source = "file://{self.jagged_data}/"\n'
+            f'view = "{weighted}"\n'
             "[[dataset]]\n"
             'name = "hashed"\n'
             f'source = "file://{self.jagged_data}/"\n'

@@ -154,7 +154,7 @@ def test_four_ranks_as_four_processes_cover_every_row_exactly_once(node, tmp_pat
 def test_errors_are_granary_exceptions_that_say_what_and_whether_to_retry(node, tmp_path):
     with pytest.raises(granary.UnknownDatasetError) as e:
         granary.Loader(str(node.socket), "nope", 100)
-    assert e.value.served == ["ads", "hashed", "jagged", "typed"] and e.value.dataset == "nope" and not e.value.retryable
+    assert e.value.served == ["ads", "hashed", "jagged", "typed", "weighted"] and e.value.dataset == "nope" and not e.value.retryable
     assert "nope" in str(e.value) and isinstance(e.value, LookupError)
     with pytest.raises(granary.PlanError) as e:
         loader(node, rank=4, world_size=4)

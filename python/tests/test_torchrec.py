@@ -25,9 +25,9 @@ from conftest import JAGGED_ROWS  # noqa: E402
 BATCH = 40
 
 
-def granary_batches(node):
-    """The jagged dataset in manifest order (shuffle off), as torch tensors."""
-    ld = granary.Loader(str(node.socket), "jagged", BATCH, seed=1, rank=0, world_size=1, shuffle=False)
+def granary_batches(node, dataset="jagged"):
+    """A dataset in manifest order (shuffle off), as torch tensors."""
+    ld = granary.Loader(str(node.socket), dataset, BATCH, seed=1, rank=0, world_size=1, shuffle=False)
     return [gt.to_torch(b) for b in ld.epoch(0)]
 
 
@@ -46,11 +46,11 @@ def pyarrow_batches(node):
     return out
 
 
-def ebc():
+def ebc(weighted=False):
     torch.manual_seed(0)
     table = EmbeddingBagConfig(name="t_cats", embedding_dim=8, num_embeddings=1000, feature_names=["cats"],
                                pooling=PoolingType.SUM)
-    return EmbeddingBagCollection(tables=[table], device=torch.device("cpu"))
+    return EmbeddingBagCollection(tables=[table], is_weighted=weighted, device=torch.device("cpu"))
 
 
 def test_pooled_embeddings_equal_those_of_pyarrow_rows(node):
@@ -64,6 +64,23 @@ def test_pooled_embeddings_equal_those_of_pyarrow_rows(node):
         theirs = KeyedJaggedTensor(keys=["cats"], values=values, lengths=lengths)
         assert torch.equal(kjt.lengths(), theirs.lengths())
         assert torch.equal(bags(kjt)["cats"], bags(theirs)["cats"])
+
+
+def test_int32_lengths_and_weights_pool_as_pyarrow_rows_do(node):
+    """Lengths and offsets as int32 (TorchRec's kernels take them), and an id-score list: the `weighted`
+    dataset's `cats_w` are the same rows' weights, (cats - 500) / 1000, with the same offsets."""
+    ref = pyarrow_batches(node)
+    plain, weighted = ebc(), ebc(weighted=True)
+    for b, (values, lengths, _) in zip(granary_batches(node, "weighted"), ref):
+        parts = gt.kjt_parts(b, ["cats"], lengths_dtype=torch.int32)
+        assert parts["lengths"].dtype == torch.int32 and parts["offsets"].dtype == torch.int32
+        theirs = KeyedJaggedTensor(keys=["cats"], values=values, lengths=lengths.to(torch.int32))
+        assert torch.equal(plain(KeyedJaggedTensor(**parts))["cats"], plain(theirs)["cats"])
+        w = gt.kjt_parts(b, ["cats"], weights={"cats": "cats_w"})
+        assert w["weights"].data_ptr() == b["cats_w"].values.data_ptr(), "the batch's own weights"
+        want = ((values.to(torch.float64) - 500) / 1000).to(torch.float32)
+        theirs_w = KeyedJaggedTensor(keys=["cats"], values=values, lengths=lengths, weights=want)
+        assert torch.equal(weighted(KeyedJaggedTensor(**w))["cats"], weighted(theirs_w)["cats"])
 
 
 class Tiny(torch.nn.Module):

@@ -46,18 +46,34 @@ pub(crate) fn hashed(arr: &ArrayRef, t: &ResolvedTensor, buckets: u64) -> Result
             }
             _ => arr,
         };
-        let each = |get: &dyn for<'b> Fn(&'b ArrayRef, usize) -> &'b [u8]| -> Vec<i64> {
-            (0..values.len())
-                .map(|i| {
-                    if values.is_null(i) { fill } else { granary_proto::view::hash_id(get(values, i), buckets) as i64 }
-                })
-                .collect()
-        };
+        // Downcast once, then walk the values.
+        fn ids<'a>(
+            n: usize,
+            nulls: impl Fn(usize) -> bool,
+            get: impl Fn(usize) -> &'a [u8],
+            fill: i64,
+            buckets: u64,
+        ) -> Vec<i64> {
+            (0..n).map(|i| if nulls(i) { fill } else { granary_proto::view::hash_id(get(i), buckets) as i64 }).collect()
+        }
+        let (n, null) = (values.len(), |i| values.is_null(i));
         match values.data_type() {
-            DataType::Utf8 => each(&|a, i| a.as_string::<i32>().value(i).as_bytes()),
-            DataType::LargeUtf8 => each(&|a, i| a.as_string::<i64>().value(i).as_bytes()),
-            DataType::Binary => each(&|a, i| a.as_binary::<i32>().value(i)),
-            DataType::LargeBinary => each(&|a, i| a.as_binary::<i64>().value(i)),
+            DataType::Utf8 => {
+                let a = values.as_string::<i32>();
+                ids(n, null, |i| a.value(i).as_bytes(), fill, buckets)
+            }
+            DataType::LargeUtf8 => {
+                let a = values.as_string::<i64>();
+                ids(n, null, |i| a.value(i).as_bytes(), fill, buckets)
+            }
+            DataType::Binary => {
+                let a = values.as_binary::<i32>();
+                ids(n, null, |i| a.value(i), fill, buckets)
+            }
+            DataType::LargeBinary => {
+                let a = values.as_binary::<i64>();
+                ids(n, null, |i| a.value(i), fill, buckets)
+            }
             other => return Err(format!("has Arrow type {other}: hash applies to string or byte values")),
         }
     };

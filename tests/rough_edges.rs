@@ -149,7 +149,9 @@ fn view_check_shows_jagged_tensors_and_their_lengths() {
     datagen::generate(&data, &spec, |_| {}).expect("generate");
     let view = tmp.path().join("view.toml");
     let text = "[[tensor]]\nname = \"hist\"\ndtype = \"i64\"\ncolumns = [\"hist\"]\n\n\
-                [[tensor]]\nname = \"blob\"\ndtype = \"u8\"\ncolumns = [\"blob\"]\n";
+                [[tensor]]\nname = \"blob\"\ndtype = \"u8\"\ncolumns = [\"blob\"]\n\n\
+                [[tensor]]\nname = \"blob_id\"\ndtype = \"i64\"\ncolumns = [\"blob\"]\nhash = { buckets = 1000 }\n\n\
+                [[tensor]]\nname = \"label_log\"\ndtype = \"f32\"\ncolumns = [\"label\"]\ntransform = [\"log1p\"]\n";
     std::fs::write(&view, text).expect("view");
     let run = |json: bool| {
         let mut c = Command::new(BIN);
@@ -169,10 +171,14 @@ fn view_check_shows_jagged_tensors_and_their_lengths() {
     assert_eq!(hist["lengths"]["max"].as_u64(), want.iter().max().copied());
     let blob = &v["tensors"][1]["lengths"];
     assert!(blob["max"].as_u64().is_some_and(|m| m <= datagen::MAX_BLOB as u64), "{blob}");
-    assert_eq!(v["row_bytes"], 16, "8 bytes of row offset a jagged tensor");
+    assert_eq!(v["row_bytes"], 16 + 8 + 4, "8 bytes of row offset a jagged tensor, an id, a float");
+    assert_eq!(v["tensors"][2]["computed"], "hash into 1000");
+    assert_eq!(v["tensors"][3]["computed"], "log1p");
+    assert!(v["tensors"][0].get("computed").is_none());
     let text = String::from_utf8_lossy(&run(false).stdout).to_string();
     assert!(text.contains("hist             i64    [*]"), "{text}");
     assert!(text.contains("blob: bytes a row in the first row group (2000 rows)"), "{text}");
+    assert!(text.contains("blob_id          i64    []       blob (hash into 1000)"), "{text}");
 }
 
 #[test]

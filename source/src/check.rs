@@ -24,6 +24,10 @@ pub struct CheckedTensor {
     pub columns: Vec<String>,
     /// Whether the view declares a cast (the file's type differs).
     pub cast: bool,
+    /// What the converter computes instead of copying, if anything:
+    /// `hash into N`, `cross into N`, or the transform's steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub computed: Option<String>,
     /// Of a jagged (or padded) tensor: its rows' lengths in the first
     /// file's first row group (values per row; bytes of a byte column),
     /// before any truncation.
@@ -128,6 +132,16 @@ pub async fn check_view(remote: &Remote, view: &View) -> Result<ViewCheck, OpenE
             cast: t.kind != crate::schema::Kind::Lengths
                 && view.tensors.iter().find(|s| s.name == t.name).is_some_and(|s| s.cast),
             lengths: lengths.get(&l.name).cloned(),
+            computed: view
+                .tensors
+                .iter()
+                .find(|s| s.name == t.name && t.kind != crate::schema::Kind::Lengths)
+                .and_then(|s| match (s.hash, s.cross) {
+                    (Some(h), _) => Some(format!("hash into {}", h.buckets)),
+                    (_, Some(c)) => Some(format!("cross into {}", c.buckets)),
+                    _ if !s.transform.is_empty() => Some(s.transform.join(", ")),
+                    _ => None,
+                }),
         })
         .collect();
     Ok(ViewCheck {

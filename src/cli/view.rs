@@ -77,7 +77,8 @@ fn check(a: CheckArgs) -> Result<()> {
             t.columns.join(", ")
         };
         let cast = if t.cast { " (cast)" } else { "" };
-        println!("{:<16} {:<6} {:<8} {cols}{cast}", t.name, t.dtype, shape);
+        let computed = t.computed.as_ref().map(|c| format!(" ({c})")).unwrap_or_default();
+        println!("{:<16} {:<6} {:<8} {cols}{cast}{computed}", t.name, t.dtype, shape);
     }
     for t in &report.tensors {
         if let Some(l) = &t.lengths {

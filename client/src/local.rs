@@ -56,6 +56,8 @@ pub struct LocalSource {
     /// this source received: a chunk reply of another length is refused
     /// before its memory file is mapped.
     chunk_lens: Mutex<HashMap<DatasetVersion, HashMap<ShardId, u64>>>,
+    /// The local protocol versions this source offers.
+    speaks: version::Speaks,
     /// Register every chunk mapping with this CUDA context as page-locked
     /// memory (feature `cuda`).
     #[cfg(feature = "cuda")]
@@ -183,8 +185,15 @@ impl MappingCache {
 impl LocalSource {
     /// Connects to the node listening at `path`.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        Self::connect_speaking(path, version::LOCAL)
+    }
+
+    /// [`LocalSource::connect`] speaking only `speaks` of the local
+    /// protocol ([`version::LOCAL`] in `connect`): how a trainer of an
+    /// older build meets the node, for tests of a rolling upgrade.
+    pub fn connect_speaking(path: impl AsRef<Path>, speaks: version::Speaks) -> Result<Self, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream = open(&path, version::LOCAL)?;
+        let stream = open(&path, speaks)?;
         let mappings =
             MappingCache { budget_bytes: DEFAULT_MAPPING_CACHE_BYTES, bytes: 0, tick: 0, entries: HashMap::new() };
         Ok(Self {
@@ -198,6 +207,7 @@ impl LocalSource {
             #[cfg(feature = "cuda")]
             page_lock_refused: std::sync::atomic::AtomicBool::new(false),
             reconnect: DEFAULT_RECONNECT,
+            speaks,
             last_follow: Mutex::new(None),
             out_of_step: std::sync::atomic::AtomicBool::new(false),
         })
@@ -310,7 +320,7 @@ impl LocalSource {
             }
             std::thread::sleep(pause.min(self.reconnect.saturating_sub(started.elapsed())));
             pause = (pause * 2).min(Duration::from_secs(1));
-            let stream = match open(&self.path, version::LOCAL) {
+            let stream = match open(&self.path, self.speaks) {
                 Ok(s) => s,
                 Err(ClientError::Connect { source, .. }) => {
                     last = source;

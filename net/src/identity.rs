@@ -177,6 +177,13 @@ impl Identity {
     /// ALPN protocol `alpn` (then [`ALPN_VERSIONS`], which
     /// [`crate::conn::Connections`] turns into a [`crate::conn::DialError::Version`]) and uses [`transport_config`]. Connect with a [`Role::server_name`] as the server name.
     pub fn client_config(&self, alpn: &[u8]) -> Result<quinn::ClientConfig, TlsError> {
+        self.client_config_for(&[alpn])
+    }
+
+    /// [`Identity::client_config`] offering each of `alpns` (the versions
+    /// of one wire this build speaks): the server picks the first of its
+    /// own list that is offered, so a server lists its newest first.
+    pub fn client_config_for(&self, alpns: &[&[u8]]) -> Result<quinn::ClientConfig, TlsError> {
         let side = "client";
         let mut tls = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&TLS13])
@@ -184,7 +191,7 @@ impl Identity {
             .with_root_certificates(self.roots())
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|error| TlsError::Rustls { side, error })?;
-        tls.alpn_protocols = vec![alpn.to_vec(), ALPN_VERSIONS.to_vec()];
+        tls.alpn_protocols = alpns.iter().map(|p| p.to_vec()).chain([ALPN_VERSIONS.to_vec()]).collect();
         let quic = QuicClientConfig::try_from(tls).map_err(|error| TlsError::Quic { side, error })?;
         let mut config = quinn::ClientConfig::new(Arc::new(quic));
         config.transport_config(Arc::new(transport_config()));

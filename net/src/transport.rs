@@ -15,7 +15,14 @@ pub const ALPN_API: &[u8] = b"granary-api/1";
 /// ALPN protocol of Raft traffic between coordinators.
 pub const ALPN_RAFT: &[u8] = b"granary-raft/1";
 /// ALPN protocol of the peer fabric: node-to-node chunk and footer traffic (trainers reach their node over its Unix socket, never over QUIC).
-pub const ALPN_PEER: &[u8] = b"granary-peer/4";
+/// Version 5 sends chunks of format 3 (which name their converter) or 2.
+pub const ALPN_PEER: &[u8] = b"granary-peer/5";
+/// The peer fabric as the build before speaks it: the same frames, chunks
+/// of format 2 only (`granary_proto::chunk`).
+pub const ALPN_PEER_PREVIOUS: &[u8] = b"granary-peer/4";
+/// Every version of the peer fabric this build speaks, newest first (the
+/// order a server lists them in, so that two new builds speak the newest).
+pub const PEER_PROTOCOLS: &[&[u8]] = &[ALPN_PEER, ALPN_PEER_PREVIOUS];
 
 /// ALPN protocol every Granary server lists last and every client offers
 /// last: chosen only when the two share no version of the wire the client

@@ -267,12 +267,12 @@ async fn refuse(mut stream: UnixStream, kind: ErrorKind, why: String) {
 }
 
 /// Answers a trainer's hello (its magic read): the version both speak, or
-/// a refusal naming both ranges. `false` when the connection is to close.
-async fn greet(stream: &mut UnixStream, client: &str, write: Duration) -> io::Result<bool> {
+/// a refusal naming both ranges. `None` when the connection is to close.
+async fn greet(stream: &mut UnixStream, client: &str, write: Duration) -> io::Result<Option<u16>> {
     let mut rest = [0u8; version::HELLO_LEN - 4];
     match tokio::time::timeout(REQUEST_WAIT, stream.read_exact(&mut rest)).await {
         Ok(read) => read?,
-        Err(_) => return Ok(false),
+        Err(_) => return Ok(None),
     };
     let trainer = version::decode_hello(rest);
     let chosen = version::LOCAL.negotiate(trainer);
@@ -282,9 +282,9 @@ async fn greet(stream: &mut UnixStream, client: &str, write: Duration) -> io::Re
     let reply = version::encode_hello_reply(chosen.ok(), version::LOCAL);
     match tokio::time::timeout(write, stream.write_all(&reply)).await {
         Ok(written) => written?,
-        Err(_) => return Ok(false),
+        Err(_) => return Ok(None),
     }
-    Ok(chosen.is_ok())
+    Ok(chosen.ok())
 }
 
 /// Why this node refuses a trainer, for its log and for a trainer of local
@@ -317,6 +317,8 @@ async fn connection(
     let limits = conn.conns.limits;
     let write = limits.write_timeout;
     let mut first = true;
+    // The local protocol this trainer speaks: 1 until a hello says more.
+    let mut protocol = 1;
     loop {
         conn.idle();
         let mut header = [0u8; frame::HEADER_LEN];
@@ -340,8 +342,11 @@ async fn connection(
                 // Idle (evictable) while it greets, as while a request
                 // comes in whole.
                 match conn.unless_evicted(client, greet(&mut stream, client, write)).await {
-                    Some(Ok(true)) => continue,
-                    Some(Ok(false)) | None => return Ok(()),
+                    Some(Ok(Some(v))) => {
+                        protocol = v;
+                        continue;
+                    }
+                    Some(Ok(None)) | None => return Ok(()),
                     Some(Err(e)) => return Err(e),
                 }
             }
@@ -434,13 +439,19 @@ async fn connection(
                 };
                 send(&stream, &reply, None, write).await?;
             }
-            LocalRequest::FetchChunk { version, shard } => match session.chunk(version, shard).await {
-                Ok(chunk) => {
-                    let reply = LocalResponse::Chunk { len: chunk.len() as u64 };
-                    send(&stream, &reply, Some(chunk.fd()), write).await?;
+            LocalRequest::FetchChunk { version, shard } => {
+                let chunk = session.chunk(version, shard).await.map_err(|e| (e.kind(), e.to_string())).and_then(|c| {
+                    for_protocol(c, protocol)
+                        .map_err(|e| (ErrorKind::Unavailable, format!("a copy for local protocol {protocol}: {e}")))
+                });
+                match chunk {
+                    Ok(chunk) => {
+                        let reply = LocalResponse::Chunk { len: chunk.len() as u64 };
+                        send(&stream, &reply, Some(chunk.fd()), write).await?;
+                    }
+                    Err((kind, e)) => send(&stream, &failed(kind, format!("shard {shard}: {e}")), None, write).await?,
                 }
-                Err(e) => send(&stream, &failed(e.kind(), format!("shard {shard}: {e}")), None, write).await?,
-            },
+            }
             LocalRequest::Stats => send(&stream, &LocalResponse::Stats(node.stats()), None, write).await?,
             LocalRequest::Touch { shard, .. } => {
                 session.touch(shard);
@@ -455,6 +466,24 @@ async fn connection(
             LocalRequest::Doctor => send(&stream, &LocalResponse::Doctor(node.doctor_snapshot()), None, write).await?,
         }
     }
+}
+
+/// `chunk` as a trainer of local `protocol` reads it: before protocol 3,
+/// chunks of format 2 only (`granary_proto::chunk`), so a chunk of format
+/// 3 goes as a format-2 copy (during a rolling upgrade only: trainers are
+/// upgraded after their nodes).
+fn for_protocol(
+    chunk: std::sync::Arc<crate::shm::SealedChunk>,
+    protocol: u16,
+) -> Result<std::sync::Arc<crate::shm::SealedChunk>, String> {
+    use granary_proto::{ChunkView, chunk::Verify};
+    let view = ChunkView::parse(chunk.bytes(), Verify::HeaderOnly).map_err(|e| e.to_string())?;
+    if protocol >= 3 || view.format() <= 2 {
+        return Ok(chunk);
+    }
+    let mut old = vec![0u8; chunk.len()];
+    view.write_format(2, &mut old).map_err(|e| e.to_string())?;
+    crate::shm::SealedChunk::copy_of(&old).map(std::sync::Arc::new).map_err(|e| e.to_string())
 }
 
 fn failed(kind: ErrorKind, message: String) -> LocalResponse {

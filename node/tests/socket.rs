@@ -646,6 +646,34 @@ fn a_hello_agrees_on_a_version_or_is_refused_with_the_node_s_range() {
     d.stop();
 }
 
+/// Rolling upgrades (issue 42): a trainer of the build before (local
+/// protocol 2, which reads chunks of format 2 only) gets a format-2 copy
+/// of each chunk, the same length and payload as the format-3 chunk a
+/// trainer of this build gets.
+#[test]
+fn a_trainer_of_the_build_before_gets_chunks_in_the_format_it_reads() {
+    use granary_proto::chunk::{CONVERTER_VERSION, Verify};
+    use granary_proto::version::Speaks;
+    let (_data, _run, d) = daemon_over(1, 600, 300, |_| {});
+    let new = LocalSource::connect(&d.socket).expect("connect");
+    let old =
+        LocalSource::connect_speaking(&d.socket, Speaks { oldest: 1, current: 2 }).expect("connect as protocol 2");
+    let info = new.describe("ads", None).expect("describe");
+    old.describe("ads", Some(info.version)).expect("describe");
+    let described = |bytes: &[u8]| {
+        let v = granary_proto::ChunkView::parse(bytes, Verify::Full).expect("a valid chunk");
+        ((v.format(), v.converter()), bytes[bytes.len() - v.header().payload_len as usize..].to_vec())
+    };
+    for s in &info.shards {
+        let (a, b) =
+            (new.fetch(info.version, s.shard).expect("fetch"), old.fetch(info.version, s.shard).expect("fetch"));
+        let ((new_format, new_payload), (old_format, old_payload)) = (described(a.bytes()), described(b.bytes()));
+        assert_eq!((new_format, old_format), ((3, Some(CONVERTER_VERSION)), (2, None)));
+        assert_eq!((a.bytes().len(), new_payload), (b.bytes().len(), old_payload));
+    }
+    d.stop();
+}
+
 /// The mapping advice as the node runs (issue 42): shared among the ranks
 /// the node expects or, when more loaders follow a plan, among those; a
 /// loader that goes away gives its share back.

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! 0   magic "GRNCHNK\0"
-//! 8   format version (u32) = 2
+//! 8   format version (u32) = 3 (2 still read)
 //! 12  header length H (u32)
 //! 16  xxh3-64 of the header bytes (u64)
 //! 24  total length of the chunk (u64)
@@ -25,6 +25,16 @@
 //! ([`ChunkError::UnsupportedFormat`]), so a node drops them from its SSD
 //! tier and converts the shard again.
 //!
+//! Format 3 says which converter made the chunk: the header's first word,
+//! a `u32` format in format 2, is two `u16`s in format 3, the format and
+//! the [`CONVERTER_VERSION`]. The archive keeps its layout, so a chunk is
+//! as long in either format and a manifest's lengths hold for both. This
+//! build reads both (a format-2 chunk's converter is unknown: 0) and
+//! writes 3; [`ChunkView::write_format`] gives a format-2 copy to a reader
+//! of the build before (a peer speaking `granary-peer/4`, a trainer of
+//! local protocol 2), and peer verification compares chunks of one
+//! converter only.
+//!
 //! [`ChunkView::parse`] validates all of it before a single tensor byte is
 //! read: a chunk that came from disk, a peer or shared memory is never used
 //! unvalidated.
@@ -37,8 +47,22 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// First eight bytes of every chunk.
 pub const MAGIC: [u8; 8] = *b"GRNCHNK\0";
-/// The chunk format this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The chunk format this crate writes.
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest chunk format this crate reads (and writes for readers of
+/// the build before: [`ChunkView::write_format`]).
+pub const OLDEST_FORMAT: u32 = 2;
+/// The rules this build's converter follows. It moves whenever the bytes
+/// a conversion makes change for the same row group and view (a fix in a
+/// cast, a new fill), so that two chunks are compared byte for byte only
+/// when one set of rules made both. 0 means unknown (format 2).
+pub const CONVERTER_VERSION: u16 = 1;
+/// The converter rules a format-2 chunk is taken to follow where a rule
+/// must be named (peer verification): the builds that wrote format 2 ran
+/// the rules this build calls 1, so a chunk of the build before is
+/// compared with this build's own, and a forger gains nothing by sending
+/// format 2.
+pub const FORMAT_2_CONVERTER: u16 = 1;
 /// Bytes before the header.
 pub const PREFIX_LEN: usize = 32;
 /// Largest header accepted (bounds the work done on a hostile chunk).
@@ -82,8 +106,12 @@ impl TensorMeta {
 /// What a chunk says about itself.
 #[derive(Clone, PartialEq, Eq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct ChunkHeader {
-    /// Must equal [`FORMAT_VERSION`].
-    pub format_version: u32,
+    /// The chunk format: the prefix's (format 2 or 3). Format 2 had one
+    /// `u32` here, so this and `converter` take its place.
+    pub format: u16,
+    /// The [`CONVERTER_VERSION`] of the build that converted the shard;
+    /// 0 (unknown) in format 2.
+    pub converter: u16,
     /// Dataset version the shard belongs to.
     pub dataset_version: DatasetVersion,
     /// The shard this chunk holds.
@@ -109,7 +137,7 @@ pub enum ChunkError {
     #[error("not a chunk (bad magic)")]
     BadMagic,
     /// Written by another format version.
-    #[error("chunk format {0} is not supported (this build reads {FORMAT_VERSION})")]
+    #[error("chunk format {0} is not supported (this build reads {OLDEST_FORMAT} to {FORMAT_VERSION})")]
     UnsupportedFormat(u32),
     /// The header length or total length disagrees with the bytes.
     #[error("chunk lengths are inconsistent: {0}")]
@@ -277,7 +305,8 @@ impl ChunkLayout {
             });
         }
         let header = ChunkHeader {
-            format_version: FORMAT_VERSION,
+            format: FORMAT_VERSION as u16,
+            converter: CONVERTER_VERSION,
             dataset_version,
             shard,
             rows,
@@ -392,7 +421,7 @@ impl<'a> ChunkView<'a> {
             return Err(ChunkError::BadMagic);
         }
         let format = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or_default());
-        if format != FORMAT_VERSION {
+        if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&format) {
             return Err(ChunkError::UnsupportedFormat(format));
         }
         let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap_or_default()) as usize;
@@ -413,6 +442,12 @@ impl<'a> ChunkView<'a> {
         let header = rkyv::from_bytes::<ChunkHeader, rkyv::rancor::Error>(&aligned)
             .map_err(|e| ChunkError::HeaderInvalid(e.to_string()))?;
         let payload_start = align_up(PREFIX_LEN + header_len);
+        if u32::from(header.format) != format || (format == 2 && header.converter != 0) {
+            return Err(ChunkError::Layout(format!(
+                "the prefix says format {format}, the header format {} by converter {}",
+                header.format, header.converter
+            )));
+        }
         check_layout(&header, payload_start, bytes)?;
         if verify == Verify::Full {
             let actual = xxh3_64(&bytes[payload_start..]);
@@ -430,18 +465,53 @@ impl<'a> ChunkView<'a> {
     /// whose shard holds the same content
     /// ([`crate::manifest::Manifest::content_key`]).
     pub fn restamp_into(&self, version: DatasetVersion, shard: ShardId, dst: &mut [u8]) -> Result<(), ChunkError> {
-        if dst.len() != self.bytes.len() {
-            return Err(ChunkError::Length(format!("restamping {} bytes into {}", self.bytes.len(), dst.len())));
-        }
         let mut header = self.header.clone();
         header.dataset_version = version;
         header.shard = shard;
-        let encoded = encode_header(&header)?;
+        self.rewrite_into(&header, dst)
+    }
+
+    /// Writes into `dst` (as long as this chunk) this chunk in `format`
+    /// ([`OLDEST_FORMAT`] or [`FORMAT_VERSION`]): the same payload, the
+    /// header saying the format. In format 2 the converter is not written
+    /// (unknown to its readers); a format-2 chunk written as format 3
+    /// keeps its converter unknown (0).
+    pub fn write_format(&self, format: u32, dst: &mut [u8]) -> Result<(), ChunkError> {
+        if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&format) {
+            return Err(ChunkError::UnsupportedFormat(format));
+        }
+        let mut header = self.header.clone();
+        header.format = format as u16;
+        if format == 2 {
+            header.converter = 0;
+        }
+        self.rewrite_into(&header, dst)
+    }
+
+    /// The chunk format these bytes are in (2 or 3).
+    pub fn format(&self) -> u32 {
+        u32::from(self.header.format)
+    }
+
+    /// The [`CONVERTER_VERSION`] that made this chunk; `None` when unknown
+    /// (format 2).
+    pub fn converter(&self) -> Option<u16> {
+        (self.header.converter != 0).then_some(self.header.converter)
+    }
+
+    /// Writes this chunk into `dst` with `header` (whose encoding must be
+    /// as long as this chunk's header): the payload and its checksum stay.
+    fn rewrite_into(&self, header: &ChunkHeader, dst: &mut [u8]) -> Result<(), ChunkError> {
+        if dst.len() != self.bytes.len() {
+            return Err(ChunkError::Length(format!("rewriting {} bytes into {}", self.bytes.len(), dst.len())));
+        }
+        let encoded = encode_header(header)?;
         let header_len = u32::from_le_bytes(self.bytes[12..16].try_into().unwrap_or_default()) as usize;
         if encoded.len() != header_len {
-            return Err(ChunkError::Length(format!("a restamped header of {} bytes, not {header_len}", encoded.len())));
+            return Err(ChunkError::Length(format!("a rewritten header of {} bytes, not {header_len}", encoded.len())));
         }
         dst.copy_from_slice(self.bytes);
+        dst[8..12].copy_from_slice(&u32::from(header.format).to_le_bytes());
         dst[16..24].copy_from_slice(&xxh3_64(&encoded).to_le_bytes());
         dst[PREFIX_LEN..PREFIX_LEN + header_len].copy_from_slice(&encoded);
         Ok(())
@@ -548,9 +618,6 @@ fn read_u64(bytes: &[u8], i: usize) -> u64 {
 fn check_layout(h: &ChunkHeader, payload_start: usize, bytes: &[u8]) -> Result<(), ChunkError> {
     let total = bytes.len();
     let bad = |m: String| Err(ChunkError::Layout(m));
-    if h.format_version != FORMAT_VERSION {
-        return Err(ChunkError::UnsupportedFormat(h.format_version));
-    }
     if (payload_start as u64).checked_add(h.payload_len) != Some(total as u64)
         || !h.payload_len.is_multiple_of(ALIGN as u64)
     {
@@ -818,6 +885,81 @@ mod tests {
         let mut old = build(3, 1);
         old[8..12].copy_from_slice(&1u32.to_le_bytes());
         assert_eq!(ChunkView::parse(&old, Verify::Full).unwrap_err(), ChunkError::UnsupportedFormat(1));
+    }
+
+    /// The header as the build before this one wrote it (format 2): one
+    /// `u32` format word where format 3 has the format and the converter.
+    #[derive(rkyv::Archive, rkyv::Serialize)]
+    struct HeaderOfFormat2 {
+        format_version: u32,
+        dataset_version: DatasetVersion,
+        shard: ShardId,
+        rows: u64,
+        tensors: Vec<TensorMeta>,
+        payload_len: u64,
+        payload_checksum: u64,
+    }
+
+    /// `chunk`'s bytes as the build before wrote them.
+    fn as_format_2(chunk: &[u8]) -> Vec<u8> {
+        let h = ChunkView::parse(chunk, Verify::Full).unwrap().header().clone();
+        let old = HeaderOfFormat2 {
+            format_version: 2,
+            dataset_version: h.dataset_version,
+            shard: h.shard,
+            rows: h.rows,
+            tensors: h.tensors,
+            payload_len: h.payload_len,
+            payload_checksum: h.payload_checksum,
+        };
+        let enc = rkyv::to_bytes::<rkyv::rancor::Error>(&old).unwrap();
+        let header_len = u32::from_le_bytes(chunk[12..16].try_into().unwrap()) as usize;
+        assert_eq!(enc.len(), header_len, "format 2's header is as long as format 3's");
+        let mut out = chunk.to_vec();
+        out[8..12].copy_from_slice(&2u32.to_le_bytes());
+        out[16..24].copy_from_slice(&xxh3_64(&enc).to_le_bytes());
+        out[PREFIX_LEN..PREFIX_LEN + header_len].copy_from_slice(&enc);
+        out
+    }
+
+    #[test]
+    fn a_chunk_says_its_converter_and_reads_in_the_format_before() {
+        for chunk in [build(5, 3), build_jagged(&[1, 2, 0, 3])] {
+            let v = ChunkView::parse(&chunk, Verify::Full).unwrap();
+            assert_eq!((v.format(), v.converter()), (3, Some(CONVERTER_VERSION)));
+            // What the build before wrote is read, its converter unknown.
+            let before = as_format_2(&chunk);
+            let b = ChunkView::parse(&before, Verify::Full).expect("format 2 is read");
+            assert_eq!((b.format(), b.converter()), (2, None));
+            assert_eq!(b.header().tensors, v.header().tensors);
+            assert_eq!(b.header().payload_checksum, v.header().payload_checksum);
+            // And written for it byte for byte: same length, same payload.
+            let mut out = vec![0u8; chunk.len()];
+            v.write_format(2, &mut out).unwrap();
+            assert_eq!(out, before, "format 2 as the build before wrote it");
+            // Back to format 3, the converter stays unknown.
+            b.write_format(3, &mut out).unwrap();
+            let again = ChunkView::parse(&out, Verify::Full).unwrap();
+            assert_eq!((again.format(), again.converter()), (3, None));
+            assert_eq!(v.write_format(4, &mut out).unwrap_err(), ChunkError::UnsupportedFormat(4));
+        }
+    }
+
+    #[test]
+    fn a_prefix_and_header_that_disagree_on_the_format_are_refused() {
+        let chunk = build(4, 2);
+        let h = ChunkView::parse(&chunk, Verify::Full).unwrap().header().clone();
+        let payload = &chunk[chunk.len() - h.payload_len as usize..];
+        // A format-2 prefix over a format-3 header, and a format-2 header
+        // naming a converter.
+        let mut two = with_header(&h, payload);
+        two[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let mut with_converter = with_header(&ChunkHeader { format: 2, ..h.clone() }, payload);
+        with_converter[8..12].copy_from_slice(&2u32.to_le_bytes());
+        for bad in [two, with_converter] {
+            let err = ChunkView::parse(&bad, Verify::Full).unwrap_err().to_string();
+            assert!(err.contains("format"), "{err}");
+        }
     }
 
     proptest! {

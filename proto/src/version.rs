@@ -92,8 +92,9 @@ impl Mismatch {
 
 /// The local socket's versions in this build. 1: frames from the first
 /// request on, no hello (every build before the hello). 2: a hello, then
-/// the same frames.
-pub const LOCAL: Speaks = Speaks { oldest: 1, current: 2 };
+/// the same frames. 3: chunks may be of format 3 (`crate::chunk`), which
+/// name their converter; a node hands a trainer of 1 or 2 format-2 copies.
+pub const LOCAL: Speaks = Speaks { oldest: 1, current: 3 };
 
 /// The first four bytes of a hello and of its reply. Read as a frame
 /// length (little-endian) they are 1,498,305,095 bytes, larger than any

@@ -103,9 +103,23 @@ pub struct FabricConfig {
     /// chunk costs one remote read, so 0.01 checks one peer chunk in a
     /// hundred at 1% of the fabric's saving. Default: 0.0.
     pub verify_peer_chunks: super::verify::Fraction,
+    /// The newest version of the peer protocol this node speaks: 5 (this
+    /// build's, chunks naming their converter) or 4 (the build before's).
+    /// A rolling upgrade needs no setting: a node speaks 5 with new nodes
+    /// and 4 with old ones. Set 4 to keep a new build speaking as the old
+    /// one until every host runs it (the old build is then one restart
+    /// away), and to test a fleet of both. Default: 5.
+    pub peer_protocol: u16,
 }
 
 impl FabricConfig {
+    /// The ALPN names of the peer protocol versions this node speaks,
+    /// newest first ([`FabricConfig::peer_protocol`]).
+    pub fn peer_alpns(&self) -> &'static [&'static [u8]] {
+        use granary_net::tls::{ALPN_PEER_PREVIOUS, PEER_PROTOCOLS};
+        if self.peer_protocol == 4 { &[ALPN_PEER_PREVIOUS] } else { PEER_PROTOCOLS }
+    }
+
     /// The times that bound a load's route, for the node engine.
     pub fn timing(&self) -> granary_node_core::engine::Timing {
         granary_node_core::engine::Timing {
@@ -136,6 +150,7 @@ impl Default for FabricConfig {
             allow_unbound_peers: false,
             hold_linger: Duration::from_secs(60),
             verify_peer_chunks: super::verify::Fraction(0.0),
+            peer_protocol: 5,
         }
     }
 }
@@ -182,6 +197,12 @@ impl FabricConfig {
             return Err(FabricConfigError::Relation {
                 relation: "0.0 <= verify_peer_chunks <= 1.0",
                 values: format!("{}", self.verify_peer_chunks.0),
+            });
+        }
+        if !(4..=5).contains(&self.peer_protocol) {
+            return Err(FabricConfigError::Relation {
+                relation: "peer_protocol is 4 or 5 (this build speaks granary-peer/4 and /5)",
+                values: format!("{}", self.peer_protocol),
             });
         }
         if self.max_inflight_bytes_per_peer < BYTE_PERMIT {

@@ -11,7 +11,7 @@ use super::error::{Corruption, LinkFault, PeerError};
 use super::read::{Buffer, Pieces, StreamError, ask, peer_answers, read_live};
 use crate::shm::{ChunkFile, SealedChunk};
 use granary_net::conn::Connections;
-use granary_net::tls::{self, ALPN_PEER, Identity, Role};
+use granary_net::tls::{self, ALPN_PEER_PREVIOUS, Identity, Role};
 use granary_proto::chunk::Expected;
 use granary_proto::peer::{MAX_PEER_CHUNK_LEN, MAX_PEER_FOOTER_LEN, PeerRequest, PeerResponse};
 use granary_proto::{ChunkView, DatasetVersion, NodeId, ShardId};
@@ -56,10 +56,11 @@ impl PeerLink {
     /// Dials from `endpoint` with this node's identity, within the bounds
     /// of `config`.
     pub fn new(endpoint: quinn::Endpoint, identity: &Identity, config: &FabricConfig) -> Result<Self, tls::TlsError> {
-        let client = identity.client_config(ALPN_PEER)?;
+        let alpns = config.peer_alpns();
+        let client = identity.client_config_for(alpns)?;
         Ok(Self {
             config: config.clone(),
-            conns: Connections::new(endpoint, client, ALPN_PEER, Role::Node, config.connect_timeout),
+            conns: Connections::new(endpoint, client, alpns[0], Role::Node, config.connect_timeout),
             slots: Mutex::new(HashMap::new()),
             bytes: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),
@@ -333,6 +334,13 @@ impl PeerLink {
                 let chunk = file.seal().map_err(|error| transfer(LinkFault::Memory { what: "sealing", len, error }))?;
                 let view = ChunkView::parse(chunk.bytes(), granary_proto::chunk::Verify::Full)
                     .map_err(|e| corrupt(Corruption::Invalid(e)))?;
+                // granary-peer/4 carries format 2 only: what the build
+                // before reads.
+                if view.format() > 2 && tls::alpn_of(conn).as_deref() == Some(ALPN_PEER_PREVIOUS) {
+                    return Err(corrupt(Corruption::Invalid(granary_proto::ChunkError::UnsupportedFormat(
+                        view.format(),
+                    ))));
+                }
                 let (got_version, got_shard) = (view.header().dataset_version, view.header().shard);
                 if got_version != version || got_shard != shard {
                     return Err(corrupt(Corruption::Misplaced { shard: got_shard, version: got_version }));

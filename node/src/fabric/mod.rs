@@ -44,7 +44,7 @@ pub use owners::Cluster;
 pub use server::{PeerAnswers, serve, serve_with};
 
 use crate::service::Node;
-use granary_net::tls::{self, ALPN_PEER};
+use granary_net::tls;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -91,8 +91,9 @@ impl ClusterHandle {
         };
         let listen: SocketAddr =
             bind.parse().map_err(|e| JoinError::Identity(format!("{key} address {bind:?}: {e}")))?;
-        let endpoint = tls::server_endpoint(&identity, listen, identity.server_config(&[ALPN_PEER]).map_err(id_err)?)
-            .map_err(id_err)?;
+        let endpoint =
+            tls::server_endpoint(&identity, listen, identity.server_config(cfg.fabric.peer_alpns()).map_err(id_err)?)
+                .map_err(id_err)?;
         // One socket for everything: peers and voters see this node at one
         // address (what a firewall rule or a fault relay keys on).
         let membership = Membership::start(cfg, node_id, &identity, &endpoint, ram_bytes, ssd_bytes)?;

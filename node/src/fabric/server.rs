@@ -14,7 +14,7 @@
 use super::config::FabricConfig;
 use super::read::peer_frame;
 use crate::service::Node;
-use granary_net::tls::{self, ALPN_PEER, Role};
+use granary_net::tls::{self, ALPN_PEER_PREVIOUS, Role};
 use granary_proto::frame::{self, FrameError, HEADER_LEN};
 use granary_proto::peer::{MAX_PEER_FRAME_LEN, PeerRequest, PeerResponse};
 use granary_proto::wire::{ErrorKind, decode, encode};
@@ -80,7 +80,7 @@ pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricCon
                     return;
                 }
             };
-            if tls::answer_versions(&conn, &[ALPN_PEER]) {
+            if tls::answer_versions(&conn, config.peer_alpns()) {
                 tracing::warn!(%peer, "refused a peer that speaks no version of the peer protocol this node speaks");
                 return;
             }
@@ -97,6 +97,9 @@ pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricCon
                     return;
                 }
             }
+            // The chunk format this peer reads.
+            let format = if tls::alpn_of(&conn).as_deref() == Some(ALPN_PEER_PREVIOUS) { 2 } else { 3 };
+            let answers = Answers { how: answers, format };
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let node = node.clone();
                 let config = config.clone();
@@ -178,10 +181,34 @@ async fn with_progress_from<T>(
     }
 }
 
+/// How chunks go to one peer: as [`PeerAnswers`] says, in the chunk
+/// format its protocol version reads.
+#[derive(Clone, Copy, Debug)]
+struct Answers {
+    how: PeerAnswers,
+    /// 2 for `granary-peer/4`, 3 for `/5`.
+    format: u32,
+}
+
+/// `chunk` as a peer reading chunk `format` takes it: as it is when it is
+/// in that format or an older one (a format-2 chunk from the SSD of the
+/// build before), else a copy written in `format`.
+fn in_format(chunk: bytes::Bytes, format: u32) -> Result<bytes::Bytes, String> {
+    use granary_proto::{ChunkView, chunk::Verify};
+    let stored = chunk.get(8..12).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes);
+    if stored <= format {
+        return Ok(chunk);
+    }
+    let view = ChunkView::parse(&chunk, Verify::HeaderOnly).map_err(|e| format!("a chunk of the tier: {e}"))?;
+    let mut out = vec![0u8; chunk.len()];
+    view.write_format(format, &mut out).map_err(|e| e.to_string())?;
+    Ok(bytes::Bytes::from(out))
+}
+
 async fn serve_stream(
     node: &Node,
     config: &FabricConfig,
-    answers: PeerAnswers,
+    answers: Answers,
     peer: SocketAddr,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -258,7 +285,7 @@ async fn serve_stream(
 /// stood in its way.
 async fn send_chunk(
     config: &FabricConfig,
-    answers: PeerAnswers,
+    answers: Answers,
     send: &mut quinn::SendStream,
     shard: granary_proto::ShardId,
     answer: crate::service::Shared,
@@ -268,10 +295,11 @@ async fn send_chunk(
         Ok(chunk) => {
             let head = respond(&PeerResponse::Chunk { len: chunk.len() as u64 })?;
             let what = format!("the {} bytes of {shard}", chunk.len());
-            let body = match answers {
+            let body = match answers.how {
                 PeerAnswers::Forged => forged(chunk.bytes()).unwrap_or_else(|| chunk.shared_bytes()),
                 PeerAnswers::Honest => chunk.shared_bytes(),
             };
+            let body = in_format(body, answers.format)?;
             send_response(config, send, &head, body, &what).await
         }
         Err(e) => {

@@ -12,7 +12,10 @@
 //! - A sampled fraction ([`FabricConfig::verify_peer_chunks`], 0.0 to 1.0;
 //!   default 0) of the chunks fetched from peers is converted here as well
 //!   (footer read from remote storage, never from a peer) and compared byte
-//!   for byte ([`compare`]; conversion is deterministic). The draw is
+//!   for byte ([`compare`]; conversion is deterministic), in one chunk
+//!   format, and only when one set of converter rules made both: a chunk
+//!   of another build's rules is [`Verdict::Unlike`], served from this
+//!   node's own conversion and held against no one. The draw is
 //!   keyed by a secret of this process ([`Sampler`]), so a peer cannot
 //!   tell which of its chunks will be checked.
 //! - A chunk that differs is never served: this node's own conversion is.
@@ -91,10 +94,44 @@ pub enum Verdict {
         /// Offset of the first differing byte.
         at: usize,
     },
+    /// Other converter rules made the peer's chunk
+    /// ([`granary_proto::chunk::CONVERTER_VERSION`]): a build of another
+    /// version, whose bytes may rightly differ.
+    Unlike {
+        /// The rules that made the peer's chunk.
+        peer: u16,
+        /// This build's.
+        own: u16,
+    },
 }
 
-/// Compares a peer's chunk with this node's conversion of the same shard.
+/// Compares a peer's chunk with this node's conversion of the same shard:
+/// like with like, in the peer's chunk format (a format-2 chunk from a
+/// build before against this node's own written in format 2), and only
+/// when one set of converter rules made both.
 pub fn compare(peer: &[u8], own: &[u8]) -> Verdict {
+    use granary_proto::ChunkView;
+    use granary_proto::chunk::{FORMAT_2_CONVERTER, Verify};
+    if peer == own {
+        return Verdict::Same;
+    }
+    let (Ok(p), Ok(o)) = (ChunkView::parse(peer, Verify::HeaderOnly), ChunkView::parse(own, Verify::HeaderOnly)) else {
+        return bytewise(peer, own);
+    };
+    let rules = |v: &ChunkView| v.converter().unwrap_or(FORMAT_2_CONVERTER);
+    if rules(&p) != rules(&o) {
+        return Verdict::Unlike { peer: rules(&p), own: rules(&o) };
+    }
+    if p.format() != o.format() && peer.len() == own.len() {
+        let mut own_as_peer = vec![0u8; own.len()];
+        if o.write_format(p.format(), &mut own_as_peer).is_ok() {
+            return bytewise(peer, &own_as_peer);
+        }
+    }
+    bytewise(peer, own)
+}
+
+fn bytewise(peer: &[u8], own: &[u8]) -> Verdict {
     if peer == own {
         return Verdict::Same;
     }
@@ -194,6 +231,35 @@ mod tests {
         assert_eq!(compare(b"abcd", b"abcd"), Verdict::Same);
         assert_eq!(compare(b"abXd", b"abcd"), Verdict::Differs { at: 2 });
         assert_eq!(compare(b"ab", b"abcd"), Verdict::Differs { at: 2 });
+    }
+
+    /// A chunk of `rows` rows of one i64 tensor, each `value`.
+    fn chunk(rows: u64, value: i64) -> Vec<u8> {
+        use granary_proto::{ChunkLayout, DType, TensorLayout};
+        let t = [TensorLayout { name: "id".into(), dtype: DType::I64, shape: vec![], jagged: false }];
+        let layout = ChunkLayout::new(DatasetVersion([1; 16]), shard(0), rows, &t).unwrap();
+        let mut buf = vec![0u8; layout.total_len()];
+        for v in buf[layout.tensor_range(0)].chunks_exact_mut(8) {
+            v.copy_from_slice(&value.to_le_bytes());
+        }
+        layout.seal(&mut buf).unwrap();
+        buf
+    }
+
+    fn in_format_2(chunk: &[u8]) -> Vec<u8> {
+        use granary_proto::{ChunkView, chunk::Verify};
+        let mut out = vec![0u8; chunk.len()];
+        ChunkView::parse(chunk, Verify::Full).unwrap().write_format(2, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_chunk_of_the_build_before_is_compared_in_its_own_format() {
+        let own = chunk(8, 7);
+        assert_eq!(compare(&in_format_2(&own), &own), Verdict::Same, "the same values in format 2");
+        let forged = in_format_2(&chunk(8, 9));
+        assert!(matches!(compare(&forged, &own), Verdict::Differs { .. }), "other values in format 2");
+        assert!(matches!(compare(&chunk(8, 9), &own), Verdict::Differs { .. }));
     }
 
     #[test]

@@ -50,6 +50,13 @@ impl Node {
                 let owned = cluster.placed_owner(key.version, key.shard) == Some(cluster.me());
                 Ok((own, !owned))
             }
+            Verdict::Unlike { peer, own: rules } => {
+                tracing::warn!(peer = %from, site = %self.site(key), peer_converter = peer, own_converter = rules,
+                    "a peer's chunk was made by other converter rules (a build of another version): serving this \
+                     node's own conversion, holding nothing against the peer");
+                let owned = cluster.placed_owner(key.version, key.shard) == Some(cluster.me());
+                Ok((own, !owned))
+            }
             Verdict::Differs { at } => {
                 c.peer_mismatched.fetch_add(1, Ordering::Relaxed);
                 let why = Quarantined { version: key.version, shard: key.shard, at };

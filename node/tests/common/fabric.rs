@@ -59,8 +59,8 @@ pub(crate) async fn start_spec(rows: u64, row_group_rows: u64, jagged: bool) -> 
     let node = Node::start(&cfg).await.expect("node");
     let info = node.describe("ads", None).expect("describe");
     let identity = Identity::load(&certs, "node").expect("identity");
-    let endpoint =
-        tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let endpoint = tls::server_endpoint(&identity, local(), identity.server_config(tls::PEER_PROTOCOLS).expect("cfg"))
+        .expect("ep");
     let addr = endpoint.local_addr().expect("addr");
     tokio::spawn(serve(node.clone(), endpoint, FabricConfig::default()));
     let target = info.shards[1];
@@ -122,8 +122,18 @@ where
     F: Fn(quinn::Connection, quinn::SendStream) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    fake_peer_speaking(f, &[ALPN_PEER], answer)
+}
+
+/// [`fake_peer`] listing the ALPN names `alpns` (versions of the peer
+/// protocol).
+pub(crate) fn fake_peer_speaking<F, Fut>(f: &Fixture, alpns: &[&[u8]], answer: F) -> SocketAddr
+where
+    F: Fn(quinn::Connection, quinn::SendStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let identity = Identity::load(&f.certs, "node").expect("identity");
-    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let ep = tls::server_endpoint(&identity, local(), identity.server_config(alpns).expect("cfg")).expect("ep");
     let addr = ep.local_addr().expect("addr");
     let answer = std::sync::Arc::new(answer);
     tokio::spawn(async move {

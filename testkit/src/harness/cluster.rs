@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod node_toml;
+
 /// How to start a [`LocalCluster`].
 #[derive(Clone, Debug)]
 pub struct LocalClusterSpec {
@@ -64,6 +66,8 @@ pub struct LocalClusterSpec {
     /// The view (TOML) the dataset is registered with; None: the
     /// generator's ([`crate::datagen::VIEW_TOML`]).
     pub view: Option<String>,
+    /// Nodes speaking the build before's peer protocol (`peer_protocol = 4`).
+    pub previous_peer_protocol: Vec<u64>,
 }
 
 /// A host made of a network namespace (see `granary_chaos::netns`).
@@ -103,6 +107,7 @@ impl Default for LocalClusterSpec {
             verify_peer_chunks: None,
             node_exe: None,
             view: None,
+            previous_peer_protocol: Vec::new(),
         }
     }
 }
@@ -474,57 +479,6 @@ impl LocalCluster {
     /// next start on; it keeps binding [`Self::peer_listen`].
     pub fn set_advertise(&mut self, id: u64, addr: std::net::SocketAddr) {
         self.advertise[(id - 1) as usize] = addr;
-    }
-
-    /// The node.toml of node `id`.
-    fn node_toml(&self, id: u64) -> String {
-        let s = &self.spec;
-        let mut t = format!(
-            "socket = {:?}\nram_bytes = {}\nguest_bytes = {}\nprefetch_bytes = {}\nmax_concurrent_loads = {}\nconvert_threads = {}\n",
-            self.socket(id),
-            s.ram_bytes,
-            s.guest_bytes,
-            s.prefetch_bytes,
-            s.loads,
-            s.convert_threads
-        );
-        if let Some(m) = self.node_metrics(id) {
-            t += &format!("metrics = \"{m}\"\n");
-        }
-        if let Some(ssd) = s.ssd_bytes {
-            // Blocks of an eighth of the tier (at most the default 64 MiB):
-            // small test tiers stay small on disk, where it is reserved.
-            let block = (ssd / 8 / 4096 * 4096).clamp(8192, 64 << 20);
-            t += &format!("ssd_dir = {:?}\nssd_bytes = {ssd}\nssd_block_bytes = {block}\n", self.node_ssd(id));
-        }
-        if !s.remote.is_empty() {
-            t += "\n[remote]\n";
-            for (k, v) in &s.remote {
-                t += &format!("{k} = {v:?}\n");
-            }
-        }
-        if let Some((latency_ms, bw)) = s.throttle {
-            t += &format!("\n[throttle]\nlatency_ms = {latency_ms}\nbandwidth_bytes_per_s = {bw}\n");
-        }
-        let coordinators: Vec<String> = self.coordinators().iter().map(|a| format!("\"{a}\"")).collect();
-        t += &format!(
-            "\n[cluster]\ncoordinators = [{}]\ncerts = {:?}\ncert_name = \"node-{id}\"\nnode_id = {id}\nadvertise = \"{}\"\nlisten = \"{}\"\n",
-            coordinators.join(", "),
-            self.certs,
-            self.peer_addr(id),
-            self.peer_listen(id)
-        );
-        if s.hold_linger_ms.is_some() || s.verify_peer_chunks.is_some() {
-            t += "\n[cluster.fabric]\n";
-        }
-        if let Some(ms) = s.hold_linger_ms {
-            t += &format!("hold_linger_ms = {ms}\n");
-        }
-        if let Some(f) = s.verify_peer_chunks {
-            t += &format!("verify_peer_chunks = {f:?}\n");
-        }
-        // No [[dataset]]: the node opens what the coordinator lists.
-        t
     }
 
     /// Starts (or restarts) node `id` and waits until its socket serves.

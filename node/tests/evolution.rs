@@ -162,3 +162,56 @@ fill = -1
         ]
     );
 }
+
+/// Issue 43, item 3: a source names a window of days with a brace range
+/// (`day={2..4}/`); only those folders' files are served, each with its
+/// partition, and the window moved by a day names the days it keeps by
+/// the same content, so their chunks are reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brace_range_serves_a_window_of_days() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for day in 1..=5 {
+        let folder = dir.path().join(format!("day={day}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        let xs = Float32Array::from(vec![day as f32, day as f32 + 0.5]);
+        let rows = batch(vec![Field::new("x", DataType::Float32, false)], vec![Arc::new(xs) as ArrayRef]);
+        write_parquet(&folder.join("part-0.parquet"), &[rows]);
+    }
+    let view = "[[tensor]]\nname = \"x\"\ndtype = \"f32\"\ncolumns = [\"x\"]\n\
+                [[tensor]]\nname = \"day\"\ndtype = \"i64\"\ncolumns = [\"day\"]\n";
+    let window = |days: &str| {
+        let mut cfg = config_with_view(dir.path(), view);
+        cfg.datasets[0].source = format!("file://{}/day={days}/", dir.path().display());
+        cfg
+    };
+    let node = Node::start(&window("{2..4}")).await.expect("node");
+    let info = node.describe("ads", None).expect("describe");
+    let mut got = Vec::new();
+    for s in &info.shards {
+        let chunk = node.chunk(info.version, s.shard).await.expect("converted");
+        let v = ChunkView::parse(chunk.bytes(), Verify::Full).expect("valid chunk");
+        got.push((
+            le(v.tensor_at(0).expect("x").1, f32::from_le_bytes),
+            le(v.tensor_at(1).expect("day").1, i64::from_le_bytes),
+        ));
+    }
+    got.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
+    assert_eq!(got, [(vec![2.0, 2.5], vec![2, 2]), (vec![3.0, 3.5], vec![3, 3]), (vec![4.0, 4.5], vec![4, 4])]);
+    let a = node.dataset(info.version).expect("dataset");
+    node.close().await;
+
+    let moved = Node::start(&window("{3..5}")).await.expect("node");
+    let b = moved.dataset(moved.describe("ads", None).expect("describe").version).expect("dataset");
+    assert_ne!(a.version, b.version);
+    let key = |d: &granary_source::Dataset, day: &str| {
+        let file = d.manifest.files.iter().position(|f| f.path.contains(day)).expect("the day's file") as u32;
+        d.manifest.content_key(&d.view, file, 0).expect("a key")
+    };
+    assert_eq!(key(&a, "day=3/"), key(&b, "day=3/"), "a day both windows hold is the same content");
+    assert_eq!(key(&a, "day=4/"), key(&b, "day=4/"));
+    assert!(b.manifest.files.iter().all(|f| !f.path.contains("day=2/")), "day 2 left the window");
+
+    // A window that selects nothing says so, naming the whole source.
+    let err = Node::start(&window("{7..9}")).await.err().expect("refused").to_string();
+    assert!(err.contains("day={7..9}/") && err.contains("no .parquet file"), "{err}");
+}

@@ -13,6 +13,8 @@
 //!   ([`resolve_view`], [`Resolved`]).
 //! - [`path`] — columns inside columns: a struct's field, a list of
 //!   structs' field, a map's keys and values, by their path (`user.age`).
+//! - [`select`] — globs and brace ranges in a source URL: its base and
+//!   what it selects below it.
 //! - [`dataset`] — listing, footers, manifest, version ([`Dataset`]).
 //! - [`check`] — a view checked against a source's first file, for
 //!   `granary view check` ([`check_view`]).
@@ -27,6 +29,7 @@ pub mod error;
 pub mod path;
 pub mod remote;
 pub mod schema;
+pub mod select;
 
 pub use check::{CheckedTensor, ViewCheck, check_view};
 pub use dataset::{Dataset, OpenError};

@@ -138,10 +138,16 @@ impl object_store::client::HttpConnector for TrustCa {
     }
 }
 
+/// Listings of a selection's prefixes in flight at once.
+const LISTINGS: usize = 16;
+
 /// One source: a store, the prefix the dataset lives under, and counters.
 #[derive(Clone)]
 pub struct Remote {
     url: String,
+    /// What the source selects below its base (globs, brace ranges);
+    /// `None`: every file under it.
+    selection: Option<crate::select::Selection>,
     store: Arc<dyn ObjectStore>,
     prefix: StorePath,
     throttle: Option<Arc<Throttle>>,
@@ -164,6 +170,9 @@ impl Remote {
         counters: Arc<RemoteCounters>,
     ) -> Result<Self, RemoteError> {
         let open_err = |reason: String| RemoteError::Open { url: url.to_string(), reason };
+        // `s3://b/ads/date=2026-11-{01..30}/`: the store and prefix are
+        // the base's, the rest selects below it.
+        let (url, selection) = crate::select::split(url).map_err(open_err)?;
         // object_store's HTTP-based stores build reqwest clients that need a
         // process-wide TLS provider; an embedding program may not set one.
         granary_net::tls::ensure_default_crypto_provider();
@@ -262,12 +271,22 @@ impl Remote {
                 (Arc::from(store), prefix)
             }
         };
-        Ok(Self { url: url.to_string(), store, prefix, throttle, counters })
+        Ok(Self { url: url.to_string(), selection, store, prefix, throttle, counters })
     }
 
-    /// The source URL.
+    /// The source URL: its base, without the selection (what a manifest
+    /// records, so that a window of days that moves keeps naming the same
+    /// files by the same source).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The source as given, its selection included.
+    pub fn shown_source(&self) -> String {
+        match &self.selection {
+            Some(s) => format!("{}{}", self.url, s.text()),
+            None => self.url.clone(),
+        }
     }
 
     /// The counters shared by every file of this source.
@@ -275,18 +294,48 @@ impl Remote {
         &self.counters
     }
 
-    /// Every `.parquet` object under the prefix, sorted by path.
+    /// Every `.parquet` object the source names, sorted by path: all of
+    /// them under the prefix, or those its selection matches, listed from
+    /// the selection's literal prefixes only.
     pub async fn list_parquet(&self) -> Result<Vec<ObjectMeta>, RemoteError> {
-        let mut metas: Vec<ObjectMeta> = self
-            .store
-            .list(Some(&self.prefix))
-            .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
-            .try_collect()
-            .await
-            .map_err(|source| RemoteError::Store { path: self.url.clone(), error: source })?;
+        use futures::StreamExt;
+        let err = |source| RemoteError::Store { path: self.shown_source(), error: source };
+        let parquet = |m: &ObjectMeta| m.location.as_ref().ends_with(".parquet");
+        let mut metas: Vec<ObjectMeta> = match &self.selection {
+            None => self
+                .store
+                .list(Some(&self.prefix))
+                .try_filter(|m| futures::future::ready(parquet(m)))
+                .try_collect()
+                .await
+                .map_err(err)?,
+            Some(selection) => {
+                let base = self.prefix.as_ref();
+                let below = |m: &ObjectMeta| {
+                    let path = m.location.as_ref();
+                    let rest = if base.is_empty() { path } else { path.strip_prefix(base)?.strip_prefix('/')? };
+                    Some(rest.to_string())
+                };
+                let lists = selection.prefixes().iter().map(|p| {
+                    let at = StorePath::from_iter(self.prefix.parts().chain(StorePath::from(p.as_str()).parts()));
+                    async move { self.store.list(Some(&at)).try_collect::<Vec<ObjectMeta>>().await }
+                });
+                let mut found = Vec::new();
+                let mut listed = futures::stream::iter(lists).buffer_unordered(LISTINGS);
+                while let Some(list) = listed.next().await {
+                    found.extend(
+                        list.map_err(err)?
+                            .into_iter()
+                            .filter(|m| parquet(m) && below(m).is_some_and(|b| selection.matches(&b))),
+                    );
+                }
+                found
+            }
+        };
         metas.sort_by(|a, b| a.location.cmp(&b.location));
+        metas.dedup_by(|a, b| a.location == b.location);
         if metas.is_empty() {
-            return Err(RemoteError::Empty(self.url.clone()));
+            return Err(RemoteError::Empty(self.shown_source()));
         }
         Ok(metas)
     }

@@ -141,6 +141,15 @@ impl object_store::client::HttpConnector for TrustCa {
 /// Listings of a selection's prefixes in flight at once.
 const LISTINGS: usize = 16;
 
+fn is_parquet(m: &ObjectMeta) -> bool {
+    m.location.as_ref().ends_with(".parquet")
+}
+
+/// `path` below the store prefix `base` (no leading `/`), if it is below.
+fn below<'a>(base: &str, path: &'a str) -> Option<&'a str> {
+    if base.is_empty() { Some(path) } else { path.strip_prefix(base)?.strip_prefix('/') }
+}
+
 /// One source: a store, the prefix the dataset lives under, and counters.
 #[derive(Clone)]
 pub struct Remote {
@@ -299,35 +308,37 @@ impl Remote {
     /// the selection's literal prefixes only.
     pub async fn list_parquet(&self) -> Result<Vec<ObjectMeta>, RemoteError> {
         use futures::StreamExt;
-        let err = |source| RemoteError::Store { path: self.shown_source(), error: source };
-        let parquet = |m: &ObjectMeta| m.location.as_ref().ends_with(".parquet");
         let mut metas: Vec<ObjectMeta> = match &self.selection {
             None => self
                 .store
                 .list(Some(&self.prefix))
-                .try_filter(|m| futures::future::ready(parquet(m)))
+                .try_filter(|m| futures::future::ready(is_parquet(m)))
                 .try_collect()
                 .await
-                .map_err(err)?,
+                .map_err(|error| RemoteError::Store { path: self.shown_source(), error })?,
             Some(selection) => {
-                let base = self.prefix.as_ref();
-                let below = |m: &ObjectMeta| {
-                    let path = m.location.as_ref();
-                    let rest = if base.is_empty() { path } else { path.strip_prefix(base)?.strip_prefix('/')? };
-                    Some(rest.to_string())
-                };
-                let lists = selection.prefixes().iter().map(|p| {
-                    let at = StorePath::from_iter(self.prefix.parts().chain(StorePath::from(p.as_str()).parts()));
-                    async move { self.store.list(Some(&at)).try_collect::<Vec<ObjectMeta>>().await }
-                });
+                // Owned values only in the listings' futures (a closure
+                // over references there keeps rustc from proving the
+                // callers' futures `Send`).
+                let places: Vec<StorePath> = selection
+                    .prefixes()
+                    .iter()
+                    .map(|p| StorePath::from_iter(self.prefix.parts().chain(StorePath::from(p.as_str()).parts())))
+                    .collect();
+                let store = self.store.clone();
+                let mut listed = futures::stream::iter(places)
+                    .map(move |at| {
+                        let store = store.clone();
+                        async move { store.list(Some(&at)).try_collect::<Vec<ObjectMeta>>().await }
+                    })
+                    .buffer_unordered(LISTINGS);
                 let mut found = Vec::new();
-                let mut listed = futures::stream::iter(lists).buffer_unordered(LISTINGS);
                 while let Some(list) = listed.next().await {
-                    found.extend(
-                        list.map_err(err)?
-                            .into_iter()
-                            .filter(|m| parquet(m) && below(m).is_some_and(|b| selection.matches(&b))),
-                    );
+                    let list = list.map_err(|error| RemoteError::Store { path: self.shown_source(), error })?;
+                    found.extend(list.into_iter().filter(|m| {
+                        is_parquet(m)
+                            && below(self.prefix.as_ref(), m.location.as_ref()).is_some_and(|b| selection.matches(b))
+                    }));
                 }
                 found
             }

@@ -11,6 +11,9 @@
 //! - [`staged`]: manifests in the log as pieces, and the compact form the
 //!   state and its snapshots keep them in.
 //! - [`network`]: Raft RPCs over QUIC with mutual TLS.
+//! - [`switch`]: entries turned on once every voter reads them, pure;
+//!   [`inherit`]: a new version's owners where its content's chunks are,
+//!   pure (the first such switch).
 //! - [`leases`]: the leader's lease table, pure: which live node's lease ran
 //!   out at `now`, with the grace a new leader grants.
 //! - [`election`]: the election watchdog, pure: when a follower that stopped
@@ -36,6 +39,7 @@ pub mod admission;
 pub mod checksum;
 pub mod commit_rate;
 pub mod election;
+pub mod inherit;
 pub mod leases;
 pub mod network;
 pub mod server;
@@ -43,6 +47,7 @@ pub mod sm;
 pub mod staged;
 pub mod state;
 pub mod store;
+pub mod switch;
 pub mod types;
 
 pub use server::{Coordinator, CoordinatorConfig, StartError};

@@ -140,6 +140,10 @@ pub fn voter_verdict(bound: Option<u64>, claimed: VoterId, allow_unbound: bool) 
 #[derive(Clone)]
 pub struct QuicNetwork {
     conns: Arc<Connections>,
+    /// The version of Raft each voter this one dialed speaks with it (the
+    /// ALPN its connection chose: 2 or 1), for the switches only a group
+    /// of new builds may turn on ([`crate::switch`]).
+    speaks: Arc<std::sync::Mutex<std::collections::BTreeMap<VoterId, u16>>>,
     allow_unbound: bool,
     /// Whether the endpoint dials IPv4 (a name is resolved to that family).
     ipv4: bool,
@@ -158,6 +162,7 @@ impl QuicNetwork {
         let ipv4 = endpoint.local_addr().map_or(true, |a| a.is_ipv4());
         Self {
             conns: Arc::new(Connections::new(endpoint, config, ALPN_RAFT, Role::Coordinator, connect_timeout)),
+            speaks: Default::default(),
             allow_unbound,
             ipv4,
         }
@@ -169,6 +174,17 @@ impl QuicNetwork {
 
     fn forget(&self, addr: SocketAddr) {
         self.conns.forget(addr);
+    }
+
+    /// The version of Raft each voter dialed speaks with this one, as its
+    /// last connection chose.
+    pub fn raft_versions(&self) -> std::collections::BTreeMap<VoterId, u16> {
+        self.speaks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn heard(&self, voter: VoterId, conn: &quinn::Connection) {
+        let version = if granary_net::tls::alpn_of(conn).as_deref() == Some(ALPN_RAFT) { 2 } else { 1 };
+        self.speaks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(voter, version);
     }
 }
 
@@ -205,6 +221,7 @@ impl PeerLink {
                 self.net.forget(addr);
                 LinkError::Identity { voter, addr, reason }
             })?;
+            self.net.heard(voter, &conn);
             frame::call::<_, RaftReply>(&conn, rpc, MAX_FRAME_BYTES).await.map_err(|error| {
                 self.net.forget(addr);
                 LinkError::Call { voter, addr, error }

@@ -161,6 +161,11 @@ pub struct ClusterState {
     /// ([`crate::staged`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub staged: Staging,
+    /// Whether a new version's shards start with the owners of the shards
+    /// of the same content ([`Command::EnableContentOwners`],
+    /// `crate::inherit`).
+    #[serde(default)]
+    pub content_owners: bool,
 }
 
 impl ClusterState {
@@ -206,6 +211,9 @@ impl ClusterState {
                 let unknown = wanted.difference(&found).map(|&(n, v)| (n.to_string(), v)).collect::<Vec<_>>();
                 self.place_older();
                 CommandResult::VersionsHeld { unknown, stale: false }
+            }
+            Command::EnableContentOwners => {
+                CommandResult::ContentOwners { turned_on: !std::mem::replace(&mut self.content_owners, true) }
             }
             Command::CollectVersions { now_ms, retention_ms, node_retention_ms } => {
                 let mut collected = Vec::new();
@@ -351,6 +359,14 @@ impl ClusterState {
         // The version that was current keeps its owners while a node holds
         // it: jobs pinned to it keep the fabric.
         let previous = self.owners.remove(name).unwrap_or_default();
+        // A new version's shards of the same content start where the
+        // chunks are.
+        let seeded = match (&found, record.versions.last()) {
+            (Found::Fresh(new), Some(old)) if self.content_owners => {
+                crate::inherit::seed((&old.manifest, &old.view), &previous, (&new.manifest, &new.view), &live)
+            }
+            _ => None,
+        };
         if let Some(old) = record.versions.last_mut() {
             old.owners = if old.held_by.is_empty() { Vec::new() } else { previous };
         }
@@ -359,7 +375,11 @@ impl ClusterState {
             Found::Fresh(v) => v,
         };
         let before = std::mem::take(&mut v.owners);
-        let owners = place(&v.shard_keys(), Some(&before).filter(|b| !b.is_empty()).map(|b| &b[..]), &live);
+        let keys = v.shard_keys();
+        let mut owners = place(&keys, Some(&before).filter(|b| !b.is_empty()).map(|b| &b[..]), &live);
+        if let Some(seed) = seeded {
+            owners = crate::inherit::place(&keys, &seed, &owners, &live);
+        }
         v.unused_since_ms = None;
         record.versions.push(v);
         self.owners.insert(name.to_string(), owners);
@@ -624,6 +644,83 @@ mod tests {
             CommandResult::NodeRegistered { incarnation, .. } => incarnation,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Days `from..to` as files of 4 row groups each (`day-N.parquet`).
+    fn days(from: usize, to: usize) -> Manifest {
+        let mut m = manifest(0);
+        m.files = (from..to)
+            .map(|i| FileEntry {
+                path: format!("day-{i}.parquet"),
+                size_bytes: 100 + i as u64,
+                version_tag: format!("t{i}"),
+                row_groups: vec![RowGroupEntry { rows: 10, compressed_bytes: 50, values_bytes: None }; 4],
+                footer_sha256: None,
+            })
+            .collect();
+        m
+    }
+
+    /// The owner of each shard of `name`'s current version, by (file path,
+    /// row group).
+    fn owner_by_content(s: &ClusterState, name: &str) -> BTreeMap<(String, usize), NodeId> {
+        let v = s.datasets[name].current().expect("a version");
+        let keys = v.manifest.files.iter().flat_map(|f| (0..f.row_groups.len()).map(move |g| (f.path.clone(), g)));
+        keys.zip(s.owners(name).iter().copied()).collect()
+    }
+
+    /// Issue 43: with owners that follow content, a window of days moved
+    /// by one keeps every day it shares on the node that holds its chunks
+    /// (within each node's share); without, a fresh placement keyed by
+    /// version scatters them.
+    #[test]
+    fn a_new_day_keeps_the_owners_of_the_days_it_shares_once_content_owners_are_on() {
+        let kept = |on: bool| {
+            let mut s = ClusterState::default();
+            (1..=4).for_each(|n| {
+                register(&mut s, n);
+            });
+            if on {
+                assert_eq!(s.apply(&Command::EnableContentOwners), CommandResult::ContentOwners { turned_on: true });
+                assert_eq!(s.apply(&Command::EnableContentOwners), CommandResult::ContentOwners { turned_on: false });
+            }
+            s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: days(0, 30) });
+            let before = owner_by_content(&s, "d");
+            s.apply(&Command::AddDataset { name: "d".into(), view: view(), manifest: days(1, 31) });
+            let after = owner_by_content(&s, "d");
+            let shared: Vec<_> = after.keys().filter(|k| before.contains_key(*k)).collect();
+            assert_eq!(shared.len(), 29 * 4);
+            let same = shared.iter().filter(|k| before[**k] == after[**k]).count();
+            // Every node stays within its share either way.
+            let mut loads = BTreeMap::new();
+            after.values().for_each(|n| *loads.entry(*n).or_insert(0usize) += 1);
+            assert!(loads.values().all(|&l| l <= 120 * 11 / 10 / 4 + 1), "{loads:?}");
+            same as f64 / shared.len() as f64
+        };
+        let (on, off) = (kept(true), kept(false));
+        assert!(on >= 0.95, "{on:.3} of the shared shards kept their owner with content owners on");
+        assert!(off < 0.5, "{off:.3} kept by a placement keyed by version (about a quarter on 4 nodes)");
+    }
+
+    /// The seed is all or nothing per version pair: another view or source
+    /// shares no chunk, so nothing is inherited.
+    #[test]
+    fn another_view_or_source_inherits_nothing() {
+        let live = [NodeWeight { node: NodeId(1), weight: 1 }];
+        let a = days(0, 3);
+        let owners = vec![NodeId(1); 12];
+        let v = view();
+        assert!(crate::inherit::seed((&a, &v), &owners, (&days(1, 4), &v), &live).is_some());
+        let mut elsewhere = days(1, 4);
+        elsewhere.source = "s3://other".into();
+        assert!(crate::inherit::seed((&a, &v), &owners, (&elsewhere, &v), &live).is_none());
+        let other_view: View =
+            serde_json::from_str(r#"{"tensor": [{"name": "x", "dtype": "f32", "columns": ["x"]}]}"#).unwrap();
+        assert!(crate::inherit::seed((&a, &v), &owners, (&days(1, 4), &other_view), &live).is_none());
+        let seeded = crate::inherit::seed((&a, &v), &owners, (&days(1, 4), &v), &live).unwrap();
+        assert_eq!(seeded.iter().filter(|s| s.is_some()).count(), 8, "days 1 and 2 are shared");
+        let gone = [NodeWeight { node: NodeId(2), weight: 1 }];
+        assert!(crate::inherit::seed((&a, &v), &owners, (&days(1, 4), &v), &gone).is_none(), "its owner is not live");
     }
 
     #[test]

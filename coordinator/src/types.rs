@@ -119,6 +119,12 @@ pub enum Command {
         /// (dataset, version) pairs.
         versions: Vec<(String, DatasetVersion)>,
     },
+    /// Turns on owners that follow content (`crate::inherit`): from this
+    /// entry on, a new version's shard holding what a shard of the version
+    /// it replaces held starts with that shard's owner. The leader proposes
+    /// it once every voter speaks `granary-raft/2`: a voter of the build
+    /// before cannot read it (`crate::switch`).
+    EnableContentOwners,
     /// The leader's collection pass: marks older versions nobody holds as
     /// unused at `now_ms`, and removes those unused for `retention_ms`;
     /// likewise the records of nodes that are not live.
@@ -149,7 +155,9 @@ impl Command {
             | Command::ExpireNode { .. }
             | Command::ExpireNodes { .. }
             | Command::HoldVersions { .. } => true,
-            Command::StageManifestPiece { .. } | Command::CollectVersions { .. } => false,
+            Command::StageManifestPiece { .. } | Command::CollectVersions { .. } | Command::EnableContentOwners => {
+                false
+            }
         }
     }
 
@@ -244,6 +252,11 @@ pub enum CommandResult {
         /// Node records removed.
         #[serde(default)]
         nodes: Vec<NodeId>,
+    },
+    /// `EnableContentOwners` applied.
+    ContentOwners {
+        /// False when they were on already.
+        turned_on: bool,
     },
     /// Membership changes and blank entries carry no command.
     None,

@@ -268,6 +268,11 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
     /// Datasets.
     pub datasets: Vec<DatasetSummary>,
+    /// Whether a new version's shards start with the owners of the shards
+    /// of the same content (turned on once every voter speaks
+    /// `granary-raft/2`); false from voters of the build before.
+    #[serde(default)]
+    pub content_owners: bool,
 }
 
 /// The cluster view the placement watch pushes: the placement epoch, the

@@ -16,7 +16,8 @@ pub use crate::pki::{
 };
 pub use crate::role::{NODE_URI_PREFIX, ParseRoleError, ROLE_URI_PREFIX, Role, VOTER_URI_PREFIX};
 pub use crate::transport::{
-    ALPN_API, ALPN_PEER, ALPN_PEER_PREVIOUS, ALPN_RAFT, ALPN_VERSIONS, IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL,
-    MAX_CONCURRENT_BIDI_STREAMS, MAX_CONCURRENT_UNI_STREAMS, PEER_PROTOCOLS, VERSIONS_CLOSE, alpn_of, answer_versions,
-    endpoint, transport_config, transport_config_with, transport_config_with_idle_timeout, version_refusal,
+    ALPN_API, ALPN_PEER, ALPN_PEER_PREVIOUS, ALPN_RAFT, ALPN_RAFT_PREVIOUS, ALPN_VERSIONS, IDLE_TIMEOUT,
+    KEEP_ALIVE_INTERVAL, MAX_CONCURRENT_BIDI_STREAMS, MAX_CONCURRENT_UNI_STREAMS, PEER_PROTOCOLS, RAFT_PROTOCOLS,
+    VERSIONS_CLOSE, alpn_of, answer_versions, endpoint, transport_config, transport_config_with,
+    transport_config_with_idle_timeout, version_refusal,
 };

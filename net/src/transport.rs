@@ -13,7 +13,12 @@ use crate::error::TlsError;
 /// ALPN protocol of the coordinator API (clients, trainers and admins to the coordinator).
 pub const ALPN_API: &[u8] = b"granary-api/1";
 /// ALPN protocol of Raft traffic between coordinators.
-pub const ALPN_RAFT: &[u8] = b"granary-raft/1";
+pub const ALPN_RAFT: &[u8] = b"granary-raft/2";
+/// Raft between voters as the build before speaks it: the same frames,
+/// without the log entries version 2 added (`EnableContentOwners`).
+pub const ALPN_RAFT_PREVIOUS: &[u8] = b"granary-raft/1";
+/// Every version of Raft between voters this build speaks, newest first.
+pub const RAFT_PROTOCOLS: &[&[u8]] = &[ALPN_RAFT, ALPN_RAFT_PREVIOUS];
 /// ALPN protocol of the peer fabric: node-to-node chunk and footer traffic (trainers reach their node over its Unix socket, never over QUIC).
 /// Version 5 sends chunks of format 3 (which name their converter) or 2.
 pub const ALPN_PEER: &[u8] = b"granary-peer/5";

@@ -32,6 +32,12 @@ fn print_status(s: &ClusterStatus) {
     for v in &s.voters {
         println!("  voter-{} {}", v.id, v.addr);
     }
+    let owners = if s.content_owners {
+        "follow content (a new version's shards start where the same content's chunks are)"
+    } else {
+        "by version (until every voter speaks granary-raft/2)"
+    };
+    println!("owners: {owners}");
     println!("nodes:");
     for n in &s.nodes {
         let lease = match (n.live, n.lease_left_ms) {

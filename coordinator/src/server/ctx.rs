@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// Per-voter state the handlers share.
 pub(super) struct Ctx {
+    /// The Raft links to the other voters (which version of Raft each speaks).
+    pub(super) network: crate::network::QuicNetwork,
     pub(super) id: VoterId,
     pub(super) raft: Raft,
     pub(super) shared: Arc<Shared>,

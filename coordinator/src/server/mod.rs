@@ -40,7 +40,7 @@ use crate::sm::StateMachineStore;
 use crate::store::{LogStore, StoreError};
 use crate::types::{Raft, VoterId};
 use ctx::Ctx;
-use granary_net::tls::{self, ALPN_API, ALPN_RAFT, Identity, Role, TlsError};
+use granary_net::tls::{self, ALPN_API, ALPN_RAFT, ALPN_RAFT_PREVIOUS, Identity, Role, TlsError};
 use granary_proto::NodeId;
 use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::BTreeMap;
@@ -63,6 +63,9 @@ pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 32;
 
 /// A handshake not finished by then is dropped.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
+
+/// The ALPN names a voter serves: the API, then Raft, newest first.
+const SERVES: &[&[u8]] = &[ALPN_API, ALPN_RAFT, ALPN_RAFT_PREVIOUS];
 
 /// Entries per AppendEntries RPC.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 16;
@@ -247,14 +250,14 @@ impl Coordinator {
         let largest_entry = log.largest_entry();
         let shared = sm.shared();
 
-        let server = cfg.identity.server_config(&[ALPN_API, ALPN_RAFT])?;
+        let server = cfg.identity.server_config(SERVES)?;
         let endpoint = tls::server_endpoint(&cfg.identity, cfg.listen, server)?;
         let addr = endpoint.local_addr().map_err(StartError::Endpoint)?;
         // Raft links notice a dead or restarted peer within the election
         // timeout: keep-alive every heartbeat, idle timeout one election
         // timeout. A vote then never waits on a connection to a process that
         // is gone.
-        let mut raft_client = cfg.identity.client_config(ALPN_RAFT)?;
+        let mut raft_client = cfg.identity.client_config_for(tls::RAFT_PROTOCOLS)?;
         raft_client.transport_config(Arc::new(tls::transport_config_with(
             cfg.heartbeat_interval.max(Duration::from_millis(10)),
             cfg.election_timeout,
@@ -279,7 +282,7 @@ impl Coordinator {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log, sm).await?;
+        let raft = Raft::new(cfg.id, Arc::new(raft_config), network.clone(), log, sm).await?;
 
         let mut voters = cfg.voters.clone();
         if voters.is_empty() {
@@ -301,6 +304,7 @@ impl Coordinator {
         let ctx = Arc::new(Ctx {
             id: cfg.id,
             raft,
+            network,
             shared,
             lease: cfg.lease,
             remote_options: cfg.remote_options.clone(),
@@ -333,6 +337,7 @@ impl Coordinator {
         tasks.spawn(accept_loop(ctx.clone(), endpoint.clone()));
         tasks.spawn(timers::lease_loop(ctx.clone()));
         tasks.spawn(timers::collect_loop(ctx.clone()));
+        tasks.spawn(timers::switch_loop(ctx.clone()));
         let watchdog = Watchdog::new(
             cfg.id,
             Duration::from_millis(election_max_ms),
@@ -434,7 +439,7 @@ async fn accept_loop(ctx: Arc<Ctx>, endpoint: quinn::Endpoint) {
 }
 
 async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketAddr) {
-    if tls::answer_versions(&conn, &[ALPN_API, ALPN_RAFT]) {
+    if tls::answer_versions(&conn, SERVES) {
         tracing::warn!(%peer, "refused a client that speaks no version of the API or Raft this voter speaks");
         return;
     }
@@ -467,7 +472,7 @@ async fn serve_connection(ctx: &Arc<Ctx>, conn: quinn::Connection, peer: SocketA
         }
     };
     let alpn = tls::alpn_of(&conn);
-    let raft = alpn.as_deref() == Some(ALPN_RAFT);
+    let raft = alpn.as_deref() == Some(ALPN_RAFT) || alpn.as_deref() == Some(ALPN_RAFT_PREVIOUS);
     if raft && role != Role::Coordinator {
         tracing::warn!(%peer, %role, "refusing Raft traffic from a {role} certificate");
         conn.close(2u32.into(), b"raft requires a coordinator certificate");

@@ -91,6 +91,35 @@ pub(super) async fn collect_loop(ctx: Arc<Ctx>) {
     }
 }
 
+/// On the leader: turns on owners that follow content once every voter
+/// speaks the version of Raft that carries the entry
+/// ([`crate::switch::content_owners_due`] decides). Checks once a second.
+pub(super) async fn switch_loop(ctx: Arc<Ctx>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !super::ctx::leads_with_quorum(&ctx) {
+            continue;
+        }
+        let voters: Vec<VoterId> = ctx.raft.metrics().borrow().membership_config.membership().voter_ids().collect();
+        let on = ctx.shared.read(|a| a.cluster.content_owners);
+        if !crate::switch::content_owners_due(on, ctx.id, &voters, &ctx.network.raft_versions()) {
+            continue;
+        }
+        match write(&ctx, Command::EnableContentOwners).await {
+            Ok(CommandResult::ContentOwners { turned_on: true }) => {
+                tracing::info!(
+                    voters = voters.len(),
+                    "every voter speaks granary-raft/2: new versions' shards now start with the owners of the same content"
+                );
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!("could not commit EnableContentOwners: {err:?}"),
+        }
+    }
+}
+
 /// On followers: starts an election when [`Watchdog`] says the leader
 /// lease has run out.
 pub(super) async fn election_loop(ctx: Arc<Ctx>, mut watchdog: Watchdog) {

@@ -372,9 +372,15 @@ impl LocalCluster {
     /// Registers the Parquet files in `data` as dataset `name` (the spec's
     /// view, or the generator's) on the coordinator.
     pub fn add_dataset(&self, name: &str, data: &Path) -> Result<()> {
-        let view = self.spec.view.as_deref().unwrap_or(crate::datagen::VIEW_TOML);
         let source = self.spec.source.clone().unwrap_or_else(|| format!("file://{}/", data.display()));
-        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, &source, view).map_err(|e| {
+        self.add_source(name, &source)
+    }
+
+    /// Registers the Parquet files `source` names (a URL, with globs or
+    /// brace ranges) as dataset `name`.
+    pub fn add_source(&self, name: &str, source: &str) -> Result<()> {
+        let view = self.spec.view.as_deref().unwrap_or(crate::datagen::VIEW_TOML);
+        add_dataset(&self.exe, &self.coordinators(), &self.certs, &self.dir, name, source, view).map_err(|e| {
             let tails: Vec<String> = self.voter_ids().iter().map(|&v| log_tail(&self.voter_log(v))).collect();
             anyhow!("{e:#}\n{}", tails.join("\n"))
         })
@@ -382,8 +388,19 @@ impl LocalCluster {
 
     /// The registered datasets, as `granary dataset ls --json` prints them.
     pub fn datasets(&self) -> Result<Vec<granary_net::api::DatasetSummary>> {
+        self.admin_json(&["dataset", "ls"])
+    }
+
+    /// The cluster's status, as `granary status --json` prints it.
+    pub fn status(&self) -> Result<granary_net::api::ClusterStatus> {
+        self.admin_json(&["status"])
+    }
+
+    /// What the admin command `args` prints with `--json`.
+    fn admin_json<T: serde::de::DeserializeOwned>(&self, args: &[&str]) -> Result<T> {
         let out = Command::new(&self.exe)
-            .args(["dataset", "ls", "--json", "--cert-name", "admin", "--timeout-ms", "10000"])
+            .args(args)
+            .args(["--json", "--cert-name", "admin", "--timeout-ms", "10000"])
             .args(["--coordinators", &self.coordinators().join(",")])
             .arg("--certs")
             .arg(&self.certs)
@@ -391,9 +408,9 @@ impl LocalCluster {
             .output()
             .context("running `granary dataset ls`")?;
         if !out.status.success() {
-            bail!("dataset ls failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!("granary {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
         }
-        serde_json::from_slice(&out.stdout).context("reading `granary dataset ls --json`")
+        serde_json::from_slice(&out.stdout).with_context(|| format!("reading `granary {} --json`", args.join(" ")))
     }
 
     /// Node ids, 1..=N.

@@ -28,6 +28,7 @@ pub(in crate::server) async fn status(ctx: &Ctx) -> Answer {
             placement_epoch: a.cluster.placement_epoch,
             nodes: node_statuses(ctx, &a.cluster, leader),
             datasets: summaries(&a.cluster, ctx.retention_ms()),
+            content_owners: a.cluster.content_owners,
         })
     }))
 }

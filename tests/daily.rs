@@ -81,3 +81,28 @@ fn a_new_day_on_a_cluster_converts_only_the_new_day() {
     assert_eq!(converted, ROW_GROUPS_PER_DAY, "only the new day's row groups are converted\n{}", c.log_tails());
     assert!(read <= day4, "{read} bytes read remotely for a new day of {day4} bytes");
 }
+
+/// `granary demo --daily --json`: the window moved by a day converts only
+/// the new day, reads about its bytes, and the old version's job reads
+/// nothing from the store and the same bytes.
+#[test]
+fn the_daily_demo_converts_only_the_new_day() {
+    let out = std::process::Command::new(BIN)
+        .args(["demo", "--daily", "--json", "--nodes", "2", "--days", "4", "--rows", "16000"])
+        .args(["--row-group-rows", "2000", "--latency-ms", "1"])
+        .env("GRANARY_LOG", "warn")
+        .output()
+        .expect("run granary demo --daily");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "demo --daily failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .find(|v| v["scenario"] == "daily")
+        .expect("a summary line");
+    assert_eq!(summary["converts_only_the_new_day"], 1, "{summary}");
+    assert_eq!(summary["new_version_conversions"], 2, "{summary}");
+    assert_eq!(summary["new_version_rows"], 16_000, "{summary}");
+    assert_eq!((summary["old_job_remote_bytes"].as_u64(), summary["old_job_identical"].as_u64()), (Some(0), Some(1)));
+    assert!(summary["new_version_remote_over_new_day"].as_f64().is_some_and(|r| r <= 1.02), "{summary}");
+}

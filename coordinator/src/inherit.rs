@@ -61,13 +61,38 @@ pub fn seed(
 }
 
 /// Owners for shards keyed `keys` over `live`: each seeded shard starts
-/// with its seed, every other with `fresh`'s choice (a fresh placement of
-/// the same keys), and a re-placement from there keeps every node within
-/// its share, moving as few as it must.
+/// with its seed, and every other goes, in manifest order, to the node
+/// least loaded for its weight so far (the room the days that left the
+/// window freed; ties to `fresh`'s choice, a fresh placement of the same
+/// keys, then the lower id). A re-placement from there keeps every node
+/// within its share, moving as few as it must: none when the start is
+/// already within them.
 pub fn place(keys: &[u64], seed: &[Option<NodeId>], fresh: &[NodeId], live: &[NodeWeight]) -> Vec<NodeId> {
-    if fresh.len() != keys.len() || seed.len() != keys.len() {
+    if fresh.len() != keys.len() || seed.len() != keys.len() || live.is_empty() {
         return fresh.to_vec();
     }
-    let start: Vec<NodeId> = seed.iter().zip(fresh).map(|(s, f)| s.unwrap_or(*f)).collect();
+    let mut load: Vec<u64> = live.iter().map(|w| seed.iter().filter(|s| **s == Some(w.node)).count() as u64).collect();
+    let mut start = Vec::with_capacity(keys.len());
+    for (s, f) in seed.iter().zip(fresh) {
+        let owner = match s {
+            Some(n) => *n,
+            None => {
+                // The lightest for its weight: load_a / w_a < load_b / w_b.
+                let lighter = |a: usize, b: usize| {
+                    let (x, y) = (
+                        u128::from(load[a]) * u128::from(live[b].weight),
+                        u128::from(load[b]) * u128::from(live[a].weight),
+                    );
+                    x.cmp(&y)
+                        .then_with(|| (live[b].node == *f).cmp(&(live[a].node == *f)))
+                        .then(live[a].node.cmp(&live[b].node))
+                };
+                let best = (0..live.len()).min_by(|&a, &b| lighter(a, b)).unwrap_or(0);
+                load[best] += 1;
+                live[best].node
+            }
+        };
+        start.push(owner);
+    }
     plan_rebalance(keys, &start, live).map(|p| p.owners().collect()).unwrap_or_else(|_| fresh.to_vec())
 }

@@ -57,6 +57,16 @@ pub(crate) struct DemoArgs {
     /// Canonical partitions of the global plan (`--elastic`).
     #[arg(long, default_value_t = 4)]
     pub partitions: u32,
+    /// A dataset that changes every day: a cluster (4 nodes unless
+    /// `--nodes` says 2 or more) serves `--days` days named by a brace
+    /// range, warm; the next day lands and the window moves by one; the
+    /// new version's epoch converts only the new day, and a job of the old
+    /// version reads on from the tiers.
+    #[arg(long)]
+    pub daily: bool,
+    /// Days in the window (`--daily`).
+    #[arg(long, default_value_t = 10)]
+    pub days: u32,
     /// Print JSON lines instead of tables and bars.
     #[arg(long)]
     pub json: bool,

@@ -5,6 +5,8 @@
 //! - [`cluster`]: a coordinator and N node daemons (`--nodes N`, N ≥ 2).
 //! - [`elastic`]: one node daemon (or a cluster, `--nodes N`), ranks of
 //!   the global plan whose world size changes mid-epoch (`--elastic`).
+//! - [`daily`]: a cluster whose dataset gains a day and moves its window
+//!   (`--daily`).
 //!
 //! Both are built from the same parts, which depend on neither of them:
 //! [`args`] (the flags), [`setup`] (the work folder and the generated
@@ -16,6 +18,7 @@
 
 mod args;
 mod cluster;
+mod daily;
 mod elastic;
 mod pass;
 mod report;
@@ -32,6 +35,9 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     }
     if a.elastic {
         return elastic::run(a);
+    }
+    if a.daily {
+        return daily::run(a);
     }
     if a.nodes > 1 {
         return cluster::run(a);

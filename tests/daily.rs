@@ -80,6 +80,22 @@ fn a_new_day_on_a_cluster_converts_only_the_new_day() {
     let read = after.remote_bytes - before.remote_bytes;
     assert_eq!(converted, ROW_GROUPS_PER_DAY, "only the new day's row groups are converted\n{}", c.log_tails());
     assert!(read <= day4, "{read} bytes read remotely for a new day of {day4} bytes");
+    // The nodes count what they reused: the three shared days' shards.
+    let reused: u64 = ids
+        .iter()
+        .map(|&id| {
+            let counters = LocalSource::connect(c.socket(id)).and_then(|s| s.counters()).expect("counters");
+            counters.iter().find(|(n, _)| n == "chunks_reused").map_or(0, |(_, v)| *v)
+        })
+        .sum();
+    assert_eq!(reused, 3 * ROW_GROUPS_PER_DAY);
+    let out = std::process::Command::new(BIN)
+        .args(["stats", "--json", "--socket"])
+        .arg(c.socket(1))
+        .output()
+        .expect("granary stats");
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(stats["counters"]["chunks_reused"].is_u64(), "{stats}");
 }
 
 /// `granary demo --daily --json`: the window moved by a day converts only

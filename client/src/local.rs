@@ -58,6 +58,8 @@ pub struct LocalSource {
     chunk_lens: Mutex<HashMap<DatasetVersion, HashMap<ShardId, u64>>>,
     /// The local protocol versions this source offers.
     speaks: version::Speaks,
+    /// The version the node agreed to on the current connection.
+    agreed: std::sync::atomic::AtomicU16,
     /// Register every chunk mapping with this CUDA context as page-locked
     /// memory (feature `cuda`).
     #[cfg(feature = "cuda")]
@@ -102,8 +104,10 @@ const HELLO_WAIT: Duration = Duration::from_secs(10);
 /// Connects to the node at `path` and agrees on a version of the local
 /// protocol ([`version`]): a hello, or, with a node of protocol 1 (which
 /// refuses the hello as an oversized frame and closes), a new connection
-/// without one. Every version this build speaks sends the same frames.
-fn open(path: &Path, speaks: version::Speaks) -> Result<UnixStream, ClientError> {
+/// without one. Returns the stream and the version agreed. Every version
+/// this build speaks sends the same frames but for the requests a version
+/// added (`Counters`: 3).
+fn open(path: &Path, speaks: version::Speaks) -> Result<(UnixStream, u16), ClientError> {
     let connect =
         || UnixStream::connect(path).map_err(|source| ClientError::Connect { path: path.to_path_buf(), source });
     let mut stream = connect()?;
@@ -113,12 +117,12 @@ fn open(path: &Path, speaks: version::Speaks) -> Result<UnixStream, ClientError>
     stream.read_exact(&mut reply)?;
     stream.set_read_timeout(None)?;
     let node = match version::decode_hello_reply(reply, speaks) {
-        version::HelloReply::Speak { .. } => return Ok(stream),
+        version::HelloReply::Speak { version, .. } => return Ok((stream, version)),
         version::HelloReply::Refused { node } => node,
         version::HelloReply::Legacy => {
             let one = version::Speaks { oldest: 1, current: 1 };
             if speaks.negotiate(one).is_ok() {
-                return connect();
+                return Ok((connect()?, 1));
             }
             one
         }
@@ -193,7 +197,7 @@ impl LocalSource {
     /// older build meets the node, for tests of a rolling upgrade.
     pub fn connect_speaking(path: impl AsRef<Path>, speaks: version::Speaks) -> Result<Self, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream = open(&path, speaks)?;
+        let (stream, agreed) = open(&path, speaks)?;
         let mappings =
             MappingCache { budget_bytes: DEFAULT_MAPPING_CACHE_BYTES, bytes: 0, tick: 0, entries: HashMap::new() };
         Ok(Self {
@@ -208,6 +212,7 @@ impl LocalSource {
             page_lock_refused: std::sync::atomic::AtomicBool::new(false),
             reconnect: DEFAULT_RECONNECT,
             speaks,
+            agreed: std::sync::atomic::AtomicU16::new(agreed),
             last_follow: Mutex::new(None),
             out_of_step: std::sync::atomic::AtomicBool::new(false),
         })
@@ -272,6 +277,22 @@ impl LocalSource {
         }
     }
 
+    /// The node's counters beyond [`NodeStats`], by name (`chunks_reused`),
+    /// from a node of local protocol 3 or newer; from an older node, a
+    /// [`ClientError::Version`] saying to upgrade it.
+    pub fn counters(&self) -> Result<Vec<(String, u64)>, ClientError> {
+        let agreed = self.agreed.load(std::sync::atomic::Ordering::Relaxed);
+        if agreed < 3 {
+            let node = version::Speaks { oldest: 1, current: agreed };
+            let client = version::Speaks { oldest: 3, current: self.speaks.current };
+            return Err(ClientError::Version { path: self.path.clone(), client, node });
+        }
+        match self.call(&LocalRequest::Counters)?.0 {
+            LocalResponse::Counters(c) => Ok(c.into_iter().map(|c| (c.name, c.value)).collect()),
+            other => Err(unexpected("Counters", &other)),
+        }
+    }
+
     /// The node's stage clocks and its ranks' last reports (`granary doctor`).
     pub fn doctor(&self) -> Result<granary_proto::doctor::DoctorSnapshot, ClientError> {
         match self.call(&LocalRequest::Doctor)?.0 {
@@ -321,7 +342,10 @@ impl LocalSource {
             std::thread::sleep(pause.min(self.reconnect.saturating_sub(started.elapsed())));
             pause = (pause * 2).min(Duration::from_secs(1));
             let stream = match open(&self.path, self.speaks) {
-                Ok(s) => s,
+                Ok((s, agreed)) => {
+                    self.agreed.store(agreed, std::sync::atomic::Ordering::Relaxed);
+                    s
+                }
                 Err(ClientError::Connect { source, .. }) => {
                     last = source;
                     continue;
@@ -426,6 +450,7 @@ fn unexpected(asked: &'static str, resp: &LocalResponse) -> ClientError {
         LocalResponse::Doctor(_) => "Doctor",
         LocalResponse::NotServed { .. } => "NotServed",
         LocalResponse::Failed { .. } => "Failed",
+        LocalResponse::Counters(_) => "Counters",
     };
     ProtocolError::Unexpected { asked, replied }.into()
 }

@@ -212,3 +212,27 @@ fn a_node_too_far_from_the_client_is_named_with_both_versions() {
     let msg = LocalSource::connect(&path).err().expect("refused").to_string();
     assert!(msg.contains("upgrade the node"), "{msg}");
 }
+
+/// Counters by name came with local protocol 3: a node that agreed to 2
+/// is never asked (its build cannot read the request); the error says to
+/// upgrade the node. A node of 3 answers them.
+#[test]
+fn counters_are_asked_only_of_a_node_of_protocol_3() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let two = version::Speaks { oldest: 1, current: 2 };
+    let path = scripted_node_greeting(dir.path(), Greeting::Speaks(two), Box::new(|r| panic!("asked {r:?}")));
+    let e = LocalSource::connect(&path).expect("connect").counters().expect_err("protocol 2");
+    assert!(e.to_string().contains("upgrade the node"), "{e}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let counters = vec![wire::Counter { name: "chunks_reused".into(), value: 7 }];
+    let path = scripted_node(
+        dir.path(),
+        Box::new(move |r| match r {
+            LocalRequest::Counters => (frame(&LocalResponse::Counters(counters.clone())), None),
+            other => panic!("asked {other:?}"),
+        }),
+    );
+    let got = LocalSource::connect(&path).expect("connect").counters().expect("counters");
+    assert_eq!(got, [("chunks_reused".to_string(), 7)]);
+}

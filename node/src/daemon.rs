@@ -464,6 +464,7 @@ async fn connection(
                 send(&stream, &LocalResponse::Reported, None, write).await?;
             }
             LocalRequest::Doctor => send(&stream, &LocalResponse::Doctor(node.doctor_snapshot()), None, write).await?,
+            LocalRequest::Counters => send(&stream, &LocalResponse::Counters(node.counters()), None, write).await?,
         }
     }
 }

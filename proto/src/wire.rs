@@ -75,6 +75,10 @@ mod request_def {
             /// The plan and where the rank starts in it.
             walk: crate::plan::Walk,
         },
+        /// The node's counters beyond [`NodeStats`], by name (local
+        /// protocol 3): a counter added later is a new name, which an
+        /// older trainer skips, never a new layout.
+        Counters,
     }
 }
 
@@ -224,7 +228,19 @@ mod response_def {
             /// What failed, naming file, row group, column or request.
             message: String,
         },
+        /// Reply to `Counters`.
+        Counters(Vec<Counter>),
     }
+}
+
+/// One counter of [`LocalRequest::Counters`]' reply.
+#[derive(Clone, PartialEq, Eq, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Counter {
+    /// Its name, as the node's metrics name it without the
+    /// `granary_node_` prefix and `_total` suffix (`chunks_reused`).
+    pub name: String,
+    /// Its value since the node started.
+    pub value: u64,
 }
 
 /// A frame that cannot be encoded or decoded: the one codec error

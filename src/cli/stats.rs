@@ -19,8 +19,20 @@ pub(crate) struct StatsArgs {
 
 /// Prints the counters once.
 pub(crate) fn run(a: &StatsArgs) -> Result<()> {
-    let s = granary_client::LocalSource::connect(&a.socket)?.stats()?;
+    let source = granary_client::LocalSource::connect(&a.socket)?;
+    let s = source.stats()?;
+    // Counters by name, from a node of local protocol 3 or newer; an older
+    // node has none of them.
+    let more = match source.counters() {
+        Ok(more) => more,
+        Err(granary_client::ClientError::Version { .. }) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
     if a.json {
+        let mut more_json = serde_json::Map::new();
+        for (name, value) in &more {
+            more_json.insert(name.clone(), (*value).into());
+        }
         println!(
             "{}",
             serde_json::json!({
@@ -35,10 +47,11 @@ pub(crate) fn run(a: &StatsArgs) -> Result<()> {
                 "peer_verified": s.peer_verified, "peer_mismatched": s.peer_mismatched,
                 "peers_quarantined": s.peers_quarantined,
                 "loads_in_flight": s.loads_in_flight,
+                "counters": more_json,
             })
         );
     } else {
-        print!("{}", human(&s));
+        print!("{}", human(&s, &more));
     }
     Ok(())
 }
@@ -47,8 +60,9 @@ fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
-/// The counters as a person reads them: one concern per line.
-fn human(s: &NodeStats) -> String {
+/// The counters as a person reads them: one concern per line (`more`:
+/// the counters a node reports by name).
+fn human(s: &NodeStats, more: &[(String, u64)]) -> String {
     let requests = s.ram_hits + s.ssd_hits + s.guest_hits + s.misses + s.joined;
     let mut o = String::new();
     let mut line = |k: &str, v: String| o.push_str(&format!("{k:<16}{v}\n"));
@@ -97,6 +111,9 @@ fn human(s: &NodeStats) -> String {
             mib(s.guest_bytes)
         ),
     );
+    if let Some((_, reused)) = more.iter().find(|(n, _)| n == "chunks_reused") {
+        line("reuse", format!("{reused} shards served from another version's chunk of the same content"));
+    }
     line("other", format!("{} prefetched, {} corrupt SSD entries re-read", s.prefetched, s.corrupt_entries));
     o
 }
@@ -115,7 +132,9 @@ mod tests {
             loads_in_flight: 1,
             ..NodeStats::default()
         };
-        let text = human(&s);
+        let text = human(&s, &[("chunks_reused".into(), 5)]);
+        assert!(text.contains("reuse           5 shards served from another version's chunk"), "{text}");
+        assert!(!human(&s, &[]).contains("reuse"), "a node of protocol 2 reports no reuse line");
         assert!(text.contains("remote storage  3.0 MiB in 0 requests"), "{text}");
         assert!(text.contains("chunk requests  6: 2 RAM"), "{text}");
         assert!(text.contains("1 loads in flight"), "{text}");

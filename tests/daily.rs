@@ -68,6 +68,10 @@ fn a_new_day_on_a_cluster_converts_only_the_new_day() {
     assert_eq!(read_all(&c, 1, v1), 3 * ROWS_PER_DAY);
 
     let before = c.total_stats().expect("stats");
+    let tier_bytes = |c: &LocalCluster| -> u64 {
+        ids.iter().map(|&id| c.stats(id).map(|s| s.chunk_memory_bytes - s.guest_bytes).expect("stats")).sum()
+    };
+    let tier_before = tier_bytes(&c);
     let day4 = write_day(&data, 4);
     c.add_dataset("ads", &data).expect("register the new day");
     let current = |id| LocalSource::connect(c.socket(id)).and_then(|s| s.describe("ads", None)).map(|i| i.version);
@@ -89,6 +93,13 @@ fn a_new_day_on_a_cluster_converts_only_the_new_day() {
         })
         .sum();
     assert_eq!(reused, 3 * ROW_GROUPS_PER_DAY);
+    // One copy of each content in the tiers: four days' chunks, not seven
+    // (no trainer reads the first version any more).
+    let tier_after = tier_bytes(&c);
+    assert!(
+        tier_after * 3 <= tier_before * 4 + tier_before / 10,
+        "the tiers hold {tier_after} bytes after the new day, {tier_before} before: the old copies stayed"
+    );
     let out = std::process::Command::new(BIN)
         .args(["stats", "--json", "--socket"])
         .arg(c.socket(1))

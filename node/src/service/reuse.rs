@@ -1,7 +1,9 @@
 //! A new version's shard served from an older version's chunk of the same
 //! content ([`crate::content`]): the chunk the tier holds (in RAM, or on
 //! SSD from before a restart), restamped as the new version's shard. No
-//! remote read, no conversion (issue 43).
+//! remote read, no conversion (issue 43). The tier then keeps one copy of
+//! the content: the older version's is dropped unless a trainer on this
+//! node reads that version now.
 
 use super::Node;
 use crate::shm::{ChunkWriter, SealedChunk};
@@ -45,6 +47,15 @@ impl Node {
         view.restamp_into(key.version, key.shard, out.as_mut_slice()).ok()?;
         let sealed = out.seal().ok()?;
         self.inner.counters.reused.fetch_add(1, Ordering::Relaxed);
+        // One copy of a content in the tier: the older version's goes
+        // unless a trainer here reads that version now (then both are
+        // read, and both are kept). Asked for again later, it is
+        // restamped back from this one.
+        let source_in_use =
+            self.dataset(held.version).is_ok_and(|d| self.inner.holds.in_use(&(d.name.clone(), held.version)));
+        if !source_in_use {
+            self.inner.tier.remove(held);
+        }
         tracing::debug!(shard = %key.shard, from = %held.version, "shard served from another version's chunk");
         Some(sealed)
     }

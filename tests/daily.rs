@@ -133,3 +133,33 @@ fn the_daily_demo_converts_only_the_new_day() {
     assert_eq!((summary["old_job_remote_bytes"].as_u64(), summary["old_job_identical"].as_u64()), (Some(0), Some(1)));
     assert!(summary["new_version_remote_over_new_day"].as_f64().is_some_and(|r| r <= 1.02), "{summary}");
 }
+
+/// Bad windows are clear errors at `view check`, naming the source: one
+/// that matches no file, and a brace left open.
+#[test]
+fn a_window_that_names_nothing_or_is_malformed_is_a_clear_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    write_day(&data, 1);
+    let view = tmp.path().join("view.toml");
+    std::fs::write(&view, granary_testkit::datagen::VIEW_TOML).expect("view");
+    let check = |source: String| {
+        let out = std::process::Command::new(BIN)
+            .args(["view", "check", "--source", &source, "--view"])
+            .arg(&view)
+            .output()
+            .expect("granary view check");
+        assert!(!out.status.success(), "{source} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let ok = std::process::Command::new(BIN)
+        .args(["view", "check", "--source", &format!("file://{}/day={{1..3}}/", data.display()), "--view"])
+        .arg(&view)
+        .output()
+        .expect("granary view check");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let none = check(format!("file://{}/day={{7..9}}/", data.display()));
+    assert!(none.contains("day={7..9}/") && none.contains("no .parquet file"), "{none}");
+    let open = check(format!("file://{}/day={{7..9/", data.display()));
+    assert!(open.contains("a `{` without its `}`"), "{open}");
+}

@@ -277,3 +277,40 @@ async fn bytes_past_the_announced_chunk_are_not_taken() {
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
     assert_eq!(chunk.bytes(), local.bytes());
 }
+
+/// Issue 45: a node's peer endpoint holds at most
+/// `MAX_PEER_CONNECTIONS_PER_NODE` connections of one node identity: one
+/// more is closed at once with the reason, and the first ones still fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_identity_holds_a_bounded_number_of_connections() {
+    use granary_node::fabric::MAX_PEER_CONNECTIONS_PER_NODE;
+    let f = start().await;
+    tls::issue_bound(&f.certs, Role::Node, "node-7", Some(7)).expect("issue");
+    let identity = Identity::load(&f.certs, "node-7").expect("identity");
+    let mut open = Vec::new();
+    for i in 0..=MAX_PEER_CONNECTIONS_PER_NODE {
+        let ep = tls::endpoint(local(), None).expect("endpoint");
+        let conn = ep
+            .connect_with(identity.client_config(ALPN_PEER).expect("cfg"), f.addr, Role::Node.server_name())
+            .expect("connect")
+            .await
+            .expect("handshake");
+        let closed = tokio::time::timeout(Duration::from_millis(500), conn.closed()).await;
+        if i < MAX_PEER_CONNECTIONS_PER_NODE {
+            assert!(closed.is_err(), "connection {i} was closed: {closed:?}");
+            open.push((ep, conn));
+        } else {
+            match closed {
+                Ok(quinn::ConnectionError::ApplicationClosed(c)) => {
+                    assert_eq!(c.error_code, 3u32.into());
+                    assert!(String::from_utf8_lossy(&c.reason).contains("too many connections"), "{c:?}");
+                }
+                other => panic!("connection {i} of one identity was kept: {other:?}"),
+            }
+        }
+    }
+    // The ones kept are served.
+    let link = PeerLink::new(open.pop().expect("one").0, &identity, &shared_cert()).expect("link");
+    drop(open);
+    link.fetch(f.addr, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.expect("served");
+}

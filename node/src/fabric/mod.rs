@@ -41,7 +41,10 @@ pub use follow::follow_placement;
 pub use granary_node_core::route::Owner;
 pub use link::PeerLink;
 pub use owners::Cluster;
-pub use server::{PeerAnswers, serve, serve_with};
+pub use server::{
+    MAX_PEER_CONNECTIONS, MAX_PEER_CONNECTIONS_PER_NODE, MAX_PEER_HANDSHAKES, MAX_PEER_HANDSHAKES_PER_ADDRESS,
+    PeerAnswers, serve, serve_with,
+};
 
 use crate::service::Node;
 use granary_net::tls;

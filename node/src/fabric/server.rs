@@ -65,21 +65,73 @@ pub async fn serve(node: Node, endpoint: quinn::Endpoint, config: FabricConfig) 
     serve_with(node, endpoint, config, PeerAnswers::Honest).await
 }
 
-/// [`serve`], sending chunks as `answers` says.
+/// Handshakes a node's peer endpoint runs at once (a peer that starts
+/// handshakes and never finishes holds at most these).
+pub const MAX_PEER_HANDSHAKES: usize = 256;
+/// Of them, from one source address.
+pub const MAX_PEER_HANDSHAKES_PER_ADDRESS: usize = 32;
+/// How long a handshake may take before it is dropped.
+const PEER_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// Connections a node's peer endpoint holds at once: every other node of
+/// a 10,000-node cluster, with room.
+pub const MAX_PEER_CONNECTIONS: usize = 20_000;
+/// Of them, from one node identity (a node dials a peer once; a restart
+/// or a redial may overlap the old connection briefly).
+pub const MAX_PEER_CONNECTIONS_PER_NODE: usize = 4;
+
+/// Who holds a connection, for the cap per identity: the node id its
+/// certificate is bound to, or, for a certificate bound to none
+/// (`allow_unbound_peers`), the connection's own address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Asker {
+    Node(u64),
+    Unbound(SocketAddr),
+}
+
+/// [`serve`], sending chunks as `answers` says. A source address not yet
+/// validated gets a QUIC Retry (nothing is kept for a spoofed one); a
+/// handshake takes one of [`MAX_PEER_HANDSHAKES`] (at most
+/// [`MAX_PEER_HANDSHAKES_PER_ADDRESS`] from one address) for at most 3 s;
+/// a connection takes one of [`MAX_PEER_CONNECTIONS`], at most
+/// [`MAX_PEER_CONNECTIONS_PER_NODE`] per node identity, for its life.
 pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricConfig, answers: PeerAnswers) {
-    let config = std::sync::Arc::new(config);
+    use granary_net::budget::{AddressBudget, Budget, Taken};
+    use std::sync::{Arc, Mutex};
+    let config = Arc::new(config);
+    let handshakes = Arc::new(Mutex::new(AddressBudget::new(MAX_PEER_HANDSHAKES, MAX_PEER_HANDSHAKES_PER_ADDRESS)));
+    let connections = Arc::new(Mutex::new(Budget::<Asker>::new(MAX_PEER_CONNECTIONS, MAX_PEER_CONNECTIONS_PER_NODE)));
     while let Some(incoming) = endpoint.accept().await {
+        if !incoming.remote_address_validated() && incoming.may_retry() {
+            if let Err(e) = incoming.retry() {
+                tracing::debug!(error = %e, "a QUIC retry could not be sent to a peer");
+            }
+            continue;
+        }
+        let peer = incoming.remote_address();
+        let handshake = match Taken::from(&handshakes, peer.ip()) {
+            Ok(taken) => taken,
+            Err(spent) => {
+                tracing::warn!(%peer, ?spent, "refusing a peer: the handshake budget is spent");
+                incoming.refuse();
+                continue;
+            }
+        };
         let node = node.clone();
         let config = config.clone();
+        let connections = connections.clone();
         tokio::spawn(async move {
-            let peer = incoming.remote_address();
-            let conn = match incoming.await {
-                Ok(c) => c,
-                Err(e) => {
+            let conn = match tokio::time::timeout(PEER_HANDSHAKE_WAIT, incoming).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
                     tracing::warn!(%peer, "refused a peer during the handshake: {e}");
                     return;
                 }
+                Err(_) => {
+                    tracing::warn!(%peer, "dropped a peer's handshake not finished within 3 s");
+                    return;
+                }
             };
+            drop(handshake);
             if tls::answer_versions(&conn, config.peer_alpns()) {
                 tracing::warn!(%peer, "refused a peer that speaks no version of the peer protocol this node speaks");
                 return;
@@ -97,6 +149,23 @@ pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricCon
                     return;
                 }
             }
+            let asker = match tls::peer_node_id(&conn) {
+                Ok(Some(id)) => Asker::Node(id),
+                Ok(None) => Asker::Unbound(peer),
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a peer: {e}");
+                    conn.close(1u32.into(), b"unreadable node id in the certificate");
+                    return;
+                }
+            };
+            let _slot = match Taken::from(&connections, asker.clone()) {
+                Ok(taken) => taken,
+                Err(spent) => {
+                    tracing::warn!(%peer, ?asker, ?spent, "refused a peer: too many connections");
+                    conn.close(3u32.into(), b"too many connections from this node");
+                    return;
+                }
+            };
             // The chunk format this peer reads.
             let format = if tls::alpn_of(&conn).as_deref() == Some(ALPN_PEER_PREVIOUS) { 2 } else { 3 };
             let answers = Answers { how: answers, format };

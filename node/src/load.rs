@@ -59,6 +59,43 @@ pub(crate) fn load_budget(mem_total: Option<u64>, cgroup_limit: Option<u64>, tie
     (memory.saturating_sub(tiers_bytes) / 2).max(MIN_LOAD_BUDGET)
 }
 
+/// The load budget as the node runs (issue 42): [`load_budget`]'s half of
+/// the memory beside the tiers, less what the node's own structures take
+/// beyond the [`NODE_OVERHEAD`] reckoned at start (`overhead`:
+/// [`measured_overhead`]), so a dataset of a million row groups, whose
+/// manifests, owner maps and prefetch orders take hundreds of MB, shrinks
+/// the loads in flight instead of pushing the node past its cgroup. At
+/// least [`MIN_LOAD_BUDGET`].
+pub(crate) fn load_budget_now(memory: u64, tiers_bytes: u64, overhead: u64) -> u64 {
+    let grown = overhead.saturating_sub(NODE_OVERHEAD);
+    (memory.saturating_sub(tiers_bytes).saturating_sub(grown) / 2).max(MIN_LOAD_BUDGET)
+}
+
+/// How a semaphore of `current` permits in all, `available` of them free,
+/// moves to `target`: permits to add, or free ones to forget (permits in
+/// use are forgotten on a later move, once given back). Permits are KiB:
+/// a move of less than a sixteenth of `current` or 64 MiB, whichever is
+/// less, is not made (the measure wobbles).
+pub(crate) fn resize(current: u64, target: u64, available: u64) -> Resize {
+    if target.abs_diff(current) < (current / 16).min(64 << 10) {
+        return Resize { add: 0, forget: 0 };
+    }
+    if target >= current {
+        Resize { add: target - current, forget: 0 }
+    } else {
+        Resize { add: 0, forget: (current - target).min(available) }
+    }
+}
+
+/// What [`resize`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resize {
+    /// Permits to add.
+    pub add: u64,
+    /// Free permits to forget.
+    pub forget: u64,
+}
+
 /// This process's memory: `MemTotal` from /proc/meminfo and its cgroup's
 /// memory limit ([`cgroup_memory_limit`]), each if known.
 pub(crate) fn process_memory() -> (Option<u64>, Option<u64>) {
@@ -346,6 +383,29 @@ mod tests {
         assert_eq!(memory_admission(1 << 30, 1 << 30), Some(1 << 20));
         assert_eq!(memory_admission((1 << 30) + 1, 1 << 30), None);
         assert!(default_load_memory(0) >= MIN_LOAD_BUDGET);
+    }
+
+    #[test]
+    fn the_load_budget_gives_way_to_the_nodes_own_memory_as_it_grows() {
+        let (memory, tiers) = (16u64 << 30, 4u64 << 30);
+        let at_start = load_budget(Some(memory), None, tiers);
+        assert_eq!(load_budget_now(memory, tiers, 0), at_start, "below the overhead reckoned at start");
+        assert_eq!(load_budget_now(memory, tiers, NODE_OVERHEAD), at_start);
+        // Manifests and orders of a million row groups: 2 GiB more.
+        assert_eq!(load_budget_now(memory, tiers, NODE_OVERHEAD + (2 << 30)), at_start - (1 << 30));
+        assert_eq!(load_budget_now(memory, tiers, 64 << 30), MIN_LOAD_BUDGET, "never below the floor");
+    }
+
+    #[test]
+    fn a_shrinking_budget_forgets_only_free_permits_and_a_growing_one_adds() {
+        assert_eq!(resize(100, 150, 10), Resize { add: 50, forget: 0 });
+        assert_eq!(resize(100, 60, 100), Resize { add: 0, forget: 40 });
+        assert_eq!(resize(100, 60, 15), Resize { add: 0, forget: 15 }, "the rest once loads give theirs back");
+        assert_eq!(resize(100, 100, 0), Resize { add: 0, forget: 0 });
+        assert_eq!(resize(1600, 1650, 1600), Resize { add: 0, forget: 0 }, "a wobble is no move");
+        assert_eq!(resize(1600, 1550, 1600), Resize { add: 0, forget: 0 });
+        let big = 12 << 20; // a 12 GiB budget
+        assert_eq!(resize(big, big - (512 << 10), big).forget, 512 << 10, "half a GiB is a move however large");
     }
 
     /// Issue 29: the default load budget is half of what is left beside

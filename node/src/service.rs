@@ -26,6 +26,7 @@ use crate::dataset::{Dataset, OpenError};
 use crate::error::FetchError;
 use crate::fabric::owners::Cluster;
 
+mod budget;
 mod fetch;
 mod follow;
 mod peer_check;
@@ -98,7 +99,11 @@ struct Inner {
     loads: Semaphore,
     /// KiB of memory loads in progress may take ([`load::memory_admission`]).
     load_memory: Semaphore,
-    load_memory_bytes: u64,
+    /// The load budget now: what `load_memory` holds in all, in bytes.
+    /// Configured (`load_memory_bytes`), it stays; by default it follows
+    /// the node's own memory ([`Node::follow_own_memory`]).
+    load_memory_bytes: std::sync::atomic::AtomicU64,
+    load_budget_follows_memory: bool,
     /// What the trainers' mapping advice is reckoned from, as the node
     /// runs ([`Node::mapping_advice`]).
     advice: AdviceInputs,
@@ -257,7 +262,8 @@ impl Node {
                         .unwrap_or(Semaphore::MAX_PERMITS)
                         .min(Semaphore::MAX_PERMITS),
                 ),
-                load_memory_bytes,
+                load_memory_bytes: std::sync::atomic::AtomicU64::new(load_memory_bytes),
+                load_budget_follows_memory: cfg.load_memory_bytes.is_none(),
                 advice,
                 converts: Arc::new(Semaphore::new(threads)),
                 counters: Counters::default(),
@@ -287,6 +293,7 @@ impl Node {
         for (name, ds) in opened {
             node.publish(name, ds);
         }
+        node.spawn_budget_loop();
         Ok(node)
     }
 
@@ -336,11 +343,8 @@ impl Node {
         if let Some(fixed) = a.fixed {
             return fixed;
         }
-        let taken_kib = self
-            .inner
-            .load_memory_bytes
-            .div_ceil(1024)
-            .saturating_sub(self.inner.load_memory.available_permits() as u64);
+        let taken_kib =
+            self.load_budget().div_ceil(1024).saturating_sub(self.inner.load_memory.available_permits() as u64);
         let overhead = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|status| load::measured_overhead(&status, taken_kib.saturating_mul(1024)))
@@ -350,7 +354,7 @@ impl Node {
             ranks: a.max_ranks,
             loaders: a.loaders.load(std::sync::atomic::Ordering::Relaxed),
         };
-        load::mapping_advice_now(a.memory, a.tiers_bytes, self.inner.load_memory_bytes, now)
+        load::mapping_advice_now(a.memory, a.tiers_bytes, self.load_budget(), now)
     }
 
     /// A trainer's connection started following a plan: one more loader
@@ -619,11 +623,11 @@ impl Node {
         let (_, rg) = ds.locate(key.shard)?;
         let compressed = ds.manifest.files[key.shard.file as usize].row_groups[rg].compressed_bytes;
         let estimate = load::load_memory_estimate(compressed, ds.chunk_len_estimate(key.shard));
-        let budget = self.inner.load_memory_bytes;
+        let budget = self.load_budget();
         let Some(kib) = load::memory_admission(estimate, budget) else {
             return Err(FetchError::LoadTooLarge { site: self.site(key), estimate, budget });
         };
-        let _memory = self.inner.load_memory.acquire_many(kib).await.map_err(FetchError::ShuttingDown)?;
+        let _memory = self.reserve_load_memory(kib).await.map_err(FetchError::ShuttingDown)?;
         let peer = if peer_footer { self.footer_from_peer(key.version, key.shard.file) } else { None };
         let started = std::time::Instant::now();
         let chunk = load::read_and_convert(&ds, key, peer, permit, &self.inner.converts, &self.inner.stages)

@@ -719,3 +719,35 @@ fn the_mapping_advice_is_shared_among_the_loaders_connected() {
     }
     d.stop();
 }
+
+/// Issue 42: the budget of loads in progress follows the node's own
+/// memory. Here the node's process grows by 1 GiB of its own (what the
+/// manifests and orders of a million row groups take): the budget gives
+/// half of it up; once it is freed, the budget comes back.
+#[test]
+fn the_load_budget_gives_way_as_the_nodes_own_memory_grows() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let data = tempfile::tempdir().unwrap();
+        datagen::generate(
+            data.path(),
+            &datagen::GenSpec { rows: 600, row_group_rows: 300, ..Default::default() },
+            |_| {},
+        )
+        .unwrap();
+        let node = granary_node::Node::start(&config_with_view(data.path(), datagen::VIEW_TOML)).await.unwrap();
+        let before = node.follow_own_memory();
+        let grown: Vec<u8> = vec![1u8; 1 << 30];
+        std::hint::black_box(&grown);
+        let during = node.follow_own_memory();
+        assert!(
+            // Half of it, give or take what tests beside this one allocate.
+            during + (300 << 20) <= before && during + (700 << 20) >= before,
+            "1 GiB more of the node's own memory moved the budget from {before} to {during}"
+        );
+        drop(grown);
+        let after = node.follow_own_memory();
+        assert!(after + (256 << 20) >= before, "freed, the budget came back: {after} of {before}");
+        node.close().await;
+    });
+}

@@ -151,7 +151,7 @@ async fn a_node_reading_the_shard_hands_it_over_when_read() {
     let identity = Identity::load(&f.certs, "node").expect("identity");
     let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let slow_addr = ep.local_addr().expect("addr");
-    tokio::spawn(serve(slow.clone(), ep, FabricConfig::default()));
+    tokio::spawn(serve(slow.clone(), ep, shared_cert()));
     let reading = {
         let slow = slow.clone();
         let (v, s) = (f.version, f.shard);

@@ -32,7 +32,7 @@ async fn a_peer_serves_only_as_the_node_its_certificate_names() {
     let identity = Identity::load(&f.certs, "node-1").expect("identity");
     let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let bound_addr = ep.local_addr().expect("addr");
-    tokio::spawn(serve(f.node.clone(), ep, FabricConfig::default()));
+    tokio::spawn(serve(f.node.clone(), ep, shared_cert()));
     let strict = |placed: &[(u64, SocketAddr)]| {
         let me = Identity::load(&f.certs, "node").expect("identity");
         let link = PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &me, &FabricConfig::default())
@@ -231,7 +231,7 @@ async fn nodes_that_disagree_about_an_owner_do_not_wait_on_each_other() {
     for node in [&f.node, &node2] {
         let ep =
             tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
-        tokio::spawn(serve(node.clone(), ep.clone(), FabricConfig::default()));
+        tokio::spawn(serve(node.clone(), ep.clone(), shared_cert()));
         endpoints.push(ep);
     }
     let addr = |i: usize| endpoints[i].local_addr().expect("addr");
@@ -276,6 +276,28 @@ async fn bytes_past_the_announced_chunk_are_not_taken() {
         .expect("the chunk");
     let local = f.node.chunk(f.version, f.shard).await.expect("local");
     assert_eq!(chunk.bytes(), local.bytes());
+}
+
+/// Issue 45: by default a node serves only peers whose node certificate
+/// is bound to a node id (the cap per identity counts ids); an unbound
+/// one is closed with the reason. `allow_unbound_peers` serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_certificate_bound_to_no_node_id_is_not_served_by_default() {
+    let f = start().await;
+    let identity = Identity::load(&f.certs, "node").expect("identity");
+    let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
+    let strict = ep.local_addr().expect("addr");
+    tokio::spawn(serve(f.node.clone(), ep, FabricConfig::default()));
+    match link(&f, "node").fetch(strict, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await {
+        Err(e) => assert!(e.to_string().contains("bound to no node id"), "{e}"),
+        Ok(_) => panic!("an unbound peer was served"),
+    }
+    tls::issue_bound(&f.certs, Role::Node, "node-9", Some(9)).expect("issue");
+    let bound = Identity::load(&f.certs, "node-9").expect("identity");
+    let link = PeerLink::new(tls::endpoint(local(), None).expect("endpoint"), &bound, &shared_cert()).expect("link");
+    link.fetch(strict, 0, f.version, f.shard, &f.expected, Duration::from_secs(10))
+        .await
+        .expect("a bound peer is served");
 }
 
 /// Issue 45: a node's peer endpoint holds at most

@@ -298,7 +298,7 @@ async fn a_slow_owner_keeps_the_fetch_alive_with_progress_frames() {
     let identity = Identity::load(&f.certs, "node").expect("identity");
     let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let owner_addr = ep.local_addr().expect("addr");
-    tokio::spawn(serve(owner.clone(), ep, FabricConfig::default()));
+    tokio::spawn(serve(owner.clone(), ep, shared_cert()));
 
     let l = link(&f, "node");
     let started = std::time::Instant::now();

@@ -145,7 +145,7 @@ async fn a_node_serving_forged_chunks_passes_every_check_but_verification() {
     tokio::spawn(granary_node::fabric::serve_with(
         f.node.clone(),
         ep,
-        FabricConfig::default(),
+        shared_cert(),
         granary_node::fabric::PeerAnswers::Forged,
     ));
     let sent = link(&f, "node").fetch(forger, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await;

@@ -86,10 +86,12 @@ pub struct FabricConfig {
     /// failure. Default: 5 s.
     #[serde(rename = "open_retry_ms", with = "millis")]
     pub open_retry: Duration,
-    /// Take chunks and footers from peers whose node certificates name no
-    /// node id. Default false: the peer at an address the placement lists
-    /// must present a certificate bound to the node id listed there, so a
-    /// host holding some node key cannot serve as another node.
+    /// Take chunks and footers from, and serve them to, peers whose node
+    /// certificates name no node id. Default false: the peer at an address
+    /// the placement lists must present a certificate bound to the node id
+    /// listed there, so a host holding some node key cannot serve as
+    /// another node, and a peer asking must present one bound to some node
+    /// id, so the cap per node identity holds.
     pub allow_unbound_peers: bool,
     /// How long this node keeps holding a dataset version at the
     /// coordinator after the last trainer following it left (a rank that

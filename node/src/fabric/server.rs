@@ -88,8 +88,10 @@ enum Asker {
     Unbound(SocketAddr),
 }
 
-/// [`serve`], sending chunks as `answers` says. A source address not yet
-/// validated gets a QUIC Retry (nothing is kept for a spoofed one); a
+/// [`serve`], sending chunks as `answers` says. Only node certificates
+/// are served, bound to a node id unless `allow_unbound_peers`. A source
+/// address not yet validated gets a QUIC Retry (nothing is kept for a
+/// spoofed one); a
 /// handshake takes one of [`MAX_PEER_HANDSHAKES`] (at most
 /// [`MAX_PEER_HANDSHAKES_PER_ADDRESS`] from one address) for at most 3 s;
 /// a connection takes one of [`MAX_PEER_CONNECTIONS`], at most
@@ -151,7 +153,13 @@ pub async fn serve_with(node: Node, endpoint: quinn::Endpoint, config: FabricCon
             }
             let asker = match tls::peer_node_id(&conn) {
                 Ok(Some(id)) => Asker::Node(id),
-                Ok(None) => Asker::Unbound(peer),
+                Ok(None) if config.allow_unbound_peers => Asker::Unbound(peer),
+                Ok(None) => {
+                    tracing::warn!(%peer, "refused a peer whose node certificate names no node id \
+                        (allow_unbound_peers in [cluster.fabric] serves such peers)");
+                    conn.close(4u32.into(), b"node certificate bound to no node id (allow_unbound_peers)");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(%peer, "refused a peer: {e}");
                     conn.close(1u32.into(), b"unreadable node id in the certificate");

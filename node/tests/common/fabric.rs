@@ -62,7 +62,7 @@ pub(crate) async fn start_spec(rows: u64, row_group_rows: u64, jagged: bool) -> 
     let endpoint = tls::server_endpoint(&identity, local(), identity.server_config(tls::PEER_PROTOCOLS).expect("cfg"))
         .expect("ep");
     let addr = endpoint.local_addr().expect("addr");
-    tokio::spawn(serve(node.clone(), endpoint, FabricConfig::default()));
+    tokio::spawn(serve(node.clone(), endpoint, shared_cert()));
     let target = info.shards[1];
     let expected = node.dataset(info.version).expect("dataset").expected(target.shard).expect("a shard");
     let len = match &expected {

@@ -471,11 +471,15 @@ impl Node {
     async fn chunk_from(&self, version: DatasetVersion, shard: ShardId, asker: Asker) -> Shared {
         let ahead = !asker.wants_now();
         let key = ChunkKey { version, shard };
+        // A guest copy is a peer's chunk, unverified: this node's trainers
+        // may read it, but it is never passed on to another node (a
+        // forgery would spread), which gets this node's own.
+        let guests_too = !matches!(asker, Asker::Peer { .. });
         // `contains` may be stale (an entry evicted or dropped from disk
         // between the checks), so the re-check below is retried a bounded
         // number of times before loading anyway.
         for attempt in 0..3 {
-            if let Some(chunk) = self.inner.guests.get(key, !ahead) {
+            if let Some(chunk) = self.inner.guests.get(key, !ahead).filter(|_| guests_too) {
                 self.inner.counters.guest_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(chunk);
             }
@@ -497,7 +501,7 @@ impl Node {
             let mut rx = {
                 let view = self.view();
                 let mut engine = self.engine();
-                let finished = || self.inner.tier.contains(key) || self.inner.guests.contains(key);
+                let finished = || self.inner.tier.contains(key) || (guests_too && self.inner.guests.contains(key));
                 let mut started = None;
                 let shell = || {
                     let (tx, rx) = watch::channel(None);

@@ -288,9 +288,22 @@ async fn a_peer_with_a_certificate_bound_to_no_node_id_is_not_served_by_default(
     let ep = tls::server_endpoint(&identity, local(), identity.server_config(&[ALPN_PEER]).expect("cfg")).expect("ep");
     let strict = ep.local_addr().expect("addr");
     tokio::spawn(serve(f.node.clone(), ep, FabricConfig::default()));
-    match link(&f, "node").fetch(strict, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await {
-        Err(e) => assert!(e.to_string().contains("bound to no node id"), "{e}"),
-        Ok(_) => panic!("an unbound peer was served"),
+    assert!(
+        link(&f, "node").fetch(strict, 0, f.version, f.shard, &f.expected, Duration::from_secs(10)).await.is_err(),
+        "an unbound peer was served"
+    );
+    // The connection is closed with the reason.
+    let conn = tls::endpoint(local(), None)
+        .expect("endpoint")
+        .connect_with(identity.client_config(ALPN_PEER).expect("cfg"), strict, Role::Node.server_name())
+        .expect("connect")
+        .await
+        .expect("handshake");
+    match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await {
+        Ok(quinn::ConnectionError::ApplicationClosed(c)) => {
+            assert!(String::from_utf8_lossy(&c.reason).contains("bound to no node id"), "{c:?}");
+        }
+        other => panic!("an unbound peer's connection was kept: {other:?}"),
     }
     tls::issue_bound(&f.certs, Role::Node, "node-9", Some(9)).expect("issue");
     let bound = Identity::load(&f.certs, "node-9").expect("identity");

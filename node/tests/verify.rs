@@ -111,6 +111,29 @@ async fn an_unverified_peer_chunk_is_only_a_guest_copy() {
     assert!(s.guest_bytes >= f.len, "a guest copy: {s:?}");
 }
 
+/// Issue 45: a guest copy (a peer's chunk, unverified) is never passed on:
+/// a node that holds a forgery as one answers a handoff "not held" and a
+/// peer asking it as owner with its own conversion, so the forgery goes
+/// no further than this node's trainers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_copy_is_never_passed_on_to_another_node() {
+    let f = start().await;
+    let honest = f.node.chunk(f.version, f.shard).await.expect("honest chunk").bytes().to_vec();
+    let (evil, _) = lying_peer(&f, forged(&f).await);
+    let (node2, cluster) = checking_node2(&f, 0.0).await;
+    all_owned_by_node1(&f, &cluster, evil);
+    assert!(node2.join_cluster(Arc::new(cluster)));
+    let guest = node2.chunk(f.version, f.shard).await.expect("served");
+    assert!(guest.bytes() != &honest[..], "node 2's trainers got the forgery, as a guest copy");
+    settled(&node2).await;
+    assert!(node2.held_for_peer(f.version, f.shard).await.is_none(), "a handoff is not answered from a guest copy");
+    // A peer asking on a newer placement (node 2 may own the shard there).
+    let asker = "127.0.0.1:9".parse().expect("addr");
+    let served = node2.chunk_for_peer(f.version, f.shard, asker, 2).await.expect("served to a peer");
+    assert!(served.bytes() == &honest[..], "the peer gets node 2's own conversion, not the guest copy");
+    assert_eq!(node2.stats().conversions, 1);
+}
+
 /// A handed-over chunk that a verification finds right becomes this
 /// node's own (its RAM tier, and SSD where there is one); an honest peer
 /// is not quarantined.

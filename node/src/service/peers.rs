@@ -32,15 +32,14 @@ impl Node {
     }
 
     /// A handoff ([`granary_proto::peer::PeerRequest::HandOver`]): the
-    /// chunk of `shard` if this node holds it (RAM, SSD, guest area) or a
-    /// load of its own is reading it from remote storage; `None` (not held)
-    /// otherwise, at once. Never starts a load, and never waits on a load
-    /// that asks a peer, so a handoff cannot close a wait cycle.
+    /// chunk of `shard` if this node holds it as its own (RAM, SSD: never
+    /// a guest copy, a peer's chunk unverified, which a forgery would
+    /// spread through) or a load of its own is reading it from remote
+    /// storage; `None` (not held) otherwise, at once. Never starts a load,
+    /// and never waits on a load that asks a peer, so a handoff cannot
+    /// close a wait cycle.
     pub async fn held_for_peer(&self, version: DatasetVersion, shard: ShardId) -> Option<Shared> {
         let key = ChunkKey { version, shard };
-        if let Some(chunk) = self.inner.guests.get(key, false) {
-            return Some(Ok(chunk));
-        }
         match self.inner.tier.get(key).await {
             Ok(Some((chunk, _))) => return Some(Ok(chunk)),
             Ok(None) => {}

@@ -381,7 +381,12 @@ fn transfer_scenario(exe: &Path, cluster: &LocalCluster, rounds: u32) -> Result<
         })
         .collect::<Result<Vec<(ShardId, u64)>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let identity = Identity::load(cluster.certs(), "node").context("loading the node certificate")?;
+    // The bench fetches as a node of its own: node 1 serves only node
+    // certificates bound to a node id.
+    let name = "node-bench";
+    tls::issue_bound(cluster.certs(), tls::Role::Node, name, Some(u64::from(u32::MAX)))
+        .context("issuing the bench's node certificate")?;
+    let identity = Identity::load(cluster.certs(), name).context("loading the bench's node certificate")?;
     let node_addr = cluster.peer_addr(1);
     let fabric = FabricConfig::default();
     let concurrency = fabric.max_fetches_per_peer;

@@ -48,7 +48,16 @@ pub struct Watchdog {
     last_contact: Option<Instant>,
     /// When this watchdog last started an election.
     last_campaign: Option<Instant>,
+    /// Elections started since the last contact with a leader: each one
+    /// unanswered doubles the rest before the next (at most
+    /// [`MAX_BACKOFF`] leases), so voters whose vote rounds outlast a lease
+    /// (a loaded host) stop aborting each other's rounds, and openraft's
+    /// randomized timers get room to elect.
+    unanswered: u32,
 }
+
+/// The longest rest between two campaigns, in leases.
+pub const MAX_BACKOFF: u32 = 8;
 
 impl Watchdog {
     /// A watchdog for voter `id` that campaigns `lease` plus one `step` per
@@ -64,6 +73,7 @@ impl Watchdog {
             voters: Vec::new(),
             last_contact: None,
             last_campaign: None,
+            unanswered: 0,
         }
     }
 
@@ -109,17 +119,24 @@ impl Watchdog {
     /// group of two or more, has heard from a leader before, and has heard
     /// nothing for more than the lease plus one step per rank among the
     /// voters other than the last known leader; and it has not campaigned
-    /// within the last lease.
+    /// within the last lease, or, after campaigns no leader answered, the
+    /// last 2, 4, then 8 leases.
     pub fn poll_campaign(&mut self, now: Instant) -> Option<Campaign> {
         if self.leader == Some(self.id) || self.voters.len() < 2 || !self.voters.contains(&self.id) {
             return None;
         }
-        let silent = now.saturating_duration_since(self.last_contact?);
+        let last_contact = self.last_contact?;
+        if self.last_campaign.is_some_and(|t| last_contact > t) {
+            self.unanswered = 0;
+        }
+        let silent = now.saturating_duration_since(last_contact);
         let rank = self.voters.iter().filter(|v| Some(**v) != self.leader).position(|v| *v == self.id).unwrap_or(0);
         let due = self.lease + self.step * (rank as u32 + 1);
-        let rested = self.last_campaign.is_none_or(|t| now.saturating_duration_since(t) > self.lease);
+        let rest = self.lease * (1u32 << self.unanswered.saturating_sub(1).min(MAX_BACKOFF.trailing_zeros()));
+        let rested = self.last_campaign.is_none_or(|t| now.saturating_duration_since(t) > rest);
         if silent > due && rested {
             self.last_campaign = Some(now);
+            self.unanswered = self.unanswered.saturating_add(1);
             return Some(Campaign { silent });
         }
         None
@@ -231,6 +248,28 @@ mod tests {
         assert_eq!(w.poll_campaign(t1 + MS), None);
         assert_eq!(w.poll_campaign(t1 + LEASE), None);
         assert!(w.poll_campaign(t1 + LEASE + MS).is_some(), "still silent: it tries again");
+    }
+
+    #[test]
+    fn unanswered_campaigns_rest_twice_as_long_each_time_up_to_eight_leases_until_contact() {
+        let t0 = Instant::now();
+        let mut w = follower(2, t0);
+        let first = t0 + LEASE + STEP + MS;
+        let mut at = vec![first];
+        assert!(w.poll_campaign(first).is_some());
+        // Rests of 1, 2, 4, 8, then 8 leases.
+        for rest in [1u32, 2, 4, 8, 8] {
+            let prev = *at.last().unwrap();
+            assert_eq!(w.poll_campaign(prev + LEASE * rest), None, "rest {rest}");
+            assert!(w.poll_campaign(prev + LEASE * rest + MS).is_some(), "rest {rest}");
+            at.push(prev + LEASE * rest + MS);
+        }
+        // A leader is heard: the next silence starts from a lease's rest.
+        let heard = *at.last().unwrap() + MS;
+        w.handle_contact(heard);
+        let next = heard + LEASE + STEP + MS;
+        assert!(w.poll_campaign(next).is_some());
+        assert!(w.poll_campaign(next + LEASE + MS).is_some(), "one lease again after contact");
     }
 
     #[test]

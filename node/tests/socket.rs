@@ -6,7 +6,6 @@
 //! step is bounded, so a hang fails instead of stalling the suite.
 
 use granary_client::{ChunkSource, LocalSource};
-use granary_node::config::NodeConfig;
 use granary_proto::rng::Rng;
 use granary_proto::wire::{self, ErrorKind, LocalRequest, LocalResponse};
 use granary_proto::{DatasetVersion, PlanParams, ShardId, Shuffle};
@@ -17,34 +16,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::daemon::Daemon;
+use common::daemon::{Daemon, call, daemon_over, read_reply, send_raw};
 use common::*;
 
 // ---------------------------------------------------------------------------
 // The Unix socket
 // ---------------------------------------------------------------------------
-
-/// Sends `prefix` then `body` (raw, possibly inconsistent).
-fn send_raw(s: &mut UnixStream, prefix: u32, body: &[u8]) {
-    let mut frame = prefix.to_le_bytes().to_vec();
-    frame.extend_from_slice(body);
-    s.write_all(&frame).expect("send frame");
-}
-
-/// Reads one reply frame; `None` when the daemon closed the connection.
-fn read_reply(s: &mut UnixStream) -> Option<LocalResponse> {
-    let mut len = [0u8; 4];
-    match s.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
-        Err(e) => panic!("reading a reply: {e}"),
-    }
-    let len = u32::from_le_bytes(len) as usize;
-    assert!(len <= wire::MAX_FRAME_LEN, "reply frame of {len} bytes");
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).expect("read reply body");
-    Some(wire::decode::<LocalResponse>(&body).expect("reply validates"))
-}
 
 fn expect_bad_request(reply: Option<LocalResponse>, names: &[&str]) {
     match reply {
@@ -426,30 +403,6 @@ fn a_shard_whose_load_would_take_more_memory_than_the_budget_is_refused_before_i
     daemon.stop();
 }
 
-/// A daemon over `files` generated files (`rows` in all, row groups of
-/// `row_group_rows`), with `limits` applied to its config; the folders
-/// live as long as the guards.
-fn daemon_over(
-    files: u32,
-    rows: u64,
-    row_group_rows: u64,
-    limits: impl FnOnce(&mut NodeConfig),
-) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
-    let data = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
-    generate(data.path(), files, rows, row_group_rows, "snappy");
-    let mut cfg = config(data.path(), parse_view(datagen::VIEW_TOML));
-    limits(&mut cfg);
-    let daemon = Daemon::start(cfg, run.path().join("node.sock"));
-    (data, run, daemon)
-}
-
-fn call(s: &mut UnixStream, req: &LocalRequest) -> Option<LocalResponse> {
-    let body = wire::encode(req);
-    send_raw(s, body.len() as u32, &body);
-    read_reply(s)
-}
-
 /// Issue 29, bounds: a connection that sends many distinct reports (a
 /// new loader id each, as a flood of fake ranks would) holds one report
 /// slot: the doctor sees one rank, not every report ever sent. Before,
@@ -598,24 +551,6 @@ fn connections_that_send_only_headers_do_not_hold_the_cap() {
     daemon.stop();
 }
 
-/// Issue 29: a trainer's kept chunk mappings are charged to its node's
-/// memory (the node filled those pages), so the node sends the most each
-/// trainer should keep with every description, and the client's mapping
-/// cache takes the lower of that and its own setting.
-#[test]
-fn a_trainer_keeps_no_more_mappings_than_its_node_advises() {
-    let (_data, _run, daemon) = daemon_over(1, 600, 300, |c| c.trainer_mapping_bytes = Some(3 << 20));
-    let source = granary_client::LocalSource::connect(&daemon.socket).expect("connect");
-    assert_eq!(source.mapping_budget(), granary_client::local::DEFAULT_MAPPING_CACHE_BYTES);
-    let info = source.describe("ads", None).expect("describe");
-    assert_eq!(info.mapping_budget_bytes, 3 << 20);
-    assert_eq!(source.mapping_budget(), 3 << 20, "lowered to the node's advice");
-    // A trainer's own lower setting stands.
-    let own = granary_client::LocalSource::connect(&daemon.socket).expect("connect").mapping_cache(1 << 20);
-    own.describe("ads", None).expect("describe");
-    assert_eq!(own.mapping_budget(), 1 << 20);
-}
-
 /// The local protocol's hello (issue 42): a trainer that says which
 /// versions it speaks is answered with the one both speak and served on;
 /// one too far ahead is refused with the node's range, and the connection
@@ -672,82 +607,4 @@ fn a_trainer_of_the_build_before_gets_chunks_in_the_format_it_reads() {
         assert_eq!((a.bytes().len(), new_payload), (b.bytes().len(), old_payload));
     }
     d.stop();
-}
-
-/// The mapping advice as the node runs (issue 42): shared among the ranks
-/// the node expects or, when more loaders follow a plan, among those; a
-/// loader that goes away gives its share back.
-#[test]
-fn the_mapping_advice_is_shared_among_the_loaders_connected() {
-    let (_data, _run, d) = daemon_over(1, 600, 300, |c| c.max_ranks = 1);
-    let advice = |s: &mut UnixStream| match call(s, &LocalRequest::Describe { dataset: "ads".into(), version: None }) {
-        Some(LocalResponse::Described(info)) => info.mapping_budget_bytes,
-        other => panic!("describe: {other:?}"),
-    };
-    let follow = |s: &mut UnixStream, version| {
-        let params = PlanParams {
-            seed: 1,
-            epoch: 0,
-            world_size: 1,
-            rank: 0,
-            batch_size: 10,
-            shuffle: Shuffle::Off,
-            drop_last: false,
-        };
-        assert!(matches!(call(s, &LocalRequest::Follow { version, params }), Some(LocalResponse::Following)));
-    };
-    let mut a = d.connect();
-    let alone = advice(&mut a);
-    assert!(alone > 0 && alone < u64::MAX, "the machine's memory is known here: {alone}");
-    let version = match call(&mut a, &LocalRequest::Describe { dataset: "ads".into(), version: None }) {
-        Some(LocalResponse::Described(info)) => info.version,
-        other => panic!("{other:?}"),
-    };
-    follow(&mut a, version);
-    let mut b = d.connect();
-    follow(&mut b, version);
-    let shared = advice(&mut b);
-    // Two loaders on a node expecting one: half each (the node's own
-    // memory, measured, moves a little between the calls).
-    assert!(shared < alone * 6 / 10 && shared > alone * 4 / 10, "{shared} against {alone} alone");
-    drop((a, b));
-    let start = Instant::now();
-    let mut c = d.connect();
-    while advice(&mut c) < alone * 9 / 10 {
-        assert!(start.elapsed() < WAIT, "the loaders' shares came back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    d.stop();
-}
-
-/// Issue 42: the budget of loads in progress follows the node's own
-/// memory. Here the node's process grows by 1 GiB of its own (what the
-/// manifests and orders of a million row groups take): the budget gives
-/// half of it up; once it is freed, the budget comes back.
-#[test]
-fn the_load_budget_gives_way_as_the_nodes_own_memory_grows() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let data = tempfile::tempdir().unwrap();
-        datagen::generate(
-            data.path(),
-            &datagen::GenSpec { rows: 600, row_group_rows: 300, ..Default::default() },
-            |_| {},
-        )
-        .unwrap();
-        let node = granary_node::Node::start(&config_with_view(data.path(), datagen::VIEW_TOML)).await.unwrap();
-        let before = node.follow_own_memory();
-        let grown: Vec<u8> = vec![1u8; 1 << 30];
-        std::hint::black_box(&grown);
-        let during = node.follow_own_memory();
-        assert!(
-            // Half of it, give or take what tests beside this one allocate.
-            during + (300 << 20) <= before && during + (700 << 20) >= before,
-            "1 GiB more of the node's own memory moved the budget from {before} to {during}"
-        );
-        drop(grown);
-        let after = node.follow_own_memory();
-        assert!(after + (256 << 20) >= before, "freed, the budget came back: {after} of {before}");
-        node.close().await;
-    });
 }

@@ -1,5 +1,5 @@
 //! Helpers of the node's end-to-end test files (`bad_input.rs`, `view_fit.rs`,
-//! `socket.rs`; `peer.rs` and `verify.rs` use `fabric`): a generated
+//! `socket.rs`, `memory.rs`; `peer.rs` and `verify.rs` use `fabric`): a generated
 //! dataset, a node's config over it, bounded
 //! waits, and value-by-value checks of served chunks. Each file uses a part.
 #![allow(dead_code)]

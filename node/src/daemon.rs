@@ -478,10 +478,10 @@ fn for_protocol(
     protocol: u16,
 ) -> Result<std::sync::Arc<crate::shm::SealedChunk>, String> {
     use granary_proto::{ChunkView, chunk::Verify};
-    let view = ChunkView::parse(chunk.bytes(), Verify::HeaderOnly).map_err(|e| e.to_string())?;
-    if protocol >= 3 || view.format() <= 2 {
+    if protocol >= 3 || granary_proto::chunk::format_of(chunk.bytes()).is_some_and(|f| f <= 2) {
         return Ok(chunk);
     }
+    let view = ChunkView::parse(chunk.bytes(), Verify::HeaderOnly).map_err(|e| e.to_string())?;
     let mut old = vec![0u8; chunk.len()];
     view.write_format(2, &mut old).map_err(|e| e.to_string())?;
     crate::shm::SealedChunk::copy_of(&old).map(std::sync::Arc::new).map_err(|e| e.to_string())

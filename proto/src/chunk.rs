@@ -392,6 +392,13 @@ fn encode_header(h: &ChunkHeader) -> Result<rkyv::util::AlignedVec, ChunkError> 
     rkyv::to_bytes::<rkyv::rancor::Error>(h).map_err(|e| ChunkError::HeaderInvalid(e.to_string()))
 }
 
+/// The format a chunk's prefix names, read without parsing it (`None`:
+/// shorter than the prefix); what decides, on every hand-out, whether a
+/// reader of an older format needs a copy ([`ChunkView::write_format`]).
+pub fn format_of(bytes: &[u8]) -> Option<u32> {
+    bytes.get(8..12).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes)
+}
+
 /// Whether [`ChunkView::parse`] also checksums the payload.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Verify {

@@ -272,8 +272,7 @@ struct Answers {
 /// build before), else a copy written in `format`.
 fn in_format(chunk: bytes::Bytes, format: u32) -> Result<bytes::Bytes, String> {
     use granary_proto::{ChunkView, chunk::Verify};
-    let stored = chunk.get(8..12).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes);
-    if stored <= format {
+    if granary_proto::chunk::format_of(&chunk).is_some_and(|stored| stored <= format) {
         return Ok(chunk);
     }
     let view = ChunkView::parse(&chunk, Verify::HeaderOnly).map_err(|e| format!("a chunk of the tier: {e}"))?;

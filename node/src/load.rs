@@ -217,10 +217,12 @@ pub(crate) async fn read_and_convert(
     let site = format!("{path} row group {rg}");
     let parquet_err = |source| FetchError::Remote(RemoteError::Parquet { path: site.clone(), source });
     let reader = file.reader(&ds.remote);
-    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.metadata.clone());
+    // The row group's own footer: it is row group 0 there.
+    let metadata = footer.row_group(&path, rg)?;
+    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata);
     let mask = ProjectionMask::roots(builder.parquet_schema(), footer.resolved.projection.iter().copied());
     let mut stream = builder
-        .with_row_groups(vec![rg])
+        .with_row_groups(vec![0])
         .with_projection(mask)
         .with_batch_size(rows.clamp(1, 1 << 24) as usize)
         .build()
@@ -242,7 +244,7 @@ pub(crate) async fn read_and_convert(
     let tensors = ds.manifest.tensors.clone();
     let version = key.version;
     let resolved = footer.resolved.clone();
-    let schema = footer.metadata.schema().clone();
+    let schema = footer.schema.clone();
     let read = started.elapsed();
     let permit = converts.clone().acquire_owned().await.map_err(FetchError::ShuttingDown)?;
     let waited = started.elapsed() - read;

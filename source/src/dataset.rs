@@ -12,6 +12,7 @@
 //! it reads only the footers of files it owns shards of.
 
 use crate::error::{RemoteError, SourceError};
+pub use crate::footer::Footer;
 use crate::remote::Remote;
 use crate::schema::{Resolved, resolve_view};
 use granary_proto::wire::DatasetInfo;
@@ -42,16 +43,6 @@ impl DatasetFile {
     }
 }
 
-/// A file's decoded footer and the view resolved against its schema.
-pub struct Footer {
-    /// The footer as stored at the end of the file (served to peers).
-    pub raw: bytes::Bytes,
-    /// Decoded footer and Arrow schema.
-    pub metadata: ArrowReaderMetadata,
-    /// The view resolved against this file's schema.
-    pub resolved: Arc<Resolved>,
-}
-
 /// A dataset version this node serves.
 pub struct Dataset {
     /// Name.
@@ -68,6 +59,10 @@ pub struct Dataset {
     pub files: Vec<DatasetFile>,
     /// The source.
     pub remote: Remote,
+    /// Whether each footer's bytes are kept once read, for peers that ask
+    /// this node for them (a cluster's nodes); else a peer's ask reads
+    /// them again.
+    keep_raw_footers: bool,
 }
 
 /// Opening a dataset failed.
@@ -232,7 +227,10 @@ impl Dataset {
                 row_groups,
                 footer_sha256: Some(footer_sha256(&raw)),
             });
-            let footer = keep_footers.then(|| Footer { raw, metadata, resolved: Arc::new(resolved) });
+            let footer = match keep_footers {
+                true => Some(Footer::split(&shown, &metadata, Arc::new(resolved), None)?),
+                false => None,
+            };
             files.push(DatasetFile {
                 path: m.location,
                 size: m.size,
@@ -249,7 +247,7 @@ impl Dataset {
         };
         let version = manifest.version(&view);
         let plan_key = manifest.plan_key(&view);
-        Ok(Self { name: name.to_string(), view, manifest, version, plan_key, files, remote })
+        Ok(Self { name: name.to_string(), view, manifest, version, plan_key, files, remote, keep_raw_footers: false })
     }
 
     /// A dataset version described by `manifest` (built by whoever listed
@@ -275,7 +273,23 @@ impl Dataset {
             .collect::<Result<Vec<_>, OpenError>>()?;
         let version = manifest.version(&view);
         let plan_key = manifest.plan_key(&view);
-        Ok(Self { name: name.to_string(), view, manifest, version, plan_key, files, remote })
+        Ok(Self { name: name.to_string(), view, manifest, version, plan_key, files, remote, keep_raw_footers: true })
+    }
+
+    /// The footer's bytes of file `index` as stored, for a peer: those
+    /// kept, else read again (and checked against the manifest's SHA-256).
+    pub async fn footer_bytes(&self, index: usize) -> Result<bytes::Bytes, SourceError> {
+        if let Some(raw) = self.footer(index).await?.raw.clone() {
+            return Ok(raw);
+        }
+        let file = self.files.get(index).ok_or(SourceError::UnknownFile(index))?;
+        let raw = file.reader(&self.remote).footer_bytes().await?;
+        match &self.manifest.files[index].footer_sha256 {
+            Some(want) if footer_sha256(&raw) != *want => {
+                Err(self.changed(index, format!("footer SHA-256 {}, registered {want}", footer_sha256(&raw))))
+            }
+            _ => Ok(raw),
+        }
     }
 
     /// The footer of file `index`, read (once) if not read yet, and checked
@@ -405,7 +419,8 @@ impl Dataset {
         if resolved.layouts != self.manifest.tensors {
             return Err(self.changed(index, format!("tensor layouts {:?}", resolved.layouts)));
         }
-        Ok(Footer { raw, metadata, resolved: Arc::new(resolved) })
+        let keep = self.keep_raw_footers.then(|| raw.clone());
+        Ok(Footer::split(&path, &metadata, Arc::new(resolved), keep)?)
     }
 
     /// What a trainer needs to plan.

@@ -26,6 +26,7 @@
 pub mod check;
 pub mod dataset;
 pub mod error;
+pub mod footer;
 pub mod path;
 pub mod remote;
 pub mod schema;

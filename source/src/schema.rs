@@ -71,7 +71,7 @@ fn bytes_like(dt: &DataType) -> bool {
 }
 
 /// A view resolved against one file's schema.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Resolved {
     /// Tensor layouts, in view order (a `pad_to` tensor followed by its
     /// lengths).

@@ -74,9 +74,8 @@ impl Node {
         let first = ShardId { file, row_group: 0 };
         let first_owner = || self.inner.cluster.get().and_then(|c| c.owner(version, first)).map(|o| o.node);
         match answer_footer(held.is_some(), if held.is_some() { None } else { first_owner() }) {
-            FooterAnswer::Held => Ok(held.map(|f| f.raw.clone()).unwrap_or_default()),
             FooterAnswer::NotOwner(owner) => Err(FetchError::NotFooterOwner { file, owner }),
-            FooterAnswer::ReadHere => Ok(ds.footer(file as usize).await?.raw.clone()),
+            FooterAnswer::Held | FooterAnswer::ReadHere => Ok(ds.footer_bytes(file as usize).await?),
         }
     }
 

@@ -191,6 +191,25 @@ fn ports_annotations_and_the_environment_file_agree() {
         if doc["spec"]["template"]["spec"]["hostNetwork"].as_bool() == Some(true) {
             assert!(!templ.contains("metrics = \"0.0.0.0"), "{}: metrics on every host interface", file.display());
         }
+        // Issue 48: the probes ask what the endpoint answers for them.
+        let port: i64 = port.parse().expect("port");
+        for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+            let get = &c[probe]["httpGet"];
+            assert_eq!(
+                (get["path"].as_str(), get["port"].as_i64()),
+                (Some(path), Some(port)),
+                "{}: {probe}",
+                file.display()
+            );
+        }
+    }
+    // A voter is ready only once a quorum has a leader, so voters must
+    // reach each other before they are ready.
+    for (file, doc) in manifests() {
+        if doc["kind"].as_str() == Some("Service") && file.ends_with("coordinator.yaml") {
+            let name = doc["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            assert_eq!(doc["spec"]["publishNotReadyAddresses"].as_bool(), Some(true), "Service {name}");
+        }
     }
     let unit = read(&deploy().join("systemd").join("granary-coordinator.service"));
     let env = read(&deploy().join("systemd").join("coordinator.env"));

@@ -153,3 +153,60 @@ fn a_real_prometheus_scrapes_a_node_and_a_coordinator() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Polls `GET path` at `addr` until its status is `want`; the last body.
+fn until_status(addr: SocketAddr, path: &str, want: u16, what: &str, c: &LocalCluster) -> String {
+    let start = Instant::now();
+    loop {
+        match get(addr, path) {
+            Ok((status, body)) if status == want => return body,
+            other => assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{what}: {path} at {addr} answered {other:?}\n{}",
+                c.log_tails()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 48: a node's `/readyz` says why it is not ready while its
+/// coordinators are down, and passes once it has joined; `/healthz`
+/// answers all along. A voter is ready once it knows a leader. When two
+/// of three voters die, the third's `/readyz` says it knows no leader (or,
+/// leading, that no quorum answers it) and the node's that its lease ran
+/// out.
+#[test]
+fn readiness_follows_the_cluster_not_the_process() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("data");
+    let spec = GenSpec { seed: 4, rows: 2_000, files: 1, row_group_rows: 500, ..GenSpec::default() };
+    datagen::generate(&data, &spec, |_| {})?;
+    let cluster_spec =
+        LocalClusterSpec { nodes: 1, voters: 3, prefetch_bytes: 0, metrics: true, ..LocalClusterSpec::default() };
+    let mut c = LocalCluster::plan(Path::new(BIN), &tmp.path().join("cluster"), &data, cluster_spec)?;
+    c.start_node(1)?;
+    let node = c.node_metrics(1).expect("metrics asked for");
+    let (alive, text) = get(node, "/healthz")?;
+    assert_eq!((alive, text.as_str()), (200, "alive\n"));
+    let (status, why) = get(node, "/readyz")?;
+    assert_eq!(status, 503, "no voter runs: {why}");
+    assert_eq!(why, "not ready: not registered with the coordinators yet\n");
+
+    c.start_voters()?;
+    let ready = until_status(node, "/readyz", 200, "the node joins", &c);
+    assert!(ready.starts_with("ready: in the cluster, placement epoch "), "{ready}");
+    let voter = c.voter_metrics(1).expect("metrics asked for");
+    let ready = until_status(voter, "/readyz", 200, "voter 1 knows a leader", &c);
+    assert!(ready.starts_with("ready: voter 1, ") && ready.ends_with("of 3 voters\n"), "{ready}");
+
+    c.kill_voter(2);
+    c.kill_voter(3);
+    let why = until_status(voter, "/readyz", 503, "the last voter loses its quorum", &c);
+    // Voter 1 led (it knows no quorum) or followed (it knows no leader).
+    assert!(why.contains("knows no leader") || why.contains("no quorum of the 3 voters"), "{why}");
+    let why = until_status(node, "/readyz", 503, "the node's lease runs out", &c);
+    assert!(why.starts_with("not ready: the lease ran out "), "{why}");
+    assert_eq!(get(node, "/healthz")?.0, 200, "alive all along");
+    Ok(())
+}

@@ -39,6 +39,7 @@ pub mod admission;
 pub mod checksum;
 pub mod commit_rate;
 pub mod election;
+pub mod health;
 pub mod inherit;
 pub mod leases;
 pub mod network;

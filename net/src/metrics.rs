@@ -1,5 +1,8 @@
 //! The Prometheus endpoint: `GET /metrics` over plain HTTP/1.1, answering
-//! with a [`Registry`] in the OpenMetrics text format.
+//! with a [`Registry`] in the OpenMetrics text format; and the probes an
+//! orchestrator asks (issue 48): `/healthz` (the process answers: 200)
+//! and `/readyz` (200 when the [`Readiness`] it was given says so, else
+//! 503 with the reason).
 //!
 //! Nodes and voters build their own registries (counters read at scrape
 //! time through collectors, histograms updated where the work happens) and
@@ -55,6 +58,10 @@ pub struct MetricsError {
     pub source: std::io::Error,
 }
 
+/// Whether the process behind the endpoint is ready: `Ok` with what it
+/// is ready as, or `Err` with why not (a sentence, shown in `/readyz`).
+pub type Readiness = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
 /// A running metrics endpoint; stops when dropped or [`stop`](Self::stop)ped.
 #[derive(Debug)]
 pub struct MetricsServer {
@@ -64,11 +71,16 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Binds `addr` (port 0 picks a free one) and serves `registry` until
-    /// stopped. Must run inside a tokio runtime.
+    /// stopped, always ready. Must run inside a tokio runtime.
     pub async fn bind(addr: SocketAddr, registry: Arc<Registry>) -> Result<Self, MetricsError> {
+        Self::bind_with(addr, registry, Arc::new(|| Ok("serving".to_string()))).await
+    }
+
+    /// [`MetricsServer::bind`], `/readyz` answering as `ready` says.
+    pub async fn bind_with(addr: SocketAddr, registry: Arc<Registry>, ready: Readiness) -> Result<Self, MetricsError> {
         let listener = TcpListener::bind(addr).await.map_err(|source| MetricsError { addr, source })?;
         let addr = listener.local_addr().map_err(|source| MetricsError { addr, source })?;
-        let task = tokio::spawn(accept_loop(listener, registry));
+        let task = tokio::spawn(accept_loop(listener, registry, ready));
         tracing::info!(%addr, "serving Prometheus metrics on http://{addr}/metrics");
         Ok(Self { addr, task })
     }
@@ -90,7 +102,7 @@ impl Drop for MetricsServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
+async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, ready: Readiness) {
     let slots = Arc::new(std::sync::Mutex::new(crate::budget::AddressBudget::new(
         MAX_METRICS_CONNECTIONS,
         MAX_METRICS_CONNECTIONS_PER_ADDRESS,
@@ -114,11 +126,13 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
             }
         };
         let registry = registry.clone();
+        let ready = ready.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let registry = registry.clone();
-                async move { Ok::<_, Infallible>(answer(&req, &registry)) }
+                let ready = ready.clone();
+                async move { Ok::<_, Infallible>(answer(&req, &registry, &*ready)) }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_WAIT);
@@ -132,9 +146,14 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>) {
     }
 }
 
-/// The answer to one request: the registry for `GET /metrics`, a pointer to
-/// it for `/`, 404 or 405 otherwise.
-fn answer<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
+/// The answer to one request: the registry for `GET /metrics`, the probes
+/// at `/healthz` and `/readyz`, a pointer to them for `/`, 404 or 405
+/// otherwise.
+fn answer<B>(
+    req: &Request<B>,
+    registry: &Registry,
+    ready: &(dyn Fn() -> Result<String, String> + Send + Sync),
+) -> Response<Full<Bytes>> {
     let reply = |status: StatusCode, content_type: &'static str, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
@@ -150,8 +169,17 @@ fn answer<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
             Ok(body) => reply(StatusCode::OK, CONTENT_TYPE_OPENMETRICS, body),
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, text, format!("encoding the metrics failed: {e}\n")),
         },
-        "/" => reply(StatusCode::OK, text, "Granary: metrics at /metrics\n".into()),
-        other => reply(StatusCode::NOT_FOUND, text, format!("{other}: not found; metrics are at /metrics\n")),
+        "/healthz" => reply(StatusCode::OK, text, "alive\n".into()),
+        "/readyz" => match ready() {
+            Ok(what) => reply(StatusCode::OK, text, format!("ready: {what}\n")),
+            Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, text, format!("not ready: {why}\n")),
+        },
+        "/" => reply(StatusCode::OK, text, "Granary: metrics at /metrics, probes at /healthz and /readyz\n".into()),
+        other => reply(
+            StatusCode::NOT_FOUND,
+            text,
+            format!("{other}: not found; metrics are at /metrics, probes at /healthz and /readyz\n"),
+        ),
     }
 }
 
@@ -229,6 +257,33 @@ mod tests {
         let again = get(addr, &format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{close}")).await?;
         assert!(again.starts_with("HTTP/1.1 200"), "{again}");
         server.stop();
+        Ok(())
+    }
+
+    /// Issue 48: `/healthz` answers while the process does; `/readyz` as
+    /// its readiness says, with the reason when not ready.
+    #[tokio::test]
+    async fn the_probes_answer_alive_and_ready_or_why_not() -> anyhow::Result<()> {
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = flag.clone();
+        let ready: Readiness = Arc::new(move || match seen.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Ok("node 3, placement epoch 7".into()),
+            false => Err("not registered with the coordinators yet".into()),
+        });
+        let server = MetricsServer::bind_with("127.0.0.1:0".parse()?, Arc::new(Registry::default()), ready).await?;
+        let addr = server.local_addr();
+        let ask = |path: &str| {
+            let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            async move { get(addr, &request).await }
+        };
+        let alive = ask("/healthz").await?;
+        assert!(alive.starts_with("HTTP/1.1 200") && alive.ends_with("alive\n"), "{alive}");
+        let not = ask("/readyz").await?;
+        assert!(not.starts_with("HTTP/1.1 503"), "{not}");
+        assert!(not.ends_with("not ready: not registered with the coordinators yet\n"), "{not}");
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        let ok = ask("/readyz").await?;
+        assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ready: node 3, placement epoch 7\n"), "{ok}");
         Ok(())
     }
 

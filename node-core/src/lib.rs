@@ -13,6 +13,7 @@
 //!   single flight, each load's route, the placement wait, the permit and
 //!   its race against a move, the lease wait ([`engine::Engine`],
 //!   [`engine::Command`]).
+//! - [`health`] — whether the node is ready (`/readyz`).
 //! - [`flight`] — single-flight admission: who may join a load, and
 //!   whether a peer's request may start a read here.
 //! - [`route`] — one load's fetch route: ask the owner, wait for the
@@ -25,6 +26,7 @@
 pub mod conns;
 pub mod engine;
 pub mod flight;
+pub mod health;
 pub mod prefetch;
 pub mod route;
 pub mod stall;

@@ -48,7 +48,11 @@ pub fn run_daemon(path: &Path, cfg: NodeConfig, answers: PeerAnswers) -> Result<
         let _metrics = match cfg.metrics {
             Some(addr) => {
                 let registry = std::sync::Arc::new(crate::metrics::registry(&node));
-                Some(granary_net::metrics::MetricsServer::bind(addr, registry).await?)
+                let ready = match &membership {
+                    Some(m) => m.readiness(),
+                    None => std::sync::Arc::new(|| Ok("serving alone".to_string())),
+                };
+                Some(granary_net::metrics::MetricsServer::bind_with(addr, registry, ready).await?)
             }
             None => None,
         };

@@ -167,7 +167,7 @@ pub(crate) fn run(a: CoordinatorArgs) -> Result<()> {
         let _metrics = match a.metrics {
             Some(at) => {
                 let registry = std::sync::Arc::new(coordinator.metrics_registry());
-                Some(granary_net::metrics::MetricsServer::bind(at, registry).await?)
+                Some(granary_net::metrics::MetricsServer::bind_with(at, registry, coordinator.readiness()).await?)
             }
             None => None,
         };

@@ -359,6 +359,21 @@ impl Coordinator {
         self.ctx.admission().counts()
     }
 
+    /// What `/readyz` answers for this voter (issue 48): ready when it is
+    /// in the membership and knows a leader ([`crate::health::voter_readiness`]).
+    pub fn readiness(&self) -> granary_net::metrics::Readiness {
+        let metrics = self.ctx.raft.metrics();
+        let own = self.ctx.id;
+        // As fresh as a leader must be to renew leases (ctx::leads_with_quorum).
+        let fresh = self.ctx.lease / 2;
+        Arc::new(move || {
+            let m = metrics.borrow();
+            let voters: Vec<crate::types::VoterId> = m.membership_config.membership().voter_ids().collect();
+            let ack = m.millis_since_quorum_ack.map(std::time::Duration::from_millis);
+            crate::health::voter_readiness(own, &voters, m.current_leader, ack, fresh)
+        })
+    }
+
     /// The Raft handle (metrics, tests).
     pub fn raft(&self) -> &Raft {
         &self.ctx.raft

@@ -132,6 +132,21 @@ impl ClusterHandle {
         Ok(Self { membership, endpoint, tasks })
     }
 
+    /// What `/readyz` answers for this node (issue 48): ready once it is
+    /// registered, its lease is live and it knows the placement the
+    /// coordinators reported ([`granary_node_core::health::node_readiness`]).
+    pub fn readiness(&self) -> granary_net::metrics::Readiness {
+        let standing = self.membership.standing();
+        let view = self.membership.view();
+        Arc::new(move || {
+            let s = *standing.borrow();
+            let epoch = view.borrow().as_ref().map(|p| p.view.placement_epoch);
+            granary_node_core::health::node_readiness(std::time::Instant::now(), Some(s.lease_view()), epoch)
+                .map(|()| format!("in the cluster, placement epoch {}", epoch.unwrap_or_default()))
+                .map_err(|why| why.to_string())
+        })
+    }
+
     /// Stops heartbeating, following placement and serving peers.
     pub fn stop(mut self) {
         self.tasks.abort_all();

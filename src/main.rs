@@ -141,6 +141,20 @@ fn run() -> Result<()> {
         // Colours only on a terminal: daemons usually log to files.
         LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
     }
+    // A command that only prints dies quietly when its reader goes away
+    // (`granary status | head -1`), as other Unix tools do, instead of
+    // panicking on the closed pipe (issue 48). Daemons keep ignoring
+    // SIGPIPE (a write to a closed socket is an error they handle), as do
+    // `stats` and `doctor`, which write to the node's socket: their output
+    // goes through `cli::emit`.
+    if matches!(
+        cli.command,
+        Command::Status(_) | Command::Dataset(_) | Command::Nodes(_) | Command::View(_) | Command::Certs(_)
+    ) {
+        // SAFETY: SIG_DFL is a valid disposition for SIGPIPE, set before
+        // any thread this process starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Node(a) => node::run(&a),

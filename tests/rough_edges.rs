@@ -402,3 +402,48 @@ fn the_elastic_demo_keeps_one_global_order_across_world_sizes() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--global-batch 1000 must be divisible"));
 }
+
+/// Issue 48: a command whose reader goes away (`granary status | head
+/// -1`) ends quietly, never with a panic. The reading end is closed before
+/// the command prints, so every run meets the closed pipe.
+#[test]
+fn printing_into_a_closed_pipe_never_panics() {
+    use granary_testkit::harness::{LocalCluster, LocalClusterSpec};
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (data, _) = dataset(tmp.path(), 48, 2_000, 1);
+    let spec = LocalClusterSpec { nodes: 1, prefetch_bytes: 0, ..LocalClusterSpec::default() };
+    let c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let admin = |args: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        a.extend(["--cert-name", "admin", "--coordinators"].map(String::from));
+        a.push(c.coordinators().join(","));
+        a.push("--certs".into());
+        a.push(c.certs().display().to_string());
+        a
+    };
+    let socket = c.socket(1).display().to_string();
+    let commands = [
+        admin(&["status"]),
+        admin(&["status", "--json"]),
+        admin(&["dataset", "ls"]),
+        vec!["stats".into(), "--socket".into(), socket.clone()],
+        vec!["stats".into(), "--json".into(), "--socket".into(), socket],
+    ];
+    for args in &commands {
+        for _ in 0..5 {
+            let mut child = Command::new(BIN)
+                .args(args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn");
+            drop(child.stdout.take());
+            let out = child.wait_with_output().expect("wait");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!stderr.contains("panicked"), "granary {}: {stderr}", args.join(" "));
+            let quiet = out.status.signal() == Some(libc::SIGPIPE) || out.status.code() == Some(141);
+            assert!(quiet, "granary {}: {:?}\n{stderr}", args.join(" "), out.status);
+        }
+    }
+}

@@ -53,9 +53,9 @@ pub(crate) fn run(a: &DoctorArgs) -> Result<()> {
     let after = node.doctor().with_context(|| format!("asking the node at {}", socket.display()))?;
     let d = diagnose(&before, &after);
     if a.json {
-        println!("{}", serde_json::to_string(&d)?);
+        super::emit(&format!("{}\n", serde_json::to_string(&d)?))?;
     } else {
-        print!("{}", human(&d));
+        super::emit(&human(&d))?;
     }
     Ok(())
 }

@@ -36,3 +36,16 @@ pub(crate) mod stats;
 pub(crate) mod status;
 pub(crate) mod trainer;
 pub(crate) mod view;
+
+/// Writes `text` to stdout. A reader that went away (`granary stats |
+/// head -1`) ends the process quietly with the status a closed pipe's
+/// SIGPIPE gives (141), never a panic; for commands that keep ignoring
+/// SIGPIPE because they also write to a socket.
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        other => Ok(other?),
+    }
+}

@@ -33,8 +33,8 @@ pub(crate) fn run(a: &StatsArgs) -> Result<()> {
         for (name, value) in &more {
             more_json.insert(name.clone(), (*value).into());
         }
-        println!(
-            "{}",
+        super::emit(&format!(
+            "{}\n",
             serde_json::json!({
                 "remote_bytes": s.remote_bytes, "remote_requests": s.remote_requests,
                 "conversions": s.conversions, "converted_bytes": s.converted_bytes,
@@ -49,9 +49,9 @@ pub(crate) fn run(a: &StatsArgs) -> Result<()> {
                 "loads_in_flight": s.loads_in_flight,
                 "counters": more_json,
             })
-        );
+        ))?;
     } else {
-        print!("{}", human(&s, &more));
+        super::emit(&human(&s, &more))?;
     }
     Ok(())
 }

@@ -172,7 +172,8 @@ fn until_status(addr: SocketAddr, path: &str, want: u16, what: &str, c: &LocalCl
 
 /// Issue 48: a node's `/readyz` says why it is not ready while its
 /// coordinators are down, and passes once it has joined; `/healthz`
-/// answers all along. A voter is ready once it knows a leader. When two
+/// answers all along. Meanwhile a trainer is told the node has not joined
+/// (retryable), and a loader started first gets its batches once it has. A voter is ready once it knows a leader. When two
 /// of three voters die, the third's `/readyz` says it knows no leader (or,
 /// leading, that no quorum answers it) and the node's that its lease ran
 /// out.
@@ -192,10 +193,32 @@ fn readiness_follows_the_cluster_not_the_process() -> anyhow::Result<()> {
     let (status, why) = get(node, "/readyz")?;
     assert_eq!(status, 503, "no voter runs: {why}");
     assert_eq!(why, "not ready: not registered with the coordinators yet\n");
+    // A trainer started before the node joined: its loader waits, then
+    // reads every row once the node has joined.
+    let socket = c.socket(1).to_path_buf();
+    let trainer = std::thread::spawn(move || -> Result<u64, granary_client::ClientError> {
+        let cfg = granary_client::LoaderConfig { seed: 1, ..granary_client::LoaderConfig::new("ads", 250) };
+        let loader = granary_client::Loader::connect(&socket, cfg)?;
+        let mut rows = 0;
+        for batch in loader.epoch(0)? {
+            rows += batch?.rows() as u64;
+        }
+        Ok(rows)
+    });
+    // Asked directly, the node says it has not joined, and that is
+    // retryable (it said "not served here", not retryable, before).
+    let err = LocalSource::connect(c.socket(1))?.describe("ads", None).expect_err("not joined");
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        err.to_string().contains("this node is not in the cluster yet (not registered with the coordinators yet)"),
+        "{err}"
+    );
 
     c.start_voters()?;
     let ready = until_status(node, "/readyz", 200, "the node joins", &c);
     assert!(ready.starts_with("ready: in the cluster, placement epoch "), "{ready}");
+    let rows = trainer.join().expect("trainer thread").unwrap_or_else(|e| panic!("{e}\n{}", c.log_tails()));
+    assert_eq!(rows, 2_000, "every row, once the node joined");
     let voter = c.voter_metrics(1).expect("metrics asked for");
     let ready = until_status(voter, "/readyz", 200, "voter 1 knows a leader", &c);
     assert!(ready.starts_with("ready: voter 1, ") && ready.ends_with("of 3 voters\n"), "{ready}");

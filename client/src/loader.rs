@@ -65,13 +65,62 @@ pub struct Loader {
     clock: Arc<RankClock>,
 }
 
+/// How [`Loader::connect`] waits for a node that is not ready: pauses of
+/// 50 ms doubling to 1 s, until `within` of the first try has passed.
+#[derive(Debug)]
+struct ConnectWait {
+    until: std::time::Instant,
+    pause: std::time::Duration,
+    tries: u32,
+}
+
+impl ConnectWait {
+    fn new(now: std::time::Instant, within: std::time::Duration) -> Self {
+        Self { until: now + within, pause: std::time::Duration::from_millis(50), tries: 0 }
+    }
+
+    /// After a retryable failure at `now`: the pause before the next try,
+    /// or None when the wait is spent.
+    fn next(&mut self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let left = self.until.checked_duration_since(now).filter(|l| !l.is_zero())?;
+        let pause = self.pause.min(left);
+        self.pause = (self.pause * 2).min(std::time::Duration::from_secs(1));
+        self.tries += 1;
+        Some(pause)
+    }
+}
+
 impl Loader {
     /// A loader reading from the node whose socket is at `socket`, keeping
     /// `cfg.mapping_cache_bytes` of chunk mappings.
+    ///
+    /// A node that is not there yet (its socket missing or refusing), or
+    /// that answers it has not joined its cluster yet, is asked again for
+    /// up to `cfg.reconnect` (issue 48): a trainer started before its node
+    /// gets its batches once the node is up, and otherwise the last
+    /// retryable error ([`ClientError::is_retryable`]). Other errors come
+    /// at once.
     pub fn connect(socket: impl AsRef<Path>, cfg: LoaderConfig) -> Result<Self, ClientError> {
-        let source =
-            LocalSource::connect(socket)?.mapping_cache(cfg.mapping_cache_bytes).reconnect_within(cfg.reconnect);
-        Self::new(Arc::new(source), cfg)
+        let socket = socket.as_ref();
+        let mut wait = ConnectWait::new(std::time::Instant::now(), cfg.reconnect);
+        loop {
+            let attempt = LocalSource::connect(socket).and_then(|s| {
+                let source = s.mapping_cache(cfg.mapping_cache_bytes).reconnect_within(cfg.reconnect);
+                Self::new(Arc::new(source), cfg.clone())
+            });
+            match attempt {
+                Err(e) if e.is_retryable() => match wait.next(std::time::Instant::now()) {
+                    Some(pause) => {
+                        if wait.tries == 1 {
+                            tracing::warn!(socket = %socket.display(), error = %e, "the node is not ready; asking again");
+                        }
+                        std::thread::sleep(pause);
+                    }
+                    None => return Err(e),
+                },
+                other => return other,
+            }
+        }
     }
 
     /// A loader reading from any source.
@@ -549,5 +598,29 @@ fn assembler(jobs: &Mutex<Receiver<Job>>, layouts: &Arc<[TensorLayout]>, clock: 
         };
         // A consumer that went away drops the batch (and its buffer).
         let _ = done.send(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConnectWait;
+    use std::time::{Duration, Instant};
+
+    /// Pauses double from 50 ms to 1 s, the last is cut to what is left,
+    /// and none comes once the wait is spent.
+    #[test]
+    fn a_loader_waits_for_its_node_with_doubling_pauses_until_its_reconnect_time() {
+        let t0 = Instant::now();
+        let mut w = ConnectWait::new(t0, Duration::from_secs(3));
+        let ms = Duration::from_millis;
+        let mut now = t0;
+        let mut pauses = Vec::new();
+        while let Some(p) = w.next(now) {
+            pauses.push(p);
+            now += p;
+        }
+        assert_eq!(pauses, [ms(50), ms(100), ms(200), ms(400), ms(800), ms(1_000), ms(450)]);
+        assert_eq!(now, t0 + Duration::from_secs(3));
+        assert_eq!(ConnectWait::new(t0, Duration::ZERO).next(t0), None, "zero: the error at once");
     }
 }

@@ -68,8 +68,9 @@ const REFUSAL_WAIT: Duration = Duration::from_secs(2);
 const CONCURRENT_REFUSALS: usize = 64;
 
 /// How long a restarted cluster node keeps a trainer's describe waiting
-/// for the datasets of its first placement before it answers "unknown".
-const FIRST_PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// for the datasets of its first placement before it answers that it has
+/// not joined yet (retryable: the trainer's loader asks again).
+const FIRST_PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Binds `path` (replacing a stale socket file) and serves the peers
 /// `allowed` admits until `shutdown` resolves. A failed accept is logged

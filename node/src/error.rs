@@ -148,6 +148,14 @@ pub enum FetchError {
         /// The runtime's error.
         source: tokio::task::JoinError,
     },
+    /// A trainer asked for a dataset before this cluster node has joined
+    /// (issue 48): it does not know the datasets yet. Unavailable, so the
+    /// trainer asks again.
+    #[error("this node is not in the cluster yet ({reason}): it learns the datasets once it joins; ask again")]
+    NotJoined {
+        /// Why not ([`granary_node_core::health::NotReady`], in words).
+        reason: String,
+    },
     /// A peer asked for a shard this node is itself fetching from that
     /// peer: their placements disagree for now.
     #[error("this node is itself fetching {shard} from the node asking for it; ask again when placement settles")]

@@ -96,6 +96,12 @@ impl Cluster {
         self.lease.send_replace(view);
     }
 
+    /// What this node knows of its lease now (a node whose membership has
+    /// not reported yet: not registered).
+    pub fn lease_view(&self) -> LeaseView {
+        (*self.lease.borrow()).unwrap_or(LeaseView { renewed_at: None, lease: Duration::ZERO, epoch: 0 })
+    }
+
     /// Whether this node may read a shard its placement gives it as the
     /// owner now: its lease is not in doubt and its placement is at least
     /// as new as the one the coordinator last reported

@@ -24,10 +24,22 @@ impl Node {
         version: Option<DatasetVersion>,
         wait: std::time::Duration,
     ) -> Result<DatasetInfo, FetchError> {
-        if self.inner.cluster.get().is_some() && self.describe(name, version).is_err() {
+        if let Some(cluster) = self.inner.cluster.get()
+            && self.describe(name, version).is_err()
+        {
             let mut known = self.inner.datasets_known.subscribe();
             // Timing out is fine: the answer below says what is known.
             let _ = tokio::time::timeout(wait, known.wait_for(|k| *k)).await;
+            if !*known.borrow() {
+                // Not joined yet: a retryable answer naming why, never
+                // "not served here" (issue 48).
+                let now = tokio::time::Instant::now().into_std();
+                let reason = match granary_node_core::health::node_readiness(now, Some(cluster.lease_view()), None) {
+                    Err(why) => why.to_string(),
+                    Ok(()) => granary_node_core::health::NotReady::NoPlacement.to_string(),
+                };
+                return Err(FetchError::NotJoined { reason });
+            }
         }
         if let Some(v) = version
             && self.inner.cluster.get().is_some()

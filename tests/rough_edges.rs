@@ -447,3 +447,53 @@ fn printing_into_a_closed_pipe_never_panics() {
         }
     }
 }
+
+/// Issue 48: a second daemon started with a live node's identity (its
+/// certificate and node id, from another address) is refused by the
+/// coordinators; once the refusals outlast any former self's lease it
+/// exits non-zero saying why, so an orchestrator sees it. The first node
+/// serves on.
+#[test]
+fn a_second_daemon_with_a_live_nodes_identity_exits_non_zero() {
+    use granary_testkit::harness::{LocalCluster, LocalClusterSpec, reserve_udp_port};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (data, _) = dataset(tmp.path(), 49, 2_000, 1);
+    let spec = LocalClusterSpec { nodes: 1, prefetch_bytes: 0, ..LocalClusterSpec::default() };
+    let c = LocalCluster::start(Path::new(BIN), &tmp.path().join("cluster"), &data, spec).expect("cluster");
+    let first = std::fs::read_to_string(c.node_dir(1).join("node.toml")).expect("node 1's config");
+    let other = reserve_udp_port().expect("port").to_string();
+    let copy = tmp.path().join("copy");
+    std::fs::create_dir_all(&copy).expect("dir");
+    let second = first
+        .replace(&c.socket(1).display().to_string(), &copy.join("node.sock").display().to_string())
+        .replace(&c.peer_addr(1).to_string(), &other);
+    assert!(second.contains(&other) && !second.contains(&c.peer_addr(1).to_string()), "{second}");
+    let config = copy.join("node.toml");
+    std::fs::write(&config, second).expect("config");
+    let start = std::time::Instant::now();
+    let mut child = Command::new(BIN)
+        .args(["node", "--config"])
+        .arg(&config)
+        .env("GRANARY_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the second daemon kept running\n{}", c.log_tails());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut stderr).expect("stderr");
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("error: this node cannot be in the cluster"), "{stderr}");
+    assert!(stderr.contains("is live at"), "the refusal names where it is live: {stderr}");
+    // The first node serves on.
+    let info = granary_client::LocalSource::connect(c.socket(1)).and_then(|s| s.describe("ads", None));
+    assert!(info.is_ok(), "{info:?}");
+}

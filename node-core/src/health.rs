@@ -62,9 +62,51 @@ pub fn node_readiness(now: Instant, lease: Option<LeaseView>, placement: Option<
     }
 }
 
+/// How long the coordinators may go on refusing a node's registration
+/// because another daemon holds its identity live before the node gives
+/// up and exits: a rescheduled node whose former self's lease has not run
+/// out yet is refused for at most a lease (3 s by default); refusals for
+/// this long mean two daemons share one identity, a misconfiguration an
+/// orchestrator must see (issue 48).
+pub const DUPLICATE_FATAL_AFTER: Duration = Duration::from_secs(15);
+
+/// The coordinators' refusals of this node's registration as a second
+/// daemon of its identity, as they go on: whether they are fatal yet.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    since: Option<Instant>,
+}
+
+impl Refusals {
+    /// A registration was refused at `now` because another daemon holds
+    /// this identity: true once refusals have gone on for
+    /// [`DUPLICATE_FATAL_AFTER`] with no registration accepted between.
+    pub fn handle_refused(&mut self, now: Instant) -> bool {
+        let since = *self.since.get_or_insert(now);
+        now.saturating_duration_since(since) >= DUPLICATE_FATAL_AFTER
+    }
+
+    /// A registration was accepted: the refusals start over.
+    pub fn handle_registered(&mut self) {
+        self.since = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_fatal_only_once_they_outlast_a_rescheduled_nodes_lease() {
+        let t0 = Instant::now();
+        let mut r = Refusals::default();
+        assert!(!r.handle_refused(t0));
+        assert!(!r.handle_refused(t0 + Duration::from_secs(3)), "a former self's lease");
+        r.handle_registered();
+        assert!(!r.handle_refused(t0 + Duration::from_secs(20)), "accepted between: they start over");
+        assert!(!r.handle_refused(t0 + Duration::from_secs(34)));
+        assert!(r.handle_refused(t0 + Duration::from_secs(35)), "15 s of refusals");
+    }
 
     #[test]
     fn a_node_is_ready_registered_within_its_lease_and_knowing_the_placement_reported() {

@@ -65,6 +65,7 @@ pub(crate) struct Membership {
     client: Arc<CoordinatorClient>,
     view: watch::Receiver<Option<Arc<Placement>>>,
     standing: watch::Receiver<Standing>,
+    fatal: watch::Receiver<Option<String>>,
     tasks: JoinSet<()>,
 }
 
@@ -136,12 +137,20 @@ impl Membership {
         let watch_client = Arc::new(client.sharing(ClientOptions::default()));
         let (standing_tx, standing) = watch::channel(Standing::default());
         let (view_tx, view) = watch::channel(None);
+        let (fatal_tx, fatal) = watch::channel(None);
         let mut tasks = JoinSet::new();
         let register =
             ApiRequest::RegisterNode { node, addr: cfg.advertise.clone(), ram_bytes, ssd_bytes, registration: 0 };
-        tasks.spawn(lease_loop(client.clone(), node, register, standing_tx));
+        tasks.spawn(lease_loop(client.clone(), node, register, standing_tx, fatal_tx));
         tasks.spawn(watch_loop(watch_client, view_tx));
-        Ok(Self { client, view, standing, tasks })
+        Ok(Self { client, view, standing, fatal, tasks })
+    }
+
+    /// Why this node cannot be in the cluster, once that is known (another
+    /// daemon holds its identity, or its address, for good): the daemon
+    /// exits with it (issue 48).
+    pub(crate) fn fatal(&self) -> watch::Receiver<Option<String>> {
+        self.fatal.clone()
     }
 
     /// A handle on this node's connections to the voters, with `options`
@@ -181,6 +190,7 @@ async fn lease_loop(
     node: NodeId,
     register: ApiRequest,
     standing: watch::Sender<Standing>,
+    fatal: watch::Sender<Option<String>>,
 ) {
     // Registrations that fail in a row wait longer each time, jittered
     // (a thousand nodes refused at boot do not all come back at once).
@@ -192,6 +202,7 @@ async fn lease_loop(
     };
     let mut register = register;
     let mut token: Option<u64> = None;
+    let mut refusals = granary_node_core::health::Refusals::default();
     loop {
         // Register (again). One token per registration, repeated by its
         // retries, so a retry of one that committed is not a second one.
@@ -205,6 +216,7 @@ async fn lease_loop(
                 tracing::info!(%node, incarnation, placement_epoch, "joined the cluster");
                 token = None;
                 refused = 0;
+                refusals.handle_registered();
                 let lease = Duration::from_millis(lease_ms.max(30));
                 standing.send_replace(Standing {
                     incarnation: Some(incarnation),
@@ -216,6 +228,19 @@ async fn lease_loop(
             }
             Ok((addr, other)) => {
                 tracing::warn!(%node, %addr, "unexpected answer to register: {other:?}");
+                pause(&mut refused).await;
+                continue;
+            }
+            Err(e @ ClientError::Failed { kind: granary_net::api::FailureKind::Forbidden, .. }) => {
+                // Another daemon holds this identity (or this address)
+                // live: for a lease that can be this node's former self;
+                // for longer, two daemons share it.
+                if refusals.handle_refused(tokio::time::Instant::now().into_std()) {
+                    tracing::error!(%node, "another daemon holds this node's identity or address; stopping: {e}");
+                    fatal.send_replace(Some(e.to_string()));
+                    return;
+                }
+                tracing::warn!(%node, "registration refused: {e}");
                 pause(&mut refused).await;
                 continue;
             }

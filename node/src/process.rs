@@ -56,20 +56,29 @@ pub fn run_daemon(path: &Path, cfg: NodeConfig, answers: PeerAnswers) -> Result<
             }
             None => None,
         };
+        // A fatal misconfiguration found while running (another daemon
+        // holds this node's identity) stops the daemon with an error, so
+        // an orchestrator restarts and alerts (issue 48).
+        let mut fatal = membership.as_ref().map(|m| m.fatal());
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                _ = async { match fatal.as_mut() { Some(f) => { let _ = f.wait_for(Option::is_some).await; } None => std::future::pending().await } } => {}
             }
         };
         crate::daemon::serve(node.clone(), &socket, allowed, shutdown)
             .await
             .with_context(|| format!("serving {}", socket.display()))?;
+        let fatal = membership.as_ref().and_then(|m| m.fatal().borrow().clone());
         if let Some(m) = membership {
             m.stop();
         }
         node.close().await;
+        if let Some(why) = fatal {
+            anyhow::bail!("this node cannot be in the cluster: {why}");
+        }
         tracing::info!("node stopped");
         Ok(())
     })

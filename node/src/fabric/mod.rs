@@ -147,6 +147,12 @@ impl ClusterHandle {
         })
     }
 
+    /// Why this node cannot be in the cluster, once known (another daemon
+    /// holds its identity or address for good): the daemon exits with it.
+    pub fn fatal(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.membership.fatal()
+    }
+
     /// Stops heartbeating, following placement and serving peers.
     pub fn stop(mut self) {
         self.tasks.abort_all();

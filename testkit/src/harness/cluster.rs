@@ -418,7 +418,8 @@ impl LocalCluster {
         (1..=self.spec.nodes as u64).collect()
     }
 
-    fn node_dir(&self, id: u64) -> PathBuf {
+    /// Node `id`'s folder: its node.toml, socket and SSD tier.
+    pub fn node_dir(&self, id: u64) -> PathBuf {
         self.dir.join(format!("node-{id}"))
     }
 

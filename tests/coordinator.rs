@@ -735,3 +735,40 @@ fn a_restarted_node_serves_its_ssd_tier_without_converting_again() {
     assert_eq!(stats.peer_fetched, 0, "{stats:?}");
     assert_eq!(stats.ssd_hits, kept.len() as u64, "{stats:?}");
 }
+
+/// Issue 48: voters that never answer (two black holes: sockets that take
+/// every packet and answer none), listed before the live one, cost an
+/// admin command nothing: the voters are dialed at once, so `status`
+/// answers within a deadline shorter than one connect timeout (2 s), which
+/// trying them in turn spent on the first. When no voter answers, the
+/// error says what each one did.
+#[test]
+fn dead_voters_listed_first_cost_an_admin_command_nothing() {
+    let mut c = Cluster::new(1, 3000);
+    c.start(1);
+    c.wait_leader(None);
+    let holes: Vec<std::net::UdpSocket> =
+        (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("black hole")).collect();
+    let hole_addrs: Vec<String> = holes.iter().map(|h| h.local_addr().expect("addr").to_string()).collect();
+    let run_status = |coordinators: &str| {
+        Command::new(BIN)
+            .args(["status", "--json", "--timeout-ms", "1900", "--coordinators", coordinators, "--certs"])
+            .arg(&c.admin)
+            .env("GRANARY_LOG", "error")
+            .output()
+            .expect("run status")
+    };
+    for _ in 0..3 {
+        let out = run_status(&format!("{},{},{}", hole_addrs[0], hole_addrs[1], c.addrs()));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["leader"].as_u64(), Some(1), "{v}");
+    }
+    let out = run_status(&hole_addrs.join(","));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for hole in &hole_addrs {
+        assert!(err.contains(&format!("{hole}: ")), "each voter and what it did: {err}");
+    }
+    drop(holes);
+}

@@ -207,6 +207,40 @@ impl CoordinatorClient {
         self.addrs[self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len()]
     }
 
+    /// With no leader known: dials every voter at once and returns the
+    /// first that answers the handshake (the others' dials are dropped),
+    /// so dead voters listed first cost nothing (issue 48); or each
+    /// voter's dial error when none answers. The voters are taken in turn
+    /// from a rotating start, so a tie does not always go to the same one.
+    /// Voters in `passed` (those that failed this call already: an open
+    /// connection to a dead voter would win every race) are left out
+    /// while any other remains; then `passed` starts over.
+    async fn first_reachable(&self, passed: &mut Vec<SocketAddr>) -> Result<SocketAddr, Vec<(SocketAddr, String)>> {
+        if self.addrs.iter().all(|a| passed.contains(a)) {
+            passed.clear();
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.addrs.len();
+        let mut dials = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let addr = self.addrs[(start + i) % n];
+            if passed.contains(&addr) {
+                continue;
+            }
+            let conns = self.conns.clone();
+            dials.spawn(async move { (addr, conns.get(addr).await) });
+        }
+        let mut errors = Vec::new();
+        while let Some(done) = dials.join_next().await {
+            match done {
+                Ok((addr, Ok(_))) => return Ok(addr),
+                Ok((addr, Err(e))) => errors.push((addr, e.to_string())),
+                Err(e) => tracing::debug!("a dial task ended: {e}"),
+            }
+        }
+        Err(errors)
+    }
+
     fn leader_hint(&self) -> Option<SocketAddr> {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -266,20 +300,30 @@ impl CoordinatorClient {
         let kind = req.kind();
         let mut deadline = Instant::now() + self.options.deadline;
         let mut last = String::from("none");
-        let mut tried = 0usize;
+        // What each voter last answered, for the error when none will.
+        let mut answers: Vec<(SocketAddr, String)> = Vec::new();
+        let mut passed: Vec<SocketAddr> = Vec::new();
         let mut failed = 0u32;
         let reports = matches!(req, ApiRequest::AddDataset { progress: true, .. });
         loop {
             let target = match self.leader_hint() {
                 Some(a) => a,
-                None => {
-                    tried += 1;
-                    self.round_robin()
-                }
+                None => match tokio::time::timeout_at(deadline, self.first_reachable(&mut passed)).await {
+                    Ok(Ok(a)) => a,
+                    Ok(Err(errors)) => {
+                        for (addr, e) in &errors {
+                            heard_from(&mut answers, *addr, e.strip_prefix(&format!("{addr}: ")).unwrap_or(e));
+                        }
+                        last = errors.last().map_or_else(|| "no voter".into(), |(_, e)| e.clone());
+                        self.pause(&mut failed).await;
+                        continue;
+                    }
+                    Err(_) => return Err(self.unavailable(kind, last, &answers)),
+                },
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(self.unavailable(kind, last));
+                return Err(self.unavailable(kind, last, &answers));
             }
             let bound = match req {
                 ApiRequest::AddDataset { .. } => left,
@@ -322,12 +366,25 @@ impl CoordinatorClient {
                 Ok(ApiResponse::NotLeader { leader }) => {
                     let hint = leader.and_then(|(_, a)| a.parse::<SocketAddr>().ok()).filter(|a| *a != target);
                     last = format!("{target}: not the leader (leader {:?})", hint);
+                    if hint.is_none() {
+                        passed.push(target);
+                    }
+                    heard_from(
+                        &mut answers,
+                        target,
+                        &match hint {
+                            Some(l) => format!("not the leader (the leader is {l})"),
+                            None => "not the leader, and knows no leader".into(),
+                        },
+                    );
                     self.redirected(target, hint);
                     if hint.is_none() {
                         self.pause(&mut failed).await;
                     }
                 }
                 Ok(ApiResponse::Failed { kind: FailureKind::Unavailable, message }) => {
+                    heard_from(&mut answers, target, &message);
+                    passed.push(target);
                     last = format!("{target}: {message}");
                     self.set_leader_hint(None);
                     self.pause(&mut failed).await;
@@ -343,18 +400,28 @@ impl CoordinatorClient {
                     return Ok((target, resp));
                 }
                 Err(e) => {
+                    passed.push(target);
+                    heard_from(&mut answers, target, e.strip_prefix(&format!("{target}: ")).unwrap_or(&e));
                     last = e;
                     self.set_leader_hint(None);
-                    if tried.is_multiple_of(self.addrs.len()) {
-                        self.pause(&mut failed).await;
-                    }
+                    self.pause(&mut failed).await;
                 }
             }
         }
     }
 
-    fn unavailable(&self, request: &'static str, last: String) -> ClientError {
-        let tried = self.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ");
+    /// The error when no voter answered in time: each voter with what it
+    /// last answered (or that it was not reached).
+    fn unavailable(&self, request: &'static str, last: String, answers: &[(SocketAddr, String)]) -> ClientError {
+        let tried = self
+            .addrs
+            .iter()
+            .map(|a| match answers.iter().find(|(x, _)| x == a) {
+                Some((_, what)) => format!("{a}: {what}"),
+                None => format!("{a}: no answer yet"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
         ClientError::Unavailable { request, deadline: self.options.deadline, tried, last }
     }
 
@@ -424,7 +491,7 @@ impl CoordinatorClient {
                 }
             }
         }
-        Err(self.unavailable(req.kind(), last))
+        Err(self.unavailable(req.kind(), last, &[]))
     }
 
     /// Closes every connection, and the endpoint they were dialed from
@@ -515,5 +582,13 @@ impl PlacementWatch {
         let next = Arc::new(next);
         self.known = Some(next.clone());
         Ok(Some(next))
+    }
+}
+
+/// Records that voter `addr` last answered `what`.
+fn heard_from(answers: &mut Vec<(SocketAddr, String)>, addr: SocketAddr, what: &str) {
+    match answers.iter_mut().find(|(a, _)| *a == addr) {
+        Some((_, w)) => *w = what.to_string(),
+        None => answers.push((addr, what.to_string())),
     }
 }

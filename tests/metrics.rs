@@ -90,9 +90,20 @@ fn a_real_prometheus_scrapes_a_node_and_a_coordinator() -> anyhow::Result<()> {
         "{text}"
     );
     assert!(sample(&text, "granary_node_prefetch_in_flight").is_some(), "{text}");
+    // Issue 48: what an SRE expects of any process, and the node's memory
+    // shares.
+    assert!(sample(&text, "process_resident_memory_bytes").is_some_and(|b| b > 1e6), "{text}");
+    assert!(sample(&text, "process_open_fds").is_some_and(|n| n > 0.0), "{text}");
+    assert!(sample(&text, "process_cpu_seconds_total").is_some(), "{text}");
+    assert!(text.contains("granary_build_info{role=\"node\",version=\""), "{text}");
+    assert!(sample(&text, "granary_node_tiers_capacity_bytes").is_some_and(|b| b > 0.0), "{text}");
+    assert!(sample(&text, "granary_node_load_budget_bytes").is_some_and(|b| b > 0.0), "{text}");
+    assert!(sample(&text, "granary_node_loaders").is_some(), "{text}");
     let (status, text) = get(voter, "/metrics")?;
     assert_eq!(status, 200, "{text}");
     assert_eq!(sample(&text, "granary_coordinator_is_leader"), Some(1.0), "{text}");
+    assert!(text.contains("granary_build_info{role=\"coordinator\",version=\""), "{text}");
+    assert!(sample(&text, "process_resident_memory_bytes").is_some_and(|b| b > 1e6), "{text}");
     assert!(sample(&text, "granary_coordinator_term").is_some_and(|t| t >= 1.0), "{text}");
     assert_eq!(sample(&text, "granary_coordinator_node_live{node=\"1\"}"), Some(1.0), "{text}");
     assert!(sample(&text, "granary_coordinator_node_lease_left_seconds{node=\"2\"}").is_some(), "{text}");
@@ -185,7 +196,12 @@ fn readiness_follows_the_cluster_not_the_process() -> anyhow::Result<()> {
     datagen::generate(&data, &spec, |_| {})?;
     let cluster_spec =
         LocalClusterSpec { nodes: 1, voters: 3, prefetch_bytes: 0, metrics: true, ..LocalClusterSpec::default() };
-    let mut c = LocalCluster::plan(Path::new(BIN), &tmp.path().join("cluster"), &data, cluster_spec)?;
+    // The dataset is registered, then every voter stops: the node starts
+    // while its coordinators are down.
+    let mut c = LocalCluster::prepare(Path::new(BIN), &tmp.path().join("cluster"), &data, cluster_spec)?;
+    for id in c.voter_ids() {
+        c.kill_voter(id);
+    }
     c.start_node(1)?;
     let node = c.node_metrics(1).expect("metrics asked for");
     let (alive, text) = get(node, "/healthz")?;
@@ -214,7 +230,9 @@ fn readiness_follows_the_cluster_not_the_process() -> anyhow::Result<()> {
         "{err}"
     );
 
-    c.start_voters()?;
+    for id in c.voter_ids() {
+        c.start_voter(id)?;
+    }
     let ready = until_status(node, "/readyz", 200, "the node joins", &c);
     assert!(ready.starts_with("ready: in the cluster, placement epoch "), "{ready}");
     let rows = trainer.join().expect("trainer thread").unwrap_or_else(|e| panic!("{e}\n{}", c.log_tails()));

@@ -39,6 +39,7 @@ pub mod identity;
 pub mod metrics;
 pub mod pki;
 pub mod placement;
+pub mod process;
 pub mod role;
 pub mod tls;
 pub mod transport;

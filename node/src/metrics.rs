@@ -16,9 +16,12 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-/// Every metric of `node`, named `granary_node_*`.
+/// Every metric of `node`, named `granary_node_*`, and the process's own
+/// (`process_*`, `granary_build_info`: [`granary_net::process`]).
 pub fn registry(node: &Node) -> Registry {
-    let mut r = Registry::with_prefix("granary_node");
+    let mut root = Registry::default();
+    granary_net::process::register(&mut root, "node");
+    let r = root.sub_registry_with_prefix("granary_node");
     let t = node.timings();
     r.register_with_unit(
         "chunk_request",
@@ -39,7 +42,7 @@ pub fn registry(node: &Node) -> Registry {
         t.peer_fetches.clone(),
     );
     r.register_collector(Box::new(NodeCollector { node: node.clone() }));
-    r
+    root
 }
 
 /// Reads the node's counters at each scrape.
@@ -134,6 +137,14 @@ impl Collector for NodeCollector {
         )?;
         let depth = self.node.prefetch_in_flight();
         gauge(e, "prefetch_in_flight", "Prefetch loads under way along the ranks' plans", None, depth)?;
+        let loaders = u64::from(self.node.loaders());
+        gauge(e, "loaders", "Trainer loaders following a plan on this node now", None, loaders)?;
+        gauge(e, "tiers_capacity", "Bytes the RAM tier and the guest area may hold", bytes, self.node.tiers_bytes())?;
+        gauge(e, "load_budget", "Bytes of memory for loads in progress, now", bytes, self.node.load_budget())?;
+        let advice = self.node.mapping_advice();
+        if advice != u64::MAX {
+            gauge(e, "mapping_advice", "Bytes of chunk mappings each trainer is advised to keep", bytes, advice)?;
+        }
 
         let served = self.node.served_versions();
         let current: std::collections::BTreeSet<String> = served.iter().map(|(n, _)| n.clone()).collect();

@@ -333,6 +333,11 @@ impl Node {
         &self.inner.timings
     }
 
+    /// Bytes the RAM tier and the guest area may hold.
+    pub fn tiers_bytes(&self) -> u64 {
+        self.inner.advice.tiers_bytes
+    }
+
     /// The most bytes of chunk mappings each trainer should keep beyond
     /// what this node holds, now: the memory left beside the tiers, the
     /// load budget and the node's own structures as measured, shared among

@@ -19,10 +19,12 @@ use std::sync::Arc;
 
 /// Every metric of the voter that `ctx` belongs to.
 pub(super) fn registry(ctx: &Arc<Ctx>) -> Registry {
-    let mut r = Registry::with_prefix("granary_coordinator");
+    let mut root = Registry::default();
+    granary_net::process::register(&mut root, "coordinator");
+    let r = root.sub_registry_with_prefix("granary_coordinator");
     r.register("api_requests", "API requests answered, by kind and result", ctx.api_requests.clone());
     r.register_collector(Box::new(VoterCollector { ctx: ctx.clone() }));
-    r
+    root
 }
 
 struct VoterCollector {

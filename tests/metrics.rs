@@ -237,6 +237,13 @@ fn readiness_follows_the_cluster_not_the_process() -> anyhow::Result<()> {
     assert!(ready.starts_with("ready: in the cluster, placement epoch "), "{ready}");
     let rows = trainer.join().expect("trainer thread").unwrap_or_else(|e| panic!("{e}\n{}", c.log_tails()));
     assert_eq!(rows, 2_000, "every row, once the node joined");
+    // Its standing in the metrics and in `granary stats`.
+    let (_, text) = get(node, "/metrics")?;
+    assert_eq!(sample(&text, "granary_node_registered"), Some(1.0), "{text}");
+    assert!(sample(&text, "granary_node_lease_left_seconds").is_some_and(|s| s > 0.0), "{text}");
+    let stats = Command::new(BIN).args(["stats", "--socket"]).arg(c.socket(1)).output()?;
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    assert!(stats.contains("cluster         registered, lease "), "{stats}");
     let voter = c.voter_metrics(1).expect("metrics asked for");
     let ready = until_status(voter, "/readyz", 200, "voter 1 knows a leader", &c);
     assert!(ready.starts_with("ready: voter 1, ") && ready.ends_with("of 3 voters\n"), "{ready}");

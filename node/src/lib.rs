@@ -94,6 +94,6 @@ pub use config::NodeConfig;
 pub use embedded::EmbeddedNode;
 pub use granary_node_core::conns::SocketLimits;
 pub use membership::{JoinError, node_identity};
-pub use service::{Follower, Node, PREFETCH_EPOCHS_AHEAD, Shared, StartError};
+pub use service::{ClusterStanding, Follower, Node, PREFETCH_EPOCHS_AHEAD, Shared, StartError};
 pub use session::Session;
 pub use shm::{SealedChunk, live_chunk_bytes};

@@ -141,6 +141,21 @@ impl Collector for NodeCollector {
         gauge(e, "loaders", "Trainer loaders following a plan on this node now", None, loaders)?;
         gauge(e, "tiers_capacity", "Bytes the RAM tier and the guest area may hold", bytes, self.node.tiers_bytes())?;
         gauge(e, "load_budget", "Bytes of memory for loads in progress, now", bytes, self.node.load_budget())?;
+        if let Some(m) = self.node.membership() {
+            let registered = u64::from(m.since_renewal.is_some());
+            gauge(e, "registered", "1 while the coordinators hold this node's registration", None, registered)?;
+            if let Some(since) = m.since_renewal {
+                let left = m.lease.saturating_sub(since).as_secs_f64();
+                let g = ConstGauge::new(left);
+                g.encode(e.encode_descriptor(
+                    "lease_left",
+                    "What is left of this node's lease since its last heartbeat answered",
+                    Some(&Unit::Seconds),
+                    g.metric_type(),
+                )?)?;
+            }
+            gauge(e, "placement_epoch", "The placement epoch this node knows", None, m.placement_epoch)?;
+        }
         let advice = self.node.mapping_advice();
         if advice != u64::MAX {
             gauge(e, "mapping_advice", "Bytes of chunk mappings each trainer is advised to keep", bytes, advice)?;

@@ -111,11 +111,31 @@ fn human(s: &NodeStats, more: &[(String, u64)]) -> String {
             mib(s.guest_bytes)
         ),
     );
+    if let Some(standing) = cluster_line(more) {
+        line("cluster", standing);
+    }
     if let Some((_, reused)) = more.iter().find(|(n, _)| n == "chunks_reused") {
         line("reuse", format!("{reused} shards served from another version's chunk of the same content"));
     }
     line("other", format!("{} prefetched, {} corrupt SSD entries re-read", s.prefetched, s.corrupt_entries));
     o
+}
+
+/// A cluster node's standing from its counters (issue 48); None for a
+/// node alone or one too old to say.
+fn cluster_line(more: &[(String, u64)]) -> Option<String> {
+    let get = |name: &str| more.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    get("in_cluster")?;
+    let epoch = get("placement_epoch").unwrap_or(0);
+    Some(match (get("registered"), get("lease_left_ms"), get("since_renewal_ms")) {
+        (Some(1), Some(0), Some(since)) => {
+            format!("registered, but the lease ran out: no heartbeat answered for {since} ms; placement epoch {epoch}")
+        }
+        (Some(1), Some(left), Some(since)) => {
+            format!("registered, lease {left} ms left (heartbeat answered {since} ms ago); placement epoch {epoch}")
+        }
+        _ => format!("not registered with the coordinators; placement epoch {epoch} known"),
+    })
 }
 
 #[cfg(test)]
@@ -135,6 +155,24 @@ mod tests {
         let text = human(&s, &[("chunks_reused".into(), 5)]);
         assert!(text.contains("reuse           5 shards served from another version's chunk"), "{text}");
         assert!(!human(&s, &[]).contains("reuse"), "a node of protocol 2 reports no reuse line");
+        assert!(!text.contains("cluster"), "a node alone has no cluster line: {text}");
+        let standing = |registered, left, since| {
+            let mut c =
+                vec![("in_cluster".to_string(), 1), ("registered".into(), registered), ("placement_epoch".into(), 7)];
+            if registered == 1 {
+                c.extend([("lease_left_ms".to_string(), left), ("since_renewal_ms".into(), since)]);
+            }
+            human(&s, &c)
+        };
+        let live = standing(1, 2412, 588);
+        assert!(
+            live.contains(
+                "cluster         registered, lease 2412 ms left (heartbeat answered 588 ms ago); placement epoch 7"
+            ),
+            "{live}"
+        );
+        assert!(standing(1, 0, 3500).contains("the lease ran out: no heartbeat answered for 3500 ms"));
+        assert!(standing(0, 0, 0).contains("cluster         not registered with the coordinators; placement epoch 7"));
         assert!(text.contains("remote storage  3.0 MiB in 0 requests"), "{text}");
         assert!(text.contains("chunk requests  6: 2 RAM"), "{text}");
         assert!(text.contains("1 loads in flight"), "{text}");

@@ -60,12 +60,6 @@ impl Node {
         Some(sealed)
     }
 
-    /// The counters beyond [`granary_proto::wire::NodeStats`] that the local
-    /// socket reports by name (`LocalRequest::Counters`).
-    pub fn counters(&self) -> Vec<granary_proto::wire::Counter> {
-        vec![granary_proto::wire::Counter { name: "chunks_reused".into(), value: self.chunks_reused() }]
-    }
-
     /// Shards served from another version's chunk of the same content
     /// since start.
     pub fn chunks_reused(&self) -> u64 {

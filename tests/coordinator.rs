@@ -772,3 +772,37 @@ fn dead_voters_listed_first_cost_an_admin_command_nothing() {
     }
     drop(holes);
 }
+
+/// Issue 48: `granary status` from the leader shows each voter's
+/// reachability and lag and the quorum margin: with three voters up, one
+/// more may fail; with a follower killed, it shows that voter unreachable
+/// and that none more may fail (text and JSON).
+#[test]
+fn status_shows_the_voters_as_the_leader_sees_them_and_the_quorum_margin() {
+    let mut c = Cluster::new(3, 3000);
+    for id in 1..=3 {
+        c.start(id);
+    }
+    let leader = c.wait_leader(None);
+    let seen = |s: &Value, id: u64| -> Value {
+        s["voters"].as_array().expect("voters").iter().find(|v| v["id"].as_u64() == Some(id)).cloned().expect("voter")
+    };
+    let all_up = wait_status(&c, "every voter reachable", |s| s["quorum_margin"].as_i64() == Some(1));
+    for id in 1..=3 {
+        assert_eq!(seen(&all_up, id)["reachable"].as_bool(), Some(true), "{all_up}");
+    }
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    c.kill(follower);
+    let one_down =
+        wait_status(&c, "the follower seen unreachable", |s| seen(s, follower)["reachable"].as_bool() == Some(false));
+    assert_eq!(one_down["quorum_margin"].as_i64(), Some(0), "{one_down}");
+    let text = Command::new(BIN)
+        .args(["status", "--timeout-ms", "8000", "--coordinators", &c.addrs(), "--certs"])
+        .arg(&c.admin)
+        .env("GRANARY_LOG", "error")
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("voter-{follower} ")) && text.contains(": UNREACHABLE, last answered "), "{text}");
+    assert!(text.contains("quorum: held, but one more unreachable voter loses it"), "{text}");
+}

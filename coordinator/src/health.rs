@@ -35,6 +35,20 @@ pub fn voter_readiness(
     }
 }
 
+/// How many more of `voters` voters may become unreachable before the
+/// group loses its quorum, with `reachable` of them reachable (the leader
+/// counted): negative when it has lost it.
+pub fn quorum_margin(reachable: usize, voters: usize) -> i64 {
+    reachable as i64 - (voters / 2 + 1) as i64
+}
+
+/// Whether a voter that last answered the leader `answered` ago (None:
+/// never) is reachable: within `fresh` (half a lease, as the leader's
+/// own quorum check).
+pub fn reachable(answered: Option<Duration>, fresh: Duration) -> bool {
+    answered.is_some_and(|a| a <= fresh)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +71,18 @@ mod tests {
         assert!(ready(a, Some(a), None).unwrap_err().ends_with("has answered it yet"));
         // A voter alone is its own quorum.
         assert!(voter_readiness(a, &[a], Some(a), None, fresh).is_ok());
+    }
+
+    #[test]
+    fn the_quorum_margin_counts_the_voters_that_may_still_fail() {
+        assert_eq!(quorum_margin(3, 3), 1);
+        assert_eq!(quorum_margin(2, 3), 0, "one down of three: none more may fail");
+        assert_eq!(quorum_margin(1, 3), -1, "quorum lost");
+        assert_eq!(quorum_margin(5, 5), 2);
+        assert_eq!(quorum_margin(1, 1), 0);
+        let fresh = Duration::from_millis(1_500);
+        assert!(reachable(Some(Duration::from_millis(40)), fresh));
+        assert!(!reachable(Some(Duration::from_millis(1_501)), fresh));
+        assert!(!reachable(None, fresh), "never answered");
     }
 }

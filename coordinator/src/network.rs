@@ -144,6 +144,9 @@ pub struct QuicNetwork {
     /// ALPN its connection chose: 2 or 1), for the switches only a group
     /// of new builds may turn on ([`crate::switch`]).
     speaks: Arc<std::sync::Mutex<std::collections::BTreeMap<VoterId, u16>>>,
+    /// When each voter this one dialed last answered an RPC (issue 48:
+    /// the leader's view of its voters in `granary status`).
+    answered: Arc<std::sync::Mutex<std::collections::BTreeMap<VoterId, std::time::Instant>>>,
     allow_unbound: bool,
     /// Whether the endpoint dials IPv4 (a name is resolved to that family).
     ipv4: bool,
@@ -163,6 +166,7 @@ impl QuicNetwork {
         Self {
             conns: Arc::new(Connections::new(endpoint, config, ALPN_RAFT, Role::Coordinator, connect_timeout)),
             speaks: Default::default(),
+            answered: Default::default(),
             allow_unbound,
             ipv4,
         }
@@ -180,6 +184,18 @@ impl QuicNetwork {
     /// last connection chose.
     pub fn raft_versions(&self) -> std::collections::BTreeMap<VoterId, u16> {
         self.speaks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// When each voter dialed last answered an RPC.
+    pub fn last_answers(&self) -> std::collections::BTreeMap<VoterId, std::time::Instant> {
+        self.answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn answered(&self, voter: VoterId) {
+        self.answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(voter, std::time::Instant::now());
     }
 
     fn heard(&self, voter: VoterId, conn: &quinn::Connection) {
@@ -232,7 +248,9 @@ impl PeerLink {
             addr: self.addr.clone(),
             ttl,
         });
-        if !matches!(answered, Ok(Ok(_))) {
+        if matches!(answered, Ok(Ok(_))) {
+            self.net.answered(voter);
+        } else {
             // Resolve the name again before the next RPC.
             if let Some((_, stale)) = self.resolved().as_mut() {
                 *stale = true;

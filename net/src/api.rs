@@ -247,6 +247,17 @@ pub struct VoterStatus {
     pub id: u64,
     /// Its address.
     pub addr: String,
+    /// As the leader sees it (issue 48): whether the voter answered the
+    /// leader within half a lease. None from a follower, or from voters
+    /// of older builds.
+    #[serde(default)]
+    pub reachable: Option<bool>,
+    /// As the leader sees it: how long ago the voter last answered it.
+    #[serde(default)]
+    pub answered_ms_ago: Option<u64>,
+    /// As the leader sees it: log entries the voter has yet to take.
+    #[serde(default)]
+    pub lag_entries: Option<u64>,
 }
 
 /// The cluster as the answering voter sees it.
@@ -273,6 +284,11 @@ pub struct ClusterStatus {
     /// `granary-raft/2`); false from voters of the build before.
     #[serde(default)]
     pub content_owners: bool,
+    /// As the leader sees it (issue 48): how many more voters may become
+    /// unreachable before the group loses its quorum (negative: it has
+    /// lost it). None from a follower, or from voters of older builds.
+    #[serde(default)]
+    pub quorum_margin: Option<i64>,
 }
 
 /// The cluster view the placement watch pushes: the placement epoch, the

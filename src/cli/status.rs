@@ -30,7 +30,13 @@ fn print_status(s: &ClusterStatus) {
         s.term, s.placement_epoch, s.answered_by
     );
     for v in &s.voters {
-        println!("  voter-{} {}", v.id, v.addr);
+        println!("  voter-{} {}{}", v.id, v.addr, voter_seen(v));
+    }
+    match s.quorum_margin {
+        Some(m) if m > 0 => println!("quorum: {m} more voter(s) may become unreachable before it is lost"),
+        Some(0) => println!("quorum: held, but one more unreachable voter loses it"),
+        Some(_) => println!("quorum: lost"),
+        None => {}
     }
     let owners = if s.content_owners {
         "follow content (a new version's shards start where the same content's chunks are)"
@@ -58,4 +64,16 @@ fn print_status(s: &ClusterStatus) {
     }
     println!("datasets:");
     print_datasets(&s.datasets);
+}
+
+/// How the leader sees voter `v` (issue 48): empty from a follower.
+fn voter_seen(v: &granary_net::api::VoterStatus) -> String {
+    match (v.reachable, v.answered_ms_ago, v.lag_entries) {
+        (Some(true), Some(ago), Some(lag)) => format!(": reachable, answered {ago} ms ago, {lag} entries behind"),
+        (Some(false), Some(ago), lag) => {
+            format!(": UNREACHABLE, last answered {ago} ms ago, {} entries behind", lag.unwrap_or(0))
+        }
+        (Some(false), None, _) => ": UNREACHABLE, never answered the leader".into(),
+        _ => String::new(),
+    }
 }

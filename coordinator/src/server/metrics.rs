@@ -50,6 +50,11 @@ struct NodeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VoterLabel {
+    voter: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoleLabel {
     role: &'static str,
 }
@@ -69,6 +74,34 @@ impl Collector for VoterCollector {
             index(m.current_leader.map(|l| l.0)),
         )?;
         gauge(e, "last_log_index", "The last index in this voter's log (-1: empty)", None, index(m.last_log_index))?;
+        if leader {
+            // Issue 48: the leader's view of its voters.
+            let (voters, margin) = crate::server::handlers::status::voters_seen(&self.ctx, &m, true);
+            let margin_help = "Voters that may still become unreachable before the quorum is lost (leader only)";
+            gauge(e, "quorum_margin", margin_help, None, margin.unwrap_or(0))?;
+            let g = prometheus_client::metrics::gauge::ConstGauge::new(0i64);
+            let mut family = e.encode_descriptor(
+                "voter_reachable",
+                "1 for each voter that answered the leader within half a lease (leader only)",
+                None,
+                g.metric_type(),
+            )?;
+            for v in &voters {
+                let up = prometheus_client::metrics::gauge::ConstGauge::new(i64::from(v.reachable == Some(true)));
+                up.encode(family.encode_family(&VoterLabel { voter: v.id })?)?;
+            }
+            let mut family = e.encode_descriptor(
+                "voter_lag_entries",
+                "Log entries each voter has yet to take (leader only)",
+                None,
+                g.metric_type(),
+            )?;
+            for v in &voters {
+                let lag = i64::try_from(v.lag_entries.unwrap_or(0)).unwrap_or(i64::MAX);
+                prometheus_client::metrics::gauge::ConstGauge::new(lag)
+                    .encode(family.encode_family(&VoterLabel { voter: v.id })?)?;
+            }
+        }
         let largest = self.ctx.largest_entry.load(std::sync::atomic::Ordering::Relaxed);
         gauge(
             e,

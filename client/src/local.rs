@@ -130,61 +130,12 @@ fn open(path: &Path, speaks: version::Speaks) -> Result<(UnixStream, u16), Clien
     Err(ClientError::Version { path: path.to_path_buf(), client: speaks, node })
 }
 
+mod mappings;
+use mappings::MappingCache;
+
 /// The largest chunk mapped when its dataset was not described through
 /// this source (the bound on a chunk from a peer).
 const MAX_UNDESCRIBED_CHUNK_LEN: u64 = granary_proto::peer::MAX_PEER_CHUNK_LEN;
-
-/// Recently used chunk mappings, bounded in bytes, least recently used out.
-struct MappingCache {
-    budget_bytes: u64,
-    bytes: u64,
-    tick: u64,
-    entries: HashMap<(DatasetVersion, ShardId), (Chunk, u64)>,
-}
-
-impl MappingCache {
-    fn get(&mut self, key: (DatasetVersion, ShardId)) -> Option<Chunk> {
-        self.tick += 1;
-        let tick = self.tick;
-        self.entries.get_mut(&key).map(|(c, used)| {
-            *used = tick;
-            c.clone()
-        })
-    }
-
-    /// Lowers the budget to `bytes` (the node's advice), if it is lower,
-    /// letting go of the least recently used mappings past it.
-    fn cap(&mut self, bytes: u64) {
-        if bytes < self.budget_bytes {
-            self.budget_bytes = bytes;
-            self.evict_until_fits(0);
-        }
-    }
-
-    fn evict_until_fits(&mut self, len: u64) {
-        while self.bytes + len > self.budget_bytes {
-            let Some(oldest) = self.entries.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) else {
-                break;
-            };
-            if let Some((c, _)) = self.entries.remove(&oldest) {
-                self.bytes -= c.bytes().len() as u64;
-            }
-        }
-    }
-
-    fn insert(&mut self, key: (DatasetVersion, ShardId), chunk: Chunk) {
-        let len = chunk.bytes().len() as u64;
-        if len > self.budget_bytes {
-            return;
-        }
-        self.evict_until_fits(len);
-        self.tick += 1;
-        if let Some((old, _)) = self.entries.insert(key, (chunk, self.tick)) {
-            self.bytes -= old.bytes().len() as u64;
-        }
-        self.bytes += len;
-    }
-}
 
 impl LocalSource {
     /// Connects to the node listening at `path`.
@@ -198,8 +149,13 @@ impl LocalSource {
     pub fn connect_speaking(path: impl AsRef<Path>, speaks: version::Speaks) -> Result<Self, ClientError> {
         let path = path.as_ref().to_path_buf();
         let (stream, agreed) = open(&path, speaks)?;
-        let mappings =
-            MappingCache { budget_bytes: DEFAULT_MAPPING_CACHE_BYTES, bytes: 0, tick: 0, entries: HashMap::new() };
+        let mappings = MappingCache {
+            own_bytes: DEFAULT_MAPPING_CACHE_BYTES,
+            budget_bytes: DEFAULT_MAPPING_CACHE_BYTES,
+            bytes: 0,
+            tick: 0,
+            entries: HashMap::new(),
+        };
         Ok(Self {
             path,
             stream: Mutex::new(Some(stream)),
@@ -245,6 +201,7 @@ impl LocalSource {
     /// Keeps up to `bytes` of recently used chunk mappings (0 disables).
     pub fn mapping_cache(self, bytes: u64) -> Self {
         if let Ok(mut m) = self.mappings.lock() {
+            m.own_bytes = bytes;
             m.budget_bytes = bytes;
             m.entries.clear();
             m.bytes = 0;
@@ -252,8 +209,9 @@ impl LocalSource {
         self
     }
 
-    /// The budget of kept chunk mappings now: the one set, lowered by the
-    /// node's advice once a dataset was described.
+    /// The budget of kept chunk mappings now: the lower of the one set
+    /// and the node's latest advice (sent with each description, and read
+    /// again each time a plan is announced: issue 42).
     pub fn mapping_budget(&self) -> u64 {
         self.mappings.lock().map_or(0, |m| m.budget_bytes)
     }
@@ -290,6 +248,24 @@ impl LocalSource {
         match self.call(&LocalRequest::Counters)?.0 {
             LocalResponse::Counters(c) => Ok(c.into_iter().map(|c| (c.name, c.value)).collect()),
             other => Err(unexpected("Counters", &other)),
+        }
+    }
+
+    /// Reads the node's mapping advice again (issue 42: it moves as the
+    /// node's own memory grows and as loaders come and go; a trainer
+    /// describes a dataset once), from a node of local protocol 3 that
+    /// reports it as a counter; otherwise the advice stands as described.
+    fn refresh_advice(&self) {
+        if self.agreed.load(std::sync::atomic::Ordering::Relaxed) < 3 {
+            return;
+        }
+        match self.counters() {
+            Ok(c) => {
+                if let Some((_, advice)) = c.iter().find(|(n, _)| n == "mapping_advice_bytes") {
+                    self.mappings.lock().unwrap_or_else(|p| p.into_inner()).cap(*advice);
+                }
+            }
+            Err(e) => tracing::debug!(path = %self.path.display(), error = %e, "the node's advice was not read again"),
         }
     }
 
@@ -621,6 +597,7 @@ impl ChunkSource for LocalSource {
         match self.call(&LocalRequest::FollowWalk { version, walk: *walk })?.0 {
             LocalResponse::Following => {
                 *self.last_follow.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, *walk));
+                self.refresh_advice();
                 Ok(())
             }
             other => Err(unexpected("Follow", &other)),

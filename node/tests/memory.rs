@@ -78,6 +78,52 @@ fn the_mapping_advice_is_shared_among_the_loaders_connected() {
     d.stop();
 }
 
+/// Issue 42: a trainer already connected takes the node's advice again
+/// each time it announces a plan (an epoch's start): a second loader
+/// halves it, and it comes back once that loader has gone. The trainer's
+/// own setting stays the ceiling.
+#[test]
+fn a_connected_trainer_takes_the_advice_again_at_each_plan() {
+    let (_data, _run, d) = daemon_over(1, 600, 300, |c| c.max_ranks = 1);
+    let a = granary_client::LocalSource::connect(&d.socket).expect("connect").mapping_cache(u64::MAX);
+    let info = a.describe("ads", None).expect("describe");
+    let alone = a.mapping_budget();
+    assert!(alone > 0 && alone < u64::MAX, "the machine's memory is known here: {alone}");
+    let params = PlanParams {
+        seed: 1,
+        epoch: 0,
+        world_size: 1,
+        rank: 0,
+        batch_size: 10,
+        shuffle: Shuffle::Off,
+        drop_last: false,
+    };
+    let walk = granary_proto::Walk::Rank { params, start: 0 };
+    a.follow(info.version, &walk).expect("follow");
+    let b = granary_client::LocalSource::connect(&d.socket).expect("connect");
+    b.describe("ads", None).expect("describe");
+    b.follow(info.version, &walk).expect("follow");
+    a.follow(info.version, &walk).expect("the next epoch");
+    let shared = a.mapping_budget();
+    // The node's own memory, measured, moves a little between the calls.
+    assert!(shared < alone * 6 / 10 && shared > alone * 4 / 10, "{shared} against {alone} alone");
+    drop(b);
+    let start = Instant::now();
+    loop {
+        a.follow(info.version, &walk).expect("another epoch");
+        if a.mapping_budget() >= alone * 9 / 10 {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "the second loader's share came back: {}", a.mapping_budget());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let capped = granary_client::LocalSource::connect(&d.socket).expect("connect").mapping_cache(1 << 20);
+    capped.describe("ads", None).expect("describe");
+    capped.follow(info.version, &walk).expect("follow");
+    assert_eq!(capped.mapping_budget(), 1 << 20, "the trainer's own setting is the ceiling");
+    d.stop();
+}
+
 /// Issue 42: the budget of loads in progress follows the node's own
 /// memory. Here the node's process grows by 1 GiB of its own (what the
 /// manifests and orders of a million row groups take): the budget gives

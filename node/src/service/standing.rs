@@ -7,12 +7,19 @@ use super::Node;
 impl Node {
     /// The counters beyond [`granary_proto::wire::NodeStats`] that the local
     /// socket reports by name (`LocalRequest::Counters`).
-    /// A cluster node adds its membership (issue 48): `in_cluster` 1,
+    /// `mapping_advice_bytes`, the advice now, where the node's memory is
+    /// known. A cluster node adds its membership (issue 48): `in_cluster` 1,
     /// `registered` 0 or 1, and while registered `lease_left_ms` and
     /// `since_renewal_ms`; `placement_epoch` known.
     pub fn counters(&self) -> Vec<granary_proto::wire::Counter> {
         let c = |name: &str, value: u64| granary_proto::wire::Counter { name: name.into(), value };
         let mut out = vec![c("chunks_reused", self.chunks_reused())];
+        // The mapping advice as it is now: trainers read it again each
+        // time they announce a plan (issue 42).
+        let advice = self.mapping_advice();
+        if advice != u64::MAX {
+            out.push(c("mapping_advice_bytes", advice));
+        }
         if let Some(m) = self.membership() {
             out.push(c("in_cluster", 1));
             out.push(c("registered", u64::from(m.since_renewal.is_some())));

@@ -23,6 +23,7 @@
 
 mod cli;
 mod demo;
+mod quiet;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -135,11 +136,34 @@ fn run() -> Result<()> {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GRANARY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // openraft's lines about an unreachable voter pass once per call site
+    // every 30 s (quiet.rs).
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, fmt};
+    let logs = tracing_subscriber::registry();
     match cli.log_format {
-        LogFormat::Json => logs.json().with_current_span(false).with_span_list(true).init(),
+        LogFormat::Json => logs
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_current_span(false)
+                    .with_span_list(true)
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter)
+                    .with_filter(quiet::filter()),
+            )
+            .init(),
         // Colours only on a terminal: daemons usually log to files.
-        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Text => logs
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter)
+                    .with_filter(quiet::filter()),
+            )
+            .init(),
     }
     // A command that only prints dies quietly when its reader goes away
     // (`granary status | head -1`), as other Unix tools do, instead of

@@ -40,7 +40,10 @@ impl Cgroup {
         if unsafe { libc::geteuid() } != 0 {
             return Err("not root".into());
         }
-        let name = format!("granary-test-{}", std::process::id());
+        // The tests of this file run at once, in one process: each its own.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("granary-test-{}-{n}", std::process::id());
         let v2_root = Path::new("/sys/fs/cgroup");
         let v2 = std::fs::read_to_string(v2_root.join("cgroup.controllers")).is_ok_and(|c| c.contains("memory"));
         let (dir, v2) = if v2 {

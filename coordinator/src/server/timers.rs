@@ -42,7 +42,8 @@ pub(super) async fn lease_loop(ctx: Arc<Ctx>) {
         match write(&ctx, Command::ExpireNodes { nodes: nodes.clone() }).await {
             Ok(CommandResult::NodesExpired { expired: gone, placement_epoch: Some(epoch) }) => {
                 for (node, incarnation) in nodes.iter().filter(|(n, _)| gone.contains(n)) {
-                    tracing::info!(%node, incarnation, placement_epoch = epoch, "lease expired");
+                    // What on-call wants to see (issue 48): a node lost.
+                    tracing::warn!(%node, incarnation, placement_epoch = epoch, "lease expired");
                 }
             }
             Ok(_) => {}

@@ -311,6 +311,9 @@ fn a_trainer_reads_on_through_a_node_restart() {
         restarted.join().expect("restart")
     });
     assert_eq!(got, reference, "the same batches as without the restart");
+    // Issue 48: the stall is counted where a trainer can see it.
+    let stalls = loader.stalls();
+    assert!(stalls.reconnects >= 1 && stalls.waited > Duration::ZERO, "{stalls:?}");
     let logged = std::fs::read_to_string(tmp.path().join("node-2.log")).expect("log");
     assert!(logged.contains("serving dataset"), "the node did restart:\n{logged}");
 

@@ -54,4 +54,4 @@ pub use loader::{EpochStream, Loader, LoaderConfig, default_assembly_threads, de
 pub use local::LocalSource;
 pub use position::Position;
 pub use resume::{PlanKind, ResumeMismatch, ResumeState};
-pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource};
+pub use source::{Chunk, ChunkBytes, ChunkSource, MemorySource, Stalls};

@@ -147,6 +147,13 @@ impl Loader {
         self.clock.times()
     }
 
+    /// How often, and how long in all, this loader's source waited for its
+    /// node to come back (a restart, a reconnect) since the loader was
+    /// made (issue 48): stalls a trainer can log or alert on.
+    pub fn stalls(&self) -> crate::Stalls {
+        self.source.stalls()
+    }
+
     /// The dataset as the source described it.
     pub fn info(&self) -> &DatasetInfo {
         &self.info

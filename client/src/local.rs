@@ -73,6 +73,9 @@ pub struct LocalSource {
     /// The last plan announced, announced again on a new connection (the
     /// node keeps a trainer's plan per connection, to prefetch along it).
     last_follow: Mutex<Option<(DatasetVersion, Walk)>>,
+    /// Reconnects so far, and the nanoseconds they waited (issue 48).
+    reconnects: std::sync::atomic::AtomicU64,
+    reconnect_waited_ns: std::sync::atomic::AtomicU64,
     /// A reply this client could not read left the connection out of step:
     /// it is not used again, nor replaced (the next reply would be no
     /// better understood).
@@ -170,6 +173,8 @@ impl LocalSource {
             speaks,
             agreed: std::sync::atomic::AtomicU16::new(agreed),
             last_follow: Mutex::new(None),
+            reconnects: std::sync::atomic::AtomicU64::new(0),
+            reconnect_waited_ns: std::sync::atomic::AtomicU64::new(0),
             out_of_step: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -306,6 +311,16 @@ impl LocalSource {
         **guard = None;
         tracing::warn!(path = %self.path.display(), error = %lost, "the node closed the connection; reconnecting");
         let started = std::time::Instant::now();
+        self.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The time waited is counted however the wait ends.
+        struct Waited<'a>(&'a std::sync::atomic::AtomicU64, std::time::Instant);
+        impl Drop for Waited<'_> {
+            fn drop(&mut self) {
+                let ns = u64::try_from(self.1.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.0.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _waited = Waited(&self.reconnect_waited_ns, started);
         let mut pause = Duration::from_millis(50);
         let mut last = match lost {
             ClientError::Io(e) => e,
@@ -544,6 +559,14 @@ impl Drop for MappedChunk {
 }
 
 impl ChunkSource for LocalSource {
+    fn stalls(&self) -> crate::Stalls {
+        use std::sync::atomic::Ordering::Relaxed;
+        crate::Stalls {
+            reconnects: self.reconnects.load(Relaxed),
+            waited: Duration::from_nanos(self.reconnect_waited_ns.load(Relaxed)),
+        }
+    }
+
     fn report(&self, report: &granary_proto::doctor::RankReport) -> Result<bool, ClientError> {
         // Never wait behind a chunk fetch: a busy connection sends nothing
         // now (the loader tries again at its next batch).

@@ -117,6 +117,16 @@ impl Chunk {
     }
 }
 
+/// How often, and how long in all, a source waited for its node to come
+/// back (issue 48: a node restart, a reconnect), since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stalls {
+    /// Times the connection was lost and made again (or given up on).
+    pub reconnects: u64,
+    /// Time spent waiting for the node in those reconnects.
+    pub waited: std::time::Duration,
+}
+
 /// Where a loader gets dataset descriptions and chunks.
 pub trait ChunkSource: Send + Sync {
     /// Describes `version` of `dataset`, or its current version when
@@ -141,6 +151,12 @@ pub trait ChunkSource: Send + Sync {
     /// that keep no reports take it as sent.
     fn report(&self, _report: &granary_proto::doctor::RankReport) -> Result<bool, ClientError> {
         Ok(true)
+    }
+
+    /// How often and how long this source waited for its node to come
+    /// back; none for sources without a node.
+    fn stalls(&self) -> Stalls {
+        Stalls::default()
     }
 }
 

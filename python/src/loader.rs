@@ -461,6 +461,16 @@ impl Loader {
         Ok(())
     }
 
+    /// How often, and how long in all, this loader waited for its node to
+    /// come back (a restart, a reconnect): `{"reconnects": n, "waited_s": s}`.
+    fn stalls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stalls();
+        let d = PyDict::new(py);
+        d.set_item("reconnects", s.reconnects)?;
+        d.set_item("waited_s", s.waited.as_secs_f64())?;
+        Ok(d)
+    }
+
     /// Batches in an epoch (the same on every rank and in every epoch).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         self.inner.num_batches(0).map_err(|e| to_py(py, e))

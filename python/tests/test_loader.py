@@ -302,3 +302,13 @@ def test_a_node_too_new_for_this_client_is_a_protocol_error_naming_both_versions
     assert "malformed" not in msg and not e.value.retryable
     t.join(timeout=10)
     server.close()
+
+
+def test_a_loader_reports_its_stalls(node):
+    """Issue 48: how often and how long a loader waited for its node to
+    come back; none while the node stays up (tests/rough_edges.rs counts a
+    restart's)."""
+    ld = granary.Loader(str(node.socket), "ads", 1000)
+    for _ in ld.epoch(0):
+        pass
+    assert ld.stalls() == {"reconnects": 0, "waited_s": 0.0}

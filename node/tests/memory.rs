@@ -14,6 +14,11 @@ mod common;
 use common::daemon::{call, daemon_over};
 use common::*;
 
+/// The plan of the one rank of a world of one, unshuffled, 10 rows a batch.
+fn one_rank() -> PlanParams {
+    PlanParams { seed: 1, epoch: 0, world_size: 1, rank: 0, batch_size: 10, shuffle: Shuffle::Off, drop_last: false }
+}
+
 /// Issue 29: a trainer's kept chunk mappings are charged to its node's
 /// memory (the node filled those pages), so the node sends the most each
 /// trainer should keep with every description, and the client's mapping
@@ -43,15 +48,7 @@ fn the_mapping_advice_is_shared_among_the_loaders_connected() {
         other => panic!("describe: {other:?}"),
     };
     let follow = |s: &mut UnixStream, version| {
-        let params = PlanParams {
-            seed: 1,
-            epoch: 0,
-            world_size: 1,
-            rank: 0,
-            batch_size: 10,
-            shuffle: Shuffle::Off,
-            drop_last: false,
-        };
+        let params = one_rank();
         assert!(matches!(call(s, &LocalRequest::Follow { version, params }), Some(LocalResponse::Following)));
     };
     let mut a = d.connect();
@@ -89,15 +86,7 @@ fn a_connected_trainer_takes_the_advice_again_at_each_plan() {
     let info = a.describe("ads", None).expect("describe");
     let alone = a.mapping_budget();
     assert!(alone > 0 && alone < u64::MAX, "the machine's memory is known here: {alone}");
-    let params = PlanParams {
-        seed: 1,
-        epoch: 0,
-        world_size: 1,
-        rank: 0,
-        batch_size: 10,
-        shuffle: Shuffle::Off,
-        drop_last: false,
-    };
+    let params = one_rank();
     let walk = granary_proto::Walk::Rank { params, start: 0 };
     a.follow(info.version, &walk).expect("follow");
     let b = granary_client::LocalSource::connect(&d.socket).expect("connect");
